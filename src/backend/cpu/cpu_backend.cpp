@@ -1,0 +1,96 @@
+// The fast CPU backend: threaded SIMD matrix products straight on the packed weights
+// (quant/matmul_fast), attention parallel over (row, head), MoE experts grouped per expert.
+// Elementwise ops are inherited from HostBackend (memory-bound and cheap next to the matmuls).
+#include <algorithm>
+#include <vector>
+
+#include "backend/host_backend.h"
+#include "core/thread_pool.h"
+#include "quant/matmul.h"
+
+namespace g4 {
+namespace {
+
+class CpuBackend final : public HostBackend {
+ public:
+  std::string name() const override { return "cpu"; }
+
+  void matmul(const float* x, int M, const WeightView& W, ActPrecision P, float* y) override {
+    matmul_fast(x, M, W, y);
+    round_activations(y, size_t(M) * W.rows, P);
+  }
+
+  void attention(const float* q, int H, const std::vector<AttnSeq>& seqs, float scale,
+                 ActPrecision P, float* out) override {
+    // Flatten (sequence, row, head) work items; each thread keeps its own score scratch.
+    struct Item { int s, t; };
+    std::vector<Item> items;
+    int max_len = 1;
+    for (int si = 0; si < int(seqs.size()); ++si) {
+      for (int t = 0; t < seqs[si].n; ++t) items.push_back({si, t});
+      max_len = std::max(max_len, seqs[si].pos0 + seqs[si].n + 1);
+    }
+    const int64_t n = int64_t(items.size()) * H;
+    parallel_for(n, [&](int64_t b, int64_t e) {
+      std::vector<float> scores(static_cast<size_t>(max_len));
+      for (int64_t i = b; i < e; ++i) {
+        const Item& it = items[size_t(i / H)];
+        const int h = int(i % H);
+        const AttnSeq& s = seqs[size_t(it.s)];
+        const int D = s.kv.head_dim, group = H / s.kv.n_kv_heads;
+        const size_t off = (size_t(s.row0 + it.t) * H + h) * D;
+        attend_one(q + off, s.kv, h / group, s.pos0 + it.t, scale, P, scores.data(), out + off);
+      }
+    });
+  }
+
+  void moe_experts(const float* x, int rows, int d, const int32_t* idx, const float* w, int k,
+                   const std::vector<WeightView>& gate, const std::vector<WeightView>& up,
+                   const std::vector<WeightView>& down, ActPrecision P, float* out) override {
+    // Group the (row, slot) pairs by expert so each expert's weights run as one M-row matmul.
+    const int E = int(gate.size());
+    const int64_t I = gate[0].rows;
+    std::vector<std::vector<int>> by_expert(static_cast<size_t>(E));
+    for (int i = 0; i < rows * k; ++i) by_expert[size_t(idx[i])].push_back(i);
+    std::vector<float> y(size_t(rows) * k * d);
+    std::vector<float> xs, g, u, ys;
+    for (int e = 0; e < E; ++e) {
+      const auto& items = by_expert[size_t(e)];
+      if (items.empty()) continue;
+      const int m = int(items.size());
+      xs.resize(size_t(m) * d);
+      for (int i = 0; i < m; ++i)
+        std::copy_n(x + size_t(items[i] / k) * d, d, xs.begin() + size_t(i) * d);
+      g.resize(size_t(m) * I);
+      u.resize(size_t(m) * I);
+      ys.resize(size_t(m) * d);
+      matmul(xs.data(), m, gate[e], P, g.data());
+      matmul(xs.data(), m, up[e], P, u.data());
+      gelu_mul(g.data(), u.data(), g.size(), P, g.data());
+      matmul(g.data(), m, down[e], P, ys.data());
+      for (int i = 0; i < m; ++i) std::copy_n(ys.begin() + size_t(i) * d, d, y.begin() + size_t(items[i]) * d);
+    }
+    for (int r = 0; r < rows; ++r) {
+      float* o = out + size_t(r) * d;
+      std::fill(o, o + d, 0.f);
+      for (int j = 0; j < k; ++j) {
+        const float wj = w[r * k + j];
+        const float* yj = y.data() + size_t(r * k + j) * d;
+        for (int i = 0; i < d; ++i) o[i] += rnd(wj * yj[i], P);
+      }
+      round_activations(o, size_t(d), P);
+    }
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+std::unique_ptr<Backend> make_backend(const std::string& name) {
+  if (name == "cpu" || name.empty()) return make_cpu_backend();
+  if (name == "reference") return make_reference_backend();
+  return nullptr;
+}
+
+}  // namespace g4

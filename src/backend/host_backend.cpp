@@ -1,0 +1,254 @@
+#include "backend/host_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "core/status.h"
+#include "quant/matmul.h"
+
+namespace g4 {
+
+void round_activations(float* p, size_t n, ActPrecision P) {
+  if (P != ActPrecision::BF16) return;
+  for (size_t i = 0; i < n; ++i) p[i] = round_bf16(p[i]);
+}
+
+HostBackend::~HostBackend() {
+  for (void* p : owned_) std::free(p);
+}
+
+float* HostBackend::alloc(size_t n) {
+  void* p = std::aligned_alloc(64, ((n * sizeof(float) + 63) / 64) * 64 + 64);
+  G4_CHECK(p != nullptr);
+  std::lock_guard<std::mutex> lk(mu_);
+  owned_.insert(p);
+  return static_cast<float*>(p);
+}
+int32_t* HostBackend::alloc_i32(size_t n) { return reinterpret_cast<int32_t*>(alloc(n)); }
+void HostBackend::free(void* p) {
+  if (!p) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  if (owned_.erase(p)) std::free(p);
+}
+void HostBackend::to_host(const float* src, size_t n, float* dst) { std::memcpy(dst, src, n * 4); }
+void HostBackend::from_host(const float* src, size_t n, float* dst) { std::memcpy(dst, src, n * 4); }
+
+void HostBackend::embed(const WeightView& E, const int32_t* ids, int n, float scale,
+                        ActPrecision P, float* out) {
+  const int64_t d = E.cols;
+  for (int i = 0; i < n; ++i) {
+    float* o = out + int64_t(i) * d;
+    dequant_row(E, ids[i], o);
+    // MLX dequantizes into the scales' dtype: bf16 rows are exact, then x * T(scale).
+    for (int64_t c = 0; c < d; ++c) o[c] = rnd(rnd(o[c], P) * scale, P);
+  }
+}
+
+void HostBackend::matmul(const float* x, int M, const WeightView& W, ActPrecision P, float* y) {
+  matmul_ref(x, M, W, y);
+  round_activations(y, size_t(M) * W.rows, P);
+}
+
+void HostBackend::rms_norm(const float* x, int rows, int dim, const float* w, float eps,
+                           ActPrecision P, float* y) {
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + int64_t(r) * dim;
+    float* yr = y + int64_t(r) * dim;
+    float ss = 0.f;
+    for (int i = 0; i < dim; ++i) ss += xr[i] * xr[i];
+    const float inv = 1.0f / std::sqrt(ss / float(dim) + eps);
+    for (int i = 0; i < dim; ++i) {
+      float v = rnd(xr[i] * inv, P);
+      yr[i] = w ? rnd(v * w[i], P) : v;
+    }
+  }
+}
+
+void HostBackend::rope(float* x, int rows, int heads, int head_dim, int pos0, const RopeTable& t,
+                       ActPrecision P) {
+  const int half = head_dim / 2;
+  for (int r = 0; r < rows; ++r) {
+    const float pos = float(pos0 + r) * t.position_scale;
+    for (int h = 0; h < heads; ++h) {
+      float* v = x + (int64_t(r) * heads + h) * head_dim;
+      for (int j = 0; j < half; ++j) {
+        if (t.inv_freq[j] == 0.f) continue;
+        const float th = pos * t.inv_freq[j];
+        const float c = std::cos(th), s = std::sin(th);
+        const float a = v[j], b = v[j + half];
+        v[j] = rnd(a * c - b * s, P);
+        v[j + half] = rnd(a * s + b * c, P);
+      }
+    }
+  }
+}
+
+void HostBackend::kv_write(const AttnSeq& s, const float* k, const float* v) {
+  const KvBuffer& kv = s.kv;
+  const size_t row = size_t(kv.n_kv_heads) * kv.head_dim;
+  for (int t = 0; t < s.n; ++t) {
+    const int pos = s.pos0 + t;
+    const int slot = kv.window > 0 ? pos % kv.capacity : pos;
+    G4_CHECK(slot < kv.capacity);
+    std::memcpy(kv.k + slot * row, k + size_t(s.row0 + t) * row, row * 4);
+    std::memcpy(kv.v + slot * row, v + size_t(s.row0 + t) * row, row * 4);
+    kv.pos[slot] = pos;
+  }
+}
+
+void HostBackend::attend_one(const float* q, const KvBuffer& kv, int g, int pos, float scale,
+                             ActPrecision P, float* scores, float* out) {
+  const int D = kv.head_dim;
+  const size_t row = size_t(kv.n_kv_heads) * D;
+  const int first = kv.window > 0 ? std::max(0, pos - kv.window + 1) : 0;
+  const int n = pos - first + 1;
+  float mx = -INFINITY;
+  for (int j = 0; j < n; ++j) {
+    const int p = first + j;
+    const int slot = kv.window > 0 ? p % kv.capacity : p;
+    G4_CHECK(kv.pos[slot] == p);
+    const float* kr = kv.k + slot * row + size_t(g) * D;
+    float s = 0.f;
+    for (int i = 0; i < D; ++i) s += q[i] * kr[i];
+    s = rnd(s * scale, P);
+    scores[j] = s;
+    mx = std::max(mx, s);
+  }
+  float sum = 0.f;
+  for (int j = 0; j < n; ++j) {
+    scores[j] = std::exp(scores[j] - mx);
+    sum += scores[j];
+  }
+  const float inv = 1.f / sum;
+  for (int i = 0; i < D; ++i) out[i] = 0.f;
+  for (int j = 0; j < n; ++j) {
+    const int p = first + j;
+    const int slot = kv.window > 0 ? p % kv.capacity : p;
+    const float pj = rnd(scores[j] * inv, P);
+    const float* vr = kv.v + slot * row + size_t(g) * D;
+    for (int i = 0; i < D; ++i) out[i] += pj * vr[i];
+  }
+  for (int i = 0; i < D; ++i) out[i] = rnd(out[i], P);
+}
+
+void HostBackend::attention(const float* q, int H, const std::vector<AttnSeq>& seqs, float scale,
+                            ActPrecision P, float* out) {
+  std::vector<float> scores;
+  for (const AttnSeq& s : seqs) {
+    const int D = s.kv.head_dim, group = H / s.kv.n_kv_heads;
+    scores.resize(size_t(s.pos0 + s.n) + 1);
+    for (int t = 0; t < s.n; ++t) {
+      for (int h = 0; h < H; ++h) {
+        const size_t off = (size_t(s.row0 + t) * H + h) * D;
+        attend_one(q + off, s.kv, h / group, s.pos0 + t, scale, P, scores.data(), out + off);
+      }
+    }
+  }
+}
+
+void HostBackend::gelu_mul(const float* gate, const float* up, size_t n, ActPrecision P,
+                           float* out) {
+  // mlx nn.gelu_approx: 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3))), each op in T.
+  const float c0 = rnd(0.044715f, P), c1 = rnd(0.7978845608028654f, P);
+  for (size_t i = 0; i < n; ++i) {
+    const float x = gate[i];
+    const float a = rnd(0.5f * x, P);
+    float c = rnd(std::pow(x, 3.0f), P);
+    c = rnd(c0 * c, P);
+    c = rnd(x + c, P);
+    c = rnd(c1 * c, P);
+    c = rnd(std::tanh(c), P);
+    c = rnd(1.f + c, P);
+    const float g = rnd(a * c, P);
+    out[i] = rnd(g * up[i], P);
+  }
+}
+
+void HostBackend::add(const float* a, const float* b, size_t n, ActPrecision P, float* y) {
+  for (size_t i = 0; i < n; ++i) y[i] = rnd(a[i] + b[i], P);
+}
+void HostBackend::scale(const float* a, float s, size_t n, ActPrecision P, float* y) {
+  for (size_t i = 0; i < n; ++i) y[i] = rnd(a[i] * s, P);
+}
+void HostBackend::softcap(float* x, size_t n, float cap, ActPrecision P) {
+  for (size_t i = 0; i < n; ++i) x[i] = rnd(rnd(std::tanh(rnd(x[i] / cap, P)), P) * cap, P);
+}
+void HostBackend::gather_rows(const float* src, const int32_t* idx, int n, int dim, float* dst) {
+  for (int i = 0; i < n; ++i)
+    std::memcpy(dst + size_t(i) * dim, src + size_t(idx[i]) * dim, size_t(dim) * 4);
+}
+void HostBackend::copy_cols(const float* src, int rows, int src_dim, int off, int n, float* dst) {
+  for (int r = 0; r < rows; ++r)
+    std::memcpy(dst + size_t(r) * n, src + size_t(r) * src_dim + off, size_t(n) * 4);
+}
+
+void HostBackend::router_topk(const float* scores, int rows, int E, int k,
+                              const float* per_expert_scale, ActPrecision P, int32_t* idx,
+                              float* weights) {
+  std::vector<int> order(E);
+  for (int r = 0; r < rows; ++r) {
+    const float* s = scores + size_t(r) * E;
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int a, int b) { return s[a] > s[b] || (s[a] == s[b] && a < b); });
+    float mx = -INFINITY;
+    for (int j = 0; j < k; ++j) mx = std::max(mx, s[order[j]]);
+    float sum = 0.f;
+    std::vector<float> e(k);
+    for (int j = 0; j < k; ++j) sum += (e[j] = std::exp(s[order[j]] - mx));
+    for (int j = 0; j < k; ++j) {
+      idx[r * k + j] = order[j];
+      const float p = rnd(e[j] / sum, P);
+      weights[r * k + j] = rnd(p * per_expert_scale[order[j]], P);
+    }
+  }
+}
+
+void HostBackend::moe_experts(const float* x, int rows, int d, const int32_t* idx, const float* w,
+                              int k, const std::vector<WeightView>& gate,
+                              const std::vector<WeightView>& up,
+                              const std::vector<WeightView>& down, ActPrecision P, float* out) {
+  const int64_t I = gate[0].rows;
+  std::vector<float> g(I), u(I), y(d), acc(d);
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + size_t(r) * d;
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int j = 0; j < k; ++j) {
+      const int e = idx[r * k + j];
+      matmul(xr, 1, gate[e], P, g.data());
+      matmul(xr, 1, up[e], P, u.data());
+      gelu_mul(g.data(), u.data(), size_t(I), P, g.data());
+      matmul(g.data(), 1, down[e], P, y.data());
+      const float wj = w[r * k + j];
+      for (int i = 0; i < d; ++i) acc[i] += rnd(wj * y[i], P);
+    }
+    for (int i = 0; i < d; ++i) out[size_t(r) * d + i] = rnd(acc[i], P);
+  }
+}
+
+RopeTable make_rope_table(const RopeSpec& spec, int D) {
+  RopeTable t;
+  const int half = D / 2;
+  t.inv_freq.assign(half, 0.f);
+  if (spec.kind == RopeKind::Proportional) {
+    // mlx-lm ProportionalRoPE: freqs = factor * base ** (arange(0, rot, 2) / D), the rest inf.
+    const int rot = int(spec.partial_factor * float(D));
+    for (int j = 0; 2 * j < rot; ++j) {
+      const float e = float(2 * j) / float(D);
+      const float f = spec.factor * std::pow(spec.theta, e);
+      t.inv_freq[j] = 1.0f / f;
+    }
+  } else {
+    // MLX fast.rope default: inv_freq_j = exp(-j * ln(base) / (D/2)).
+    const float lb = std::log(spec.theta) / float(half);
+    for (int j = 0; j < half; ++j) t.inv_freq[j] = std::exp(-float(j) * lb);
+    if (spec.kind == RopeKind::Linear && spec.factor > 0) t.position_scale = 1.0f / spec.factor;
+  }
+  return t;
+}
+
+}  // namespace g4

@@ -1,0 +1,57 @@
+// Backends whose memory is host RAM. HostBackend implements every op with plain scalar loops
+// (the obviously-correct reference semantics); the fast CPU backend derives from it and replaces
+// the hot ops (matmul, attention, moe) with threaded SIMD versions that tests compare against these.
+#pragma once
+#include <mutex>
+#include <unordered_set>
+
+#include "backend/backend.h"
+
+namespace g4 {
+
+// Rounds p[0, n) to bf16 in place when P == BF16.
+void round_activations(float* p, size_t n, ActPrecision P);
+inline float rnd(float x, ActPrecision P) { return P == ActPrecision::BF16 ? round_bf16(x) : x; }
+
+class HostBackend : public Backend {
+ public:
+  ~HostBackend() override;
+  float* alloc(size_t n_floats) override;
+  int32_t* alloc_i32(size_t n) override;
+  void free(void* p) override;
+  void to_host(const float* src, size_t n, float* dst) override;
+  void from_host(const float* src, size_t n, float* dst) override;
+
+  void embed(const WeightView& E, const int32_t* ids, int n, float scale, ActPrecision P,
+             float* out) override;
+  void matmul(const float* x, int M, const WeightView& W, ActPrecision P, float* y) override;
+  void rms_norm(const float* x, int rows, int dim, const float* w, float eps, ActPrecision P,
+                float* y) override;
+  void rope(float* x, int rows, int heads, int head_dim, int pos0, const RopeTable& t,
+            ActPrecision P) override;
+  void kv_write(const AttnSeq& s, const float* k, const float* v) override;
+  void attention(const float* q, int H, const std::vector<AttnSeq>& seqs, float scale,
+                 ActPrecision P, float* out) override;
+  void gelu_mul(const float* gate, const float* up, size_t n, ActPrecision P, float* out) override;
+  void add(const float* a, const float* b, size_t n, ActPrecision P, float* y) override;
+  void scale(const float* a, float s, size_t n, ActPrecision P, float* y) override;
+  void softcap(float* x, size_t n, float cap, ActPrecision P) override;
+  void gather_rows(const float* src, const int32_t* idx, int n, int dim, float* dst) override;
+  void copy_cols(const float* src, int rows, int src_dim, int off, int n, float* dst) override;
+  void router_topk(const float* scores, int rows, int E, int k, const float* per_expert_scale,
+                   ActPrecision P, int32_t* idx, float* weights) override;
+  void moe_experts(const float* x, int rows, int d, const int32_t* idx, const float* w, int k,
+                   const std::vector<WeightView>& gate, const std::vector<WeightView>& up,
+                   const std::vector<WeightView>& down, ActPrecision P, float* out) override;
+
+ protected:
+  // Attention for one (sequence, query row, head): the scalar kernel both backends share.
+  static void attend_one(const float* q, const KvBuffer& kv, int kv_head, int pos, float scale,
+                         ActPrecision P, float* scratch, float* out);
+
+ private:
+  std::mutex mu_;
+  std::unordered_set<void*> owned_;
+};
+
+}  // namespace g4

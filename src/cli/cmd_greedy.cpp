@@ -1,0 +1,48 @@
+// gemma4 greedy --model DIR --ids 2,105,... --steps N [--dtype f32|bf16] [--chunk N]
+// Greedy (argmax) continuation of a token sequence; prints the generated ids as a JSON list.
+// Stops only after N steps (no stop tokens): a checking tool, not a chat.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+#include "cli/common.h"
+
+namespace g4::cli {
+namespace {
+
+int cmd_greedy(const std::vector<std::string>& argv) {
+  Args a = parse_args(argv);
+  auto ids = parse_ids(a.get("--ids"));
+  if (!ids) return fail("greedy", ids.message());
+  auto P = parse_precision(a.get("--dtype"));
+  if (!P) return fail("greedy", P.message());
+  const int steps = std::atoi(a.get("--steps", "16").c_str());
+  auto m = load_model_from_args(a, true);
+  if (!m) return fail("greedy", m.message());
+  Model& model = *m.value();
+  const int V = model.config().vocab;
+  const int L = int(ids->size());
+  int chunk = a.has("--chunk") ? std::atoi(a.get("--chunk").c_str()) : 512;
+  if (chunk <= 0) return fail("greedy", "--chunk must be positive");
+  std::vector<float> logits(static_cast<size_t>(V));
+  auto cache = model.new_cache();
+  for (int s = 0; s < L; s += chunk) {
+    const int n = std::min(chunk, L - s);
+    model.forward({SeqInput{cache.get(), ids->data() + s, n, false}}, P.value(), logits.data());
+  }
+  std::vector<int32_t> out;
+  for (int i = 0; i < steps; ++i) {
+    int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    out.push_back(next);
+    if (i + 1 == steps) break;
+    model.forward({SeqInput{cache.get(), &next, 1, false}}, P.value(), logits.data());
+  }
+  std::printf("[");
+  for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? ", " : "", out[i]);
+  std::printf("]\n");
+  return 0;
+}
+
+}  // namespace
+G4_COMMAND("greedy", "greedy continuation of token ids (JSON list on stdout)", cmd_greedy);
+}  // namespace g4::cli

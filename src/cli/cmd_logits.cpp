@@ -1,0 +1,43 @@
+// gemma4 logits --model DIR --ids 2,105,... --out FILE.npy [--dtype f32|bf16] [--chunk N]
+// Scores a token sequence: float32 logits [L, V] for every position, written as .npy.
+// --chunk N runs the prompt as consecutive chunks of N tokens (1 = token-by-token decode).
+#include <cstdio>
+#include <cstdlib>
+
+#include "cli/common.h"
+
+namespace g4::cli {
+namespace {
+
+int cmd_logits(const std::vector<std::string>& argv) {
+  Args a = parse_args(argv);
+  auto ids = parse_ids(a.get("--ids"));
+  if (!ids) return fail("logits", ids.message());
+  auto P = parse_precision(a.get("--dtype"));
+  if (!P) return fail("logits", P.message());
+  const std::string out = a.get("--out");
+  if (out.empty()) return fail("logits", "--out FILE.npy is required");
+  auto m = load_model_from_args(a, true);
+  if (!m) return fail("logits", m.message());
+  Model& model = *m.value();
+  const int V = model.config().vocab;
+  for (int32_t id : ids.value())
+    if (id >= V) return fail("logits", "token id " + std::to_string(id) + " is outside the vocabulary");
+  const int L = int(ids->size());
+  int chunk = a.has("--chunk") ? std::atoi(a.get("--chunk").c_str()) : L;
+  if (chunk <= 0) return fail("logits", "--chunk must be positive");
+  std::vector<float> logits(size_t(L) * V);
+  auto cache = model.new_cache();
+  for (int s = 0; s < L; s += chunk) {
+    const int n = std::min(chunk, L - s);
+    SeqInput in{cache.get(), ids->data() + s, n, true};
+    model.forward({in}, P.value(), logits.data() + size_t(s) * V);
+  }
+  Status st = write_npy(out, logits.data(), size_t(L), size_t(V));
+  if (!st) return fail("logits", st.message());
+  return 0;
+}
+
+}  // namespace
+G4_COMMAND("logits", "score token ids: float32 logits [L, V] as .npy", cmd_logits);
+}  // namespace g4::cli

@@ -1,0 +1,91 @@
+#include "cli/common.h"
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+
+#include "core/thread_pool.h"
+
+namespace g4::cli {
+
+Result<std::vector<int32_t>> parse_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  std::string cur;
+  auto flush = [&]() -> Status {
+    if (cur.empty()) return {};
+    char* end = nullptr;
+    long v = std::strtol(cur.c_str(), &end, 10);
+    if (*end != '\0' || v < 0 || v > 0x7fffffff) return err("--ids: '%s' is not a token id", cur.c_str());
+    ids.push_back(int32_t(v));
+    cur.clear();
+    return {};
+  };
+  for (char c : s) {
+    if (c == ',' || c == ' ' || c == '[' || c == ']' || c == '\n') {
+      G4_TRY(flush());
+    } else {
+      cur.push_back(c);
+    }
+  }
+  G4_TRY(flush());
+  if (ids.empty()) return err("--ids: no token ids given");
+  return ids;
+}
+
+Result<ActPrecision> parse_precision(const std::string& s) {
+  if (s.empty() || s == "bf16") return ActPrecision::BF16;
+  if (s == "f32") return ActPrecision::F32;
+  return err("--dtype: expected f32 or bf16, got '%s'", s.c_str());
+}
+
+Result<std::unique_ptr<Model>> load_model_from_args(const Args& a, bool quiet) {
+  if (a.has("--threads")) {
+    int n = std::atoi(a.get("--threads").c_str());
+    if (n <= 0) return err("--threads: expected a positive number");
+    set_num_threads(n);
+  }
+  std::string path = a.get("--model");
+  auto t0 = std::chrono::steady_clock::now();
+  if (!quiet) std::fprintf(stderr, "loading %s ...\n", path.empty() ? "default model" : path.c_str());
+  auto m = load_model(path, a.get("--backend", "cpu"));
+  if (m && !quiet) {
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "loaded in %.2f s (%.1f MiB of weights)\n", s,
+                 double(m.value()->weights().weight_bytes) / (1 << 20));
+  }
+  return m;
+}
+
+Status write_npy(const std::string& path, const float* data, size_t rows, size_t cols) {
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(rows) +
+                       ", " + std::to_string(cols) + "), }";
+  size_t total = 10 + header.size() + 1;
+  header.append((64 - total % 64) % 64, ' ');
+  header.push_back('\n');
+  std::ofstream f(path, std::ios::binary);
+  if (!f) return err("%s: cannot write", path.c_str());
+  const char magic[] = "\x93NUMPY\x01\x00";
+  f.write(magic, 8);
+  uint16_t hl = uint16_t(header.size());
+  f.write(reinterpret_cast<const char*>(&hl), 2);
+  f.write(header.data(), std::streamsize(header.size()));
+  f.write(reinterpret_cast<const char*>(data), std::streamsize(rows * cols * 4));
+  if (!f) return err("%s: write failed", path.c_str());
+  return {};
+}
+
+int fail(const char* verb, const std::string& msg) {
+  std::fprintf(stderr, "gemma4 %s: %s\n", verb, msg.c_str());
+  return 1;
+}
+
+double peak_rss_mib() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_maxrss) / 1024.0;
+}
+
+}  // namespace g4::cli

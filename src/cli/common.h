@@ -1,0 +1,27 @@
+// Helpers shared by the model-running verbs: model/backend/thread flags, id lists, .npy output.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "core/status.h"
+#include "model/model.h"
+
+namespace g4::cli {
+
+// Parses "2,105,3" (or a JSON list "[2,105,3]") into ids.
+Result<std::vector<int32_t>> parse_ids(const std::string& s);
+// --dtype f32|bf16 (default bf16).
+Result<ActPrecision> parse_precision(const std::string& s);
+// Loads --model (or the default starter model) on --backend, after applying --threads.
+// Prints load progress on stderr unless quiet.
+Result<std::unique_ptr<Model>> load_model_from_args(const Args& a, bool quiet = false);
+// Writes a float32 [rows, cols] array as a NumPy .npy file.
+Status write_npy(const std::string& path, const float* data, size_t rows, size_t cols);
+// Prints "gemma4 <verb>: <msg>" to stderr and returns 1.
+int fail(const char* verb, const std::string& msg);
+// Peak resident set size of this process in MiB.
+double peak_rss_mib();
+
+}  // namespace g4::cli

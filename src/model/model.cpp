@@ -1,0 +1,216 @@
+#include "model/model.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace g4 {
+
+// Activation buffers sized for the largest batch seen so far (allocated outside the decode step).
+struct Model::Scratch {
+  int rows = 0, logit_rows = 0;
+  float *x = nullptr, *xn = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *att = nullptr;
+  float *o = nullptr, *gate = nullptr, *up = nullptr, *f = nullptr, *h1 = nullptr, *h2 = nullptr;
+  float *ple = nullptr, *ple_tok = nullptr, *ple_l = nullptr, *pg = nullptr;
+  float *scores = nullptr, *rw = nullptr, *last = nullptr, *logits = nullptr;
+  int32_t *ids = nullptr, *ridx = nullptr, *last_idx = nullptr;
+};
+
+Model::Model(ModelConfig cfg, ModelWeights w, std::shared_ptr<const WeightSource> src,
+             std::unique_ptr<Backend> be)
+    : cfg_(std::move(cfg)), w_(std::move(w)), src_(std::move(src)), be_(std::move(be)),
+      s_(std::make_unique<Scratch>()) {
+  for (const LayerSpec& ls : cfg_.layers) rope_.push_back(make_rope_table(ls.rope, ls.head_dim));
+}
+
+Model::~Model() = default;  // buffers are owned (and freed) by the backend
+
+int Model::logit_rows(const std::vector<SeqInput>& batch) {
+  int n = 0;
+  for (const SeqInput& s : batch) n += s.all_logits ? s.n : 1;
+  return n;
+}
+
+void Model::ensure_scratch(int rows, int lrows) {
+  Scratch& s = *s_;
+  if (rows > s.rows) {
+    Backend& be = *be_;
+    for (float* p : {s.x, s.xn, s.q, s.k, s.v, s.att, s.o, s.gate, s.up, s.f, s.h1, s.h2, s.ple,
+                     s.ple_tok, s.ple_l, s.pg, s.scores, s.rw})
+      be.free(p);
+    for (int32_t* p : {s.ids, s.ridx}) be.free(p);
+    const size_t R = size_t(rows), d = size_t(cfg_.hidden);
+    size_t qw = 0, kw = 0, iw = 0;
+    for (const LayerSpec& ls : cfg_.layers) {
+      qw = std::max(qw, size_t(cfg_.n_heads) * ls.head_dim);
+      kw = std::max(kw, size_t(ls.n_kv_heads) * ls.head_dim);
+      iw = std::max(iw, size_t(ls.mlp_width));
+    }
+    const size_t np = size_t(cfg_.n_layers) * size_t(cfg_.ple_width);
+    s.x = be.alloc(R * d); s.xn = be.alloc(R * d); s.o = be.alloc(R * d); s.f = be.alloc(R * d);
+    s.h1 = be.alloc(R * d); s.h2 = be.alloc(R * d);
+    s.q = be.alloc(R * qw); s.att = be.alloc(R * qw);
+    s.k = be.alloc(R * kw); s.v = be.alloc(R * kw);
+    s.gate = be.alloc(R * std::max<size_t>(iw, 1)); s.up = be.alloc(R * std::max<size_t>(iw, 1));
+    s.ple = be.alloc(R * std::max<size_t>(np, 1)); s.ple_tok = be.alloc(R * std::max<size_t>(np, 1));
+    s.ple_l = be.alloc(R * std::max(1, cfg_.ple_width)); s.pg = be.alloc(R * std::max(1, cfg_.ple_width));
+    s.scores = be.alloc(R * std::max(1, cfg_.n_experts));
+    s.rw = be.alloc(R * std::max(1, cfg_.top_k_experts));
+    s.ids = be.alloc_i32(R);
+    s.ridx = be.alloc_i32(R * std::max(1, cfg_.top_k_experts));
+    s.rows = rows;
+  }
+  if (lrows > s.logit_rows) {
+    be_->free(s.last); be_->free(s.logits); be_->free(s.last_idx);
+    s.last = be_->alloc(size_t(lrows) * cfg_.hidden);
+    s.logits = be_->alloc(size_t(lrows) * cfg_.vocab);
+    s.last_idx = be_->alloc_i32(size_t(lrows));
+    s.logit_rows = lrows;
+  }
+}
+
+void Model::tap(const char* name, int layer, const float* p, size_t n) {
+  if (!tap_) return;
+  std::vector<float> h(n);
+  be_->to_host(p, n, h.data());
+  tap_(name, layer, h.data(), n);
+}
+
+void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* logits_out) {
+  Backend& be = *be_;
+  const int d = cfg_.hidden, H = cfg_.n_heads, N = cfg_.n_layers, Pw = cfg_.ple_width;
+  auto T = [P](double c) { return P == ActPrecision::BF16 ? round_bf16(float(c)) : float(c); };
+
+  // Rows of the batch: sequence after sequence.
+  int R = 0;
+  for (const SeqInput& s : batch) R += s.n;
+  const int LR = logit_rows(batch);
+  ensure_scratch(R, LR);
+  Scratch& S = *s_;
+  for (const SeqInput& s : batch) s.cache->reserve(s.n);
+  {
+    std::vector<int32_t> ids;
+    ids.reserve(size_t(R));
+    for (const SeqInput& s : batch) ids.insert(ids.end(), s.tokens, s.tokens + s.n);
+    be.from_host(reinterpret_cast<const float*>(ids.data()), size_t(R), reinterpret_cast<float*>(S.ids));
+  }
+  const size_t Rd = size_t(R) * d;
+
+  // §2.1 embedding: h0 = E[ids] * T(sqrt(d)).
+  be.embed(w_.embed, S.ids, R, T(std::sqrt(double(d))), P, S.x);
+  tap("embed", -1, S.x, Rd);
+
+  // §2.2 per-layer inputs: ((rmsnorm(h0 @ Wmp^T * d^-.5) + Eple[ids] * sqrt(P)) * 2^-.5.
+  if (Pw > 0) {
+    const size_t np = size_t(N) * Pw;
+    be.embed(w_.embed_ple, S.ids, R, T(std::sqrt(double(Pw))), P, S.ple_tok);
+    be.matmul(S.x, R, w_.ple_model_proj, P, S.ple);
+    be.scale(S.ple, T(std::pow(double(d), -0.5)), size_t(R) * np, P, S.ple);
+    be.rms_norm(S.ple, R * N, Pw, w_.ple_proj_norm.data, cfg_.rms_eps, P, S.ple);
+    be.add(S.ple, S.ple_tok, size_t(R) * np, P, S.ple);
+    be.scale(S.ple, T(std::pow(2.0, -0.5)), size_t(R) * np, P, S.ple);
+  }
+
+  // Per-sequence attention descriptors; the KvBuffer is filled per layer.
+  std::vector<AttnSeq> seqs(batch.size());
+  {
+    int row = 0;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      seqs[i].row0 = row;
+      seqs[i].n = batch[i].n;
+      seqs[i].pos0 = batch[i].cache->size();
+      row += batch[i].n;
+    }
+  }
+
+  for (int l = 0; l < N; ++l) {
+    const LayerSpec& ls = cfg_.layers[size_t(l)];
+    const LayerWeights& lw = w_.layers[size_t(l)];
+    const int D = ls.head_dim, Hk = ls.n_kv_heads;
+    const int kv_layer = ls.kv_source >= 0 ? ls.kv_source : l;
+
+    // --- attention block (§2.4) ---
+    be.rms_norm(S.x, R, d, lw.input_ln.data, cfg_.rms_eps, P, S.xn);
+    be.matmul(S.xn, R, lw.q, P, S.q);
+    if (cfg_.qk_norm) be.rms_norm(S.q, R * H, D, lw.q_norm.data, cfg_.rms_eps, P, S.q);
+    for (size_t i = 0; i < batch.size(); ++i)
+      be.rope(S.q + size_t(seqs[i].row0) * H * D, seqs[i].n, H, D, seqs[i].pos0, rope_[size_t(l)], P);
+    if (ls.kv_source < 0) {
+      be.matmul(S.xn, R, lw.k, P, S.k);
+      if (ls.k_eq_v) {
+        be.copy_cols(S.k, R, Hk * D, 0, Hk * D, S.v);  // V = raw K projection (before k_norm)
+      } else {
+        be.matmul(S.xn, R, lw.v, P, S.v);
+      }
+      if (cfg_.qk_norm) be.rms_norm(S.k, R * Hk, D, lw.k_norm.data, cfg_.rms_eps, P, S.k);
+      if (cfg_.v_norm) be.rms_norm(S.v, R * Hk, D, nullptr, cfg_.rms_eps, P, S.v);
+      for (size_t i = 0; i < batch.size(); ++i)
+        be.rope(S.k + size_t(seqs[i].row0) * Hk * D, seqs[i].n, Hk, D, seqs[i].pos0, rope_[size_t(l)], P);
+    }
+    for (size_t i = 0; i < batch.size(); ++i) {
+      seqs[i].kv = batch[i].cache->layer(kv_layer);
+      if (ls.kv_source < 0) be.kv_write(seqs[i], S.k, S.v);
+    }
+    be.attention(S.q, H, seqs, cfg_.query_scale, P, S.att);
+    be.matmul(S.att, R, lw.o, P, S.o);
+    be.rms_norm(S.o, R, d, lw.post_attn_ln.data, cfg_.rms_eps, P, S.o);
+    be.add(S.x, S.o, Rd, P, S.x);
+    tap("attn_residual", l, S.x, Rd);
+
+    // --- feed-forward block (§2.7, §2.8) ---
+    be.rms_norm(S.x, R, d, lw.pre_ffw_ln.data, cfg_.rms_eps, P, S.xn);
+    be.matmul(S.xn, R, lw.gate, P, S.gate);
+    be.matmul(S.xn, R, lw.up, P, S.up);
+    const size_t RI = size_t(R) * ls.mlp_width;
+    be.gelu_mul(S.gate, S.up, RI, P, S.gate);
+    be.matmul(S.gate, R, lw.down, P, S.f);
+    if (ls.moe) {
+      const int E = cfg_.n_experts, K = cfg_.top_k_experts;
+      be.rms_norm(S.f, R, d, lw.post_ffw_ln1.data, cfg_.rms_eps, P, S.h1);
+      // router on the un-normed residual h
+      be.rms_norm(S.x, R, d, lw.router_norm_w[P == ActPrecision::BF16 ? 1 : 0].data, cfg_.rms_eps,
+                  P, S.xn);
+      be.matmul(S.xn, R, lw.router, P, S.scores);
+      be.router_topk(S.scores, R, E, K, lw.per_expert_scale.data, P, S.ridx, S.rw);
+      be.rms_norm(S.x, R, d, lw.pre_ffw_ln2.data, cfg_.rms_eps, P, S.xn);
+      be.moe_experts(S.xn, R, d, S.ridx, S.rw, K, lw.ex_gate, lw.ex_up, lw.ex_down, P, S.h2);
+      be.rms_norm(S.h2, R, d, lw.post_ffw_ln2.data, cfg_.rms_eps, P, S.h2);
+      be.add(S.h1, S.h2, Rd, P, S.f);
+    }
+    be.rms_norm(S.f, R, d, lw.post_ffw_ln.data, cfg_.rms_eps, P, S.f);
+    be.add(S.x, S.f, Rd, P, S.x);
+
+    // --- per-layer input (§2.9) ---
+    if (Pw > 0) {
+      be.copy_cols(S.ple, R, N * Pw, l * Pw, Pw, S.ple_l);
+      be.matmul(S.x, R, lw.ple_gate, P, S.pg);
+      be.gelu_mul(S.pg, S.ple_l, size_t(R) * Pw, P, S.pg);
+      be.matmul(S.pg, R, lw.ple_proj, P, S.o);
+      be.rms_norm(S.o, R, d, lw.post_ple_ln.data, cfg_.rms_eps, P, S.o);
+      be.add(S.x, S.o, Rd, P, S.x);
+    }
+    if (lw.layer_scalar != 1.f) be.scale(S.x, T(lw.layer_scalar), Rd, P, S.x);
+    tap("layer_out", l, S.x, Rd);
+  }
+
+  // --- final norm and logits for the requested rows ---
+  {
+    std::vector<int32_t> idx;
+    idx.reserve(size_t(LR));
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (batch[i].all_logits) {
+        for (int t = 0; t < batch[i].n; ++t) idx.push_back(seqs[i].row0 + t);
+      } else {
+        idx.push_back(seqs[i].row0 + batch[i].n - 1);
+      }
+    }
+    be.from_host(reinterpret_cast<const float*>(idx.data()), idx.size(), reinterpret_cast<float*>(S.last_idx));
+  }
+  be.gather_rows(S.x, S.last_idx, LR, d, S.last);
+  be.rms_norm(S.last, LR, d, w_.final_norm.data, cfg_.rms_eps, P, S.last);
+  be.matmul(S.last, LR, w_.lm_head, P, S.logits);
+  if (cfg_.final_softcap > 0) be.softcap(S.logits, size_t(LR) * cfg_.vocab, cfg_.final_softcap, P);
+  be.to_host(S.logits, size_t(LR) * cfg_.vocab, logits_out);
+  for (const SeqInput& s : batch) s.cache->advance(s.n);
+}
+
+}  // namespace g4

@@ -1,0 +1,71 @@
+// The Gemma text model (Gemma 4 in every variant; Gemma 3 as a configuration of the same code):
+// embed -> layers (attention, dense MLP and/or MoE, per-layer inputs) -> norm -> logits.
+// Mirrors mlx-lm gemma4_text.py op for op (spec §2); see forward() for the order.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/config.h"
+#include "model/kv_cache.h"
+#include "model/weights.h"
+
+namespace g4 {
+
+// One sequence's part of a batched forward call: `n` new tokens appended to `cache`.
+struct SeqInput {
+  KvCache* cache = nullptr;
+  const int32_t* tokens = nullptr;
+  int n = 0;
+  bool all_logits = false;  // logits for every new token (scoring) or only the last one
+};
+
+class Model {
+ public:
+  Model(ModelConfig cfg, ModelWeights w, std::shared_ptr<const WeightSource> src,
+        std::unique_ptr<Backend> be);
+  ~Model();
+
+  const ModelConfig& config() const { return cfg_; }
+  const ModelWeights& weights() const { return w_; }
+  Backend& backend() { return *be_; }
+  std::unique_ptr<KvCache> new_cache() { return std::make_unique<KvCache>(cfg_, *be_); }
+
+  // Runs one batched step. Reserves cache room, computes, and advances every cache by its n.
+  // logits (host memory) receives, in input order, [n, vocab] rows for all_logits inputs and
+  // one [vocab] row otherwise.
+  void forward(const std::vector<SeqInput>& batch, ActPrecision P, float* logits);
+
+  // Number of logit rows forward() writes for this batch.
+  static int logit_rows(const std::vector<SeqInput>& batch);
+
+  // Optional tap for layer-by-layer debugging: called with (name, layer, host copy of a buffer).
+  using Tap = std::function<void(const char* name, int layer, const float* data, size_t n)>;
+  void set_tap(Tap t) { tap_ = std::move(t); }
+
+ private:
+  struct Scratch;
+  void ensure_scratch(int rows, int logit_rows);
+  void tap(const char* name, int layer, const float* p, size_t n);
+
+  ModelConfig cfg_;
+  ModelWeights w_;
+  std::shared_ptr<const WeightSource> src_;  // keeps the mapped files alive
+  std::unique_ptr<Backend> be_;
+  std::vector<RopeTable> rope_;        // per layer
+  std::unique_ptr<Scratch> s_;
+  Tap tap_;
+};
+
+// Opens a model and loads it on the named backend ("cpu" | "reference"). `path` is a directory
+// with config.json + *.safetensors, a .gguf file, or a directory holding one .gguf file; empty
+// means the default model (io/gguf_model.h default_model_path()).
+Result<std::unique_ptr<Model>> load_model(const std::string& path, const std::string& backend = "cpu");
+
+// The model file actually used for `path` (resolves the default model and GGUF directories).
+Result<std::string> resolve_model_path(const std::string& path);
+
+}  // namespace g4

@@ -1,0 +1,106 @@
+// The engine: one thread owns the model, the KV caches and the batch (continuous batching).
+// Callers (CLI, HTTP handlers) submit token-level generation requests from any thread and receive
+// token events through a callback that runs ON THE ENGINE THREAD (it must be quick: queue the
+// event and return). Every step runs ONE batched forward pass over all active sequences: prompt
+// chunks of sequences still prefilling and single tokens of decoding ones. New requests join
+// between steps, finished or cancelled ones leave. Text (detokenizing, stop strings, tool calls)
+// is the caller's business; a caller that sees a stop string calls cancel().
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/status.h"
+#include "model/model.h"
+#include "runtime/prefix_cache.h"
+#include "sampling/sampler.h"
+
+namespace g4 {
+
+struct GenerationSpec {
+  std::vector<int32_t> prompt;     // must be non-empty
+  SamplingParams sampling;
+  int max_tokens = 256;            // generated tokens, stop token included
+  std::vector<int32_t> stop_ids;   // generation ends when one is sampled (it is reported)
+};
+
+enum class FinishReason { None, Stop, Length, Cancelled, Error };
+const char* finish_reason_name(FinishReason r);
+
+struct TokenEvent {
+  int32_t token = -1;   // the sampled token, or -1 for a finish-only event
+  bool done = false;    // last event of the request
+  FinishReason reason = FinishReason::None;
+  int prompt_tokens = 0;
+  int cached_tokens = 0;      // prompt tokens whose KV came from the prefix cache
+  int completion_tokens = 0;  // tokens generated so far (this one included)
+  std::string error;
+};
+using EventFn = std::function<void(const TokenEvent&)>;
+
+struct EngineOptions {
+  int parallel = 4;                 // sequences decoded together
+  int max_queue = 64;               // waiting requests beyond the slots; more are refused
+  int max_context = 8192;           // prompt + max_tokens limit per sequence
+  int prefill_chunk = 256;          // prompt tokens per sequence per step
+  ActPrecision precision = ActPrecision::F32;
+  size_t prefix_cache_bytes = size_t(256) << 20;  // 0 disables the prompt-prefix cache
+};
+
+struct EngineStats {
+  uint64_t requests_total = 0, requests_finished = 0, requests_rejected = 0;
+  uint64_t prompt_tokens = 0, cached_tokens = 0, generated_tokens = 0;
+  uint64_t steps = 0;
+  double forward_seconds = 0, step_seconds = 0;  // step = forward + scheduling + sampling
+  int active = 0, queued = 0;
+};
+
+class Engine {
+ public:
+  Engine(Model& model, EngineOptions opt);
+  ~Engine();  // shutdown(false)
+
+  const EngineOptions& options() const { return opt_; }
+  Model& model() { return model_; }
+
+  // Queues a request. Errors (as one line): empty prompt, token ids out of range, prompt +
+  // max_tokens over max_context, queue full (message starts with "queue full").
+  Result<uint64_t> submit(GenerationSpec spec, EventFn on_event);
+  // Cancels a queued or running request; its final event has reason Cancelled. Safe to call
+  // from any thread, also from inside the event callback, and for finished ids (no-op).
+  void cancel(uint64_t id);
+  // Stops the engine thread. drain=true lets running and queued requests finish first.
+  void shutdown(bool drain);
+  EngineStats stats() const;
+
+ private:
+  struct Request;
+  struct Slot;
+  void loop();
+  void admit();
+  void step();
+  void finish(Slot& s, FinishReason r, const std::string& error = "");
+
+  Model& model_;
+  EngineOptions opt_;
+  PrefixCache prefix_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Request>> queue_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<uint64_t> cancels_;
+  uint64_t next_id_ = 1;
+  bool stop_ = false, drain_ = false;
+  EngineStats stats_;
+  std::vector<float> logits_;
+  std::thread thread_;
+};
+
+}  // namespace g4

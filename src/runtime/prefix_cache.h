@@ -1,0 +1,39 @@
+// Prompt-prefix cache: KV caches of finished sequences, keyed by the tokens they hold, so that a
+// follow-up request (the next turn of a conversation) starts from the longest shared prefix
+// instead of recomputing it. Bounded in bytes, least-recently-used entries evicted first.
+// Correct with sliding-window layers: a cache is only reused when it can be rolled back to the
+// shared prefix (KvCache::truncate checks the ring still holds the needed window).
+#pragma once
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <vector>
+
+#include "model/kv_cache.h"
+
+namespace g4 {
+
+class PrefixCache {
+ public:
+  explicit PrefixCache(size_t max_bytes) : max_bytes_(max_bytes) {}
+
+  // Stores `cache` holding the KV of `tokens` (takes ownership). Evicts LRU entries over budget.
+  void insert(std::vector<int32_t> tokens, std::unique_ptr<KvCache> cache);
+  // Fills `dst` (a fresh cache of the same model) with the longest cached prefix of `prompt`,
+  // leaving at least one prompt token to compute. Returns the number of reused tokens (0: none).
+  int lookup(const std::vector<int32_t>& prompt, KvCache& dst);
+  size_t bytes() const { return bytes_; }
+  size_t entries() const { return entries_.size(); }
+
+ private:
+  struct Entry {
+    std::vector<int32_t> tokens;
+    std::unique_ptr<KvCache> cache;
+    size_t bytes = 0;
+  };
+  size_t max_bytes_;
+  size_t bytes_ = 0;
+  std::list<Entry> entries_;  // front = most recently used
+};
+
+}  // namespace g4
