@@ -1,0 +1,39 @@
+// GGUF (ggml) block-quantized weight formats: WFormat::GgufQ4_0, GgufQ5_0, GgufQ8_0, GgufQ4_K,
+// GgufQ5_K, GgufQ6_K. A GGUF matrix [rows, cols] stores each row as cols / block_size blocks back to
+// back (row r at (const uint8_t*)w.data + r * w.row_bytes); block layouts are ggml's
+// (ggml-common.h; mirrored in numpy by the `gguf` package, gguf/quants.py).
+// Shapes everywhere: x is [M, w.cols] f32 row-major; y is [M, w.rows] f32 row-major; y = x · Wᵀ.
+#pragma once
+#include <cstdint>
+
+#include "quant/weight.h"
+
+namespace g4 {
+
+// True for the six Gguf* formats above.
+bool is_gguf_format(WFormat f);
+// Elements per block (32 or 256) and bytes per block; 0 for non-GGUF formats.
+int gguf_block_size(WFormat f);
+int gguf_block_bytes(WFormat f);
+// Bytes of one row of `cols` values (cols must be a multiple of the block size), 0 otherwise.
+int64_t gguf_row_bytes(WFormat f, int64_t cols);
+
+// Exact dequantization of row r into out[0, w.cols), bit-identical to gguf.quants.dequantize
+// (and to ggml's dequantize_row_*).
+void gguf_dequant_row(const WeightView& w, int64_t r, float* out);
+
+// Scalar reference: dequantizes each row and accumulates the dot product in double.
+void gguf_matmul_ref(const float* x, int64_t M, const WeightView& w, float* y);
+
+// Float-exact fast path: dequantizes each weight row once (per tile of x rows) and takes f32 dot
+// products; multi-threaded over output rows. Differs from gguf_matmul_ref only by f32 rounding.
+void gguf_matmul_f32(const float* x, int64_t M, const WeightView& w, float* y);
+
+// Fast path (what the CPU backend calls): quantizes each row of x once per call to int8 blocks
+// (Q8_K-style 256-blocks for K-quants, Q8_0-style 32-blocks otherwise, f32 scales) and takes
+// integer dot products per block (AVX-512 VNNI when the CPU has it, else the portable
+// gguf_matmul_f32 path); multi-threaded over output rows, weight blocks reused across 4 x rows.
+// Error vs gguf_matmul_ref: the activation rounding, normalized error well under 1e-2.
+void gguf_matmul_fast(const float* x, int64_t M, const WeightView& w, float* y);
+
+}  // namespace g4
