@@ -1,9 +1,10 @@
 // Fixed thread pool with cheap wake-up. A parallel region publishes the job, bumps `gen_` and
-// runs part 0 itself. Idle workers spin on `gen_` (with pause) for a short budget
-// (G4_SPIN_US, default 100 µs) and then sleep in std::atomic::wait (a futex on Linux); notify is a
-// no-op when nobody sleeps, so back-to-back regions (~300 per decoded token) cost a few hundred
-// nanoseconds each, and an idle pool burns no CPU after the budget. Every worker acknowledges
-// every generation (even when it has no part), so no worker can lag into the next job.
+// runs part 0 itself. Idle workers spin on `gen_` (with pause) for an adaptive budget (at most
+// G4_SPIN_US, default 100 µs; see SpinBudget) and then sleep in std::atomic::wait (a futex on
+// Linux); notify is a no-op when nobody sleeps, so back-to-back regions (~300 per decoded token)
+// cost well under a microsecond each on free cores, and an idle pool burns no CPU after the
+// budget. Every worker acknowledges every generation (even when it has no part), so no worker can
+// lag into the next job.
 #include "core/thread_pool.h"
 
 #include <algorithm>
@@ -41,24 +42,48 @@ int default_threads() {
 
 thread_local bool t_in_pool = false;  // set on workers and on a caller inside a region
 
-// Spins while pred() holds, for at most `budget`; returns true when pred() became false.
-template <class Pred>
-bool spin_while(Pred pred, std::chrono::nanoseconds budget) {
-  if (!pred()) return true;
-  if (budget.count() <= 0) return false;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (;;) {
-    for (int i = 0; i < 32; ++i) {
-      G4_PAUSE();
-      if (!pred()) return true;
+// Adaptive spin budget, one per thread: a spin that ends in success (the awaited event came) grows
+// the budget back towards the maximum; one that times out halves it. On a machine with free cores
+// waits stay in the spin (sub-microsecond wake-ups); when threads outnumber cores, spinning only
+// delays the thread being awaited, the budget collapses, and waits go straight to the futex (with
+// a short probe every 64 waits so the budget can recover).
+class SpinBudget {
+ public:
+  explicit SpinBudget(int64_t max_ns) : max_(max_ns), cur_(max_ns) {}
+  // Spins while pred() holds; returns true when pred() became false within the budget.
+  template <class Pred>
+  bool spin_while(Pred pred) {
+    if (!pred()) return true;
+    int64_t budget = cur_;
+    if (budget < kMinNs) {
+      if ((++probe_ & 63) != 0 || max_ <= 0) return false;
+      budget = kMinNs;
     }
-    if (std::chrono::steady_clock::now() - t0 > budget) return false;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (;;) {
+      for (int i = 0; i < 16; ++i) {
+        G4_PAUSE();
+        if (!pred()) {
+          cur_ = std::min(max_, budget + budget / 2 + kMinNs);
+          return true;
+        }
+      }
+      if ((std::chrono::steady_clock::now() - t0).count() > budget) {
+        cur_ = budget / 2;
+        return false;
+      }
+    }
   }
-}
+
+ private:
+  static constexpr int64_t kMinNs = 500;
+  int64_t max_, cur_;
+  uint32_t probe_ = 0;
+};
 
 class Pool {
  public:
-  explicit Pool(int n) : n_(n), spin_(std::chrono::microseconds(env_int("G4_SPIN_US", 100))) {
+  explicit Pool(int n) : n_(n), spin_max_ns_(int64_t(env_int("G4_SPIN_US", 100)) * 1000) {
     for (int i = 1; i < n_; ++i) workers_.emplace_back([this, i] { loop(i); });
   }
   ~Pool() {
@@ -85,7 +110,8 @@ class Pool {
     gen_.notify_all();
     run_part(0);
     // Wait until every worker has acknowledged this generation.
-    if (!spin_while([&] { return pending_.load(std::memory_order_acquire) != 0; }, spin_)) {
+    thread_local SpinBudget spin(spin_max_ns_);
+    if (!spin.spin_while([&] { return pending_.load(std::memory_order_acquire) != 0; })) {
       for (int p; (p = pending_.load(std::memory_order_acquire)) != 0;) pending_.wait(p, std::memory_order_acquire);
     }
     fn_ = nullptr;
@@ -100,8 +126,9 @@ class Pool {
   void loop(int id) {
     t_in_pool = true;
     uint32_t seen = 0;
+    SpinBudget spin(spin_max_ns_);
     for (;;) {
-      if (!spin_while([&] { return gen_.load(std::memory_order_acquire) == seen; }, spin_)) {
+      if (!spin.spin_while([&] { return gen_.load(std::memory_order_acquire) == seen; })) {
         gen_.wait(seen, std::memory_order_acquire);
       }
       seen = gen_.load(std::memory_order_acquire);
@@ -112,7 +139,7 @@ class Pool {
   }
 
   int n_;
-  std::chrono::nanoseconds spin_;
+  int64_t spin_max_ns_;
   std::vector<std::thread> workers_;
   std::mutex call_mu_;
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
