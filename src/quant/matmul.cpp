@@ -139,6 +139,10 @@ void matmul_fast(const float* x, int64_t M, const WeightView& w, float* y) {
     return;
   }
   if (detail::cpu_has_avx512()) {
+    if (detail::amx_supports(w, M) && detail::amx_available()) {
+      detail::matmul_amx(x, M, w, y);
+      return;
+    }
     detail::matmul_avx512(x, M, w, y);
   } else {
     detail::matmul_portable(x, M, w, y);

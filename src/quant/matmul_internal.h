@@ -30,4 +30,13 @@ void matmul_avx512(const float* x, int64_t M, const WeightView& w, float* y);
 // SIMD dequantization of one row; bit-identical to dequant_row (scale*q then + bias, no FMA).
 void dequant_row_avx512(const WeightView& w, int64_t r, float* out);
 
+// AMX-BF16 prefill path (matmul_amx_avx512.cpp): true when the CPU has AMX-TILE, AMX-BF16 and
+// AVX512-BF16, the kernel granted tile state, and G4_NO_AMX is unset or "0".
+bool amx_available();
+// Shapes the AMX path handles: M >= 16, cols % 32 == 0, MlxAffine or BF16 weights.
+bool amx_supports(const WeightView& w, int64_t M);
+// y = x · Wᵀ with x split into three bf16 parts (exact), f32 accumulation; only call when
+// amx_available() && amx_supports(w, M).
+void matmul_amx(const float* x, int64_t M, const WeightView& w, float* y);
+
 }  // namespace g4::detail

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,8 @@ TEST(MlxAffine, FastPathsMatchReference) {
           expect_close_to_ref(detail::matmul_portable, o.view, M, uint32_t(M), 2e-6, what + " portable");
           if (detail::cpu_has_avx512())
             expect_close_to_ref(detail::matmul_avx512, o.view, M, uint32_t(M), 2e-6, what + " avx512");
+          if (detail::amx_supports(o.view, M) && detail::amx_available())
+            expect_close_to_ref(detail::matmul_amx, o.view, M, uint32_t(M), 2e-6, what + " amx");
         }
       }
 }
@@ -97,9 +100,22 @@ TEST(FloatFormats, FastPathsMatchReference) {
           expect_close_to_ref(detail::matmul_portable, o.view, M, uint32_t(M), 2e-6, what + " portable");
           if (detail::cpu_has_avx512())
             expect_close_to_ref(detail::matmul_avx512, o.view, M, uint32_t(M), 2e-6, what + " avx512");
+          if (detail::amx_supports(o.view, M) && detail::amx_available())
+            expect_close_to_ref(detail::matmul_amx, o.view, M, uint32_t(M), 2e-6, what + " amx");
         }
       }
     }
+}
+
+TEST(Amx, AvailableOnThisMachineWhenCpuHasIt) {
+  // Reports (not requires) the path, so a CI machine without AMX still passes.
+  std::printf("AMX-BF16 prefill path: %s\n", detail::amx_available() ? "on" : "off");
+  if (!detail::amx_available()) GTEST_SKIP() << "no AMX";
+  // Values that need all three bf16 parts of x, and long rows across many groups.
+  OwnedWeight o = test::random_mlx(70, 512, 4, 64, DType::BF16, 3);
+  for (int64_t M : {16, 33, 64}) expect_close_to_ref(detail::matmul_amx, o.view, M, 77u, 2e-6, "amx 4-bit");
+  OwnedWeight f = test::random_float(45, 96, WFormat::BF16, 4);
+  for (int64_t M : {16, 40}) expect_close_to_ref(detail::matmul_amx, f.view, M, 78u, 2e-6, "amx bf16");
 }
 
 TEST(FloatFormats, DequantRowIsExactConversion) {
