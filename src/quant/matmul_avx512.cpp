@@ -163,18 +163,7 @@ inline void mlx_row_dot(const float* x, int64_t ldx, const WeightView& w, int64_
     lut.set(load_float(w.scales, w.scale_dtype, size_t(r * ng + k)),
             load_float(w.biases, w.scale_dtype, size_t(r * ng + k)));
     const int64_t c0 = k * g;
-    if constexpr (B == 4) {
-      // x is pre-permuted per 32 columns: [even columns | odd columns].
-      for (int64_t c = c0; c < c0 + g; c += 32) {
-        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c / 2)));
-        const __m512 wl = _mm512_permutexvar_ps(v, lut.t0);
-        const __m512 wh = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut.t0);
-        for (int m = 0; m < MR; ++m) {
-          acc0[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * ldx + c), wl, acc0[m]);
-          acc1[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * ldx + c + 16), wh, acc1[m]);
-        }
-      }
-    } else {
+    {
       int64_t c = c0;
       for (; c + 32 <= c0 + g; c += 32) {
         const __m512 wa = mlx_chunk<B>(row, c, up, lut);
@@ -191,6 +180,53 @@ inline void mlx_row_dot(const float* x, int64_t ldx, const WeightView& w, int64_
     }
   }
   for (int m = 0; m < MR; ++m) y[m * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[m], acc1[m]));
+}
+
+// 4-bit rows: 64 columns per step (two 32-column chunks, each 16 bytes: low nibbles = even
+// columns, high = odd; x pre-permuted to match), four accumulators per x row to cover the FMA
+// latency. With group_size 32 the two chunks use consecutive groups' tables.
+template <int MR>
+inline void mlx4_row_dot(const float* x, int64_t ldx, const WeightView& w, int64_t r, float* y, int64_t ldy) {
+  const uint8_t* row = row_ptr(w, r);
+  const int64_t ng = groups_per_row(w), g = w.group_size, cols = w.cols;
+  const int64_t sbase = r * ng;
+  __m512 acc[4][MR];
+  for (int j = 0; j < 4; ++j)
+    for (int m = 0; m < MR; ++m) acc[j][m] = _mm512_setzero_ps();
+  GroupLut<4> la, lb;
+  auto chunk = [&](int64_t c, const GroupLut<4>& lut, __m512* a0, __m512* a1) {
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c / 2)));
+    const __m512 wl = _mm512_permutexvar_ps(v, lut.t0);
+    const __m512 wh = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut.t0);
+    for (int m = 0; m < MR; ++m) {
+      a0[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * ldx + c), wl, a0[m]);
+      a1[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * ldx + c + 16), wh, a1[m]);
+    }
+  };
+  int64_t c = 0;
+  for (; c + 64 <= cols; c += 64) {
+    const int64_t k = c / g;
+    if (g == 32) {
+      la.set(load_float(w.scales, w.scale_dtype, size_t(sbase + k)), load_float(w.biases, w.scale_dtype, size_t(sbase + k)));
+      lb.set(load_float(w.scales, w.scale_dtype, size_t(sbase + k + 1)),
+             load_float(w.biases, w.scale_dtype, size_t(sbase + k + 1)));
+      chunk(c, la, acc[0], acc[1]);
+      chunk(c + 32, lb, acc[2], acc[3]);
+    } else {
+      if (c % g == 0)
+        la.set(load_float(w.scales, w.scale_dtype, size_t(sbase + k)), load_float(w.biases, w.scale_dtype, size_t(sbase + k)));
+      chunk(c, la, acc[0], acc[1]);
+      chunk(c + 32, la, acc[2], acc[3]);
+    }
+  }
+  if (c < cols) {  // one 32-column chunk left (group_size 32, odd number of groups)
+    const int64_t k = c / g;
+    la.set(load_float(w.scales, w.scale_dtype, size_t(sbase + k)), load_float(w.biases, w.scale_dtype, size_t(sbase + k)));
+    chunk(c, la, acc[0], acc[1]);
+  }
+  for (int m = 0; m < MR; ++m)
+    y[m * ldy] = _mm512_reduce_add_ps(
+        _mm512_add_ps(_mm512_add_ps(acc[0][m], acc[1][m]), _mm512_add_ps(acc[2][m], acc[3][m])));
 }
 
 template <int MR>
@@ -225,11 +261,15 @@ void direct_rows(const float* x, int64_t ldx, const WeightView& w, int64_t r0, i
     for (int64_t r = r0; r < r1; ++r) float_row_dot<MR>(x, ldx, w, r, y + r, ldy);
     return;
   }
+  if (w.bits == 4) {
+    for (int64_t r = r0; r < r1; ++r) mlx4_row_dot<MR>(x, ldx, w, r, y + r, ldy);
+    return;
+  }
   const Unpacker up(w.bits);
   switch (w.bits) {
 #define G4_CASE(B) \
   case B: for (int64_t r = r0; r < r1; ++r) mlx_row_dot<MR, B>(x, ldx, w, r, up, y + r, ldy); break;
-    G4_CASE(2) G4_CASE(3) G4_CASE(4) G4_CASE(5) G4_CASE(6) G4_CASE(8)
+    G4_CASE(2) G4_CASE(3) G4_CASE(5) G4_CASE(6) G4_CASE(8)
 #undef G4_CASE
   }
 }

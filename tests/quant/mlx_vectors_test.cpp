@@ -59,7 +59,9 @@ TEST(MlxVectors, DequantMatchesMlxBitForBit) {
     ASSERT_TRUE(rd.take(biases.data(), biases.size()));
     ASSERT_TRUE(rd.take(want.data(), want.size() * 4));
     const uint8_t* native = dt == DType::F32 ? nullptr : rd.skip(size_t(rows * cols) * es);
-    if (dt != DType::F32) ASSERT_NE(native, nullptr);
+    if (dt != DType::F32) {
+      ASSERT_NE(native, nullptr);
+    }
 
     WeightView v;
     v.fmt = WFormat::MlxAffine;
