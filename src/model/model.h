@@ -65,7 +65,11 @@ class Model {
 // means the default model (io/gguf_model.h default_model_path()).
 Result<std::unique_ptr<Model>> load_model(const std::string& path, const std::string& backend = "cpu");
 
-// The model file actually used for `path` (resolves the default model and GGUF directories).
+// `path`, or the default model's path when empty (error: no model configured).
 Result<std::string> resolve_model_path(const std::string& path);
+
+struct OpenedModel;
+// Builds the Model from an already opened checkpoint (io/model_dir.h).
+Result<std::unique_ptr<Model>> build_model(const OpenedModel& om, const std::string& backend);
 
 }  // namespace g4

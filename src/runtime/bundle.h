@@ -1,0 +1,39 @@
+// Everything needed to talk to a model in text: the model, its tokenizer, its own chat template
+// (when it ships one), and the token ids that end a turn.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "model/model.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+
+namespace g4 {
+
+struct ModelBundle {
+  std::unique_ptr<Model> model;
+  std::shared_ptr<Tokenizer> tokenizer;
+  std::optional<ChatTemplate> chat_template;  // absent: a base model (complete text instead)
+  ChatRenderOptions render_defaults;          // bos/eos strings for the template
+  std::vector<int32_t> stop_ids;              // eos ids of config/generation_config + end of turn
+  std::string path;                           // what was loaded
+  std::string format;                         // "safetensors" | "gguf"
+  std::string name;                           // a display name (directory or file name)
+};
+
+// Loads model + tokenizer + chat template from `path` (empty: the default starter model).
+// `progress` receives one-line messages while loading (may be null).
+Result<ModelBundle> load_bundle(const std::string& path, const std::string& backend,
+                                void (*progress)(const std::string&) = nullptr);
+
+// Token ids of a raw text prompt: BOS first when the tokenizer wants one (and the text does not
+// already start with it); special-token strings in the text are NOT parsed.
+std::vector<int32_t> encode_raw_prompt(const ModelBundle& b, const std::string& text);
+// Token ids of a rendered chat prompt (special-token strings parsed, no BOS added: the template
+// writes it).
+std::vector<int32_t> encode_chat_prompt(const ModelBundle& b, const std::string& rendered);
+
+}  // namespace g4
