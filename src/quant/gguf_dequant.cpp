@@ -1,6 +1,7 @@
 // Scalar dequantization of GGUF blocks (mirrors ggml dequantize_row_* and gguf/quants.py
 // dequantize_blocks, operation for operation so that results are bit-identical), the format
 // table, and the scalar reference matmul.
+#include <string>
 #include <vector>
 
 #include "quant/gguf_blocks.h"
@@ -39,6 +40,19 @@ int64_t gguf_row_bytes(WFormat f, int64_t cols) {
   int bs = gguf_block_size(f);
   if (bs == 0 || cols <= 0 || cols % bs != 0) return 0;
   return cols / bs * gguf_block_bytes(f);
+}
+
+Status gguf_validate(const WeightView& w, const char* name) {
+  const int bs = gguf_block_size(w.fmt);
+  if (bs == 0) return err("%s: format %s is not a GGUF block format", name, std::string(wformat_name(w.fmt)).c_str());
+  if (w.rows <= 0 || w.cols <= 0 || w.cols % bs != 0)
+    return err("%s: shape [%lld, %lld] not a whole number of %s blocks of %d", name, (long long)w.rows,
+               (long long)w.cols, std::string(wformat_name(w.fmt)).c_str(), bs);
+  if (w.row_bytes < gguf_row_bytes(w.fmt, w.cols))
+    return err("%s: row_bytes %lld < %lld needed for %lld %s values", name, (long long)w.row_bytes,
+               (long long)gguf_row_bytes(w.fmt, w.cols), (long long)w.cols, std::string(wformat_name(w.fmt)).c_str());
+  if (!w.data) return err("%s: no data", name);
+  return Status::ok();
 }
 
 namespace {
@@ -128,7 +142,7 @@ void deq_q6_k(const uint8_t* b, float* y) {
 
 void gguf_dequant_row(const WeightView& w, int64_t r, float* out) {
   const int bs = gguf_block_size(w.fmt), bb = gguf_block_bytes(w.fmt);
-  if (bs == 0) return;
+  G4_CHECK(gguf_validate(w, "gguf_dequant_row").is_ok());
   void (*fn)(const uint8_t*, float*) = nullptr;
   switch (w.fmt) {
     case WFormat::GgufQ4_0: fn = deq_q4_0; break;
@@ -145,6 +159,7 @@ void gguf_dequant_row(const WeightView& w, int64_t r, float* out) {
 }
 
 void gguf_matmul_ref(const float* x, int64_t M, const WeightView& w, float* y) {
+  G4_CHECK(gguf_validate(w, "gguf_matmul_ref").is_ok());
   std::vector<float> row(size_t(w.cols));
   for (int64_t r = 0; r < w.rows; ++r) {
     gguf_dequant_row(w, r, row.data());

@@ -45,6 +45,7 @@ void row_q45k(const uint8_t* row, const ActK& a, int64_t m0, float* y, int64_t l
   const __m512i idx[4] = {idx_pair16(0, 2), idx_pair16(1, 3), idx_pair16(4, 6), idx_pair16(5, 7)};
   __m512 acc[NM];
   __m128 accm[NM];
+  #pragma GCC unroll 4
   for (int m = 0; m < NM; ++m) acc[m] = _mm512_setzero_ps(), accm[m] = _mm_setzero_ps();
   const int bb = Q5 ? kQ5_KBytes : kQ4_KBytes;
   for (int64_t i = 0; i < nsb; ++i) {
@@ -62,6 +63,7 @@ void row_q45k(const uint8_t* row, const ActK& a, int64_t m0, float* y, int64_t l
     const __m128i mn8 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, int(u[3]), int(u[2])));
     const __m512i scb = _mm512_broadcast_i32x4(sc8);
     __m512i S[4], W[4];
+    #pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) S[v] = _mm512_permutexvar_epi16(idx[v], scb);
     const uint8_t* qs = b + (Q5 ? 48 : 16);
     const __m512i v0 = _mm512_loadu_si512(qs), v1 = _mm512_loadu_si512(qs + 64);
@@ -73,12 +75,14 @@ void row_q45k(const uint8_t* row, const ActK& a, int64_t m0, float* y, int64_t l
       const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(b + 16)));
       const __m512i s16 = _mm512_set1_epi8(16);
       static constexpr int kA[4] = {0, 1, 4, 5};
+      #pragma GCC unroll 4
       for (int v = 0; v < 4; ++v) {
         const __m512i sel = _mm512_inserti64x4(_mm512_set1_epi8(char(1 << kA[v])),
                                                _mm256_set1_epi8(char(1 << (kA[v] + 2))), 1);
         W[v] = _mm512_mask_add_epi8(W[v], _mm512_test_epi8_mask(H, sel), W[v], s16);
       }
     }
+    #pragma GCC unroll 4
     for (int m = 0; m < NM; ++m) {
       const int64_t k = (m0 + m) * nsb + i;
       const int8_t* xq = &a.qs[k * QKK];
@@ -94,6 +98,7 @@ void row_q45k(const uint8_t* row, const ActK& a, int64_t m0, float* y, int64_t l
       accm[m] = _mm_fmadd_ps(_mm_cvtepi32_ps(mb), _mm_set1_ps(dmin * dx), accm[m]);
     }
   }
+  #pragma GCC unroll 4
   for (int m = 0; m < NM; ++m) y[m * ldy] = _mm512_reduce_add_ps(acc[m]) - hsum128(accm[m]);
 }
 
@@ -105,12 +110,14 @@ void row_q6k(const uint8_t* row, const ActK& a, int64_t m0, float* y, int64_t ld
   const __m512i shl = _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4);  // s=0 bits 0-1, s=1 bits 2-3 -> 4-5
   const __m512i shr = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);  // s=2 bits 4-5, s=3 bits 6-7 -> 4-5
   __m512i idx[4];
+  #pragma GCC unroll 4
   for (int j = 0; j < 4; ++j) {
     idx[j] = _mm512_inserti64x4(
         _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16(short(4 * j + 1)), _mm_set1_epi16(short(4 * j)))),
         _mm256_set_m128i(_mm_set1_epi16(short(4 * j + 3)), _mm_set1_epi16(short(4 * j + 2))), 1);
   }
   __m512 acc[NM];
+  #pragma GCC unroll 4
   for (int m = 0; m < NM; ++m) acc[m] = _mm512_setzero_ps();
   for (int64_t i = 0; i < nsb; ++i) {
     const uint8_t* b = row + i * kQ6_KBytes;
@@ -118,7 +125,9 @@ void row_q6k(const uint8_t* row, const ActK& a, int64_t m0, float* y, int64_t ld
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(b + 192)));
     const __m512i scz = _mm512_castsi256_si512(sc16);
     __m512i S[4], W[4];
+    #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) S[j] = _mm512_permutexvar_epi16(idx[j], scz);
+    #pragma GCC unroll 4
     for (int h = 0; h < 2; ++h) {
       const __m512i v = _mm512_loadu_si512(b + 64 * h);
       const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(b + 128 + 32 * h)));
@@ -127,6 +136,7 @@ void row_q6k(const uint8_t* row, const ActK& a, int64_t m0, float* y, int64_t ld
       W[2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
                                                _mm512_srlv_epi64(H, shr), m30, 0xF8);
     }
+    #pragma GCC unroll 4
     for (int m = 0; m < NM; ++m) {
       const int64_t k = (m0 + m) * nsb + i;
       const int8_t* xq = &a.qs[k * QKK];
@@ -143,6 +153,7 @@ void row_q6k(const uint8_t* row, const ActK& a, int64_t m0, float* y, int64_t ld
       acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(d * a.d[k]), acc[m]);
     }
   }
+  #pragma GCC unroll 4
   for (int m = 0; m < NM; ++m) y[m * ldy] = _mm512_reduce_add_ps(acc[m]);
 }
 
@@ -155,6 +166,7 @@ void row_pair(const uint8_t* row, int64_t nblocks, const ActPair& a, int64_t m0,
   const __m512i didx = FMT == 0 ? _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
                                 : _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
   __m512 acc[NM];
+  #pragma GCC unroll 4
   for (int m = 0; m < NM; ++m) acc[m] = _mm512_setzero_ps();
   for (int64_t p = 0; p < np; ++p) {
     const uint8_t* b0 = row + 2 * p * bb;
@@ -178,12 +190,14 @@ void row_pair(const uint8_t* row, int64_t nblocks, const ActPair& a, int64_t m0,
     }
     const uint32_t dd = uint32_t(rd16(b0)) | uint32_t(rd16(b1)) << 16;
     const __m512 dw = _mm512_permutexvar_ps(didx, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(int(dd)))));
+    #pragma GCC unroll 4
     for (int m = 0; m < NM; ++m) {
       const int64_t k = (m0 + m) * np + p;
       const __m512i s = _mm512_dpbusd_epi32(_mm512_loadu_si512(&a.init[k * 16]), W, _mm512_loadu_si512(&a.qs[k * 64]));
       acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_loadu_ps(&a.dx[k * 16])), acc[m]);
     }
   }
+  #pragma GCC unroll 4
   for (int m = 0; m < NM; ++m) y[m * ldy] = _mm512_reduce_add_ps(acc[m]);
 }
 

@@ -6,6 +6,7 @@
 
 #include "core/thread_pool.h"
 #include "quant/gguf_act.h"
+#include "quant/gguf_amx.h"
 #include "quant/gguf_blocks.h"
 #include "quant/gguf_quant.h"
 
@@ -130,7 +131,8 @@ float dot_f32(const float* a, const float* b, int64_t n) {
 }  // namespace
 
 void gguf_matmul_f32(const float* x, int64_t M, const WeightView& w, float* y) {
-  if (!is_gguf_format(w.fmt) || M <= 0) return;
+  G4_CHECK(gguf_validate(w, "gguf_matmul_f32").is_ok());
+  if (M <= 0) return;
   parallel_for(
       w.rows,
       [&](int64_t r0, int64_t r1) {
@@ -146,9 +148,16 @@ void gguf_matmul_f32(const float* x, int64_t M, const WeightView& w, float* y) {
 
 void gguf_matmul_fast(const float* x, int64_t M, const WeightView& w, float* y) {
   using namespace gguf;
-  if (!is_gguf_format(w.fmt) || M <= 0) return;
+  G4_CHECK(gguf_validate(w, "gguf_matmul_fast").is_ok());
+  if (M <= 0) return;
   if (!cpu_has_avx512_vnni()) {
     gguf_matmul_f32(x, M, w, y);
+    return;
+  }
+  if (M >= kAmxMinRows && amx_enabled()) {
+    thread_local ActAmx a;
+    quantize_act_amx(x, M, w.cols, gguf_block_size(w.fmt), &a);
+    matmul_amx(w.fmt, w, a, M, y);
     return;
   }
   const int64_t chunk = min_rows_per_chunk(w, M);
@@ -158,11 +167,11 @@ void gguf_matmul_fast(const float* x, int64_t M, const WeightView& w, float* y) 
     case WFormat::GgufQ6_K: {
       thread_local ActK a;
       quantize_act_k(x, M, w.cols, w.fmt == WFormat::GgufQ6_K ? Layout::KNatural : Layout::KPerm, &a);
-      const ActK& ar = a;
+      const ActK* ap = &a;  // the caller's buffer: workers have their own (empty) thread_local
       parallel_for(
           w.rows,
-          [&](int64_t r0, int64_t r1) {
-            rows_k_avx512(w.data, w.row_bytes, w.fmt, ar, M, r0, r1, y, w.rows);
+          [&w, ap, M, y](int64_t r0, int64_t r1) {
+            rows_k_avx512(w.data, w.row_bytes, w.fmt, *ap, M, r0, r1, y, w.rows);
           },
           chunk);
       break;
@@ -172,11 +181,11 @@ void gguf_matmul_fast(const float* x, int64_t M, const WeightView& w, float* y) 
       const Layout lay = w.fmt == WFormat::GgufQ8_0 ? Layout::PairA : Layout::PairB;
       const int bias = w.fmt == WFormat::GgufQ8_0 ? 128 : w.fmt == WFormat::GgufQ4_0 ? 8 : 16;
       quantize_act_pair(x, M, w.cols, lay, bias, &a);
-      const ActPair& ar = a;
+      const ActPair* ap = &a;
       parallel_for(
           w.rows,
-          [&](int64_t r0, int64_t r1) {
-            rows_pair_avx512(w.data, w.row_bytes, w.fmt, w.cols / QK, ar, M, r0, r1, y, w.rows);
+          [&w, ap, M, y](int64_t r0, int64_t r1) {
+            rows_pair_avx512(w.data, w.row_bytes, w.fmt, w.cols / QK, *ap, M, r0, r1, y, w.rows);
           },
           chunk);
       break;

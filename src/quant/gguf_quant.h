@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 
+#include "core/status.h"
 #include "quant/weight.h"
 
 namespace g4 {
@@ -17,6 +18,10 @@ int gguf_block_size(WFormat f);
 int gguf_block_bytes(WFormat f);
 // Bytes of one row of `cols` values (cols must be a multiple of the block size), 0 otherwise.
 int64_t gguf_row_bytes(WFormat f, int64_t cols);
+
+// Checks a GGUF view before use (loader / validate_weight): known format, cols a multiple of the
+// block size, row_bytes >= gguf_row_bytes, data set. The functions below G4_CHECK the same.
+Status gguf_validate(const WeightView& w, const char* name);
 
 // Exact dequantization of row r into out[0, w.cols), bit-identical to gguf.quants.dequantize
 // (and to ggml's dequantize_row_*).

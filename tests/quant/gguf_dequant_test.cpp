@@ -100,5 +100,24 @@ TEST(GgufDequant, FormatTable) {
   EXPECT_TRUE(is_gguf_format(WFormat::GgufQ5_K));
 }
 
+TEST(GgufDequant, ValidateRejectsBadViews) {
+  std::vector<uint8_t> buf(1024);
+  WeightView ok{WFormat::GgufQ4_K, 2, 512, buf.data(), 288};
+  EXPECT_TRUE(gguf_validate(ok, "t").is_ok());
+  WeightView cols = ok;
+  cols.cols = 640;  // not a multiple of 256
+  EXPECT_FALSE(gguf_validate(cols, "blk.0.ffn_down.weight").is_ok());
+  EXPECT_NE(gguf_validate(cols, "blk.0.ffn_down.weight").message().find("blk.0.ffn_down.weight"), std::string::npos);
+  WeightView rb = ok;
+  rb.row_bytes = 287;
+  EXPECT_FALSE(gguf_validate(rb, "t").is_ok());
+  WeightView nodata = ok;
+  nodata.data = nullptr;
+  EXPECT_FALSE(gguf_validate(nodata, "t").is_ok());
+  WeightView f32 = ok;
+  f32.fmt = WFormat::F32;
+  EXPECT_FALSE(gguf_validate(f32, "t").is_ok());
+}
+
 }  // namespace
 }  // namespace g4

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "quant/gguf_amx.h"
 #include "quant/gguf_quant.h"
 
 namespace g4 {
@@ -134,8 +135,21 @@ TEST_P(GgufMatmul, Float32PathMatchesReferenceTightly) {
 // rounding (~0.3-0.8% for Gaussian activations) stays below 1e-2.
 TEST_P(GgufMatmul, FastPathWithinActivationQuantError) {
   ErrSum total;
+  // M >= 8 takes the AMX path where the CPU has it; run those sizes through the VNNI kernels too.
+  gguf::set_amx_enabled(false);
+  for (Shape s : shapes(GetParam()))
+    for (int64_t M : {8, 17}) {
+      SCOPED_TRACE(::testing::Message() << "no AMX rows=" << s.rows << " cols=" << s.cols << " M=" << M);
+      run_case(GetParam(), s, M, true, &total);
+    }
+  gguf::set_amx_enabled(true);
   for (Shape s : shapes(GetParam()))
     for (int64_t M : {1, 2, 3, 5, 17}) {
+      SCOPED_TRACE(::testing::Message() << "rows=" << s.rows << " cols=" << s.cols << " M=" << M);
+      run_case(GetParam(), s, M, true, &total);
+    }
+  for (Shape s : shapes(GetParam()))
+    for (int64_t M : {8, 16, 33}) {
       SCOPED_TRACE(::testing::Message() << "rows=" << s.rows << " cols=" << s.cols << " M=" << M);
       run_case(GetParam(), s, M, true, &total);
     }

@@ -1,0 +1,33 @@
+// AMX-INT8 prefill path of gguf_matmul_fast (internal to src/quant/gguf_*; see gguf_amx_avx512.cpp).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "quant/weight.h"
+
+namespace g4::gguf {
+
+// Activations for the AMX path: x quantized per `block` values (32, or 256 for K-quants),
+// d = amax / 127, q = round(x / d); grouped in tiles of 16 rows (zero-padded), per 32-value block b:
+//   xb[t][b]: 512 bytes, AMX B layout: byte (k/4)*64 + m*4 + k%4 holds q[16t + m][32b + k]
+//   dx[t][b][m]: the scale of the block holding value 32b of row 16t+m
+//   sx[t][b][m]: dx * sum_k q[16t+m][32b+k]  (for K-quant mins)
+struct ActAmx {
+  int64_t ntiles = 0, nblk = 0;
+  std::vector<int8_t> xb;
+  std::vector<float> dx, sx;
+};
+
+// gguf_matmul_fast uses this path for M >= kAmxMinRows when available and enabled (tests turn it
+// off to exercise the VNNI kernels at the same sizes).
+constexpr int64_t kAmxMinRows = 8;
+void set_amx_enabled(bool on);
+bool amx_enabled();
+
+// True when the CPU has AMX-INT8 and the OS granted the tile state to this process.
+bool cpu_has_amx();
+void quantize_act_amx(const float* x, int64_t M, int64_t cols, int block, ActAmx* a);
+// y[M, w.rows] = x · Wᵀ for any Gguf* format; threaded over groups of 16 weight rows.
+void matmul_amx(WFormat f, const WeightView& w, const ActAmx& a, int64_t M, float* y);
+
+}  // namespace g4::gguf

@@ -1,0 +1,295 @@
+// AMX-INT8 path of gguf_matmul_fast for prefill-sized M (Sapphire Rapids and later).
+// Compiled with the *_avx512.cpp flags plus the AMX target below; called only after
+// cpu_has_amx() (CPUID + the kernel's XTILEDATA permission).
+//
+// Scheme (all six formats): weights are the tile A operand, activations the B operand.
+//  * A group of 16 weight rows is decoded once into signed int8 codes W[16][cols] with one f32
+//    scale per chunk of CK values (CK = 32; 16 for Q6_K, whose sub-blocks are 16 wide) and, for
+//    Q4_K / Q5_K, one f32 min per 32-chunk: w = scale * code - min (ggml's block math).
+//  * x is quantized once per call (per 32 values, or per 256 for K-quants, d = amax/127) and
+//    stored per 16-row tile in AMX's B layout (4 consecutive k of one row side by side).
+//  * Per chunk: C[n][m] = sum_k W[n][k] * xq[m][k] (tdpbssd, int32, exact), then
+//    acc[n][m] += C[n][m] * dx[m] * scale[n] - min[n] * dx[m] * sum_k xq[m][k] in f32.
+#pragma GCC target("amx-tile,amx-int8")
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "quant/gguf_amx.h"
+#include "quant/gguf_blocks.h"
+#include "quant/gguf_quant.h"
+
+namespace g4::gguf {
+namespace {
+
+struct TileCfg {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles: 0,1 = C (16 x 16 int32); 2,3 = A (16 rows x CK bytes); 4,5 = B (CK/4 rows x 64 bytes).
+void config_tiles(int ck) {
+  TileCfg c;
+  for (int t : {0, 1}) c.rows[t] = 16, c.colsb[t] = 64;
+  for (int t : {2, 3}) c.rows[t] = 16, c.colsb[t] = uint16_t(ck);
+  for (int t : {4, 5}) c.rows[t] = uint8_t(ck / 4), c.colsb[t] = 64;
+  _tile_loadconfig(&c);
+}
+
+int chunk_of(WFormat f) { return f == WFormat::GgufQ6_K ? 16 : 32; }
+bool has_min(WFormat f) { return f == WFormat::GgufQ4_K || f == WFormat::GgufQ5_K; }
+
+// Decodes row `row` (cols values) into signed codes[cols], scale[c * 16] and min[c * 16] per chunk
+// c (AVX-512 unpacking; the same block math as gguf_dequant.cpp).
+void decode_row(WFormat f, const uint8_t* row, int64_t cols, int8_t* codes, float* scale, float* mn) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  switch (f) {
+    case WFormat::GgufQ8_0:
+    case WFormat::GgufQ4_0:
+    case WFormat::GgufQ5_0: {
+      const int bb = gguf_block_bytes(f);
+      const __m256i off = _mm256_set1_epi8(f == WFormat::GgufQ4_0 ? 8 : 16), s16 = _mm256_set1_epi8(16);
+      for (int64_t b = 0; b < cols / QK; ++b) {
+        const uint8_t* p = row + b * bb;
+        scale[b * 16] = _cvtsh_ss(rd16(p));
+        __m256i q;
+        if (f == WFormat::GgufQ8_0) {
+          q = _mm256_loadu_si256((const __m256i*)(p + 2));
+        } else {
+          const __m128i v = _mm_loadu_si128((const __m128i*)(p + (f == WFormat::GgufQ4_0 ? 2 : 6)));
+          q = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1), m4);
+          if (f == WFormat::GgufQ5_0) q = _mm256_mask_add_epi8(q, __mmask32(rd32(p + 2)), q, s16);
+          q = _mm256_sub_epi8(q, off);
+        }
+        _mm256_storeu_si256((__m256i*)(codes + b * QK), q);
+      }
+      return;
+    }
+    case WFormat::GgufQ4_K:
+    case WFormat::GgufQ5_K: {
+      const bool q5 = f == WFormat::GgufQ5_K;
+      const int bb = gguf_block_bytes(f);
+      const __m256i s16 = _mm256_set1_epi8(16);
+      for (int64_t i = 0; i < cols / QKK; ++i) {
+        const uint8_t* b = row + i * bb;
+        const float d = _cvtsh_ss(rd16(b)), dmin = _cvtsh_ss(rd16(b + 2));
+        for (int s = 0; s < 8; ++s) {
+          uint8_t sc, m;
+          scale_min_k4(s, b + 4, &sc, &m);
+          scale[(i * 8 + s) * 16] = d * float(sc);
+          mn[(i * 8 + s) * 16] = dmin * float(m);
+        }
+        const __m256i qh = _mm256_loadu_si256((const __m256i*)(b + 16));
+        const uint8_t* qs = b + (q5 ? 48 : 16);
+        int8_t* o = codes + i * QKK;
+        for (int c = 0; c < 4; ++c) {
+          const __m256i v = _mm256_loadu_si256((const __m256i*)(qs + 32 * c));
+          __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+          if (q5) {
+            lo = _mm256_mask_add_epi8(lo, _mm256_test_epi8_mask(qh, _mm256_set1_epi8(char(1 << (2 * c)))), lo, s16);
+            hi = _mm256_mask_add_epi8(hi, _mm256_test_epi8_mask(qh, _mm256_set1_epi8(char(1 << (2 * c + 1)))), hi, s16);
+          }
+          _mm256_storeu_si256((__m256i*)(o + 64 * c), lo);
+          _mm256_storeu_si256((__m256i*)(o + 64 * c + 32), hi);
+        }
+      }
+      return;
+    }
+    case WFormat::GgufQ6_K: {
+      const __m512i z4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), s32 = _mm512_set1_epi8(32);
+      const __m512i shl = _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4), shr = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);
+      for (int64_t i = 0; i < cols / QKK; ++i) {
+        const uint8_t* b = row + i * kQ6_KBytes;
+        const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+        const float d = _cvtsh_ss(rd16(b + 208));
+        for (int g = 0; g < 16; ++g) scale[(i * 16 + g) * 16] = d * float(sc[g]);
+        int8_t* o = codes + i * QKK;
+        for (int h = 0; h < 2; ++h) {
+          const __m512i v = _mm512_loadu_si512(b + 64 * h);
+          const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(b + 128 + 32 * h)));
+          const __m512i q0 = _mm512_ternarylogic_epi32(_mm512_and_si512(v, z4), _mm512_sllv_epi64(H, shl), m30, 0xF8);
+          const __m512i q1 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), z4),
+                                                       _mm512_srlv_epi64(H, shr), m30, 0xF8);
+          _mm512_storeu_si512(o + 128 * h, _mm512_sub_epi8(q0, s32));
+          _mm512_storeu_si512(o + 128 * h + 64, _mm512_sub_epi8(q1, s32));
+        }
+      }
+      return;
+    }
+    default: return;
+  }
+}
+
+// In-place transpose of a 16 x 16 f32 matrix held in 16 registers: four rounds that swap the
+// off-diagonal b x b blocks (b = 8, 4, 2, 1) with vpermt2ps.
+template <int B>
+inline void swap_blocks(__m512 (&r)[16]) {
+  alignas(64) int lo[16], hi[16];
+  for (int j = 0; j < 16; ++j) {
+    lo[j] = (j & B) == 0 ? j : 16 + (j - B);
+    hi[j] = (j & B) == 0 ? j + B : 16 + j;
+  }
+  const __m512i il = _mm512_load_si512(lo), ih = _mm512_load_si512(hi);
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) {
+    if (i & B) continue;
+    const __m512 a = r[i], b = r[i + B];
+    r[i] = _mm512_permutex2var_ps(a, il, b);
+    r[i + B] = _mm512_permutex2var_ps(a, ih, b);
+  }
+}
+inline void transpose16(__m512 (&r)[16]) {
+  swap_blocks<8>(r);
+  swap_blocks<4>(r);
+  swap_blocks<2>(r);
+  swap_blocks<1>(r);
+}
+
+inline int round_q(float v) { return int(std::nearbyint(v)); }
+
+}  // namespace
+
+namespace {
+bool g_amx_on = true;
+}
+void set_amx_enabled(bool on) { g_amx_on = on; }
+bool amx_enabled() { return g_amx_on && cpu_has_amx(); }
+
+bool cpu_has_amx() {
+  static const bool ok = [] {
+    if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-int8")) return false;
+    // Linux: ask for the XTILEDATA state (ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18).
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  }();
+  return ok;
+}
+
+void quantize_act_amx(const float* x, int64_t M, int64_t cols, int block, ActAmx* a) {
+  const int64_t nb = cols / QK, nt = (M + 15) / 16;
+  a->ntiles = nt;
+  a->nblk = nb;
+  a->xb.assign(size_t(nt * nb * 512), 0);
+  a->dx.assign(size_t(nt * nb * 16), 0.f);
+  a->sx.assign(size_t(nt * nb * 16), 0.f);
+  std::vector<int8_t> q(static_cast<size_t>(block));
+  for (int64_t m = 0; m < M; ++m) {
+    const int64_t t = m / 16, mi = m % 16;
+    for (int64_t c0 = 0; c0 < cols; c0 += block) {
+      const float* xr = x + m * cols + c0;
+      float amax = 0;
+      for (int i = 0; i < block; ++i) amax = std::max(amax, std::fabs(xr[i]));
+      const float d = amax / 127.f, id = amax > 0 ? 127.f / amax : 0.f;
+      for (int i = 0; i < block; ++i) q[size_t(i)] = int8_t(std::clamp(round_q(xr[i] * id), -127, 127));
+      for (int i0 = 0; i0 < block; i0 += QK) {
+        const int64_t b = (c0 + i0) / QK, k = (t * nb + b);
+        int8_t* dst = &a->xb[size_t(k * 512)];
+        int sum = 0;
+        for (int j = 0; j < QK; ++j) {
+          dst[(j / 4) * 64 + mi * 4 + (j % 4)] = q[size_t(i0 + j)];
+          sum += q[size_t(i0 + j)];
+        }
+        a->dx[size_t(k * 16 + mi)] = d;
+        a->sx[size_t(k * 16 + mi)] = d * float(sum);
+      }
+    }
+  }
+}
+
+void matmul_amx(WFormat f, const WeightView& w, const ActAmx& a, int64_t M, float* y) {
+  const int ck = chunk_of(f);
+  const int64_t cols = w.cols, nch = cols / ck, ngroups = (w.rows + 15) / 16;
+  const bool mins = has_min(f);
+  parallel_for(ngroups, [&](int64_t g0, int64_t g1) {
+    thread_local std::vector<int8_t> codes;
+    thread_local std::vector<float> scale, mn;
+    codes.resize(size_t(16 * cols));
+    scale.resize(size_t(nch * 16));
+    mn.resize(size_t(nch * 16));
+    config_tiles(ck);
+    alignas(64) int32_t cbuf[2][16][16];
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t r0 = g * 16, nr = std::min<int64_t>(16, w.rows - r0);
+      for (int64_t n = 0; n < 16; ++n) {
+        if (n < nr) {
+          decode_row(f, static_cast<const uint8_t*>(w.data) + (r0 + n) * w.row_bytes, cols,
+                     &codes[size_t(n * cols)], &scale[size_t(n)], &mn[size_t(n)]);
+        } else {
+          std::fill(codes.begin() + n * cols, codes.begin() + (n + 1) * cols, int8_t(0));
+          for (int64_t c = 0; c < nch; ++c) scale[size_t(c * 16 + n)] = 0.f, mn[size_t(c * 16 + n)] = 0.f;
+        }
+      }
+      for (int64_t t = 0; t < a.ntiles; ++t) {
+        __m512 acc[16];
+#pragma GCC unroll 16
+        for (int n = 0; n < 16; ++n) acc[n] = _mm512_setzero_ps();
+        auto consume = [&](int32_t (*cb)[16], int64_t c) {
+          const int64_t b = c * ck / QK;  // 32-block holding chunk c
+          const __m512 dxv = _mm512_loadu_ps(&a.dx[size_t((t * a.nblk + b) * 16)]);
+          const float* sc = &scale[size_t(c * 16)];
+#pragma GCC unroll 16
+          for (int n = 0; n < 16; ++n) {
+            const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb[n])), dxv);
+            acc[n] = _mm512_fmadd_ps(v, _mm512_set1_ps(sc[n]), acc[n]);
+          }
+          if (mins) {
+            const __m512 sxv = _mm512_loadu_ps(&a.sx[size_t((t * a.nblk + b) * 16)]);
+            const float* m = &mn[size_t(c * 16)];
+#pragma GCC unroll 16
+            for (int n = 0; n < 16; ++n) acc[n] = _mm512_fnmadd_ps(sxv, _mm512_set1_ps(m[n]), acc[n]);
+          }
+        };
+        auto bptr = [&](int64_t c) {
+          const int64_t e = c * ck;  // first value of chunk c
+          return &a.xb[size_t((t * a.nblk + e / QK) * 512 + (e % QK) / 4 * 64)];
+        };
+        // Software pipeline over chunks, tiles alternating (C0,A2,B4) / (C1,A3,B5): the tile
+        // product of chunk c+1 runs while the f32 epilogue of chunk c does.
+        _tile_loadd(2, &codes[0], int(cols));
+        _tile_loadd(4, bptr(0), 64);
+        _tile_zero(0);
+        _tile_dpbssd(0, 2, 4);
+        for (int64_t c = 0; c < nch; c += 2) {
+          const bool has1 = c + 1 < nch;
+          if (has1) {
+            _tile_loadd(3, &codes[size_t((c + 1) * ck)], int(cols));
+            _tile_loadd(5, bptr(c + 1), 64);
+            _tile_zero(1);
+            _tile_dpbssd(1, 3, 5);
+          }
+          _tile_stored(0, cbuf[0], 64);
+          if (c + 2 < nch) {
+            _tile_loadd(2, &codes[size_t((c + 2) * ck)], int(cols));
+            _tile_loadd(4, bptr(c + 2), 64);
+            _tile_zero(0);
+            _tile_dpbssd(0, 2, 4);
+          }
+          consume(cbuf[0], c);
+          if (has1) {
+            _tile_stored(1, cbuf[1], 64);
+            consume(cbuf[1], c + 1);
+          }
+        }
+        // acc[n][m] -> y[m0 + m][r0 + n]: transpose in registers, masked row stores.
+        transpose16(acc);
+        const int64_t m0 = t * 16, nm = std::min<int64_t>(16, M - m0);
+        const __mmask16 keep = __mmask16((1u << nr) - 1);
+#pragma GCC unroll 16
+        for (int m = 0; m < 16; ++m)
+          if (m < nm) _mm512_mask_storeu_ps(y + (m0 + m) * w.rows + r0, keep, acc[m]);
+      }
+    }
+    _tile_release();
+  });
+}
+
+}  // namespace g4::gguf
