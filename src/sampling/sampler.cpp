@@ -397,11 +397,7 @@ int Sampler::draw(const float* lp, float max_lp) {
   double sum = 0;
   if (all_alive_) {
     scratch_.resize(V_);
-    for (int i = 0; i < V_; ++i) {
-      float w = std::exp((lp[i] - max_lp) * inv_t);
-      scratch_[i] = w;
-      sum += w;
-    }
+    sum = vec::exp_scaled_into(lp, V_, max_lp, inv_t, scratch_.data());
     double u = rng_.uniform() * sum, c = 0;
     int last = -1;
     for (int i = 0; i < V_; ++i) {

@@ -88,4 +88,27 @@ inline double sum_exp_shifted(const float* x, int n, float m) {
   return total;
 }
 
+// out[i] = exp((x[i] - m) * scale), for m >= every x[i] and scale > 0; returns the sum (double).
+inline double exp_scaled_into(const float* x, int n, float m, float scale, float* out) {
+  double total = 0;
+  int i = 0;
+#if defined(__SSE2__)
+  const __m128 mm = _mm_set1_ps(m), sc = _mm_set1_ps(scale);
+  while (i + 4 <= n) {
+    __m128 acc = _mm_setzero_ps();
+    int end = std::min(n - (n - i) % 4, i + 1024);
+    for (; i < end; i += 4) {
+      __m128 e = exp_ps(_mm_mul_ps(_mm_sub_ps(_mm_loadu_ps(x + i), mm), sc));
+      _mm_storeu_ps(out + i, e);
+      acc = _mm_add_ps(acc, e);
+    }
+    alignas(16) float t[4];
+    _mm_store_ps(t, acc);
+    total += double(t[0]) + t[1] + t[2] + t[3];
+  }
+#endif
+  for (; i < n; ++i) total += out[i] = std::exp((x[i] - m) * scale);
+  return total;
+}
+
 }  // namespace g4::vec

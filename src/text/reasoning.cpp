@@ -25,6 +25,7 @@ std::vector<ReasoningEvent> ReasoningSplitter::feed(std::string_view piece) {
   held_.clear();
   buf.append(piece);
   std::string_view rest(buf);
+  const bool tools = !o_.tool_call_open.empty() && !o_.tool_call_close.empty();
   while (true) {
     if (state_ == State::kAfterOpen) {
       if (rest.empty()) break;  // wait for the next character
@@ -32,13 +33,36 @@ std::vector<ReasoningEvent> ReasoningSplitter::feed(std::string_view piece) {
       state_ = State::kReasoning;
       continue;
     }
-    if (state_ == State::kContent) {
-      size_t p = rest.find(o_.open);
+    if (state_ == State::kInTool) {  // inside a tool call: content until its close marker
+      size_t p = rest.find(o_.tool_call_close);
       if (p == std::string_view::npos) {
-        size_t hold = marker_prefix_at_end(rest, o_.open);
+        size_t hold = marker_prefix_at_end(rest, o_.tool_call_close);
         emit(out, ReasoningEvent::kContent, rest.substr(0, rest.size() - hold));
         held_ = std::string(rest.substr(rest.size() - hold));
         break;
+      }
+      size_t n = p + o_.tool_call_close.size();
+      emit(out, ReasoningEvent::kContent, rest.substr(0, n));
+      rest.remove_prefix(n);
+      state_ = State::kContent;
+      continue;
+    }
+    if (state_ == State::kContent) {
+      size_t p = rest.find(o_.open);
+      size_t pt = tools ? rest.find(o_.tool_call_open) : std::string_view::npos;
+      if (p == std::string_view::npos && pt == std::string_view::npos) {
+        size_t hold = marker_prefix_at_end(rest, o_.open);
+        if (tools) hold = std::max(hold, marker_prefix_at_end(rest, o_.tool_call_open));
+        emit(out, ReasoningEvent::kContent, rest.substr(0, rest.size() - hold));
+        held_ = std::string(rest.substr(rest.size() - hold));
+        break;
+      }
+      if (pt < p) {  // a tool call starts: pass it through untouched
+        size_t n = pt + o_.tool_call_open.size();
+        emit(out, ReasoningEvent::kContent, rest.substr(0, n));
+        rest.remove_prefix(n);
+        state_ = State::kInTool;
+        continue;
       }
       emit(out, ReasoningEvent::kContent, rest.substr(0, p));
       rest.remove_prefix(p + o_.open.size());
@@ -48,11 +72,10 @@ std::vector<ReasoningEvent> ReasoningSplitter::feed(std::string_view piece) {
     }
     // kReasoning: look for the close marker, or a tool call that ends the channel.
     size_t pc = rest.find(o_.close);
-    size_t pt = o_.tool_call_open.empty() ? std::string_view::npos : rest.find(o_.tool_call_open);
+    size_t pt = tools ? rest.find(o_.tool_call_open) : std::string_view::npos;
     if (pc == std::string_view::npos && pt == std::string_view::npos) {
       size_t hold = marker_prefix_at_end(rest, o_.close);
-      if (!o_.tool_call_open.empty())
-        hold = std::max(hold, marker_prefix_at_end(rest, o_.tool_call_open));
+      if (tools) hold = std::max(hold, marker_prefix_at_end(rest, o_.tool_call_open));
       emit(out, ReasoningEvent::kReasoning, rest.substr(0, rest.size() - hold));
       held_ = std::string(rest.substr(rest.size() - hold));
       break;
@@ -64,6 +87,7 @@ std::vector<ReasoningEvent> ReasoningSplitter::feed(std::string_view piece) {
       size_t n = o_.tool_call_open.size();
       emit(out, ReasoningEvent::kContent, rest.substr(0, n));
       rest.remove_prefix(n);
+      state_ = State::kInTool;
     } else {
       emit(out, ReasoningEvent::kReasoning, rest.substr(0, pc));
       rest.remove_prefix(pc + o_.close.size());
@@ -75,7 +99,8 @@ std::vector<ReasoningEvent> ReasoningSplitter::feed(std::string_view piece) {
 std::vector<ReasoningEvent> ReasoningSplitter::finish() {
   std::vector<ReasoningEvent> out;
   if (state_ == State::kAfterOpen) state_ = State::kReasoning;
-  emit(out, state_ == State::kContent ? ReasoningEvent::kContent : ReasoningEvent::kReasoning,
+  const bool content = state_ == State::kContent || state_ == State::kInTool;
+  emit(out, content ? ReasoningEvent::kContent : ReasoningEvent::kReasoning,
        held_);
   held_.clear();
   return out;

@@ -7,9 +7,11 @@
 // released as soon as it cannot be. Transitions:
 //   content   --"<|channel>thought"-->  reasoning
 //   reasoning --"<channel|>"-------->  content
-//   reasoning --"<|tool_call>"------>  content, and the "<|tool_call>" text is passed on in the
-//                                      content so the tool-call parser sees it (mlx-lm goes
-//                                      reasoning -> tool -> normal).
+//   reasoning --"<|tool_call>"------>  tool (the channel ends; mlx-lm: reasoning -> tool)
+//   content   --"<|tool_call>"------>  tool
+//   tool      --"<tool_call|>"------>  content
+// Tool-call text (markers included) is passed through as CONTENT, untouched, for the tool-call
+// parser downstream; markers inside it (e.g. in a string argument) are not interpreted.
 // Differences from mlx-lm, on purpose: the single "\n" right after "<|channel>thought" is dropped
 // (it is part of the marker in the chat template); a never-closed channel stays reasoning until
 // finish(); an empty thought block produces no event. A stray "<channel|>" in content is kept as
@@ -34,7 +36,8 @@ class ReasoningSplitter {
     std::string open = "<|channel>thought";
     std::string close = "<channel|>";
     bool drop_newline_after_open = true;
-    std::string tool_call_open = "<|tool_call>";  // empty: no reasoning -> tool transition
+    std::string tool_call_open = "<|tool_call>";  // either empty: no tool state
+    std::string tool_call_close = "<tool_call|>";
     bool start_in_reasoning = false;  // the prompt already opened the channel
   };
   ReasoningSplitter() : ReasoningSplitter(Options{}) {}
@@ -47,11 +50,11 @@ class ReasoningSplitter {
   // plain text of that channel).
   std::vector<ReasoningEvent> finish();
 
-  bool in_reasoning() const { return state_ != State::kContent; }
+  bool in_reasoning() const { return state_ == State::kAfterOpen || state_ == State::kReasoning; }
   bool saw_reasoning_marker() const { return saw_open_; }
 
  private:
-  enum class State { kContent, kAfterOpen, kReasoning };
+  enum class State { kContent, kAfterOpen, kReasoning, kInTool };
   void emit(std::vector<ReasoningEvent>& out, ReasoningEvent::Kind k, std::string_view t);
 
   Options o_;

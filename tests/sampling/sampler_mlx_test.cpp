@@ -175,3 +175,47 @@ TEST(SamplerMlx, GreedyMatchesArgmax) {
     EXPECT_EQ(s1.sample(y.data(), {}), int(c["argmax"]));
   }
 }
+
+// Each recorded single filter, run through the fast Sampler with only that filter enabled.
+TEST(SamplerMlx, FastSingleFiltersMatch) {
+  int n = 0;
+  for (auto& c : cases()["filters"]) {
+    int V = c["V"];
+    auto x = g4test::b64_floats(c["logits"]);
+    auto v = g4test::b64_floats(c["logprobs"]);
+    SamplingParams p;
+    p.temperature = 1.f;
+    p.has_seed = true;
+    p.seed = uint64_t(n);
+    std::string f = c["filter"];
+    bool ties = false;
+    if (f == "top_p") {
+      p.top_p = c["top_p"];
+    } else if (f == "min_p" || f == "min_p_keep") {
+      p.min_p = c["min_p"];
+      p.min_tokens_to_keep = c["min_tokens_to_keep"];
+      ties = p.min_tokens_to_keep > 1;
+    } else if (f == "top_k") {
+      p.top_k = c["top_k"];
+      ties = true;
+    } else {
+      p.xtc_probability = 1.f;  // coin in [0, 1) is always <= 1: always applied, as recorded
+      p.xtc_threshold = c["xtc_threshold"];
+      p.xtc_special_tokens = c["xtc_special_tokens"].get<std::vector<int>>();
+    }
+    g4::Sampler s(p, V);
+    int tok = s.sample(x.data(), {});
+    std::string ours(V, '0');
+    if (s.last_all_survived()) {
+      for (int i = 0; i < V; ++i) ours[i] = std::isfinite(x[i]) ? '1' : '0';
+    } else {
+      for (auto& [lp, id] : s.last_candidates()) {
+        if (std::isfinite(lp)) ours[id] = '1';
+      }
+    }
+    std::string ref = c["kept"];
+    expect_masks(ours, ref, v, ties, "fast " + f + " case " + std::to_string(n));
+    EXPECT_EQ(ref[tok], '1') << f << " case " << n;
+    ++n;
+  }
+}

@@ -126,3 +126,17 @@ TEST(Reasoning, SeveralBlocks) {
   EXPECT_EQ(r.content, "xy");
   EXPECT_EQ(r.switches, 3);
 }
+
+TEST(Reasoning, ToolCallTextIsNotInterpreted) {
+  // A string argument that mentions the channel markers stays inside the tool call (content).
+  std::string call = "<|tool_call>call:echo{s:<|\"|>say <|channel>thought\nhi<channel|><|\"|>}<tool_call|>";
+  std::string text = "<|channel>thought\nok<channel|>" + call + " done";
+  for (size_t a = 0; a <= text.size(); ++a) {
+    auto r = run_text(text, {a});
+    ASSERT_EQ(r.reasoning, "ok") << a;
+    ASSERT_EQ(r.content, call + " done") << a;
+  }
+  auto calls = g4::split_gemma4_tool_calls(call);
+  ASSERT_EQ(calls.calls.size(), 1u);
+  EXPECT_EQ(calls.calls[0].arguments["s"], "say <|channel>thought\nhi<channel|>");
+}
