@@ -1,0 +1,1059 @@
+// jinja2 built-ins (jinja2/filters.py, jinja2/tests.py, jinja2/sandbox.py getattr/getitem,
+// jinja2/defaults.py globals) and the Python str/dict methods the sandbox allows.
+#include "text/jinja_builtins.h"
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <optional>
+
+namespace g4::jinja {
+
+[[noreturn]] void undefined_error(const Value& u) {
+  throw JinjaError(u.s.empty() ? "value is undefined" : u.s);
+}
+
+namespace {
+
+[[noreturn]] void fail(const std::string& m) { throw JinjaError(m); }
+
+Value undef_attr(const Value& obj, const std::string& name) {
+  std::string what = obj.type == Type::None ? "'None'" : "'" + type_name(obj) + " object'";
+  return Value::undefined(what + " has no attribute '" + name + "'");
+}
+
+std::string need_str(const Value& v, const char* what) {
+  if (v.is_undefined()) undefined_error(v);
+  if (!v.is_string()) fail(std::string(what) + " expects a string, got " + type_name(v));
+  return v.s;
+}
+
+// ---- Python whitespace and case helpers (ASCII case mapping; Unicode whitespace) ----
+// Length of a Unicode whitespace code point starting at s[i], or 0.
+size_t ws_len(const std::string& s, size_t i) {
+  unsigned char c = s[i];
+  if (c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f)) return 1;
+  if (c == 0xc2 && i + 1 < s.size() && (static_cast<unsigned char>(s[i + 1]) == 0x85 || static_cast<unsigned char>(s[i + 1]) == 0xa0)) return 2;
+  if (i + 2 < s.size()) {
+    unsigned char c1 = s[i + 1], c2 = s[i + 2];
+    if (c == 0xe1 && c1 == 0x9a && c2 == 0x80) return 3;                    // U+1680
+    if (c == 0xe2 && c1 == 0x80 && (c2 <= 0x8a || c2 == 0xa8 || c2 == 0xa9 || c2 == 0xaf)) return 3;
+    if (c == 0xe2 && c1 == 0x81 && c2 == 0x9f) return 3;                    // U+205F
+    if (c == 0xe3 && c1 == 0x80 && c2 == 0x80) return 3;                    // U+3000
+  }
+  return 0;
+}
+// Byte length of a whitespace code point ending at s[e-1], or 0.
+size_t ws_len_back(const std::string& s, size_t e) {
+  for (size_t n = 1; n <= 3 && n <= e; ++n)
+    if (ws_len(s, e - n) == n) return n;
+  return 0;
+}
+
+std::string lower_ascii(std::string s) {
+  for (char& c : s)
+    if (c >= 'A' && c <= 'Z') c = char(c - 'A' + 'a');
+  return s;
+}
+std::string upper_ascii(std::string s) {
+  for (char& c : s)
+    if (c >= 'a' && c <= 'z') c = char(c - 'a' + 'A');
+  return s;
+}
+bool is_alpha_ascii(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+// str.title(): a cased letter after an uncased character is uppercased, others lowercased.
+std::string title_ascii(const std::string& s) {
+  std::string o = s;
+  bool prev_cased = false;
+  for (char& c : o) {
+    if (is_alpha_ascii(c)) {
+      c = prev_cased ? lower_ascii(std::string(1, c))[0] : upper_ascii(std::string(1, c))[0];
+      prev_cased = true;
+    } else {
+      prev_cased = (static_cast<unsigned char>(c) & 0x80) != 0 && prev_cased;
+    }
+  }
+  return o;
+}
+// jinja2 do_title: split on runs of [-\s({[<], then word[0].upper() + word[1:].lower().
+std::string jinja_title(const std::string& s) {
+  auto delim = [](char c) { return c == '-' || c == ' ' || (c >= 9 && c <= 13) || c == '(' || c == '{' || c == '[' || c == '<'; };
+  std::string o = s;
+  bool start = true;
+  for (char& c : o) {
+    if (delim(c)) {
+      start = true;
+      continue;
+    }
+    c = start ? upper_ascii(std::string(1, c))[0] : lower_ascii(std::string(1, c))[0];
+    start = false;
+  }
+  return o;
+}
+std::string capitalize_ascii(const std::string& s) {
+  std::string o = lower_ascii(s);
+  if (!o.empty()) o[0] = upper_ascii(o.substr(0, 1))[0];
+  return o;
+}
+
+std::vector<std::string> split_ws(const std::string& s, int64_t maxsplit) {
+  std::vector<std::string> out;
+  size_t i = 0, n = s.size();
+  while (i < n) {
+    size_t w;
+    while (i < n && (w = ws_len(s, i))) i += w;
+    if (i >= n) break;
+    if (maxsplit >= 0 && int64_t(out.size()) == maxsplit) {
+      size_t e = n;
+      while (e > i && (w = ws_len_back(s, e))) e -= w;
+      out.push_back(s.substr(i, e - i));
+      break;
+    }
+    size_t st = i;
+    while (i < n && !ws_len(s, i)) ++i;
+    out.push_back(s.substr(st, i - st));
+  }
+  return out;
+}
+std::vector<std::string> split_sep(const std::string& s, const std::string& sep, int64_t maxsplit) {
+  if (sep.empty()) fail("empty separator");
+  std::vector<std::string> out;
+  size_t st = 0;
+  while (maxsplit < 0 || int64_t(out.size()) < maxsplit) {
+    size_t f = s.find(sep, st);
+    if (f == std::string::npos) break;
+    out.push_back(s.substr(st, f - st));
+    st = f + sep.size();
+  }
+  out.push_back(s.substr(st));
+  return out;
+}
+std::vector<std::string> rsplit_sep(const std::string& s, const std::string& sep, int64_t maxsplit) {
+  if (maxsplit < 0) return split_sep(s, sep, -1);
+  if (sep.empty()) fail("empty separator");
+  std::vector<std::string> out;
+  size_t end = s.size();
+  while (int64_t(out.size()) < maxsplit) {
+    if (end < sep.size()) break;
+    size_t f = s.rfind(sep, end - sep.size());
+    if (f == std::string::npos) break;
+    out.push_back(s.substr(f + sep.size(), end - f - sep.size()));
+    end = f;
+  }
+  out.push_back(s.substr(0, end));
+  std::reverse(out.begin(), out.end());
+  return out;
+}
+
+std::string replace_all(const std::string& s, const std::string& old, const std::string& nw, int64_t count) {
+  std::string o;
+  if (old.empty()) {  // Python inserts `nw` around every character
+    auto chars = utf8_chars(s);
+    int64_t done = 0;
+    for (auto& c : chars) {
+      if (count < 0 || done < count) { o += nw; ++done; }
+      o += c;
+    }
+    if (count < 0 || done < count) o += nw;
+    return o;
+  }
+  size_t st = 0;
+  int64_t done = 0;
+  for (;;) {
+    size_t f = (count >= 0 && done >= count) ? std::string::npos : s.find(old, st);
+    if (f == std::string::npos) break;
+    o.append(s, st, f - st);
+    o += nw;
+    st = f + old.size();
+    ++done;
+  }
+  o.append(s, st);
+  return o;
+}
+
+Value str_list(const std::vector<std::string>& v) {
+  List l;
+  for (auto& s : v) l.push_back(Value::string(s));
+  return Value::make_list(std::move(l));
+}
+
+int64_t cp_index(const std::string& s, size_t byte_off) { return int64_t(utf8_length(s.substr(0, byte_off))); }
+
+Value bound(NativeFn f) { return Value::function(std::move(f)); }
+
+bool starts_or_ends(const std::string& s, const Value& what, bool start) {
+  auto one = [&](const std::string& p) {
+    if (p.size() > s.size()) return false;
+    return start ? s.compare(0, p.size(), p) == 0 : s.compare(s.size() - p.size(), p.size(), p) == 0;
+  };
+  if (what.is_list()) {
+    for (auto& x : *what.list)
+      if (one(need_str(x, start ? "startswith" : "endswith"))) return true;
+    return false;
+  }
+  return one(need_str(what, start ? "startswith" : "endswith"));
+}
+
+int64_t to_int_arg(const Value& v, const char* what) {
+  if (v.is_integral()) return v.as_int();
+  if (v.is_none()) return -1;
+  fail(std::string(what) + " expects an integer, got " + type_name(v));
+}
+
+// Python str methods allowed by the sandbox.
+Value str_method(const std::string& s, const std::string& name) {
+  if (name == "startswith" || name == "endswith") {
+    bool st = name == "startswith";
+    return bound([s, st](CallArgs& a) { return Value::boolean(starts_or_ends(s, a.get(0, "prefix"), st)); });
+  }
+  if (name == "strip" || name == "lstrip" || name == "rstrip") {
+    bool l = name != "rstrip", r = name != "lstrip";
+    return bound([s, l, r](CallArgs& a) { return Value::string(py_strip(s, a.get(0, "chars", Value::none()), l, r)); });
+  }
+  if (name == "split" || name == "rsplit") {
+    bool rs = name == "rsplit";
+    return bound([s, rs](CallArgs& a) {
+      Value sep = a.get(0, "sep", Value::none());
+      int64_t mx = to_int_arg(a.get(1, "maxsplit", Value::integer(-1)), "split");
+      if (sep.is_none()) {
+        if (rs && mx >= 0) fail("rsplit() with maxsplit and no separator is not supported");
+        return str_list(split_ws(s, mx));
+      }
+      std::string sp = need_str(sep, "split");
+      return str_list(rs ? rsplit_sep(s, sp, mx) : split_sep(s, sp, mx));
+    });
+  }
+  if (name == "upper") return bound([s](CallArgs&) { return Value::string(upper_ascii(s)); });
+  if (name == "lower") return bound([s](CallArgs&) { return Value::string(lower_ascii(s)); });
+  if (name == "title") return bound([s](CallArgs&) { return Value::string(title_ascii(s)); });
+  if (name == "capitalize") return bound([s](CallArgs&) { return Value::string(capitalize_ascii(s)); });
+  if (name == "replace")
+    return bound([s](CallArgs& a) {
+      int64_t cnt = to_int_arg(a.get(2, "count", Value::integer(-1)), "replace");
+      return Value::string(replace_all(s, need_str(a.get(0, "old"), "replace"), need_str(a.get(1, "new"), "replace"), cnt));
+    });
+  if (name == "find" || name == "rfind" || name == "index" || name == "rindex")
+    return bound([s, name](CallArgs& a) {
+      std::string sub = need_str(a.get(0, "sub"), name.c_str());
+      size_t f = name[0] == 'r' ? s.rfind(sub) : s.find(sub);
+      if (f == std::string::npos) {
+        if (name.find("index") != std::string::npos) fail("substring not found");
+        return Value::integer(-1);
+      }
+      return Value::integer(cp_index(s, f));
+    });
+  if (name == "count")
+    return bound([s](CallArgs& a) {
+      std::string sub = need_str(a.get(0, "sub"), "count");
+      if (sub.empty()) return Value::integer(int64_t(utf8_length(s)) + 1);
+      int64_t n = 0;
+      for (size_t f = s.find(sub); f != std::string::npos; f = s.find(sub, f + sub.size())) ++n;
+      return Value::integer(n);
+    });
+  if (name == "join")
+    return bound([s](CallArgs& a) {
+      std::string o;
+      bool first = true;
+      for (auto& x : iterate(a.get(0, "iterable"))) {
+        if (!first) o += s;
+        first = false;
+        o += need_str(x, "join");
+      }
+      return Value::string(o);
+    });
+  if (name == "splitlines")
+    return bound([s](CallArgs& a) {
+      bool keep = truthy(a.get(0, "keepends", Value::boolean(false)));
+      std::vector<std::string> out;
+      size_t st = 0;
+      for (size_t i = 0; i < s.size(); ++i) {
+        if (s[i] == '\n' || s[i] == '\r') {
+          size_t e = i;
+          if (s[i] == '\r' && i + 1 < s.size() && s[i + 1] == '\n') ++i;
+          out.push_back(s.substr(st, (keep ? i + 1 : e) - st));
+          st = i + 1;
+        }
+      }
+      if (st < s.size()) out.push_back(s.substr(st));
+      return str_list(out);
+    });
+  if (name == "removeprefix" || name == "removesuffix")
+    return bound([s, name](CallArgs& a) {
+      std::string x = need_str(a.get(0, "prefix"), name.c_str());
+      bool pre = name == "removeprefix";
+      if (x.size() <= s.size() && (pre ? s.compare(0, x.size(), x) == 0 : s.compare(s.size() - x.size(), x.size(), x) == 0))
+        return Value::string(pre ? s.substr(x.size()) : s.substr(0, s.size() - x.size()));
+      return Value::string(s);
+    });
+  auto pred = [&](auto f) {
+    return bound([s, f](CallArgs&) {
+      if (s.empty()) return Value::boolean(false);
+      for (char c : s)
+        if (!f(c)) return Value::boolean(false);
+      return Value::boolean(true);
+    });
+  };
+  if (name == "isdigit" || name == "isnumeric" || name == "isdecimal")
+    return pred([](char c) { return c >= '0' && c <= '9'; });
+  if (name == "isalpha") return pred([](char c) { return is_alpha_ascii(c); });
+  if (name == "isalnum") return pred([](char c) { return is_alpha_ascii(c) || (c >= '0' && c <= '9'); });
+  if (name == "isspace") return pred([](char c) { return c == ' ' || (c >= 9 && c <= 13); });
+  if (name == "islower")
+    return bound([s](CallArgs&) { return Value::boolean(lower_ascii(s) == s && upper_ascii(s) != s); });
+  if (name == "isupper")
+    return bound([s](CallArgs&) { return Value::boolean(upper_ascii(s) == s && lower_ascii(s) != s); });
+  if (name == "format") fail("str.format is not supported");
+  return Value::undefined("'str object' has no attribute '" + name + "'");
+}
+
+Value pairs_of(const Dict& d) {
+  List l;
+  for (auto& kv : d.items) l.push_back(Value::make_tuple({Value::string(kv.first), kv.second}));
+  return Value::make_list(std::move(l));
+}
+
+Value dict_method(const Value& obj, const std::string& name) {
+  auto d = obj.dict;
+  if (name == "items") return bound([d](CallArgs&) { return pairs_of(*d); });
+  if (name == "keys")
+    return bound([d](CallArgs&) {
+      List l;
+      for (auto& kv : d->items) l.push_back(Value::string(kv.first));
+      return Value::make_list(std::move(l));
+    });
+  if (name == "values")
+    return bound([d](CallArgs&) {
+      List l;
+      for (auto& kv : d->items) l.push_back(kv.second);
+      return Value::make_list(std::move(l));
+    });
+  if (name == "get")
+    return bound([d](CallArgs& a) {
+      Value k = a.get(0, "key");
+      if (k.is_string())
+        if (const Value* v = d->find(k.s)) return *v;
+      return a.get(1, "default", Value::none());
+    });
+  if (name == "copy")
+    return bound([d](CallArgs&) {
+      Value c = Value::make_dict();
+      *c.dict = *d;
+      return c;
+    });
+  return Value();
+}
+
+bool is_unsafe_dict_method(const std::string& n) {
+  return n == "pop" || n == "popitem" || n == "update" || n == "clear" || n == "setdefault";
+}
+bool is_unsafe_list_method(const std::string& n) {
+  return n == "append" || n == "extend" || n == "insert" || n == "pop" || n == "remove" ||
+         n == "clear" || n == "sort" || n == "reverse";
+}
+
+// ---- filter helpers ----
+Value attr_path(const Value& v, const Value& attribute) {
+  // jinja2 make_attrgetter: "a.b" walks attributes; integers index.
+  if (attribute.is_integral()) return get_item(v, attribute);
+  std::string path = to_str(attribute);
+  Value cur = v;
+  size_t st = 0;
+  for (;;) {
+    size_t dot = path.find('.', st);
+    std::string part = path.substr(st, dot == std::string::npos ? std::string::npos : dot - st);
+    bool numeric = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
+    cur = get_item(cur, numeric ? Value::integer(std::stoll(part)) : Value::string(part));
+    if (dot == std::string::npos) break;
+    st = dot + 1;
+  }
+  return cur;
+}
+
+// Sort key for dictsort/sort: lower-cased strings unless case_sensitive (jinja2 ignore_case).
+Value sort_key(const Value& v, bool case_sensitive) {
+  if (!case_sensitive && v.is_string()) return Value::string(lower_ascii(v.s));
+  return v;
+}
+
+CallArgs shift_args(const CallArgs& a, size_t from) {
+  CallArgs r;
+  r.line = a.line;
+  for (size_t k = from; k < a.pos.size(); ++k) r.pos.push_back(a.pos[k]);
+  r.kw = a.kw;
+  return r;
+}
+
+Value select_impl(const Value& v, CallArgs& a, bool attr_mode, bool want) {
+  // jinja2 select_or_reject: (attr,) test name, test args; no test -> truthiness.
+  size_t off = 0;
+  Value attr;
+  if (attr_mode) {
+    attr = a.get(0, nullptr);
+    off = 1;
+  }
+  bool has_test = a.pos.size() > off;
+  std::string test = has_test ? to_str(a.pos[off]) : "";
+  CallArgs targs = shift_args(a, off + 1);
+  targs.kw.clear();
+  List out;
+  for (auto& item : iterate(v)) {
+    Value x = attr_mode ? attr_path(item, attr) : item;
+    bool ok = has_test ? apply_test(test, x, targs) : truthy(x);
+    if (ok == want) out.push_back(item);
+  }
+  return Value::make_list(std::move(out));
+}
+
+std::string html_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&#34;"; break;
+      case '\'': o += "&#39;"; break;
+      default: o += c;
+    }
+  }
+  return o;
+}
+
+// Python round-half-even at `prec` decimals (round(x, n)).
+double py_round(double x, int prec) {
+  double m = std::pow(10.0, prec);
+  double y = x * m;
+  double r = std::nearbyint(y);  // default rounding mode: half to even
+  return r / m;
+}
+
+bool parse_int_str(const std::string& s0, int64_t& out) {
+  std::string s = py_strip(s0, Value::none(), true, true);
+  if (s.empty()) return false;
+  size_t i = 0;
+  bool neg = false;
+  if (s[0] == '+' || s[0] == '-') { neg = s[0] == '-'; i = 1; }
+  if (i >= s.size()) return false;
+  int64_t v = 0;
+  for (; i < s.size(); ++i) {
+    if (s[i] == '_') continue;
+    if (s[i] < '0' || s[i] > '9') return false;
+    v = v * 10 + (s[i] - '0');
+  }
+  out = neg ? -v : v;
+  return true;
+}
+bool parse_float_str(const std::string& s0, double& out) {
+  std::string s = py_strip(s0, Value::none(), true, true);
+  if (s.empty()) return false;
+  char* end = nullptr;
+  out = std::strtod(s.c_str(), &end);
+  return end && *end == 0;
+}
+
+}  // namespace
+
+std::string py_strip(const std::string& s, const Value& chars, bool left, bool right) {
+  size_t b = 0, e = s.size();
+  if (chars.is_none() || chars.is_undefined()) {
+    size_t w;
+    if (left)
+      while (b < e && (w = ws_len(s, b))) b += w;
+    if (right)
+      while (e > b && (w = ws_len_back(s, e)) && e - w >= b) e -= w;
+    return s.substr(b, e - b);
+  }
+  auto set = utf8_chars(need_str(chars, "strip"));
+  auto in_set = [&](const std::string& c) { return std::find(set.begin(), set.end(), c) != set.end(); };
+  auto cs = utf8_chars(s);
+  size_t bi = 0, ei = cs.size();
+  if (left)
+    while (bi < ei && in_set(cs[bi])) ++bi;
+  if (right)
+    while (ei > bi && in_set(cs[ei - 1])) --ei;
+  std::string o;
+  for (size_t k = bi; k < ei; ++k) o += cs[k];
+  return o;
+}
+
+std::vector<Value> iterate(const Value& v) {
+  switch (v.type) {
+    case Type::Undefined: return {};
+    case Type::List: return *v.list;
+    case Type::Dict: {
+      std::vector<Value> o;
+      for (auto& kv : v.dict->items) o.push_back(Value::string(kv.first));
+      return o;
+    }
+    case Type::String: {
+      std::vector<Value> o;
+      for (auto& c : utf8_chars(v.s)) o.push_back(Value::string(c));
+      return o;
+    }
+    default: fail("'" + type_name(v) + "' object is not iterable");
+  }
+}
+
+bool contains(const Value& c, const Value& item) {
+  switch (c.type) {
+    case Type::String:
+      if (!item.is_string()) fail("'in <string>' requires string as left operand, not " + type_name(item));
+      return c.s.find(item.s) != std::string::npos;
+    case Type::List:
+      for (auto& x : *c.list)
+        if (equals(x, item)) return true;
+      return false;
+    case Type::Dict: return item.is_string() && c.dict->find(item.s) != nullptr;
+    case Type::Undefined: return false;
+    default: fail("argument of type '" + type_name(c) + "' is not iterable");
+  }
+}
+
+Value get_attr(const Value& obj, const std::string& name) {
+  switch (obj.type) {
+    case Type::Undefined: undefined_error(obj);
+    case Type::Dict: {
+      Value m = dict_method(obj, name);
+      if (!m.is_undefined()) return m;
+      if (is_unsafe_dict_method(name))
+        return Value::undefined("access to attribute '" + name + "' of 'dict' object is unsafe.");
+      if (const Value* v = obj.dict->find(name)) return *v;
+      return undef_attr(obj, name);
+    }
+    case Type::Namespace:
+      if (const Value* v = obj.dict->find(name)) return *v;
+      return undef_attr(obj, name);
+    case Type::String: return str_method(obj.s, name);
+    case Type::List:
+      if (is_unsafe_list_method(name))
+        return Value::undefined("access to attribute '" + name + "' of 'list' object is unsafe.");
+      if (name == "index" || name == "count") {
+        auto l = obj.list;
+        bool idx = name == "index";
+        return bound([l, idx](CallArgs& a) {
+          Value x = a.get(0, "value");
+          int64_t n = 0;
+          for (size_t k = 0; k < l->size(); ++k) {
+            if (equals((*l)[k], x)) {
+              if (idx) return Value::integer(int64_t(k));
+              ++n;
+            }
+          }
+          if (idx) fail("value is not in list");
+          return Value::integer(n);
+        });
+      }
+      return undef_attr(obj, name);
+    default: return undef_attr(obj, name);
+  }
+}
+
+Value get_item(const Value& obj, const Value& key) {
+  switch (obj.type) {
+    case Type::Undefined: undefined_error(obj);
+    case Type::Dict:
+      if (key.is_string()) {
+        if (const Value* v = obj.dict->find(key.s)) return *v;
+        return get_attr(obj, key.s);
+      }
+      return Value::undefined("'dict object' has no attribute " + repr(key));
+    case Type::List:
+    case Type::String:
+      if (key.is_integral()) {
+        int64_t n = obj.is_list() ? int64_t(obj.list->size()) : 0;
+        std::vector<std::string> chars;
+        if (obj.is_string()) {
+          chars = utf8_chars(obj.s);
+          n = int64_t(chars.size());
+        }
+        int64_t i = key.as_int();
+        if (i < 0) i += n;
+        if (i < 0 || i >= n) return Value::undefined("'" + type_name(obj) + " object' has no attribute " + to_str(key));
+        return obj.is_list() ? (*obj.list)[i] : Value::string(chars[i]);
+      }
+      if (key.is_string()) return get_attr(obj, key.s);
+      fail(type_name(obj) + " indices must be integers or slices, not " + type_name(key));
+    default:
+      if (key.is_string()) return get_attr(obj, key.s);
+      return Value::undefined("'" + type_name(obj) + " object' has no attribute " + repr(key));
+  }
+}
+
+Value slice(const Value& obj, const Value& start, const Value& stop, const Value& step) {
+  if (obj.is_undefined()) undefined_error(obj);
+  std::vector<Value> items;
+  if (obj.is_list()) {
+    items = *obj.list;
+  } else if (obj.is_string()) {
+    items = iterate(obj);
+  } else {
+    fail("'" + type_name(obj) + "' object is not subscriptable");
+  }
+  auto opt = [](const Value& v, const char* w) -> std::optional<int64_t> {
+    if (v.is_undefined() || v.is_none()) return std::nullopt;
+    if (!v.is_integral()) fail(std::string("slice ") + w + " must be an integer or None");
+    return v.as_int();
+  };
+  int64_t n = int64_t(items.size());
+  int64_t st = opt(step, "step").value_or(1);
+  if (st == 0) fail("slice step cannot be zero");
+  // CPython PySlice_AdjustIndices.
+  auto adjust = [&](std::optional<int64_t> x, int64_t def) {
+    if (!x) return def;
+    int64_t v = *x;
+    if (v < 0) {
+      v += n;
+      if (v < 0) v = st < 0 ? -1 : 0;
+    } else if (v >= n) {
+      v = st < 0 ? n - 1 : n;
+    }
+    return v;
+  };
+  int64_t b = adjust(opt(start, "start"), st < 0 ? n - 1 : 0);
+  int64_t e = adjust(opt(stop, "stop"), st < 0 ? -1 : n);
+  List out;
+  if (st > 0) {
+    for (int64_t i = b; i < e; i += st) out.push_back(items[i]);
+  } else {
+    for (int64_t i = b; i > e; i += st) out.push_back(items[i]);
+  }
+  if (obj.is_string()) {
+    std::string s;
+    for (auto& c : out) s += c.s;
+    return Value::string(s);
+  }
+  return Value::make_list(std::move(out));
+}
+
+Value arith(const std::string& op, const Value& a, const Value& b) {
+  if (a.is_undefined()) undefined_error(a);
+  if (b.is_undefined()) undefined_error(b);
+  auto bad = [&]() -> Value {
+    fail("unsupported operand type(s) for " + op + ": '" + type_name(a) + "' and '" + type_name(b) + "'");
+  };
+  if (a.is_number() && b.is_number()) {
+    bool fl = a.type == Type::Float || b.type == Type::Float;
+    if (op == "/") {
+      if (b.as_double() == 0) fail("division by zero");
+      return Value::number(a.as_double() / b.as_double());
+    }
+    if (fl) {
+      double x = a.as_double(), y = b.as_double();
+      if (op == "+") return Value::number(x + y);
+      if (op == "-") return Value::number(x - y);
+      if (op == "*") return Value::number(x * y);
+      if (op == "**") return Value::number(std::pow(x, y));
+      if (y == 0) fail("float division by zero");
+      if (op == "//") return Value::number(std::floor(x / y));
+      if (op == "%") {
+        double m = std::fmod(x, y);
+        if (m != 0 && ((m < 0) != (y < 0))) m += y;
+        return Value::number(m);
+      }
+    } else {
+      int64_t x = a.as_int(), y = b.as_int();
+      if (op == "+") return Value::integer(x + y);
+      if (op == "-") return Value::integer(x - y);
+      if (op == "*") return Value::integer(x * y);
+      if (op == "**") {
+        if (y < 0) return Value::number(std::pow(double(x), double(y)));
+        int64_t r = 1;
+        for (int64_t k = 0; k < y; ++k) r *= x;
+        return Value::integer(r);
+      }
+      if (y == 0) fail("integer division or modulo by zero");
+      int64_t q = x / y, m = x % y;
+      if (m != 0 && ((m < 0) != (y < 0))) { q -= 1; m += y; }
+      if (op == "//") return Value::integer(q);
+      if (op == "%") return Value::integer(m);
+    }
+    return bad();
+  }
+  if (op == "+") {
+    if (a.is_string() && b.is_string()) return Value::string(a.s + b.s);
+    if (a.is_list() && b.is_list()) {
+      List l = *a.list;
+      l.insert(l.end(), b.list->begin(), b.list->end());
+      return Value::make_list(std::move(l));
+    }
+  }
+  if (op == "*") {
+    const Value& seq = a.is_integral() ? b : a;
+    const Value& cnt = a.is_integral() ? a : b;
+    if (cnt.is_integral() && (seq.is_string() || seq.is_list())) {
+      int64_t n = std::max<int64_t>(0, cnt.as_int());
+      if (seq.is_string()) {
+        std::string s;
+        for (int64_t k = 0; k < n; ++k) s += seq.s;
+        return Value::string(s);
+      }
+      List l;
+      for (int64_t k = 0; k < n; ++k) l.insert(l.end(), seq.list->begin(), seq.list->end());
+      return Value::make_list(std::move(l));
+    }
+  }
+  if (op == "%" && a.is_string()) fail("printf-style string formatting ('%') is not supported");
+  return bad();
+}
+
+bool apply_test(const std::string& name, const Value& v, CallArgs& a) {
+  const Type t = v.type;
+  if (name == "defined") return t != Type::Undefined;
+  if (name == "undefined") return t == Type::Undefined;
+  if (name == "none") return t == Type::None;
+  if (name == "boolean") return t == Type::Bool;
+  if (name == "true") return t == Type::Bool && v.b;
+  if (name == "false") return t == Type::Bool && !v.b;
+  if (name == "integer") return t == Type::Int;
+  if (name == "float") return t == Type::Float;
+  if (name == "number") return t == Type::Int || t == Type::Float || t == Type::Bool;
+  if (name == "string") return t == Type::String;
+  if (name == "mapping") return t == Type::Dict;
+  // Python: sequence = has __len__ and __getitem__ (str, list, dict); iterable adds Undefined.
+  if (name == "sequence") return t == Type::String || t == Type::List || t == Type::Dict;
+  if (name == "iterable") return t == Type::String || t == Type::List || t == Type::Dict || t == Type::Undefined;
+  if (name == "callable") return t == Type::Func;
+  if (name == "lower") return t == Type::String && lower_ascii(v.s) == v.s;
+  if (name == "upper") return t == Type::String && upper_ascii(v.s) == v.s;
+  if (name == "odd" || name == "even") {
+    if (!v.is_integral()) fail("test '" + name + "' expects an integer");
+    int64_t m = ((v.as_int() % 2) + 2) % 2;
+    return name == "odd" ? m == 1 : m == 0;
+  }
+  if (name == "divisibleby") {
+    Value d = a.get(0, "num");
+    if (!v.is_integral() || !d.is_integral() || d.as_int() == 0) fail("test 'divisibleby' expects integers");
+    return v.as_int() % d.as_int() == 0;
+  }
+  Value o = a.get(0, "other");
+  if (name == "eq" || name == "equalto" || name == "==") return equals(v, o);
+  if (name == "ne" || name == "!=") return !equals(v, o);
+  if (name == "lt" || name == "lessthan" || name == "<") return compare(v, o) < 0;
+  if (name == "le" || name == "<=") return compare(v, o) <= 0;
+  if (name == "gt" || name == "greaterthan" || name == ">") return compare(v, o) > 0;
+  if (name == "ge" || name == ">=") return compare(v, o) >= 0;
+  if (name == "in") return contains(a.get(0, "seq"), v);
+  if (name == "sameas") {
+    if (v.type != o.type) return false;
+    if (t == Type::None || t == Type::Undefined) return true;
+    if (t == Type::Bool) return v.b == o.b;
+    if (t == Type::List) return v.list == o.list;
+    if (t == Type::Dict || t == Type::Namespace) return v.dict == o.dict;
+    return equals(v, o);
+  }
+  fail("no test named '" + name + "'");
+}
+
+Value apply_filter(const std::string& name, const Value& v, CallArgs& a) {
+  if (name == "safe") return v;
+  if (name == "string") return Value::string(to_str(v));
+  if (name == "trim") return Value::string(py_strip(to_str(v), a.get(0, "chars", Value::none()), true, true));
+  if (name == "upper") return Value::string(upper_ascii(to_str(v)));
+  if (name == "lower") return Value::string(lower_ascii(to_str(v)));
+  if (name == "capitalize") return Value::string(capitalize_ascii(to_str(v)));
+  if (name == "title") return Value::string(jinja_title(to_str(v)));
+  if (name == "default" || name == "d") {
+    bool boolean = truthy(a.get(1, "boolean", Value::boolean(false)));
+    if (v.is_undefined() || (boolean && !truthy(v))) return a.get(0, "default_value", Value::string(""));
+    return v;
+  }
+  if (name == "length" || name == "count") {
+    switch (v.type) {
+      case Type::Undefined: return Value::integer(0);
+      case Type::String: return Value::integer(int64_t(utf8_length(v.s)));
+      case Type::List: return Value::integer(int64_t(v.list->size()));
+      case Type::Dict: case Type::Namespace: return Value::integer(int64_t(v.dict->items.size()));
+      default: fail("object of type '" + type_name(v) + "' has no len()");
+    }
+  }
+  if (name == "list") return Value::make_list(iterate(v));
+  if (name == "first") {
+    auto items = iterate(v);
+    return items.empty() ? Value::undefined("No first item, sequence was empty.") : items.front();
+  }
+  if (name == "last") {
+    auto items = iterate(v);
+    return items.empty() ? Value::undefined("No last item, sequence was empty.") : items.back();
+  }
+  if (name == "join") {
+    Value attr = a.get(1, "attribute", Value::none());
+    std::string sep = to_str(a.get(0, "d", Value::string("")));
+    std::string o;
+    bool first = true;
+    for (auto& x : iterate(v)) {
+      if (!first) o += sep;
+      first = false;
+      o += to_str(attr.is_none() ? x : attr_path(x, attr));
+    }
+    return Value::string(o);
+  }
+  if (name == "replace") {
+    Value cnt = a.get(2, "count", Value::none());
+    return Value::string(replace_all(to_str(v), to_str(a.get(0, "old")), to_str(a.get(1, "new")),
+                                     cnt.is_none() ? -1 : to_int_arg(cnt, "replace")));
+  }
+  if (name == "items") {
+    if (v.is_undefined()) return Value::make_list();
+    if (!v.is_dict()) fail("items filter expects a mapping, got " + type_name(v));
+    return pairs_of(*v.dict);
+  }
+  if (name == "dictsort") {
+    if (!v.is_dict()) fail("dictsort expects a mapping, got " + type_name(v));
+    bool cs = truthy(a.get(0, "case_sensitive", Value::boolean(false)));
+    std::string by = to_str(a.get(1, "by", Value::string("key")));
+    bool rev = truthy(a.get(2, "reverse", Value::boolean(false)));
+    if (by != "key" && by != "value") fail("You can only sort by either \"key\" or \"value\"");
+    int pos = by == "key" ? 0 : 1;
+    List items = *pairs_of(*v.dict).list;
+    std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
+      int c = compare(sort_key((*x.list)[pos], cs), sort_key((*y.list)[pos], cs));
+      return rev ? c > 0 : c < 0;
+    });
+    return Value::make_list(std::move(items));
+  }
+  if (name == "sort") {
+    bool rev = truthy(a.get(0, "reverse", Value::boolean(false)));
+    bool cs = truthy(a.get(1, "case_sensitive", Value::boolean(false)));
+    Value attr = a.get(2, "attribute", Value::none());
+    List items = iterate(v);
+    std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
+      Value kx = attr.is_none() ? x : attr_path(x, attr), ky = attr.is_none() ? y : attr_path(y, attr);
+      int c = compare(sort_key(kx, cs), sort_key(ky, cs));
+      return rev ? c > 0 : c < 0;
+    });
+    return Value::make_list(std::move(items));
+  }
+  if (name == "reverse") {
+    if (v.is_string()) {
+      auto cs = utf8_chars(v.s);
+      std::string o;
+      for (auto it = cs.rbegin(); it != cs.rend(); ++it) o += *it;
+      return Value::string(o);
+    }
+    List items = iterate(v);
+    std::reverse(items.begin(), items.end());
+    return Value::make_list(std::move(items));
+  }
+  if (name == "unique") {
+    bool cs = truthy(a.get(0, "case_sensitive", Value::boolean(false)));
+    List out, seen;
+    for (auto& x : iterate(v)) {
+      Value k = sort_key(x, cs);
+      bool dup = false;
+      for (auto& s : seen) dup |= equals(s, k);
+      if (!dup) {
+        seen.push_back(k);
+        out.push_back(x);
+      }
+    }
+    return Value::make_list(std::move(out));
+  }
+  if (name == "map") {
+    List out;
+    Value attr = a.get(99, "attribute");
+    if (!attr.is_undefined()) {
+      Value def = a.get(99, "default");
+      for (auto& x : iterate(v)) {
+        Value r = attr_path(x, attr);
+        out.push_back(r.is_undefined() && !def.is_undefined() ? def : r);
+      }
+    } else {
+      if (a.pos.empty()) fail("map requires a filter argument");
+      std::string f = to_str(a.pos[0]);
+      CallArgs rest = shift_args(a, 1);
+      for (auto& x : iterate(v)) out.push_back(apply_filter(f, x, rest));
+    }
+    return Value::make_list(std::move(out));
+  }
+  if (name == "select" || name == "reject") return select_impl(v, a, false, name == "select");
+  if (name == "selectattr" || name == "rejectattr") return select_impl(v, a, true, name == "selectattr");
+  if (name == "attr") return get_attr(v, to_str(a.get(0, "name")));
+  if (name == "tojson") {
+    // transformers' override: json.dumps(x, ensure_ascii=False, indent, separators, sort_keys).
+    DumpOptions o;
+    o.ensure_ascii = truthy(a.get(0, "ensure_ascii", Value::boolean(false)));
+    Value ind = a.get(1, "indent", Value::none());
+    if (ind.is_integral()) o.indent = int(std::max<int64_t>(0, ind.as_int()));
+    else if (ind.is_string()) o.indent_str = ind.s, o.indent = ind.s.empty() ? 0 : -1;
+    else if (!ind.is_none()) fail("tojson indent must be an integer or string");
+    Value seps = a.get(2, "separators", Value::none());
+    if (seps.is_list() && seps.list->size() == 2) {
+      o.has_separators = true;
+      o.item_sep = to_str((*seps.list)[0]);
+      o.key_sep = to_str((*seps.list)[1]);
+    } else if (!seps.is_none()) {
+      fail("tojson separators must be a pair of strings");
+    }
+    o.sort_keys = truthy(a.get(3, "sort_keys", Value::boolean(false)));
+    if (v.is_undefined()) undefined_error(v);
+    return Value::string(json_dumps(v, o));
+  }
+  if (name == "escape" || name == "e" || name == "forceescape") return Value::string(html_escape(to_str(v)));
+  if (name == "int") {
+    Value def = a.get(0, "default", Value::integer(0));
+    if (v.is_integral()) return Value::integer(v.as_int());
+    if (v.type == Type::Float) return Value::integer(int64_t(std::trunc(v.f)));
+    if (v.is_string()) {
+      int64_t i;
+      double d;
+      if (parse_int_str(v.s, i)) return Value::integer(i);
+      if (parse_float_str(v.s, d)) return Value::integer(int64_t(std::trunc(d)));
+    }
+    return def;
+  }
+  if (name == "float") {
+    Value def = a.get(0, "default", Value::number(0.0));
+    if (v.is_number()) return Value::number(v.as_double());
+    double d;
+    if (v.is_string() && parse_float_str(v.s, d)) return Value::number(d);
+    return def;
+  }
+  if (name == "abs") {
+    if (v.type == Type::Float) return Value::number(std::fabs(v.f));
+    if (v.is_integral()) return Value::integer(std::llabs(v.as_int()));
+    fail("bad operand type for abs(): '" + type_name(v) + "'");
+  }
+  if (name == "round") {
+    int prec = int(to_int_arg(a.get(0, "precision", Value::integer(0)), "round"));
+    std::string method = to_str(a.get(1, "method", Value::string("common")));
+    if (!v.is_number()) fail("round expects a number");
+    double x = v.as_double(), m = std::pow(10.0, prec);
+    if (method == "common") {
+      if (v.is_integral() && prec >= 0) return Value::integer(v.as_int());
+      return Value::number(py_round(x, prec));
+    }
+    if (method == "ceil") return Value::number(std::ceil(x * m) / m);
+    if (method == "floor") return Value::number(std::floor(x * m) / m);
+    fail("method must be common, ceil or floor");
+  }
+  if (name == "sum") {
+    Value attr = a.get(0, "attribute", Value::none());
+    Value acc = a.get(1, "start", Value::integer(0));
+    for (auto& x : iterate(v)) acc = arith("+", acc, attr.is_none() ? x : attr_path(x, attr));
+    return acc;
+  }
+  if (name == "min" || name == "max") {
+    bool cs = truthy(a.get(0, "case_sensitive", Value::boolean(false)));
+    Value attr = a.get(1, "attribute", Value::none());
+    auto items = iterate(v);
+    if (items.empty()) return Value::undefined("No aggregated item, sequence was empty.");
+    Value best = items[0];
+    for (size_t k = 1; k < items.size(); ++k) {
+      Value kx = attr.is_none() ? items[k] : attr_path(items[k], attr);
+      Value kb = attr.is_none() ? best : attr_path(best, attr);
+      int c = compare(sort_key(kx, cs), sort_key(kb, cs));
+      if (name == "min" ? c < 0 : c > 0) best = items[k];
+    }
+    return best;
+  }
+  if (name == "indent") {
+    // jinja2 do_indent (3.1): appends "\n" then works on splitlines().
+    Value w = a.get(0, "width", Value::integer(4));
+    std::string ind = w.is_string() ? w.s : std::string(size_t(std::max<int64_t>(0, to_int_arg(w, "indent"))), ' ');
+    bool first = truthy(a.get(1, "first", Value::boolean(false)));
+    bool blank = truthy(a.get(2, "blank", Value::boolean(false)));
+    std::string s = to_str(v) + "\n";
+    CallArgs none;
+    Value lines_v = str_method(s, "splitlines");
+    std::vector<Value> lines = *(*lines_v.fn)(none).list;
+    std::string rv;
+    if (blank) {
+      for (size_t k = 0; k < lines.size(); ++k) rv += (k ? "\n" + ind : "") + lines[k].s;
+    } else {
+      rv = lines.empty() ? "" : lines[0].s;
+      for (size_t k = 1; k < lines.size(); ++k) rv += "\n" + (lines[k].s.empty() ? "" : ind + lines[k].s);
+    }
+    if (first) rv = ind + rv;
+    return Value::string(rv);
+  }
+  if (name == "wordcount") {
+    // len(re.findall(r"\w+", s)) with Unicode \w approximated: letters and digits are word
+    // characters, the punctuation/symbol/emoji blocks are not.
+    std::string s = to_str(v);
+    int64_t n = 0;
+    bool in_word = false;
+    for (size_t i = 0; i < s.size();) {
+      size_t st = i;
+      unsigned char c = s[i];
+      uint32_t cp = c;
+      int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : 4;
+      if (len > 1 && st + len <= s.size()) {
+        cp = c & (0xff >> (len + 1));
+        for (int k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[st + k]) & 0x3f);
+      }
+      i = std::min(s.size(), st + len);
+      bool w = cp < 0x80 ? (is_alpha_ascii(char(cp)) || (cp >= '0' && cp <= '9') || cp == '_')
+                         : !((cp >= 0x80 && cp <= 0xbf) || cp == 0xd7 || cp == 0xf7 || (cp >= 0x2000 && cp <= 0x2bff) ||
+                             (cp >= 0x3000 && cp <= 0x303f) || (cp >= 0xfe30 && cp <= 0xfe4f) ||
+                             (cp >= 0xff00 && cp <= 0xff0f) || (cp >= 0x1f000 && cp <= 0x1faff));
+      n += w && !in_word;
+      in_word = w;
+    }
+    return Value::integer(n);
+  }
+  fail("no filter named '" + name + "'");
+}
+
+void add_globals(Dict& d) {
+  d.set("range", Value::function([](CallArgs& a) {
+    auto num = [](const Value& v) {
+      if (!v.is_integral()) fail("range() arguments must be integers, got " + type_name(v));
+      return v.as_int();
+    };
+    int64_t start = 0, stop, step = 1;
+    if (a.pos.size() == 1) {
+      stop = num(a.pos[0]);
+    } else if (a.pos.size() == 2 || a.pos.size() == 3) {
+      start = num(a.pos[0]);
+      stop = num(a.pos[1]);
+      if (a.pos.size() == 3) step = num(a.pos[2]);
+    } else {
+      fail("range expected 1 to 3 arguments");
+    }
+    if (step == 0) fail("range() arg 3 must not be zero");
+    List l;
+    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+      l.push_back(Value::integer(i));
+      if (l.size() > 10000000) fail("range too big");
+    }
+    return Value::make_list(std::move(l));
+  }));
+  auto make_mapping = [](CallArgs& a, Value out) {
+    if (!a.pos.empty()) {
+      const Value& init = a.pos[0];
+      if (init.is_dict()) {
+        for (auto& kv : init.dict->items) out.dict->set(kv.first, kv.second);
+      } else {
+        for (auto& p : iterate(init)) {
+          if (!p.is_list() || p.list->size() != 2 || !(*p.list)[0].is_string())
+            fail("dictionary update sequence element has wrong shape");
+          out.dict->set((*p.list)[0].s, (*p.list)[1]);
+        }
+      }
+    }
+    for (auto& kv : a.kw) out.dict->set(kv.first, kv.second);
+    return out;
+  };
+  d.set("namespace", Value::function([make_mapping](CallArgs& a) {
+    Value ns = make_mapping(a, Value::make_namespace());
+    for (auto& kv : ns.dict->items)
+      if (!kv.first.empty() && kv.first[0] == '_')
+        fail("Chat templates cannot store underscore-prefixed attributes on a namespace, but got '" + kv.first + "'");
+    return ns;
+  }));
+  d.set("dict", Value::function([make_mapping](CallArgs& a) { return make_mapping(a, Value::make_dict()); }));
+  d.set("raise_exception", Value::function([](CallArgs& a) -> Value {
+    throw JinjaError("raise_exception: " + to_str(a.get(0, "message")));
+  }));
+  d.set("strftime_now", Value::function([](CallArgs& a) {
+    std::string fmt = need_str(a.get(0, "format"), "strftime_now");
+    std::time_t t = std::time(nullptr);
+    std::tm tm{};
+    localtime_r(&t, &tm);
+    char buf[512];
+    size_t n = std::strftime(buf, sizeof buf, fmt.c_str(), &tm);
+    return Value::string(std::string(buf, n));
+  }));
+}
+
+}  // namespace g4::jinja
