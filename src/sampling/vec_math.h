@@ -41,8 +41,9 @@ inline float max_skip_nan(const float* x, int n, bool* has_nan) {
 }
 
 #if defined(__SSE2__)
-// exp for x <= ~88 (Cephes expf polynomial, ~2 ulp); x below -87.3 gives ~1e-38 rather than 0.
+// exp for x <= ~88 (Cephes expf polynomial, ~2 ulp); x below -87.3 (incl. -inf) and NaN give 0.
 inline __m128 exp_ps(__m128 x) {
+  const __m128 live = _mm_cmpge_ps(x, _mm_set1_ps(-87.3f));
   x = _mm_max_ps(x, _mm_set1_ps(-87.3f));
   x = _mm_min_ps(x, _mm_set1_ps(88.3f));
   __m128 fx = _mm_add_ps(_mm_mul_ps(x, _mm_set1_ps(1.44269504088896341f)), _mm_set1_ps(0.5f));
@@ -61,12 +62,12 @@ inline __m128 exp_ps(__m128 x) {
   y = _mm_add_ps(_mm_mul_ps(y, x), _mm_set1_ps(5.0000001201E-1f));
   y = _mm_add_ps(_mm_mul_ps(y, z), _mm_add_ps(x, _mm_set1_ps(1.f)));
   __m128i e = _mm_slli_epi32(_mm_add_epi32(_mm_cvttps_epi32(fx), _mm_set1_epi32(127)), 23);
-  return _mm_mul_ps(y, _mm_castsi128_ps(e));
+  return _mm_and_ps(live, _mm_mul_ps(y, _mm_castsi128_ps(e)));
 }
 #endif
 
-// sum_i exp(x[i] - m), for m >= every x[i]; NaN entries must have been excluded or count as
-// garbage. Accumulates fp32 lanes in blocks, then double.
+// sum_i exp(x[i] - m), for m >= every x[i]; NaN entries count as 0. Accumulates fp32 lanes in
+// blocks, then double.
 inline double sum_exp_shifted(const float* x, int n, float m) {
   double total = 0;
   int i = 0;

@@ -164,7 +164,9 @@ class Parser {
   }
   bool at_end() const { return i_ >= s_.size(); }
   bool peek(char c) const { return !at_end() && s_[i_] == c; }
-  bool starts(std::string_view t) const { return s_.substr(i_).substr(0, t.size()) == t; }
+  bool starts(std::string_view t) const {
+    return i_ <= s_.size() && s_.substr(i_).substr(0, t.size()) == t;
+  }
   Error fail(const char* what) const {
     return err("gemma4 tool call: %s at byte %zu", what, i_);
   }
@@ -279,7 +281,13 @@ std::vector<ToolCallEvent> ToolCallStream::feed(std::string_view piece) {
     }
     size_t e = rest.find(kToolCallClose, search_from);
     if (e == std::string_view::npos) {
-      held_ = std::string(rest);
+      // Keep the block so far; avoid a copy when it is the whole buffer (long calls streamed
+      // in small pieces stay linear).
+      if (rest.data() == buf.data() && rest.size() == buf.size()) {
+        held_ = std::move(buf);
+      } else {
+        held_ = std::string(rest);
+      }
       break;
     }
     end_block(out, rest.substr(0, e), /*closed=*/true);

@@ -339,3 +339,18 @@ TEST(SamplerFast, TimingLargeVocab) {
               ms, ms_g);
   EXPECT_LT(ms, 50.0);  // generous: a full sort path alone takes ~20 ms here
 }
+
+TEST(SamplerStats, NeverDrawsMinusInfinity) {
+  // Only 3 finite logits in a large vocabulary, unfiltered path (all tokens "alive").
+  const int V = 4099;
+  std::vector<float> logits(V, -std::numeric_limits<float>::infinity());
+  logits[5] = 0.f;
+  logits[4000] = -80.f;  // tiny but possible
+  logits[4098] = 1.f;
+  Sampler s(seeded(3.0f, 8), V);
+  for (int i = 0; i < 3000; ++i) {
+    auto x = logits;
+    int t = s.sample(x.data(), {});
+    ASSERT_TRUE(t == 5 || t == 4000 || t == 4098) << t;
+  }
+}

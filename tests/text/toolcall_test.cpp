@@ -3,6 +3,7 @@
 // hard cases, and the streaming parser under every split of the text.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -202,4 +203,24 @@ TEST(ToolCallStream, HoldsBackOnlyAPossibleMarker) {
   EXPECT_EQ(ev[0].call.name, "f");
   EXPECT_EQ(ev[1].text, "tail");
   EXPECT_EQ(s.calls_emitted(), 1);
+}
+
+TEST(ToolCallStream, LongCallInTinyPiecesIsLinear) {
+  // 400 KB of argument text fed 3 bytes at a time must finish quickly: copying the block on
+  // every feed would move ~25 GB (seconds); linear handling takes milliseconds.
+  auto t0 = std::chrono::steady_clock::now();
+  std::string big(400000, 'x');
+  std::string text = "<|tool_call>call:w{data:<|\"|>" + big + "<|\"|>}<tool_call|>ok";
+  ToolCallStream s;
+  std::vector<ToolCallEvent> all;
+  for (size_t i = 0; i < text.size(); i += 3) {
+    auto ev = s.feed(std::string_view(text).substr(i, 3));
+    all.insert(all.end(), ev.begin(), ev.end());
+  }
+  auto ev = s.finish();
+  all.insert(all.end(), ev.begin(), ev.end());
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].call.arguments["data"].get<std::string>().size(), big.size());
+  EXPECT_EQ(all[1].text, "ok");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.5);
 }
