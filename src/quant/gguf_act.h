@@ -8,9 +8,7 @@
 //   Q5_K qs chunks.
 // 32-blocks (Q8_0-style): blocks are taken in pairs (a zero block pads an odd count); per pair:
 //   qs[64] int8, dx[16] f32 and init[16] int32 laid out per 32-bit lane of a 512-bit vector:
-//   Layout::PairA (Q8_0): bytes [blk0 0..31 | blk1 0..31]; lanes 0-7 blk0, 8-15 blk1.
-//   Layout::PairB (Q4_0, Q5_0): bytes [blk0 0..15 | blk1 0..15 | blk0 16..31 | blk1 16..31];
-//     lanes 0-3 and 8-11 blk0, 4-7 and 12-15 blk1.
+//   Layout::PairA (Q8_0, Q4_0, Q5_0): bytes [blk0 0..31 | blk1 0..31]; lanes 0-7 blk0, 8-15 blk1.
 //   init holds -bias * sum(qs of the block) in the block's first lane (bias = the unsigned offset
 //   of the weight codes: 128 for Q8_0 via xor 0x80, 8 for Q4_0, 16 for Q5_0), 0 elsewhere.
 #pragma once
@@ -21,7 +19,7 @@
 
 namespace g4::gguf {
 
-enum class Layout : uint8_t { KNatural, KPerm, PairA, PairB };
+enum class Layout : uint8_t { KNatural, KPerm, PairA };
 
 struct ActK {
   int64_t nsb = 0;                 // super-blocks per row
@@ -40,7 +38,7 @@ struct ActPair {
 
 // x: [M, cols] f32; cols a multiple of 256 (K) or 32 (pairs). Buffers are resized, not shrunk.
 void quantize_act_k(const float* x, int64_t M, int64_t cols, Layout layout, ActK* a);
-void quantize_act_pair(const float* x, int64_t M, int64_t cols, Layout layout, int bias, ActPair* a);
+void quantize_act_pair(const float* x, int64_t M, int64_t cols, int bias, ActPair* a);  // PairA
 
 // AVX-512 (F/BW/VL/VNNI + F16C) kernels, gguf_kernels_avx512.cpp: y[m * ldy + r] for r in
 // [r0, r1), m in [0, M). Call only when cpu_has_avx512_vnni().

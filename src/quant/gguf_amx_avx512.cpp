@@ -155,8 +155,6 @@ inline void transpose16(__m512 (&r)[16]) {
   swap_blocks<1>(r);
 }
 
-inline int round_q(float v) { return int(std::nearbyint(v)); }
-
 }  // namespace
 
 namespace {
@@ -181,23 +179,26 @@ void quantize_act_amx(const float* x, int64_t M, int64_t cols, int block, ActAmx
   a->xb.assign(size_t(nt * nb * 512), 0);
   a->dx.assign(size_t(nt * nb * 16), 0.f);
   a->sx.assign(size_t(nt * nb * 16), 0.f);
-  std::vector<int8_t> q(static_cast<size_t>(block));
   for (int64_t m = 0; m < M; ++m) {
     const int64_t t = m / 16, mi = m % 16;
     for (int64_t c0 = 0; c0 < cols; c0 += block) {
       const float* xr = x + m * cols + c0;
-      float amax = 0;
-      for (int i = 0; i < block; ++i) amax = std::max(amax, std::fabs(xr[i]));
+      __m512 vmax = _mm512_setzero_ps();
+      for (int i = 0; i < block; i += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(xr + i)));
+      const float amax = _mm512_reduce_max_ps(vmax);
       const float d = amax / 127.f, id = amax > 0 ? 127.f / amax : 0.f;
-      for (int i = 0; i < block; ++i) q[size_t(i)] = int8_t(std::clamp(round_q(xr[i] * id), -127, 127));
+      const __m512 vid = _mm512_set1_ps(id);
       for (int i0 = 0; i0 < block; i0 += QK) {
-        const int64_t b = (c0 + i0) / QK, k = (t * nb + b);
-        int8_t* dst = &a->xb[size_t(k * 512)];
-        int sum = 0;
-        for (int j = 0; j < QK; ++j) {
-          dst[(j / 4) * 64 + mi * 4 + (j % 4)] = q[size_t(i0 + j)];
-          sum += q[size_t(i0 + j)];
-        }
+        const int64_t k = t * nb + (c0 + i0) / QK;
+        // round half to even (MXCSR default), as nearbyint
+        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xr + i0), vid));
+        const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xr + i0 + 16), vid));
+        const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        alignas(16) uint32_t dw[8];
+        _mm_store_si128((__m128i*)dw, _mm512_cvtsepi32_epi8(q0));
+        _mm_store_si128((__m128i*)(dw + 4), _mm512_cvtsepi32_epi8(q1));
+        int8_t* dst = &a->xb[size_t(k * 512 + mi * 4)];
+        for (int j = 0; j < 8; ++j) std::memcpy(dst + j * 64, &dw[j], 4);
         a->dx[size_t(k * 16 + mi)] = d;
         a->sx[size_t(k * 16 + mi)] = d * float(sum);
       }

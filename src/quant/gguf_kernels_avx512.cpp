@@ -163,8 +163,8 @@ void row_pair(const uint8_t* row, int64_t nblocks, const ActPair& a, int64_t m0,
   const int64_t np = a.npair;
   constexpr int bb = FMT == 0 ? kQ8_0Bytes : FMT == 1 ? kQ4_0Bytes : kQ5_0Bytes;
   const __m512i m4 = _mm512_set1_epi8(0x0F), x80 = _mm512_set1_epi8(char(0x80)), s16 = _mm512_set1_epi8(16);
-  const __m512i didx = FMT == 0 ? _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
-                                : _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
+  const __m512i didx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i dup = _mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0), nib = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
   __m512 acc[NM];
   #pragma GCC unroll 4
   for (int m = 0; m < NM; ++m) acc[m] = _mm512_setzero_ps();
@@ -177,15 +177,15 @@ void row_pair(const uint8_t* row, int64_t nblocks, const ActPair& a, int64_t m0,
                              _mm256_loadu_si256((const __m256i*)(b1 + 2)), 1);
       W = _mm512_xor_si512(W, x80);  // signed -> unsigned (+128)
     } else {
+      // [qs0 | qs0 | qs1 | qs1] >> [0, 4, 0, 4] & 15: both blocks in value order (layout PairA).
       constexpr int off = FMT == 1 ? 2 : 6;
       const __m256i v = _mm256_inserti128_si256(
           _mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)(b0 + off))),
           _mm_loadu_si128((const __m128i*)(b1 + off)), 1);
-      W = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1), m4);
+      W = _mm512_and_si512(_mm512_srlv_epi64(_mm512_permutexvar_epi64(dup, _mm512_castsi256_si512(v)), nib), m4);
       if constexpr (FMT == 2) {
-        const uint64_t h0 = rd32(b0 + 2), h1 = rd32(b1 + 2);
-        const uint64_t k = (h0 & 0xFFFF) | (h1 & 0xFFFF) << 16 | (h0 >> 16) << 32 | (h1 >> 16) << 48;
-        W = _mm512_mask_add_epi8(W, __mmask64(k), W, s16);
+        const __mmask64 k = _mm512_kunpackd(__mmask64(rd32(b1 + 2)), __mmask64(rd32(b0 + 2)));
+        W = _mm512_mask_add_epi8(W, k, W, s16);
       }
     }
     const uint32_t dd = uint32_t(rd16(b0)) | uint32_t(rd16(b1)) << 16;

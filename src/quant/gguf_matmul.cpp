@@ -64,8 +64,7 @@ void quantize_act_k(const float* x, int64_t M, int64_t cols, Layout layout, ActK
   }
 }
 
-void quantize_act_pair(const float* x, int64_t M, int64_t cols, Layout layout, int bias,
-                       ActPair* a) {
+void quantize_act_pair(const float* x, int64_t M, int64_t cols, int bias, ActPair* a) {
   const int64_t nb = cols / QK, np = (nb + 1) / 2;
   a->npair = np;
   a->qs.resize(size_t(M * np * 64));
@@ -85,17 +84,9 @@ void quantize_act_pair(const float* x, int64_t M, int64_t cols, Layout layout, i
         if (blk < nb) d = quant_block(x + m * cols + blk * QK, QK, q);
         int sum = 0;
         for (int l = 0; l < QK; ++l) sum += q[l];
-        if (layout == Layout::PairA) {
-          std::copy(q, q + 32, qs + 32 * h);
-          std::fill(dx + 8 * h, dx + 8 * h + 8, d);
-          init[8 * h] = -bias * sum;
-        } else {  // PairB
-          std::copy(q, q + 16, qs + 16 * h);
-          std::copy(q + 16, q + 32, qs + 32 + 16 * h);
-          std::fill(dx + 4 * h, dx + 4 * h + 4, d);
-          std::fill(dx + 8 + 4 * h, dx + 8 + 4 * h + 4, d);
-          init[4 * h] = -bias * sum;
-        }
+        std::copy(q, q + 32, qs + 32 * h);
+        std::fill(dx + 8 * h, dx + 8 * h + 8, d);
+        init[8 * h] = -bias * sum;
       }
     }
   }
@@ -178,9 +169,8 @@ void gguf_matmul_fast(const float* x, int64_t M, const WeightView& w, float* y) 
     }
     default: {
       thread_local ActPair a;
-      const Layout lay = w.fmt == WFormat::GgufQ8_0 ? Layout::PairA : Layout::PairB;
       const int bias = w.fmt == WFormat::GgufQ8_0 ? 128 : w.fmt == WFormat::GgufQ4_0 ? 8 : 16;
-      quantize_act_pair(x, M, w.cols, lay, bias, &a);
+      quantize_act_pair(x, M, w.cols, bias, &a);
       const ActPair* ap = &a;
       parallel_for(
           w.rows,
