@@ -15,6 +15,8 @@ plus `oracle.npz`, computed by loading that directory back with mlx_lm.utils.loa
   greedy_bf16       int32 [S]      greedy ids, checkpoint dtype
   greedy_bf16_logits f32 [S, V]    the logits each bf16 greedy id was picked from
   prefill_step_size int32 []       generate_step's prefill chunk (mlx-lm default 2048)
+  mlx_chunk_maxdiff_f32 f32 []     max|d| of mlx-lm's own --chunk 5 / --chunk 1 f32 logits vs
+                                   its unchunked ones (the floor for the chunking tolerance)
 and `fixture.json` describing what the fixture exercises.
 
 Variants (hidden 128, head_dim 32 / global_head_dim 64, vocab 512, sliding window 8 < prompt):
@@ -308,13 +310,18 @@ def prompt_ids(variant: str, attempt: int = 0) -> list:
     return [2, 105] + [int(x) for x in rest]
 
 
-def full_logits(model, ids) -> np.ndarray:
-    """One forward over the whole prompt with a fresh mlx-lm cache (make_cache)."""
+def full_logits(model, ids, chunk=None) -> np.ndarray:
+    """Logits of every prompt position with a fresh mlx-lm cache (make_cache): one forward over
+    the whole prompt, or consecutive forwards of `chunk` tokens sharing the cache."""
     cache = model.make_cache()
-    out = model(mx.array(ids, dtype=mx.int32)[None], cache=cache)
-    out = out[0].astype(mx.float32)
-    mx.eval(out)
-    return np.array(out)
+    step = chunk or len(ids)
+    outs = []
+    for i in range(0, len(ids), step):
+        o = model(mx.array(ids[i:i + step], dtype=mx.int32)[None], cache=cache)
+        o = o[0].astype(mx.float32)
+        mx.eval(o)
+        outs.append(np.array(o))
+    return np.concatenate(outs, axis=0)
 
 
 def greedy(model, ids, steps):
@@ -383,6 +390,11 @@ def write_oracle(fdir: Path, variant: str, fixed_attempt=None) -> dict:
     _, attempt, res, gaps = best
     ids = res["prompt_ids"].tolist()
     res["logits_f32"] = full_logits(m32, ids)
+    # How far mlx-lm's own chunked prefill (5 tokens, then 1 token at a time) lands from its own
+    # unchunked forward in f32: the parity test's chunking tolerance is never tighter than this.
+    res["mlx_chunk_maxdiff_f32"] = np.array(max(
+        float(np.abs(full_logits(m32, ids, c) - res["logits_f32"]).max()) for c in (5, 1)),
+        dtype=np.float32)
     if has_bf16:
         res["logits_bf16"] = full_logits(m16, ids)
     res["prefill_step_size"] = np.array(PREFILL_STEP, dtype=np.int32)
@@ -394,6 +406,7 @@ def write_oracle(fdir: Path, variant: str, fixed_attempt=None) -> dict:
     return {"prompt_len": len(ids), "prompt_attempt": attempt,
             "greedy_min_top2_gap": gaps,
             "logit_std": float(lf.std()),
+            "mlx_chunk_maxdiff_f32": float(res["mlx_chunk_maxdiff_f32"]),
             "logit_absmax": float(np.abs(lf).max()),
             "has_bf16": has_bf16,
             "bf16_vs_f32_maxdiff": float(np.abs(res["logits_bf16"] - lf).max())
