@@ -18,11 +18,12 @@ struct ActAmx {
   std::vector<float> dx, sx;
 };
 
-// gguf_matmul_fast uses this path for M >= kAmxMinRows when available and enabled (tests turn it
-// off to exercise the VNNI kernels at the same sizes).
-constexpr int64_t kAmxMinRows = 8;
+// gguf_matmul_fast uses this path for M >= amx_min_rows() (default 8) when the CPU has AMX and it
+// is enabled (tests turn it off to exercise the VNNI kernels at the same sizes).
 void set_amx_enabled(bool on);
 bool amx_enabled();
+void set_amx_min_rows(int64_t m);
+int64_t amx_min_rows();
 
 // True when the CPU has AMX-INT8 and the OS granted the tile state to this process.
 bool cpu_has_amx();

@@ -37,19 +37,19 @@ struct TileCfg {
   uint8_t rows[16] = {};
 };
 
-// Tiles: 0,1 = C (16 x 16 int32); 2,3 = A (16 rows x CK bytes); 4,5 = B (CK/4 rows x 64 bytes).
+// Tiles: 0-3 = C (16 x 16 int32); 4,5 = A (16 rows x CK bytes); 6,7 = B (CK/4 rows x 64 bytes).
 void config_tiles(int ck) {
   TileCfg c;
-  for (int t : {0, 1}) c.rows[t] = 16, c.colsb[t] = 64;
-  for (int t : {2, 3}) c.rows[t] = 16, c.colsb[t] = uint16_t(ck);
-  for (int t : {4, 5}) c.rows[t] = uint8_t(ck / 4), c.colsb[t] = 64;
+  for (int t : {0, 1, 2, 3}) c.rows[t] = 16, c.colsb[t] = 64;
+  for (int t : {4, 5}) c.rows[t] = 16, c.colsb[t] = uint16_t(ck);
+  for (int t : {6, 7}) c.rows[t] = uint8_t(ck / 4), c.colsb[t] = 64;
   _tile_loadconfig(&c);
 }
 
 int chunk_of(WFormat f) { return f == WFormat::GgufQ6_K ? 16 : 32; }
 bool has_min(WFormat f) { return f == WFormat::GgufQ4_K || f == WFormat::GgufQ5_K; }
 
-// Decodes row `row` (cols values) into signed codes[cols], scale[c * 16] and min[c * 16] per chunk
+// Decodes row `row` (cols values) into signed codes[cols], scale[c] and min[c] per chunk
 // c (AVX-512 unpacking; the same block math as gguf_dequant.cpp).
 void decode_row(WFormat f, const uint8_t* row, int64_t cols, int8_t* codes, float* scale, float* mn) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -61,7 +61,7 @@ void decode_row(WFormat f, const uint8_t* row, int64_t cols, int8_t* codes, floa
       const __m256i off = _mm256_set1_epi8(f == WFormat::GgufQ4_0 ? 8 : 16), s16 = _mm256_set1_epi8(16);
       for (int64_t b = 0; b < cols / QK; ++b) {
         const uint8_t* p = row + b * bb;
-        scale[b * 16] = _cvtsh_ss(rd16(p));
+        scale[b] = _cvtsh_ss(rd16(p));
         __m256i q;
         if (f == WFormat::GgufQ8_0) {
           q = _mm256_loadu_si256((const __m256i*)(p + 2));
@@ -83,12 +83,18 @@ void decode_row(WFormat f, const uint8_t* row, int64_t cols, int8_t* codes, floa
       for (int64_t i = 0; i < cols / QKK; ++i) {
         const uint8_t* b = row + i * bb;
         const float d = _cvtsh_ss(rd16(b)), dmin = _cvtsh_ss(rd16(b + 2));
-        for (int s = 0; s < 8; ++s) {
-          uint8_t sc, m;
-          scale_min_k4(s, b + 4, &sc, &m);
-          scale[(i * 8 + s) * 16] = d * float(sc);
-          mn[(i * 8 + s) * 16] = dmin * float(m);
-        }
+        // get_scale_min_k4 for all 8 sub-blocks (llama.cpp's kmask trick), then d*sc and dmin*m.
+        uint32_t u[4];
+        std::memcpy(u, b + 4, 12);
+        u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+        const uint32_t mins_lo = u[1] & 0x3f3f3f3f;
+        u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+        u[0] &= 0x3f3f3f3f;
+        u[2] = mins_lo;
+        const __m256 vs = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, int(u[1]), int(u[0]))));
+        const __m256 vm = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, int(u[3]), int(u[2]))));
+        _mm256_storeu_ps(scale + i * 8, _mm256_mul_ps(_mm256_set1_ps(d), vs));
+        _mm256_storeu_ps(mn + i * 8, _mm256_mul_ps(_mm256_set1_ps(dmin), vm));
         const __m256i qh = _mm256_loadu_si256((const __m256i*)(b + 16));
         const uint8_t* qs = b + (q5 ? 48 : 16);
         int8_t* o = codes + i * QKK;
@@ -112,7 +118,8 @@ void decode_row(WFormat f, const uint8_t* row, int64_t cols, int8_t* codes, floa
         const uint8_t* b = row + i * kQ6_KBytes;
         const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
         const float d = _cvtsh_ss(rd16(b + 208));
-        for (int g = 0; g < 16; ++g) scale[(i * 16 + g) * 16] = d * float(sc[g]);
+        _mm512_storeu_ps(scale + i * 16, _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                                               _mm_loadu_si128((const __m128i*)sc)))));
         int8_t* o = codes + i * QKK;
         for (int h = 0; h < 2; ++h) {
           const __m512i v = _mm512_loadu_si512(b + 64 * h);
@@ -159,7 +166,10 @@ inline void transpose16(__m512 (&r)[16]) {
 
 namespace {
 bool g_amx_on = true;
-}
+int64_t g_amx_min_rows = 8;
+}  // namespace
+void set_amx_min_rows(int64_t m) { g_amx_min_rows = m; }
+int64_t amx_min_rows() { return g_amx_min_rows; }
 void set_amx_enabled(bool on) { g_amx_on = on; }
 bool amx_enabled() { return g_amx_on && cpu_has_amx(); }
 
@@ -217,16 +227,17 @@ void matmul_amx(WFormat f, const WeightView& w, const ActAmx& a, int64_t M, floa
     scale.resize(size_t(nch * 16));
     mn.resize(size_t(nch * 16));
     config_tiles(ck);
-    alignas(64) int32_t cbuf[2][16][16];
+    alignas(64) int32_t cbuf[4][16][16];
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t r0 = g * 16, nr = std::min<int64_t>(16, w.rows - r0);
       for (int64_t n = 0; n < 16; ++n) {
         if (n < nr) {
           decode_row(f, static_cast<const uint8_t*>(w.data) + (r0 + n) * w.row_bytes, cols,
-                     &codes[size_t(n * cols)], &scale[size_t(n)], &mn[size_t(n)]);
+                     &codes[size_t(n * cols)], &scale[size_t(n * nch)], &mn[size_t(n * nch)]);
         } else {
           std::fill(codes.begin() + n * cols, codes.begin() + (n + 1) * cols, int8_t(0));
-          for (int64_t c = 0; c < nch; ++c) scale[size_t(c * 16 + n)] = 0.f, mn[size_t(c * 16 + n)] = 0.f;
+          std::fill(scale.begin() + n * nch, scale.begin() + (n + 1) * nch, 0.f);
+          std::fill(mn.begin() + n * nch, mn.begin() + (n + 1) * nch, 0.f);
         }
       }
       for (int64_t t = 0; t < a.ntiles; ++t) {
@@ -236,50 +247,54 @@ void matmul_amx(WFormat f, const WeightView& w, const ActAmx& a, int64_t M, floa
         auto consume = [&](int32_t (*cb)[16], int64_t c) {
           const int64_t b = c * ck / QK;  // 32-block holding chunk c
           const __m512 dxv = _mm512_loadu_ps(&a.dx[size_t((t * a.nblk + b) * 16)]);
-          const float* sc = &scale[size_t(c * 16)];
+          const float* sc = &scale[size_t(c)];  // row n at sc[n * nch]
 #pragma GCC unroll 16
           for (int n = 0; n < 16; ++n) {
             const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb[n])), dxv);
-            acc[n] = _mm512_fmadd_ps(v, _mm512_set1_ps(sc[n]), acc[n]);
+            acc[n] = _mm512_fmadd_ps(v, _mm512_set1_ps(sc[n * nch]), acc[n]);
           }
           if (mins) {
             const __m512 sxv = _mm512_loadu_ps(&a.sx[size_t((t * a.nblk + b) * 16)]);
-            const float* m = &mn[size_t(c * 16)];
+            const float* m = &mn[size_t(c)];
 #pragma GCC unroll 16
-            for (int n = 0; n < 16; ++n) acc[n] = _mm512_fnmadd_ps(sxv, _mm512_set1_ps(m[n]), acc[n]);
+            for (int n = 0; n < 16; ++n) acc[n] = _mm512_fnmadd_ps(sxv, _mm512_set1_ps(m[n * nch]), acc[n]);
           }
         };
         auto bptr = [&](int64_t c) {
           const int64_t e = c * ck;  // first value of chunk c
           return &a.xb[size_t((t * a.nblk + e / QK) * 512 + (e % QK) / 4 * 64)];
         };
-        // Software pipeline over chunks, tiles alternating (C0,A2,B4) / (C1,A3,B5): the tile
-        // product of chunk c+1 runs while the f32 epilogue of chunk c does.
-        _tile_loadd(2, &codes[0], int(cols));
-        _tile_loadd(4, bptr(0), 64);
-        _tile_zero(0);
-        _tile_dpbssd(0, 2, 4);
-        for (int64_t c = 0; c < nch; c += 2) {
-          const bool has1 = c + 1 < nch;
-          if (has1) {
-            _tile_loadd(3, &codes[size_t((c + 1) * ck)], int(cols));
-            _tile_loadd(5, bptr(c + 1), 64);
-            _tile_zero(1);
-            _tile_dpbssd(1, 3, 5);
-          }
-          _tile_stored(0, cbuf[0], 64);
-          if (c + 2 < nch) {
-            _tile_loadd(2, &codes[size_t((c + 2) * ck)], int(cols));
-            _tile_loadd(4, bptr(c + 2), 64);
-            _tile_zero(0);
-            _tile_dpbssd(0, 2, 4);
-          }
-          consume(cbuf[0], c);
-          if (has1) {
-            _tile_stored(1, cbuf[1], 64);
-            consume(cbuf[1], c + 1);
-          }
+        // Software pipeline, 4 chunks deep: chunk c uses C tile c%4 and A/B tiles 4+c%2 / 6+c%2;
+        // its product is stored and consumed (f32 epilogue) only after the products of the next
+        // three chunks were issued, which hides the tile latencies.
+#define G4_ISSUE(C, A, B, ch)                                        \
+  if ((ch) < nch) {                                                  \
+    _tile_loadd(A, &codes[size_t((ch) * ck)], int(cols));            \
+    _tile_loadd(B, bptr(ch), 64);                                    \
+    _tile_zero(C);                                                   \
+    _tile_dpbssd(C, A, B);                                           \
+  }
+#define G4_RETIRE(C, ch)                                             \
+  if ((ch) < nch) {                                                  \
+    _tile_stored(C, cbuf[C], 64);                                    \
+    consume(cbuf[C], ch);                                            \
+  }
+        G4_ISSUE(0, 4, 6, 0)
+        G4_ISSUE(1, 5, 7, 1)
+        G4_ISSUE(2, 4, 6, 2)
+        G4_ISSUE(3, 5, 7, 3)
+        for (int64_t c = 0; c < nch; c += 4) {
+          G4_RETIRE(0, c)
+          G4_ISSUE(0, 4, 6, c + 4)
+          G4_RETIRE(1, c + 1)
+          G4_ISSUE(1, 5, 7, c + 5)
+          G4_RETIRE(2, c + 2)
+          G4_ISSUE(2, 4, 6, c + 6)
+          G4_RETIRE(3, c + 3)
+          G4_ISSUE(3, 5, 7, c + 7)
         }
+#undef G4_ISSUE
+#undef G4_RETIRE
         // acc[n][m] -> y[m0 + m][r0 + n]: transpose in registers, masked row stores.
         transpose16(acc);
         const int64_t m0 = t * 16, nm = std::min<int64_t>(16, M - m0);

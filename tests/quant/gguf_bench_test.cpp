@@ -13,6 +13,7 @@
 
 #include "core/dtype.h"
 #include "core/thread_pool.h"
+#include "quant/gguf_amx.h"
 #include "quant/gguf_quant.h"
 
 namespace g4 {
@@ -64,6 +65,27 @@ double time_call(const float* x, int64_t M, const WeightView& w, float* y, doubl
   } while (el < min_s);
   if (cpu) return (cpu_now() - c0) / num_threads() / iters;
   return el / iters;
+}
+
+// AMX vs VNNI around the switch-over size gguf::amx_min_rows().
+TEST(GgufBench, DISABLED_SmallM) {
+  const Bench cases[] = {{WFormat::GgufQ5_0, 2048, 640}, {WFormat::GgufQ4_K, 640, 2048}, {WFormat::GgufQ6_K, 640, 2048},
+                         {WFormat::GgufQ8_0, 1024, 640}};
+  for (const Bench& b : cases) {
+    auto data = fill(b.fmt, b.rows, b.cols);
+    WeightView w{b.fmt, b.rows, b.cols, data.data(), gguf_row_bytes(b.fmt, b.cols)};
+    std::vector<float> x(size_t(16 * b.cols), 0.5f), y(size_t(16 * b.rows));
+    gguf::set_amx_min_rows(1);
+    for (int64_t M : {1, 2, 4, 6, 8, 12, 16}) {
+      gguf::set_amx_enabled(false);
+      const double tv = time_call(x.data(), M, w, y.data(), 0.1);
+      gguf::set_amx_enabled(true);
+      const double ta = time_call(x.data(), M, w, y.data(), 0.1);
+      std::printf("%-5s %5lld x %5lld M=%2lld  vnni %7.1f us  amx %7.1f us\n", std::string(wformat_name(b.fmt)).c_str(),
+                  (long long)b.rows, (long long)b.cols, (long long)M, tv * 1e6, ta * 1e6);
+    }
+    gguf::set_amx_min_rows(8);
+  }
 }
 
 TEST(GgufBench, DISABLED_Throughput) {
