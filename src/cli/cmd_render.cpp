@@ -8,7 +8,7 @@
 // {"messages": [...], "tools": [...]} (--tools overrides its tools). --thinking passes
 // enable_thinking (unset when absent). --model DIR finds chat_template.jinja / chat_template.json
 // / tokenizer_config.json in DIR and takes bos/eos from tokenizer_config.json.
-// --batch renders one case per line, {"template": PATH, "messages": [...], "tools": [...]|null,
+// --batch renders one case per line, {"template": PATH (or "source": TEXT), "messages": [...], "tools": [...]|null,
 // "thinking": true|false|null, "add_generation_prompt": bool, "kwargs": {...}, "bos_token": ..,
 // "eos_token": ..}, and prints one JSON line per case: {"text": ...} or {"error": ...}.
 #include <cstdio>
@@ -53,14 +53,17 @@ int run_batch(const std::string& path) {
     if (line.empty()) continue;
     ojson c = ojson::parse(line, nullptr, false);
     ojson out = ojson::object();
-    if (c.is_discarded() || !c.is_object() || !c.contains("template") || !c["template"].is_string()) {
-      out["error"] = path + ":" + std::to_string(lineno) + ": not a JSON object with a 'template' path";
+    bool inline_src = c.is_object() && c.contains("source") && c["source"].is_string();
+    if (c.is_discarded() || !c.is_object() || (!inline_src && !(c.contains("template") && c["template"].is_string()))) {
+      out["error"] = path + ":" + std::to_string(lineno) + ": not a JSON object with a 'template' path or 'source'";
       std::cout << out.dump() << "\n";
       continue;
     }
-    std::string tpath = c["template"].get<std::string>();
-    auto it = cache.find(tpath);
-    if (it == cache.end()) it = cache.emplace(tpath, ChatTemplate::from_file(tpath)).first;
+    std::string key = inline_src ? "source:" + c["source"].get<std::string>() : c["template"].get<std::string>();
+    auto it = cache.find(key);
+    if (it == cache.end())
+      it = cache.emplace(key, inline_src ? ChatTemplate::from_string(c["source"].get<std::string>(), "case " + std::to_string(lineno))
+                                         : ChatTemplate::from_file(key)).first;
     if (!it->second) {
       out["error"] = it->second.message();
     } else {

@@ -867,7 +867,15 @@ Value apply_filter(const std::string& name, const Value& v, CallArgs& a) {
   }
   if (name == "select" || name == "reject") return select_impl(v, a, false, name == "select");
   if (name == "selectattr" || name == "rejectattr") return select_impl(v, a, true, name == "selectattr");
-  if (name == "attr") return get_attr(v, to_str(a.get(0, "name")));
+  if (name == "attr") {
+    // jinja2 do_attr: getattr only (no item fallback), so a dict yields only its methods.
+    std::string n = to_str(a.get(0, "name"));
+    if (v.is_dict()) {
+      Value m = dict_method(v, n);
+      return m.is_undefined() ? undef_attr(v, n) : m;
+    }
+    return get_attr(v, n);
+  }
   if (name == "tojson") {
     // transformers' override: json.dumps(x, ensure_ascii=False, indent, separators, sort_keys).
     DumpOptions o;

@@ -1,0 +1,97 @@
+// Engine pieces: lexer whitespace rules, scoping, macros, and errors that name the template line.
+// Expected outputs come from jinja2 3.1.6 (Environment(trim_blocks=True, lstrip_blocks=True)).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "text/jinja_lexer.h"
+#include "text/jinja_template.h"
+
+namespace g4::jinja {
+namespace {
+
+std::string render(const std::string& src, const char* ctx_json = "{}") {
+  auto t = Template::parse(src);
+  if (!t) return "PARSE ERROR: " + t.message();
+  auto r = t->render(from_json(nlohmann::ordered_json::parse(ctx_json)));
+  return r ? r.value() : "RENDER ERROR: " + r.message();
+}
+
+std::string error_of(const std::string& src, const char* ctx_json = "{}") {
+  auto t = Template::parse(src);
+  if (!t) return t.message();
+  auto r = t->render(from_json(nlohmann::ordered_json::parse(ctx_json)));
+  return r ? "" : r.message();
+}
+
+TEST(JinjaLexer, TokensAndLines) {
+  auto toks = lex("a\n{{ x.y | f(1, 'q') }}\n{% if z %}b{% endif %}", LexOptions{});
+  std::vector<Tok> kinds;
+  for (auto& t : toks) kinds.push_back(t.kind);
+  std::vector<Tok> want = {Tok::Text, Tok::VarBegin, Tok::Name, Tok::Op, Tok::Name, Tok::Op, Tok::Name,
+                           Tok::Op, Tok::Int, Tok::Op, Tok::String, Tok::Op, Tok::VarEnd, Tok::Text,
+                           Tok::BlockBegin, Tok::Name, Tok::Name, Tok::BlockEnd, Tok::Text, Tok::BlockBegin,
+                           Tok::Name, Tok::BlockEnd, Tok::Eof};
+  EXPECT_EQ(kinds, want);
+  EXPECT_EQ(toks[1].line, 2);
+  EXPECT_EQ(toks[14].line, 3);
+  EXPECT_EQ(toks[10].text, "q");
+}
+
+TEST(JinjaLexer, BracesInsideTagsAreBalanced) {
+  EXPECT_EQ(render("{{ {'a': {'b': 1}}['a'] }}"), "{'b': 1}");
+}
+
+TEST(JinjaRender, TrimAndLstripBlocks) {
+  // jinja2: Environment(trim_blocks=True, lstrip_blocks=True).from_string(...).render()
+  EXPECT_EQ(render("a\n  {% if true %}\n  b\n  {% endif %}\nc"), "a\n  b\nc");
+  EXPECT_EQ(render("a  {%- if true -%}  b  {%- endif -%}  c"), "abc");
+  EXPECT_EQ(render("a\n    {%+ if true %}x{% endif %}\n"), "a\n    x");
+  EXPECT_EQ(render("  {{ 'x' }}  \n  {{- 'y' -}}  \n  z"), "  xyz");
+  EXPECT_EQ(render("{# c #}\nafter\n  {# indented #}\nend\n\n"), "after\nend\n");
+  EXPECT_EQ(render("x\r\ny\r\n"), "x\ny");
+}
+
+TEST(JinjaRender, ScopingFollowsJinja2) {
+  EXPECT_EQ(render("{% set x = 1 %}{% for i in [2, 3] %}{% set x = i %}{{ x }}{% endfor %}{{ x }}"), "231");
+  EXPECT_EQ(render("{% set ns = namespace(v=0) %}{% for i in [1, 2] %}{% set ns.v = ns.v + i %}{% endfor %}{{ ns.v }}"), "3");
+  EXPECT_EQ(render("{% for i in range(3) %}{% if i == 1 %}{% set y = i %}{% endif %}{{ y }},{% endfor %}"), ",1,,");
+}
+
+TEST(JinjaRender, MacrosWithDefaultsKeywordsAndForwardCalls) {
+  EXPECT_EQ(render("{% macro m(a, b=2, c='z') %}{{ a }}{{ b }}{{ c }}{% endmacro %}{{ m(1) }}{{ m(1, 3) }}{{ m(1, c='q') }}"),
+            "12z13z12q");
+  EXPECT_EQ(render("{% macro outer(x) %}[{{ inner(x * 2) }}]{% endmacro %}{% macro inner(y) %}{{ y }}{% endmacro %}{{ outer(4) }}"),
+            "[8]");
+}
+
+TEST(JinjaRender, LoopVariables) {
+  EXPECT_EQ(render("{% for x in l if x > 1 %}{{ loop.index }}/{{ loop.length }}{{ loop.first }}{{ loop.last }} {% endfor %}",
+                   R"({"l": [3, 1, 2]})"),
+            "1/2TrueFalse 2/2FalseTrue ");
+  EXPECT_EQ(render("{% for x in [] %}no{% else %}else{% endfor %}"), "else");
+  EXPECT_EQ(render("{% for i in range(9) %}{% if i == 1 %}{% continue %}{% endif %}{% if i == 4 %}{% break %}{% endif %}{{ i }}{% endfor %}"),
+            "023");
+}
+
+TEST(JinjaRender, UndefinedBehavesLikeJinja2Default) {
+  EXPECT_EQ(render("[{{ nope }}]{{ nope is defined }}{{ nope | default('d') }}{{ d.k is defined }}", R"({"d": {}})"),
+            "[]FalsedFalse");
+  EXPECT_NE(error_of("{{ d.k.j }}", R"({"d": {}})").find("'dict object' has no attribute 'k'"), std::string::npos);
+}
+
+TEST(JinjaErrors, NameTheTemplateLine) {
+  EXPECT_EQ(error_of("a\nb\n{% include 'x' %}"), "line 3: unsupported tag 'include'");
+  EXPECT_EQ(error_of("{% if x %}\n{% for y in z %}\n"), "line 2: unexpected end of template: 'for' opened on line 2 was never closed");
+  EXPECT_EQ(error_of("\n\n\n{{ x | nosuch }}"), "line 4: no filter named 'nosuch'");
+  EXPECT_EQ(error_of("ok\n{{ raise_exception('bad roles') }}"), "line 2: raise_exception: bad roles");
+  EXPECT_EQ(error_of("{{ 1 +\n }}"), "line 2: unexpected end of print statement");
+  EXPECT_EQ(error_of("x\n{% endif %}"), "line 2: unexpected 'endif' tag");
+  EXPECT_EQ(error_of("{% for a, b in [[1]] %}{% endfor %}"), "line 1: not enough values to unpack (expected 2, got 1)");
+  EXPECT_EQ(error_of("{{ 'unterminated }}"), "line 1: unterminated string literal");
+  EXPECT_EQ(error_of("{% macro m(a) %}{% endmacro %}\n{{ m(1, 2) }}"), "line 2: macro 'm' takes not more than 1 argument(s)");
+  EXPECT_EQ(error_of("{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}"), "line 1: maximum macro recursion depth exceeded");
+}
+
+}  // namespace
+}  // namespace g4::jinja
