@@ -36,6 +36,10 @@ constexpr int kParts = 3;     // bf16 parts of x
 constexpr int64_t kNB = 32;   // weight rows per block (2 A tiles)
 constexpr int64_t kMB = 32;   // x rows per block pair (2 B tiles)
 
+// Row stride (elements) of the A buffer: cols plus one cache line, so that the 16 rows of a tile
+// do not all map to the same L1 set (a power-of-two stride would).
+inline int64_t a_stride(int64_t cols) { return cols + 32; }
+
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
   uint16_t colsb[16] = {};
@@ -124,13 +128,38 @@ void fill_a_mlx(const WeightView& w, int64_t r0, int64_t nr, uint16_t* buf) {
   }
   const __m512i shuf = _mm512_load_si512(ctl), shift = _mm512_load_si512(sh);
   const __m512i mask = _mm512_set1_epi32((1 << b) - 1);
+  // bf16 bits of 0..15 in the low / high half of a 32-bit lane (4-bit path).
+  alignas(64) uint32_t lo_tab[16], hi_tab[16];
+  for (int j = 0; j < 16; ++j) {
+    lo_tab[j] = uint32_t(f32_to_bf16(float(j)));
+    hi_tab[j] = lo_tab[j] << 16;
+  }
+  const __m512i bf16_lo = _mm512_load_si512(lo_tab), bf16_hi = _mm512_load_si512(hi_tab);
   for (int64_t i = 0; i < kNB; ++i) {
-    uint16_t* out = buf + i * w.cols;
+    uint16_t* out = buf + i * a_stride(w.cols);
     if (i >= nr) {
       std::memset(out, 0, size_t(w.cols) * 2);
       continue;
     }
     const uint8_t* row = row_ptr(w, r0 + i);
+    if (b == 4) {
+      // 16 bytes = 32 values; low nibble = even column, high = odd: one bf16 pair per byte.
+      for (int64_t c = 0; c < w.cols; c += 32) {
+        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c / 2)));
+        const __m512i lo = _mm512_permutexvar_epi32(v, bf16_lo);                      // low 4 bits index
+        const __m512i hi = _mm512_permutexvar_epi32(_mm512_srli_epi32(v, 4), bf16_hi);
+        _mm512_storeu_si512(out + c, _mm512_or_si512(lo, hi));
+      }
+      continue;
+    }
+    if (b == 8) {
+      for (int64_t c = 0; c < w.cols; c += 32) {
+        const __m512 f0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c))));
+        const __m512 f1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c + 16))));
+        _mm512_storeu_si512(out + c, (__m512i)_mm512_cvtne2ps_pbh(f1, f0));
+      }
+      continue;
+    }
     for (int64_t c = 0; c < w.cols; c += 32) {
       __m512 f[2];
       for (int h = 0; h < 2; ++h) {
@@ -146,8 +175,8 @@ void fill_a_mlx(const WeightView& w, int64_t r0, int64_t nr, uint16_t* buf) {
 
 void fill_a_bf16(const WeightView& w, int64_t r0, int64_t nr, uint16_t* buf) {
   for (int64_t i = 0; i < kNB; ++i) {
-    if (i < nr) std::memcpy(buf + i * w.cols, row_ptr(w, r0 + i), size_t(w.cols) * 2);
-    else std::memset(buf + i * w.cols, 0, size_t(w.cols) * 2);
+    if (i < nr) std::memcpy(buf + i * a_stride(w.cols), row_ptr(w, r0 + i), size_t(w.cols) * 2);
+    else std::memset(buf + i * a_stride(w.cols), 0, size_t(w.cols) * 2);
   }
 }
 
@@ -158,10 +187,19 @@ void amx_block(const WeightView& w, int64_t r0, const XPrep& xp, int64_t M, floa
   const bool mlx = w.fmt == WFormat::MlxAffine;
   if (mlx) fill_a_mlx(w, r0, nr, abuf);
   else fill_a_bf16(w, r0, nr, abuf);
-  const int64_t lda = cols * 2;
+  const int64_t lda = a_stride(cols) * 2;
   const int64_t g = mlx ? w.group_size : cols;
   const int64_t ng = cols / g, steps = g / 32;
-  float sc[kNB], bi[kNB];
+  // Scales / biases of this block as f32, [group][row] (zero for padding rows).
+  thread_local std::vector<float> sb;
+  if (mlx) {
+    sb.resize(size_t(ng * kNB * 2));
+    for (int64_t n = 0; n < kNB; ++n)
+      for (int64_t gi = 0; gi < ng; ++gi) {
+        sb[size_t(gi * kNB * 2 + n)] = n < nr ? load_float(w.scales, w.scale_dtype, size_t((r0 + n) * ng + gi)) : 0.f;
+        sb[size_t(gi * kNB * 2 + kNB + n)] = n < nr ? load_float(w.biases, w.scale_dtype, size_t((r0 + n) * ng + gi)) : 0.f;
+      }
+  }
   for (int64_t mp = 0; mp < xp.nmb; mp += 2) {
     const bool two = mp + 1 < xp.nmb;
     std::memset(acc, 0, sizeof(float) * kNB * kMB);
@@ -173,7 +211,7 @@ void amx_block(const WeightView& w, int64_t r0, const XPrep& xp, int64_t M, floa
       for (int64_t s = 0; s < steps; ++s) {
         const int64_t ks = gi * steps + s;
         _tile_loadd(4, abuf + ks * 32, lda);
-        _tile_loadd(5, abuf + 16 * cols + ks * 32, lda);
+        _tile_loadd(5, abuf + 16 * a_stride(cols) + ks * 32, lda);
         for (int p = 0; p < kParts; ++p) {
           _tile_loadd(6, xp.tile(p, mp, ks), 64);
           _tile_dpbf16ps(0, 4, 6);
@@ -193,11 +231,8 @@ void amx_block(const WeightView& w, int64_t r0, const XPrep& xp, int64_t M, floa
         _tile_stored(3, cbuf + 768, 64);
       }
       if (mlx) {
-        const int64_t ngr = cols / g;
-        for (int64_t n = 0; n < kNB; ++n) {
-          sc[n] = n < nr ? load_float(w.scales, w.scale_dtype, size_t((r0 + n) * ngr + gi)) : 0.f;
-          bi[n] = n < nr ? load_float(w.biases, w.scale_dtype, size_t((r0 + n) * ngr + gi)) : 0.f;
-        }
+        const float* sc = sb.data() + gi * kNB * 2;
+        const float* bi = sc + kNB;
         const float* xs = xp.xsum.data() + gi * xp.nmb * 16 + mp * 16;
         for (int mh = 0; mh < (two ? 2 : 1); ++mh) {
           const __m512 xsv = _mm512_loadu_ps(xs + mh * 16);
@@ -246,8 +281,12 @@ bool amx_available() {
   return ok;
 }
 
+// From 8 x rows on, the AMX path beats the direct AVX-512 kernels (measured on Sapphire Rapids:
+// 2048x2048 4-bit, M=8: 1.0 ms vs 1.7 ms on one core); below, its fixed costs dominate.
+constexpr int64_t kAmxMinM = 8;
+
 bool amx_supports(const WeightView& w, int64_t M) {
-  if (M < 16 || w.cols % 32 != 0) return false;
+  if (M < kAmxMinM || w.cols % 32 != 0) return false;
   return w.fmt == WFormat::BF16 || (w.fmt == WFormat::MlxAffine && w.row_bytes % 4 == 0);
 }
 
@@ -259,7 +298,7 @@ void matmul_amx(const float* x, int64_t M, const WeightView& w, float* y) {
   parallel_for(nblocks, [&](int64_t b0, int64_t b1) {
     thread_local std::vector<uint16_t> abuf;
     thread_local std::vector<float> acc, cbuf;
-    if (abuf.size() < size_t(kNB * w.cols)) abuf.resize(size_t(kNB * w.cols));
+    if (abuf.size() < size_t(kNB * a_stride(w.cols))) abuf.resize(size_t(kNB * a_stride(w.cols)));
     acc.resize(size_t(kNB * kMB));
     cbuf.resize(4 * 256);
     load_tile_config();

@@ -354,8 +354,12 @@ void tiled(const float* x, int64_t M, const WeightView& w, float* y) {
 
 void dequant_row_avx512(const WeightView& w, int64_t r, float* out) { dequant_row_impl(w, r, out); }
 
+// Up to this many x rows the direct kernels (4 x rows per pass over L1-resident packed rows) beat
+// the dequantize-then-tile kernel; both run near the FMA bound.
+constexpr int64_t kDirectMaxM = 16;
+
 void matmul_avx512(const float* x, int64_t M, const WeightView& w, float* y) {
-  if (M > 4) {
+  if (M > kDirectMaxM) {
     tiled(x, M, w, y);
     return;
   }
@@ -373,13 +377,24 @@ void matmul_avx512(const float* x, int64_t M, const WeightView& w, float* y) {
         }
     xs = xperm.data();
   }
-  const int64_t min_chunk = std::max<int64_t>(1, 32768 / cols);
-  parallel_for(w.rows, [&](int64_t r0, int64_t r1) {
-    switch (M) {
-      case 1: direct_rows<1>(xs, cols, w, r0, r1, y, w.rows); break;
-      case 2: direct_rows<2>(xs, cols, w, r0, r1, y, w.rows); break;
-      case 3: direct_rows<3>(xs, cols, w, r0, r1, y, w.rows); break;
-      default: direct_rows<4>(xs, cols, w, r0, r1, y, w.rows); break;
+  const int64_t rows = w.rows;
+  const int64_t min_chunk = std::max<int64_t>(1, 32768 / (cols * M));
+  // Rows in blocks of kRB so that a block's packed rows stay in L1 while every group of up to 4
+  // x rows passes over them (weights leave memory once; x stays in L2).
+  constexpr int64_t kRB = 8;
+  parallel_for(rows, [&](int64_t r0, int64_t r1) {
+    for (int64_t rb = r0; rb < r1; rb += kRB) {
+      const int64_t re = std::min(r1, rb + kRB);
+      for (int64_t m0 = 0; m0 < M; m0 += 4) {
+        const float* xm = xs + m0 * cols;
+        float* ym = y + m0 * rows;
+        switch (std::min<int64_t>(4, M - m0)) {
+          case 1: direct_rows<1>(xm, cols, w, rb, re, ym, rows); break;
+          case 2: direct_rows<2>(xm, cols, w, rb, re, ym, rows); break;
+          case 3: direct_rows<3>(xm, cols, w, rb, re, ym, rows); break;
+          default: direct_rows<4>(xm, cols, w, rb, re, ym, rows); break;
+        }
+      }
     }
   }, min_chunk);
 }

@@ -23,9 +23,10 @@ bool cpu_has_avx512();
 // dequant_row, then f32 dot products with 8 partial sums; threads over rows.
 void matmul_portable(const float* x, int64_t M, const WeightView& w, float* y);
 
-// AVX-512 path (only call when cpu_has_avx512()). M <= 4: reads the packed rows directly
-// (LUT / shift-mask unpacking in registers, fp32 FMA); M > 4: dequantizes 4 rows at a time into
-// an L1/L2-resident buffer and runs a 4x4 register-blocked f32 micro-kernel over all x rows.
+// AVX-512 path (only call when cpu_has_avx512()). M <= 16: reads the packed rows directly
+// (LUT / shift-mask unpacking in registers, fp32 FMA), up to 4 x rows per pass over a block of
+// L1-resident rows; M > 16: dequantizes 4 rows at a time into a buffer and runs a 4x4
+// register-blocked f32 micro-kernel over all x rows.
 void matmul_avx512(const float* x, int64_t M, const WeightView& w, float* y);
 // SIMD dequantization of one row; bit-identical to dequant_row (scale*q then + bias, no FMA).
 void dequant_row_avx512(const WeightView& w, int64_t r, float* out);
@@ -33,7 +34,7 @@ void dequant_row_avx512(const WeightView& w, int64_t r, float* out);
 // AMX-BF16 prefill path (matmul_amx_avx512.cpp): true when the CPU has AMX-TILE, AMX-BF16 and
 // AVX512-BF16, the kernel granted tile state, and G4_NO_AMX is unset or "0".
 bool amx_available();
-// Shapes the AMX path handles: M >= 16, cols % 32 == 0, MlxAffine or BF16 weights.
+// Shapes the AMX path takes: M >= 8, cols % 32 == 0, MlxAffine or BF16 weights.
 bool amx_supports(const WeightView& w, int64_t M);
 // y = x · Wᵀ with x split into three bf16 parts (exact), f32 accumulation; only call when
 // amx_available() && amx_supports(w, M).
