@@ -42,13 +42,79 @@ void HostBackend::embed(const WeightView& E, const int32_t* ids, int n, float sc
   const int64_t d = E.cols;
   for (int i = 0; i < n; ++i) {
     float* o = out + int64_t(i) * d;
-    dequant_row(E, ids[i], o);
+    if (P == ActPrecision::BF16 && E.fmt == WFormat::MlxAffine) {
+      dequant_row_mlx_bf16(E, ids[i], o);  // mx.dequantize in bf16
+    } else {
+      dequant_row(E, ids[i], o);
+    }
     // MLX dequantizes into the scales' dtype: bf16 rows are exact, then x * T(scale).
     for (int64_t c = 0; c < d; ++c) o[c] = rnd(rnd(o[c], P) * scale, P);
   }
 }
 
+void dequant_row_mlx_bf16(const WeightView& W, int64_t r, float* out) {
+  const int64_t K = W.cols, G = W.group_size;
+  // The same packed codes with scale 1 and bias 0 give the raw q values.
+  std::vector<float> one_s(static_cast<size_t>(K / G), 1.f), zero_b(static_cast<size_t>(K / G), 0.f);
+  WeightView row = W;
+  row.scales = one_s.data();
+  row.biases = zero_b.data();
+  row.scale_dtype = DType::F32;
+  row.data = static_cast<const uint8_t*>(W.data) + r * W.row_bytes;
+  row.rows = 1;
+  dequant_row(row, 0, out);
+  const size_t so = size_t(r) * size_t(K / G);
+  for (int64_t c = 0; c < K; ++c) {
+    const float s = round_bf16(load_float(W.scales, W.scale_dtype, so + size_t(c / G)));
+    const float b = round_bf16(load_float(W.biases, W.scale_dtype, so + size_t(c / G)));
+    out[c] = round_bf16(round_bf16(s * out[c]) + b);
+  }
+}
+
+void matmul_mlx_bf16_emulation(const float* x, int M, const WeightView& W, float* y) {
+  const int64_t K = W.cols;
+  std::vector<float> unit(static_cast<size_t>(K));
+  for (int64_t r = 0; r < W.rows; ++r) {
+    dequant_row_mlx_bf16(W, r, unit.data());
+    for (int m = 0; m < M; ++m) {
+      const float* xr = x + int64_t(m) * K;
+      float acc = 0.f;
+      for (int64_t c = 0; c < K; ++c) acc = round_bf16(acc + round_bf16(xr[c] * unit[size_t(c)]));
+      y[int64_t(m) * W.rows + r] = acc;
+    }
+  }
+}
+
+void matmul_mlx_float_bf16_emulation(const float* x, int M, const WeightView& W, float* y) {
+  const int64_t K = W.cols;
+  std::vector<float> w(static_cast<size_t>(K));
+  for (int64_t r = 0; r < W.rows; ++r) {
+    dequant_row(W, r, w.data());
+    for (int m = 0; m < M; ++m) {
+      const float* xr = x + int64_t(m) * K;
+      float acc = 0.f;
+      for (int64_t c = 0; c < K; ++c) {
+        const float p = xr[c] * w[size_t(c)];  // no fma: product rounded to f32, then added
+        acc += p;
+      }
+      y[int64_t(m) * W.rows + r] = round_bf16(acc);
+    }
+  }
+}
+
+void matmul_mlx_bf16_parity(const float* x, int M, const WeightView& W, float* y) {
+  if (W.fmt == WFormat::MlxAffine) {
+    matmul_mlx_bf16_emulation(x, M, W, y);
+  } else {
+    matmul_mlx_float_bf16_emulation(x, M, W, y);
+  }
+}
+
 void HostBackend::matmul(const float* x, int M, const WeightView& W, ActPrecision P, float* y) {
+  if (P == ActPrecision::BF16 && is_mlx_parity_format(W.fmt)) {
+    matmul_mlx_bf16_parity(x, M, W, y);
+    return;
+  }
   matmul_ref(x, M, W, y);
   round_activations(y, size_t(M) * W.rows, P);
 }
@@ -78,10 +144,17 @@ void HostBackend::rope(float* x, int rows, int heads, int head_dim, int pos0, co
       for (int j = 0; j < half; ++j) {
         if (t.inv_freq[j] == 0.f) continue;
         const float th = pos * t.inv_freq[j];
-        const float c = std::cos(th), s = std::sin(th);
         const float a = v[j], b = v[j + half];
-        v[j] = rnd(a * c - b * s, P);
-        v[j + half] = rnd(a * s + b * c, P);
+        if (P == ActPrecision::BF16) {
+          // MLX CPU rope in bf16: cos/sin cast to bf16, every product and sum rounded.
+          const float c = round_bf16(std::cos(th)), s = round_bf16(std::sin(th));
+          v[j] = round_bf16(round_bf16(a * c) - round_bf16(b * s));
+          v[j + half] = round_bf16(round_bf16(a * s) + round_bf16(b * c));
+        } else {
+          const float c = std::cos(th), s = std::sin(th);
+          v[j] = a * c - b * s;
+          v[j + half] = a * s + b * c;
+        }
       }
     }
   }
@@ -98,6 +171,29 @@ void HostBackend::kv_write(const AttnSeq& s, const float* k, const float* v) {
     std::memcpy(kv.v + slot * row, v + size_t(s.row0 + t) * row, row * 4);
     kv.pos[slot] = pos;
   }
+}
+
+// exp() as MLX's CPU kernels compute it (Cephes-style: 2^round(x·log2 e) times a degree-6
+// polynomial in the fractional part, evaluated with fma), so that bf16 parity mode reproduces
+// MLX's softmax bit for bit.
+static float mlx_exp(float x0) {
+  if (std::isnan(x0)) return x0;
+  if (x0 > 88.f) return INFINITY;
+  if (x0 < -88.f) return 0.f;
+  float x = x0 * 1.442695f;
+  const float ip = std::floor(x + 0.5f);
+  const float fp = x - ip;
+  float p = 1.535336188319500e-4f;
+  p = std::fma(p, fp, 1.339887440266574e-3f);
+  p = std::fma(p, fp, 9.618437357674640e-3f);
+  p = std::fma(p, fp, 5.550332471162809e-2f);
+  p = std::fma(p, fp, 2.402264791363012e-1f);
+  p = std::fma(p, fp, 6.931472028550421e-1f);
+  p = std::fma(p, fp, 1.0f);
+  const int32_t e = (int32_t(ip) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &e, 4);
+  return scale * p;
 }
 
 void HostBackend::attend_one(const float* q, const KvBuffer& kv, int g, int pos, float scale,
@@ -120,7 +216,7 @@ void HostBackend::attend_one(const float* q, const KvBuffer& kv, int g, int pos,
   }
   float sum = 0.f;
   for (int j = 0; j < n; ++j) {
-    scores[j] = std::exp(scores[j] - mx);
+    scores[j] = P == ActPrecision::BF16 ? mlx_exp(scores[j] - mx) : std::exp(scores[j] - mx);
     sum += scores[j];
   }
   const float inv = 1.f / sum;

@@ -9,6 +9,21 @@
 
 namespace g4 {
 
+// MLX's CPU quantized matmul in bf16 (mlx backend/cpu/quantized.cpp _qmm_t with T = bfloat16):
+// each weight is dequantized in bf16 as bf16(bf16(scale*q) + bias), each product x*w is rounded
+// to bf16 and accumulated IN BF16, column by column. Slow; used only when P == BF16 on MLX
+// affine weights, which is the parity mode against mlx-lm on the CPU (verified bit-exact).
+void matmul_mlx_bf16_emulation(const float* x, int M, const WeightView& W, float* y);
+// MLX's CPU bf16 gemm (float weights): products accumulated sequentially in f32, then rounded.
+void matmul_mlx_float_bf16_emulation(const float* x, int M, const WeightView& W, float* y);
+// The parity-mode matmul for formats MLX checkpoints use (MLX affine, BF16/F16/F32).
+inline bool is_mlx_parity_format(WFormat f) {
+  return f == WFormat::MlxAffine || f == WFormat::BF16 || f == WFormat::F16 || f == WFormat::F32;
+}
+void matmul_mlx_bf16_parity(const float* x, int M, const WeightView& W, float* y);
+// mx.dequantize of one row in bf16: bf16(bf16(scale*q) + bias) per element.
+void dequant_row_mlx_bf16(const WeightView& W, int64_t r, float* out);
+
 // Rounds p[0, n) to bf16 in place when P == BF16.
 void round_activations(float* p, size_t n, ActPrecision P);
 inline float rnd(float x, ActPrecision P) { return P == ActPrecision::BF16 ? round_bf16(x) : x; }

@@ -1,6 +1,8 @@
 // gemma4 logits --model DIR --ids 2,105,... --out FILE.npy [--dtype f32|bf16] [--chunk N]
 // Scores a token sequence: float32 logits [L, V] for every position, written as .npy.
 // --chunk N runs the prompt as consecutive chunks of N tokens (1 = token-by-token decode).
+// --tap-dir DIR writes every named intermediate (embed, attn_residual.L, layer_out.L) of the
+// first chunk as DIR/<name>[.<layer>].npy, for layer-by-layer comparison with a reference dump.
 #include <cstdio>
 #include <cstdlib>
 
@@ -27,6 +29,13 @@ int cmd_logits(const std::vector<std::string>& argv) {
   int chunk = a.has("--chunk") ? std::atoi(a.get("--chunk").c_str()) : L;
   if (chunk <= 0) return fail("logits", "--chunk must be positive");
   std::vector<float> logits(size_t(L) * V);
+  const std::string tap_dir = a.get("--tap-dir");
+  if (!tap_dir.empty()) {
+    model.set_tap([tap_dir](const char* name, int layer, const float* data, size_t n) {
+      std::string f = tap_dir + "/" + name + (layer >= 0 ? "." + std::to_string(layer) : "") + ".npy";
+      (void)write_npy(f, data, 1, n);
+    });
+  }
   auto cache = model.new_cache();
   for (int s = 0; s < L; s += chunk) {
     const int n = std::min(chunk, L - s);

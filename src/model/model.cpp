@@ -132,6 +132,7 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
     be.rms_norm(S.x, R, d, lw.input_ln.data, cfg_.rms_eps, P, S.xn);
     be.matmul(S.xn, R, lw.q, P, S.q);
     if (cfg_.qk_norm) be.rms_norm(S.q, R * H, D, lw.q_norm.data, cfg_.rms_eps, P, S.q);
+    tap("q_normed", l, S.q, size_t(R) * H * D);
     for (size_t i = 0; i < batch.size(); ++i)
       be.rope(S.q + size_t(seqs[i].row0) * H * D, seqs[i].n, H, D, seqs[i].pos0, rope_[size_t(l)], P);
     if (ls.kv_source < 0) {
@@ -150,7 +151,11 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
       seqs[i].kv = batch[i].cache->layer(kv_layer);
       if (ls.kv_source < 0) be.kv_write(seqs[i], S.k, S.v);
     }
+    tap("q_roped", l, S.q, size_t(R) * H * D);
+    if (ls.kv_source < 0) tap("k_roped", l, S.k, size_t(R) * Hk * D);
+    if (ls.kv_source < 0) tap("v_normed", l, S.v, size_t(R) * Hk * D);
     be.attention(S.q, H, seqs, cfg_.query_scale, P, S.att);
+    tap("attn", l, S.att, size_t(R) * H * D);
     be.matmul(S.att, R, lw.o, P, S.o);
     be.rms_norm(S.o, R, d, lw.post_attn_ln.data, cfg_.rms_eps, P, S.o);
     be.add(S.x, S.o, Rd, P, S.x);
@@ -163,6 +168,7 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
     const size_t RI = size_t(R) * ls.mlp_width;
     be.gelu_mul(S.gate, S.up, RI, P, S.gate);
     be.matmul(S.gate, R, lw.down, P, S.f);
+    tap("mlp_out", l, S.f, Rd);
     if (ls.moe) {
       const int E = cfg_.n_experts, K = cfg_.top_k_experts;
       be.rms_norm(S.f, R, d, lw.post_ffw_ln1.data, cfg_.rms_eps, P, S.h1);

@@ -16,6 +16,10 @@ class CpuBackend final : public HostBackend {
   std::string name() const override { return "cpu"; }
 
   void matmul(const float* x, int M, const WeightView& W, ActPrecision P, float* y) override {
+    if (P == ActPrecision::BF16 && is_mlx_parity_format(W.fmt)) {  // parity mode (host_backend.h)
+      matmul_mlx_bf16_parity(x, M, W, y);
+      return;
+    }
     matmul_fast(x, M, W, y);
     round_activations(y, size_t(M) * W.rows, P);
   }
