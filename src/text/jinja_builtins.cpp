@@ -50,49 +50,144 @@ size_t ws_len_back(const std::string& s, size_t e) {
   return 0;
 }
 
-std::string lower_ascii(std::string s) {
-  for (char& c : s)
-    if (c >= 'A' && c <= 'Z') c = char(c - 'A' + 'a');
-  return s;
+// ---- Unicode case mapping (Python str.upper/lower) for Latin-1, Latin Extended-A, Greek,
+// Cyrillic, Armenian and fullwidth Latin; other scripts are left unchanged.
+uint32_t cp_upper(uint32_t c) {
+  if (c < 0x80) return (c >= 'a' && c <= 'z') ? c - 32 : c;
+  if (c == 0xb5) return 0x39c;
+  if (c >= 0xe0 && c <= 0xfe && c != 0xf7) return c - 0x20;
+  if (c == 0xff) return 0x178;
+  if ((c >= 0x100 && c <= 0x12f) || (c >= 0x132 && c <= 0x137) || (c >= 0x14a && c <= 0x177))
+    return (c & 1) ? c - 1 : c;
+  if ((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17e)) return (c & 1) ? c : c - 1;
+  if (c == 0x131) return 'I';
+  if (c == 0x17f) return 'S';
+  if (c == 0x3c2) return 0x3a3;
+  if ((c >= 0x3b1 && c <= 0x3c1) || (c >= 0x3c3 && c <= 0x3cb)) return c - 0x20;
+  if (c == 0x3ac) return 0x386;
+  if (c >= 0x3ad && c <= 0x3af) return c - 0x25;
+  if (c == 0x3cc) return 0x38c;
+  if (c == 0x3cd || c == 0x3ce) return c - 0x3f;
+  if (c >= 0x430 && c <= 0x44f) return c - 0x20;
+  if (c >= 0x450 && c <= 0x45f) return c - 0x50;
+  if (c >= 0x460 && c <= 0x481) return (c & 1) ? c - 1 : c;
+  if (c >= 0x561 && c <= 0x586) return c - 0x30;
+  if (c >= 0xff41 && c <= 0xff5a) return c - 0x20;
+  return c;
 }
-std::string upper_ascii(std::string s) {
-  for (char& c : s)
-    if (c >= 'a' && c <= 'z') c = char(c - 'a' + 'A');
-  return s;
+uint32_t cp_lower(uint32_t c) {
+  if (c < 0x80) return (c >= 'A' && c <= 'Z') ? c + 32 : c;
+  if (c >= 0xc0 && c <= 0xde && c != 0xd7) return c + 0x20;
+  if (c == 0x178) return 0xff;
+  if ((c >= 0x100 && c <= 0x12f) || (c >= 0x132 && c <= 0x137) || (c >= 0x14a && c <= 0x177))
+    return (c & 1) ? c : c + 1;
+  if ((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17e)) return (c & 1) ? c + 1 : c;
+  if ((c >= 0x391 && c <= 0x3a1) || (c >= 0x3a3 && c <= 0x3ab)) return c + 0x20;
+  if (c == 0x386) return 0x3ac;
+  if (c >= 0x388 && c <= 0x38a) return c + 0x25;
+  if (c == 0x38c) return 0x3cc;
+  if (c == 0x38e || c == 0x38f) return c + 0x3f;
+  if (c >= 0x410 && c <= 0x42f) return c + 0x20;
+  if (c >= 0x400 && c <= 0x40f) return c + 0x50;
+  if (c >= 0x460 && c <= 0x481) return (c & 1) ? c : c + 1;
+  if (c >= 0x531 && c <= 0x556) return c + 0x30;
+  if (c >= 0xff21 && c <= 0xff3a) return c + 0x20;
+  return c;
+}
+bool cp_cased(uint32_t c) { return cp_upper(c) != c || cp_lower(c) != c || c == 0xdf; }
+
+void put_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += char(cp);
+  } else if (cp < 0x800) {
+    out += char(0xC0 | (cp >> 6));
+    out += char(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += char(0xE0 | (cp >> 12));
+    out += char(0x80 | ((cp >> 6) & 0x3F));
+    out += char(0x80 | (cp & 0x3F));
+  } else {
+    out += char(0xF0 | (cp >> 18));
+    out += char(0x80 | ((cp >> 12) & 0x3F));
+    out += char(0x80 | ((cp >> 6) & 0x3F));
+    out += char(0x80 | (cp & 0x3F));
+  }
+}
+// Code points of a UTF-8 string (invalid bytes pass through as themselves).
+std::vector<uint32_t> code_points(const std::string& s) {
+  std::vector<uint32_t> out;
+  for (size_t i = 0; i < s.size();) {
+    unsigned char c = s[i];
+    int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+    if (i + n > s.size()) n = 1;
+    uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1f) : n == 3 ? (c & 0x0f) : (c & 0x07);
+    for (int k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3f);
+    out.push_back(cp);
+    i += n;
+  }
+  return out;
+}
+void put_upper(std::string& o, uint32_t c) {
+  if (c == 0xdf) o += "SS";
+  else put_utf8(o, cp_upper(c));
+}
+std::string py_lower(const std::string& s) {
+  std::string o;
+  for (uint32_t c : code_points(s)) put_utf8(o, cp_lower(c));
+  return o;
+}
+std::string py_upper(const std::string& s) {
+  std::string o;
+  for (uint32_t c : code_points(s)) put_upper(o, c);
+  return o;
 }
 bool is_alpha_ascii(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
-// str.title(): a cased letter after an uncased character is uppercased, others lowercased.
-std::string title_ascii(const std::string& s) {
-  std::string o = s;
+// str.title(): a cased character after an uncased one is uppercased, other cased ones lowercased.
+std::string py_title(const std::string& s) {
+  std::string o;
   bool prev_cased = false;
-  for (char& c : o) {
-    if (is_alpha_ascii(c)) {
-      c = prev_cased ? lower_ascii(std::string(1, c))[0] : upper_ascii(std::string(1, c))[0];
-      prev_cased = true;
+  for (uint32_t c : code_points(s)) {
+    bool cased = cp_cased(c);
+    if (cased) {
+      if (prev_cased) put_utf8(o, cp_lower(c));
+      else put_upper(o, c);
     } else {
-      prev_cased = (static_cast<unsigned char>(c) & 0x80) != 0 && prev_cased;
+      put_utf8(o, c);
     }
+    prev_cased = cased;
   }
   return o;
 }
 // jinja2 do_title: split on runs of [-\s({[<], then word[0].upper() + word[1:].lower().
 std::string jinja_title(const std::string& s) {
-  auto delim = [](char c) { return c == '-' || c == ' ' || (c >= 9 && c <= 13) || c == '(' || c == '{' || c == '[' || c == '<'; };
-  std::string o = s;
+  auto delim = [](uint32_t c) { return c == '-' || c == ' ' || (c >= 9 && c <= 13) || c == '(' || c == '{' || c == '[' || c == '<'; };
+  std::string o;
   bool start = true;
-  for (char& c : o) {
+  for (uint32_t c : code_points(s)) {
     if (delim(c)) {
       start = true;
+      put_utf8(o, c);
       continue;
     }
-    c = start ? upper_ascii(std::string(1, c))[0] : lower_ascii(std::string(1, c))[0];
+    if (start) put_upper(o, c);
+    else put_utf8(o, cp_lower(c));
     start = false;
   }
   return o;
 }
-std::string capitalize_ascii(const std::string& s) {
-  std::string o = lower_ascii(s);
-  if (!o.empty()) o[0] = upper_ascii(o.substr(0, 1))[0];
+// str.capitalize(): first character upper (title) case, the rest lower.
+std::string py_capitalize(const std::string& s) {
+  std::string o;
+  bool first = true;
+  for (uint32_t c : code_points(s)) {
+    if (first) {
+      if (c == 0xdf) o += "Ss";
+      else put_utf8(o, cp_upper(c));
+    } else {
+      put_utf8(o, cp_lower(c));
+    }
+    first = false;
+  }
   return o;
 }
 
@@ -223,10 +318,10 @@ Value str_method(const std::string& s, const std::string& name) {
       return str_list(rs ? rsplit_sep(s, sp, mx) : split_sep(s, sp, mx));
     });
   }
-  if (name == "upper") return bound([s](CallArgs&) { return Value::string(upper_ascii(s)); });
-  if (name == "lower") return bound([s](CallArgs&) { return Value::string(lower_ascii(s)); });
-  if (name == "title") return bound([s](CallArgs&) { return Value::string(title_ascii(s)); });
-  if (name == "capitalize") return bound([s](CallArgs&) { return Value::string(capitalize_ascii(s)); });
+  if (name == "upper") return bound([s](CallArgs&) { return Value::string(py_upper(s)); });
+  if (name == "lower") return bound([s](CallArgs&) { return Value::string(py_lower(s)); });
+  if (name == "title") return bound([s](CallArgs&) { return Value::string(py_title(s)); });
+  if (name == "capitalize") return bound([s](CallArgs&) { return Value::string(py_capitalize(s)); });
   if (name == "replace")
     return bound([s](CallArgs& a) {
       int64_t cnt = to_int_arg(a.get(2, "count", Value::integer(-1)), "replace");
@@ -299,9 +394,9 @@ Value str_method(const std::string& s, const std::string& name) {
   if (name == "isalnum") return pred([](char c) { return is_alpha_ascii(c) || (c >= '0' && c <= '9'); });
   if (name == "isspace") return pred([](char c) { return c == ' ' || (c >= 9 && c <= 13); });
   if (name == "islower")
-    return bound([s](CallArgs&) { return Value::boolean(lower_ascii(s) == s && upper_ascii(s) != s); });
+    return bound([s](CallArgs&) { return Value::boolean(py_lower(s) == s && py_upper(s) != s); });
   if (name == "isupper")
-    return bound([s](CallArgs&) { return Value::boolean(upper_ascii(s) == s && lower_ascii(s) != s); });
+    return bound([s](CallArgs&) { return Value::boolean(py_upper(s) == s && py_lower(s) != s); });
   if (name == "format") fail("str.format is not supported");
   return Value::undefined("'str object' has no attribute '" + name + "'");
 }
@@ -371,7 +466,7 @@ Value attr_path(const Value& v, const Value& attribute) {
 
 // Sort key for dictsort/sort: lower-cased strings unless case_sensitive (jinja2 ignore_case).
 Value sort_key(const Value& v, bool case_sensitive) {
-  if (!case_sensitive && v.is_string()) return Value::string(lower_ascii(v.s));
+  if (!case_sensitive && v.is_string()) return Value::string(py_lower(v.s));
   return v;
 }
 
@@ -651,17 +746,24 @@ Value arith(const std::string& op, const Value& a, const Value& b) {
         return Value::number(m);
       }
     } else {
-      int64_t x = a.as_int(), y = b.as_int();
-      if (op == "+") return Value::integer(x + y);
-      if (op == "-") return Value::integer(x - y);
-      if (op == "*") return Value::integer(x * y);
+      int64_t x = a.as_int(), y = b.as_int(), r = 0;
+      // Python ints are unbounded; we stop at int64 with an error instead of wrapping.
+      auto overflow = [&]() -> Value { fail("integer overflow in " + op + " (beyond 64 bits)"); };
+      if (op == "+") return __builtin_add_overflow(x, y, &r) ? overflow() : Value::integer(r);
+      if (op == "-") return __builtin_sub_overflow(x, y, &r) ? overflow() : Value::integer(r);
+      if (op == "*") return __builtin_mul_overflow(x, y, &r) ? overflow() : Value::integer(r);
       if (op == "**") {
         if (y < 0) return Value::number(std::pow(double(x), double(y)));
-        int64_t r = 1;
-        for (int64_t k = 0; k < y; ++k) r *= x;
+        r = 1;
+        for (int64_t k = 0; k < y; ++k) {
+          if (__builtin_mul_overflow(r, x, &r)) return overflow();
+          if (r == 0 || r == 1) break;  // 0**y, 1**y
+          if (r == -1) { r = (y % 2) ? -1 : 1; break; }
+        }
         return Value::integer(r);
       }
       if (y == 0) fail("integer division or modulo by zero");
+      if (x == INT64_MIN && y == -1) return overflow();
       int64_t q = x / y, m = x % y;
       if (m != 0 && ((m < 0) != (y < 0))) { q -= 1; m += y; }
       if (op == "//") return Value::integer(q);
@@ -682,6 +784,8 @@ Value arith(const std::string& op, const Value& a, const Value& b) {
     const Value& cnt = a.is_integral() ? a : b;
     if (cnt.is_integral() && (seq.is_string() || seq.is_list())) {
       int64_t n = std::max<int64_t>(0, cnt.as_int());
+      size_t unit = seq.is_string() ? seq.s.size() : seq.list->size();
+      if (unit && uint64_t(n) > (uint64_t(1) << 28) / unit) fail("repeated sequence too large");
       if (seq.is_string()) {
         std::string s;
         for (int64_t k = 0; k < n; ++k) s += seq.s;
@@ -713,8 +817,8 @@ bool apply_test(const std::string& name, const Value& v, CallArgs& a) {
   if (name == "sequence") return t == Type::String || t == Type::List || t == Type::Dict;
   if (name == "iterable") return t == Type::String || t == Type::List || t == Type::Dict || t == Type::Undefined;
   if (name == "callable") return t == Type::Func;
-  if (name == "lower") return t == Type::String && lower_ascii(v.s) == v.s;
-  if (name == "upper") return t == Type::String && upper_ascii(v.s) == v.s;
+  if (name == "lower") return t == Type::String && py_lower(v.s) == v.s;
+  if (name == "upper") return t == Type::String && py_upper(v.s) == v.s;
   if (name == "odd" || name == "even") {
     if (!v.is_integral()) fail("test '" + name + "' expects an integer");
     int64_t m = ((v.as_int() % 2) + 2) % 2;
@@ -748,9 +852,9 @@ Value apply_filter(const std::string& name, const Value& v, CallArgs& a) {
   if (name == "safe") return v;
   if (name == "string") return Value::string(to_str(v));
   if (name == "trim") return Value::string(py_strip(to_str(v), a.get(0, "chars", Value::none()), true, true));
-  if (name == "upper") return Value::string(upper_ascii(to_str(v)));
-  if (name == "lower") return Value::string(lower_ascii(to_str(v)));
-  if (name == "capitalize") return Value::string(capitalize_ascii(to_str(v)));
+  if (name == "upper") return Value::string(py_upper(to_str(v)));
+  if (name == "lower") return Value::string(py_lower(to_str(v)));
+  if (name == "capitalize") return Value::string(py_capitalize(to_str(v)));
   if (name == "title") return Value::string(jinja_title(to_str(v)));
   if (name == "default" || name == "d") {
     bool boolean = truthy(a.get(1, "boolean", Value::boolean(false)));

@@ -12,6 +12,15 @@ namespace {
 struct Parser {
   const std::vector<Token>& t;
   size_t p = 0;
+  int depth = 0;  // recursion guard: hostile templates must not overflow the stack
+
+  struct Nest {
+    Parser& ps;
+    explicit Nest(Parser& x) : ps(x) {
+      if (++ps.depth > 200) ps.fail("template nesting too deep");
+    }
+    ~Nest() { --ps.depth; }
+  };
 
   const Token& cur() const { return t[p]; }
   const Token& peek(size_t k = 1) const { return t[std::min(p + k, t.size() - 1)]; }
@@ -89,6 +98,7 @@ struct Parser {
     return e;
   }
   ExprP not_expr() {
+    Nest guard(*this);
     if (is_name("not")) {
       auto n = mk(EK::Unary, cur().line);
       ++p;
@@ -185,6 +195,7 @@ struct Parser {
   ExprP pow_expr() { return binary_level(&Parser::unary_f, {"**"}); }
   ExprP unary_f() { return unary(true); }
   ExprP unary(bool with_filter) {
+    Nest guard(*this);
     ExprP e;
     if (is_op("-") || is_op("+")) {
       e = mk(EK::Unary, cur().line);
@@ -478,6 +489,7 @@ struct Parser {
   }
 
   StmtP statement() {
+    Nest guard(*this);
     const Token& k = cur();
     int line = k.line;
     std::string tag = k.text;

@@ -110,6 +110,69 @@ SNIPPETS = [
     "{% if messages | length > 2 %}{{ raise_exception('too long') }}{% endif %}",
     "{{ strftime_now('%Y') | length }}",
     "{{ messages[0].content.strip() }}{{ messages[-1].reasoning_content }}{{ messages[2]['thinking'] }}{{ add_generation_prompt }}{{ bos_token }}{{ eos_token }}{{ tools }}",
+    # real-world template fragments (Qwen3-, Llama-3- and ChatML-style constructs)
+    """{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and message.content is string and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- set content = message.content if message.content is string else '' %}
+    {%- if message.role == "assistant" %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- elif '</think>' in content %}
+            {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\n' + content }}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>' + '\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}""",
+    """{{- bos_token }}
+{%- if not tools_in_user_message is defined %}{%- set tools_in_user_message = true %}{%- endif %}
+{%- if not date_string is defined %}{%- set date_string = "26 Jul 2024" %}{%- endif %}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+{{- "<|start_header_id|>system<|end_header_id|>\\n\\n" }}
+{{- "Today Date: " + date_string + "\\n\\n" }}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+{%- for message in messages %}
+    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+{%- endif %}
+""",
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
+    "{%- for message in messages -%}\n  {%- if loop.first and message.role != 'system' -%}{{ raise_exception('x') }}{%- endif -%}\n  [{{ message.role | upper }}]\n{% endfor -%}\nEND",
+    "  {%- if true %}\n    indented {{ n }}\n  {%- endif %}\n  tail",
+    "{% if true %}  a  {% endif %}\n  {% if false %}no{% else %}  yes{% endif %}\n",
+    "{{ u8 | upper }} {{ 'ÀÉÎõü' | lower }} {{ 'straße' | upper }} {{ 'привет мир' | upper }} {{ 'αβγ' | upper }} {{ u8.title() }} {{ u8 | title }}",
+    "{{ '1' ~ 2 ~ 3.0 }} {{ '%d items' if n else '' }} {{ n ~ '' }} {{ s[1:-1] }} {{ s[-100:2] }} {{ s[2:1] }} {{ l[1::] }}",
+    "{% set l2 = l %}{{ l2 is sameas l }} {{ l2 == l }} {{ loop is defined }}",
+    "{{ messages | selectattr('role', 'equalto', 'user') | list | length }} {{ messages | map(attribute='role') | join(',') }} {{ messages | rejectattr('content') | list }}",
+    "{{ d | length > 2 and 'a' in d }} {{ not d }} {{ not e }} {{ e | first }}|{{ '' | last }}|{{ e | max }}|",
     # errors
     "{% include 'x.jinja' %}",
     "{% if true %}unclosed",
