@@ -325,7 +325,8 @@ void tiled(const float* x, int64_t M, const WeightView& w, float* y) {
   const bool direct_f32 = w.fmt == WFormat::F32 && w.row_bytes % 4 == 0;
   parallel_for(ntiles, [&](int64_t t0, int64_t t1) {
     thread_local std::vector<float> buf;
-    if (!direct_f32 && buf.size() < size_t(kNB * cols)) buf.resize(size_t(kNB * cols));
+    const int64_t ldb = cols + 16;  // not a power of two: the 4 rows must not alias one L1 set
+    if (!direct_f32 && buf.size() < size_t(kNB * ldb)) buf.resize(size_t(kNB * ldb));
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t r0 = t * kNB, nb = std::min(kNB, rows - r0);
       const float* wt;
@@ -334,9 +335,9 @@ void tiled(const float* x, int64_t M, const WeightView& w, float* y) {
         wt = reinterpret_cast<const float*>(row_ptr(w, r0));
         ldw = w.row_bytes / 4;
       } else {
-        for (int64_t i = 0; i < nb; ++i) dequant_row_impl(w, r0 + i, buf.data() + i * cols);
+        for (int64_t i = 0; i < nb; ++i) dequant_row_impl(w, r0 + i, buf.data() + i * ldb);
         wt = buf.data();
-        ldw = cols;
+        ldw = ldb;
       }
       for (int64_t k0 = 0; k0 < cols; k0 += kKB) {
         const int64_t K = std::min(kKB, cols - k0);
