@@ -290,16 +290,30 @@ void HostBackend::router_topk(const float* scores, int rows, int E, int k,
     const float* s = scores + size_t(r) * E;
     std::iota(order.begin(), order.end(), 0);
     std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [&](int a, int b) { return s[a] > s[b] || (s[a] == s[b] && a < b); });
+                      // mx.argpartition orders by (value, index): among equal scores the
+                      // higher expert index is among the top k.
+                      [&](int a, int b) { return s[a] > s[b] || (s[a] == s[b] && a > b); });
     float mx = -INFINITY;
     for (int j = 0; j < k; ++j) mx = std::max(mx, s[order[j]]);
-    float sum = 0.f;
-    std::vector<float> e(k);
-    for (int j = 0; j < k; ++j) sum += (e[j] = std::exp(s[order[j]] - mx));
+    std::vector<float> e(static_cast<size_t>(k));
+    if (P == ActPrecision::BF16) {
+      // mlx-lm: mx.softmax (not precise) on bf16: exponentials, their running sum and the
+      // reciprocal are each rounded to bf16.
+      float sum = 0.f;
+      for (int j = 0; j < k; ++j) {
+        e[size_t(j)] = round_bf16(std::exp(round_bf16(s[order[j]] - mx)));
+        sum = round_bf16(sum + e[size_t(j)]);
+      }
+      const float inv = round_bf16(1.f / sum);
+      for (int j = 0; j < k; ++j) e[size_t(j)] = round_bf16(e[size_t(j)] * inv);
+    } else {
+      float sum = 0.f;
+      for (int j = 0; j < k; ++j) sum += (e[size_t(j)] = std::exp(s[order[j]] - mx));
+      for (int j = 0; j < k; ++j) e[size_t(j)] /= sum;
+    }
     for (int j = 0; j < k; ++j) {
       idx[r * k + j] = order[j];
-      const float p = rnd(e[j] / sum, P);
-      weights[r * k + j] = rnd(p * per_expert_scale[order[j]], P);
+      weights[r * k + j] = rnd(e[size_t(j)] * per_expert_scale[order[j]], P);
     }
   }
 }

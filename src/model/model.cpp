@@ -177,8 +177,10 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
                   P, S.xn);
       be.matmul(S.xn, R, lw.router, P, S.scores);
       be.router_topk(S.scores, R, E, K, lw.per_expert_scale.data, P, S.ridx, S.rw);
+      tap("router_scores", l, S.scores, size_t(R) * E);
       be.rms_norm(S.x, R, d, lw.pre_ffw_ln2.data, cfg_.rms_eps, P, S.xn);
       be.moe_experts(S.xn, R, d, S.ridx, S.rw, K, lw.ex_gate, lw.ex_up, lw.ex_down, P, S.h2);
+      tap("experts_out", l, S.h2, Rd);
       be.rms_norm(S.h2, R, d, lw.post_ffw_ln2.data, cfg_.rms_eps, P, S.h2);
       be.add(S.h1, S.h2, Rd, P, S.f);
     }
