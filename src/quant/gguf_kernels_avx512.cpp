@@ -158,38 +158,52 @@ void row_q6k(const uint8_t* row, const ActK& a, int64_t m0, float* y, int64_t ld
 }
 
 // ---- Q8_0 / Q4_0 / Q5_0: blocks in pairs ----------------------------------------------------------
-template <int FMT, int NM>  // FMT: 0 = Q8_0, 1 = Q4_0, 2 = Q5_0
-void row_pair(const uint8_t* row, int64_t nblocks, const ActPair& a, int64_t m0, float* y, int64_t ldy) {
-  const int64_t np = a.npair;
-  constexpr int bb = FMT == 0 ? kQ8_0Bytes : FMT == 1 ? kQ4_0Bytes : kQ5_0Bytes;
+// Unpacks the blocks at b0, b1 into 64 unsigned codes (PairA order) and their scales per lane.
+template <int FMT>  // FMT: 0 = Q8_0, 1 = Q4_0, 2 = Q5_0
+struct PairUnpack {
   const __m512i m4 = _mm512_set1_epi8(0x0F), x80 = _mm512_set1_epi8(char(0x80)), s16 = _mm512_set1_epi8(16);
   const __m512i didx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
   const __m512i dup = _mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0), nib = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
-  __m512 acc[NM];
-  #pragma GCC unroll 4
-  for (int m = 0; m < NM; ++m) acc[m] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < np; ++p) {
-    const uint8_t* b0 = row + 2 * p * bb;
-    const uint8_t* b1 = 2 * p + 1 < nblocks ? b0 + bb : b0;  // odd tail: activations are zero
-    __m512i W;
+  static constexpr int bb = FMT == 0 ? kQ8_0Bytes : FMT == 1 ? kQ4_0Bytes : kQ5_0Bytes;
+
+  inline __m512i codes(const uint8_t* b0, const uint8_t* b1) const {
     if constexpr (FMT == 0) {
-      W = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)(b0 + 2))),
-                             _mm256_loadu_si256((const __m256i*)(b1 + 2)), 1);
-      W = _mm512_xor_si512(W, x80);  // signed -> unsigned (+128)
+      const __m512i W = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)(b0 + 2))),
+                                           _mm256_loadu_si256((const __m256i*)(b1 + 2)), 1);
+      return _mm512_xor_si512(W, x80);  // signed -> unsigned (+128)
     } else {
       // [qs0 | qs0 | qs1 | qs1] >> [0, 4, 0, 4] & 15: both blocks in value order (layout PairA).
       constexpr int off = FMT == 1 ? 2 : 6;
       const __m256i v = _mm256_inserti128_si256(
           _mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)(b0 + off))),
           _mm_loadu_si128((const __m128i*)(b1 + off)), 1);
-      W = _mm512_and_si512(_mm512_srlv_epi64(_mm512_permutexvar_epi64(dup, _mm512_castsi256_si512(v)), nib), m4);
+      __m512i W = _mm512_and_si512(_mm512_srlv_epi64(_mm512_permutexvar_epi64(dup, _mm512_castsi256_si512(v)), nib), m4);
       if constexpr (FMT == 2) {
         const __mmask64 k = _mm512_kunpackd(__mmask64(rd32(b1 + 2)), __mmask64(rd32(b0 + 2)));
         W = _mm512_mask_add_epi8(W, k, W, s16);
       }
+      return W;
     }
+  }
+  inline __m512 scales(const uint8_t* b0, const uint8_t* b1) const {
     const uint32_t dd = uint32_t(rd16(b0)) | uint32_t(rd16(b1)) << 16;
-    const __m512 dw = _mm512_permutexvar_ps(didx, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(int(dd)))));
+    return _mm512_permutexvar_ps(didx, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(int(dd)))));
+  }
+};
+
+template <int FMT, int NM>
+void row_pair(const uint8_t* row, int64_t nblocks, const ActPair& a, int64_t m0, float* y, int64_t ldy) {
+  const PairUnpack<FMT> u;
+  constexpr int bb = PairUnpack<FMT>::bb;
+  const int64_t np = a.npair;
+  __m512 acc[NM];
+  #pragma GCC unroll 4
+  for (int m = 0; m < NM; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < np; ++p) {
+    const uint8_t* b0 = row + 2 * p * bb;
+    const uint8_t* b1 = 2 * p + 1 < nblocks ? b0 + bb : b0;  // odd tail: activations are zero
+    const __m512i W = u.codes(b0, b1);
+    const __m512 dw = u.scales(b0, b1);
     #pragma GCC unroll 4
     for (int m = 0; m < NM; ++m) {
       const int64_t k = (m0 + m) * np + p;
@@ -199,6 +213,29 @@ void row_pair(const uint8_t* row, int64_t nblocks, const ActPair& a, int64_t m0,
   }
   #pragma GCC unroll 4
   for (int m = 0; m < NM; ++m) y[m * ldy] = _mm512_reduce_add_ps(acc[m]);
+}
+
+// M = 1, two weight rows per pass (decode): the activation loads are shared by both rows.
+template <int FMT>
+void rows2_pair(const uint8_t* r0, const uint8_t* r1, int64_t nblocks, const ActPair& a, float* y) {
+  const PairUnpack<FMT> u;
+  constexpr int bb = PairUnpack<FMT>::bb;
+  const int64_t np = a.npair, full = nblocks / 2;
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  auto step = [&](int64_t p, int64_t o1) __attribute__((always_inline)) {
+    const __m512i xi = _mm512_loadu_si512(&a.init[p * 16]), xq = _mm512_loadu_si512(&a.qs[p * 64]);
+    const __m512 dx = _mm512_loadu_ps(&a.dx[p * 16]);
+    const uint8_t* a0 = r0 + 2 * p * bb;
+    const uint8_t* a1 = r1 + 2 * p * bb;
+    const __m512i s0 = _mm512_dpbusd_epi32(xi, u.codes(a0, a0 + o1), xq);
+    const __m512i s1 = _mm512_dpbusd_epi32(xi, u.codes(a1, a1 + o1), xq);
+    acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(u.scales(a0, a0 + o1), dx), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(u.scales(a1, a1 + o1), dx), acc1);
+  };
+  for (int64_t p = 0; p < full; ++p) step(p, bb);
+  if (full < np) step(full, 0);  // odd block count: the pair's second activation block is zero
+  y[0] = _mm512_reduce_add_ps(acc0);
+  y[1] = _mm512_reduce_add_ps(acc1);
 }
 
 template <class F>
@@ -231,8 +268,18 @@ void rows_k_avx512(const void* w_data, int64_t row_bytes, WFormat fmt, const Act
 
 void rows_pair_avx512(const void* w_data, int64_t row_bytes, WFormat fmt, int64_t nblocks,
                       const ActPair& a, int64_t M, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* row = static_cast<const uint8_t*>(w_data) + r * row_bytes;
+  const uint8_t* base = static_cast<const uint8_t*>(w_data);
+  int64_t r = r0;
+  if (M == 1) {
+    for (; r + 2 <= r1; r += 2) {
+      const uint8_t* p0 = base + r * row_bytes;
+      if (fmt == WFormat::GgufQ8_0) rows2_pair<0>(p0, p0 + row_bytes, nblocks, a, y + r);
+      else if (fmt == WFormat::GgufQ4_0) rows2_pair<1>(p0, p0 + row_bytes, nblocks, a, y + r);
+      else rows2_pair<2>(p0, p0 + row_bytes, nblocks, a, y + r);
+    }
+  }
+  for (; r < r1; ++r) {
+    const uint8_t* row = base + r * row_bytes;
     tile_rows(M, [&](auto nm, int64_t m0) {
       constexpr int NM = decltype(nm)::value;
       float* yo = y + m0 * ldy + r;
