@@ -70,6 +70,17 @@ Result<ChatTemplate> ChatTemplate::from_model_dir(const std::string& dir, ChatRe
           if (auto t = token_text(config[k])) tokens->other_special_tokens[k] = *t;
     }
   }
+  // Older checkpoints keep the special tokens in special_tokens_map.json only.
+  fs::path stm = d / "special_tokens_map.json";
+  if (tokens && fs::exists(stm, ec) && !(config.is_object() && config.contains("bos_token"))) {
+    auto sm = read_json(stm.string());
+    if (sm && sm->is_object()) {
+      if (sm->contains("bos_token"))
+        if (auto t = token_text((*sm)["bos_token"])) tokens->bos_token = *t;
+      if (sm->contains("eos_token"))
+        if (auto t = token_text((*sm)["eos_token"])) tokens->eos_token = *t;
+    }
+  }
   fs::path jinja_file = d / "chat_template.jinja";
   if (fs::exists(jinja_file, ec)) return from_file(jinja_file.string());
   fs::path json_file = d / "chat_template.json";

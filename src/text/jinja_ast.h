@@ -40,7 +40,7 @@ struct Expr {
   std::vector<std::pair<std::string, ExprP>> kwargs;
 };
 
-enum class SK { Text, Print, If, For, Set, SetAttr, SetBlock, Macro, Break, Continue, Scope, FilterBlock };
+enum class SK { Text, Print, If, For, Set, SetAttr, SetBlock, Macro, Break, Continue, Scope, FilterBlock, With };
 
 struct Stmt;
 using StmtP = std::unique_ptr<Stmt>;
@@ -51,8 +51,8 @@ struct Stmt {
   std::string text;                     // Text data; SetAttr attribute; Macro name
   ExprP expr;                           // Print value, For iterable, Set value, FilterBlock filter
   ExprP filter;                         // For `if` filter
-  std::vector<std::string> targets;     // For loop vars; Set names; SetBlock name; SetAttr object
-  std::vector<ExprP> conds;             // If: one per branch (null for else)
+  std::vector<std::string> targets;     // For loop vars; Set names; SetBlock name; SetAttr object; With names
+  std::vector<ExprP> conds;             // If: one per branch (null for else); With: values
   std::vector<Body> bodies;             // If: one per branch; For: [body, else]; others: [body]
   std::vector<std::string> params;      // Macro parameter names
   std::vector<ExprP> defaults;          // Macro defaults (null when none), aligned with params

@@ -209,6 +209,14 @@ struct Interp {
       case SK::Break: return Flow::Break;
       case SK::Continue: return Flow::Continue;
       case SK::Scope: return exec(s.bodies[0], sc, out);
+      case SK::With: {
+        // jinja2 evaluates all values in the outer scope, then binds them in the inner one.
+        std::vector<Value> vals;
+        for (auto& e : s.conds) vals.push_back(eval(*e, sc));
+        auto ws = std::make_shared<Scope>(sc);
+        for (size_t k = 0; k < vals.size(); ++k) ws->set(s.targets[k], vals[k]);
+        return exec(s.bodies[0], ws, out);
+      }
     }
     return Flow::Normal;
   }

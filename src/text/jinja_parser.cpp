@@ -599,6 +599,19 @@ struct Parser {
       s->bodies.push_back(statements({"endgeneration"}, &found, line, "generation"));
       ++p;
       expect_block_end();
+    } else if (tag == "with") {
+      // {% with a = x, b = y %}...{% endwith %}: a Scope whose assignments run in a fresh scope.
+      s->kind = SK::With;
+      while (cur().kind != Tok::BlockEnd) {
+        if (!s->targets.empty()) expect_op(",");
+        s->targets.push_back(expect_name());
+        expect_op("=");
+        s->conds.push_back(expression());
+      }
+      expect_block_end();
+      s->bodies.push_back(statements({"endwith"}, &found, line, "with"));
+      ++p;
+      expect_block_end();
     } else if (tag == "filter") {
       s->kind = SK::FilterBlock;
       s->expr = filter_expr_from_block(line);

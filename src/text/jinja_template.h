@@ -8,9 +8,9 @@
 // Supported: text/{{ }}/{% %}/{# #} with whitespace control and {% raw %}; if/elif/else,
 // for (else, `if` filter, unpacking, loop.*), break/continue, set (plain, tuple, namespace
 // attribute, block set), macros (defaults, keyword args, calling other macros), filter blocks,
-// {% generation %}; literals, arithmetic, comparisons, and/or/not, in, ~, is-tests, filters,
+// {% generation %}, with; literals, arithmetic, comparisons, and/or/not, in, ~, is-tests, filters,
 // attribute/item/slice access and Python str/dict methods. Anything else (include, import,
-// extends, block, call, with, recursive loops) is rejected with an error naming the line.
+// extends, block, call, recursive loops, loop.changed) is rejected with an error naming the line.
 //
 // Usage:
 //   auto t = jinja::Template::parse(source);            // Result<Template>

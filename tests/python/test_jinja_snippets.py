@@ -173,6 +173,9 @@ SNIPPETS = [
     "{% set l2 = l %}{{ l2 is sameas l }} {{ l2 == l }} {{ loop is defined }}",
     "{{ messages | selectattr('role', 'equalto', 'user') | list | length }} {{ messages | map(attribute='role') | join(',') }} {{ messages | rejectattr('content') | list }}",
     "{{ d | length > 2 and 'a' in d }} {{ not d }} {{ not e }} {{ e | first }}|{{ '' | last }}|{{ e | max }}|",
+    "{% with a = n, b = s %}{{ a }}{{ b }}{% set c = 1 %}{% endwith %}{{ a }}{{ c }}",
+    "{% for m in messages %}{% generation %}{{ m.role }} {% endgeneration %}{% endfor %}",
+    "{%- for m in messages %}\n  {%- generation -%}\n  [{{ m.content }}]\n  {%- endgeneration %}\n{% endfor %}",
     # errors
     "{% include 'x.jinja' %}",
     "{% if true %}unclosed",
