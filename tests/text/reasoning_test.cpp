@@ -1,6 +1,8 @@
 // Reasoning / answer split while streaming (text/reasoning.h).
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "text/reasoning.h"
 #include "text/tool_calls.h"
 
@@ -139,4 +141,28 @@ TEST(Reasoning, ToolCallTextIsNotInterpreted) {
   auto calls = g4::split_gemma4_tool_calls(call);
   ASSERT_EQ(calls.calls.size(), 1u);
   EXPECT_EQ(calls.calls[0].arguments["s"], "say <|channel>thought\nhi<channel|>");
+}
+
+// Random texts of marker fragments: streaming in random pieces equals one feed, and the
+// concatenation of all events plus the stripped markers accounts for every byte.
+TEST(Reasoning, RandomTextsStreamLikeWhole) {
+  const std::vector<std::string> frags = {"<|channel>thought", "<|channel>", "thought", "\n",
+                                          "<channel|>", "<channel|", "<|tool_call>",
+                                          "<tool_call|>", "a", " ", "<", "|>", "é"};
+  std::mt19937 g(7);
+  for (int it = 0; it < 3000; ++it) {
+    std::string text;
+    int n = 1 + int(g() % 25);
+    for (int j = 0; j < n; ++j) text += frags[g() % frags.size()];
+    auto whole = run_text(text, {});
+    std::vector<size_t> cuts;
+    for (size_t i = 1 + g() % 5; i < text.size(); i += 1 + g() % 5) cuts.push_back(i);
+    auto r = run_text(text, cuts);
+    ASSERT_EQ(r.reasoning, whole.reasoning) << text;
+    ASSERT_EQ(r.content, whole.content) << text;
+    ASSERT_LE(whole.reasoning.size() + whole.content.size(), text.size());
+    if (text.find("<|channel>thought") == std::string::npos) {
+      ASSERT_EQ(whole.content, text);
+    }
+  }
 }

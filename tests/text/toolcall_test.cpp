@@ -224,3 +224,36 @@ TEST(ToolCallStream, LongCallInTinyPiecesIsLinear) {
   EXPECT_EQ(all[1].text, "ok");
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.5);
 }
+
+// Random texts built from marker fragments and argument syntax: streaming in random pieces
+// always equals feeding the whole text, nothing crashes, and text without any complete call
+// marker comes back verbatim.
+TEST(ToolCallStream, RandomTextsStreamLikeWhole) {
+  const std::vector<std::string> frags = {"<|tool_call>", "<tool_call|>", "call:", "f", "{", "}",
+                                          "a:", "1", ",", Q, "[", "]", "<|", "tool", "|>", " ",
+                                          "\n", "x", "-2.5e3", "true", "<", "é"};
+  std::mt19937 g(123);
+  for (int it = 0; it < 3000; ++it) {
+    std::string text;
+    int n = 1 + int(g() % 30);
+    for (int j = 0; j < n; ++j) text += frags[g() % frags.size()];
+    auto whole = stream_pieces({text});
+    std::vector<std::string> pieces;
+    for (size_t i = 0; i < text.size();) {
+      size_t len = 1 + g() % 6;
+      pieces.push_back(text.substr(i, len));
+      i += len;
+    }
+    auto r = stream_pieces(pieces);
+    ASSERT_EQ(r.text, whole.text) << text;
+    ASSERT_EQ(r.calls.size(), whole.calls.size()) << text;
+    for (size_t k = 0; k < r.calls.size(); ++k)
+      ASSERT_EQ(r.calls[k].arguments_json(), whole.calls[k].arguments_json()) << text;
+    if (text.find("<|tool_call>") == std::string::npos) {
+      ASSERT_EQ(whole.text, text);
+    }
+    if (whole.calls.empty()) {
+      ASSERT_EQ(whole.text, text) << "malformed text must be kept";
+    }
+  }
+}
