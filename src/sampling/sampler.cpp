@@ -214,6 +214,29 @@ void ref_apply_xtc(float* lp, int V, float probability, float threshold,
     if (mask[i]) lp[i] = kNegInf;
 }
 
+std::vector<std::pair<int, float>> top_logprobs(const float* lp, int V, int n) {
+  n = std::max(0, std::min(n, V));
+  std::vector<std::pair<float, int>> h;
+  h.reserve(n);
+  const DescByValue better;
+  for (int i = 0; i < V; ++i) {
+    float v = std::isnan(lp[i]) ? kNegInf : lp[i];
+    if (int(h.size()) < n) {
+      h.emplace_back(v, i);
+      std::push_heap(h.begin(), h.end(), better);
+    } else if (n > 0 && v > h.front().first) {
+      std::pop_heap(h.begin(), h.end(), better);
+      h.back() = {v, i};
+      std::push_heap(h.begin(), h.end(), better);
+    }
+  }
+  std::sort_heap(h.begin(), h.end(), better);
+  std::vector<std::pair<int, float>> out;
+  out.reserve(h.size());
+  for (auto& [v, i] : h) out.emplace_back(i, v);
+  return out;
+}
+
 // ---- RNG ----
 void Rng::reseed(uint64_t seed) {
   uint64_t z = seed;

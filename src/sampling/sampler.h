@@ -73,6 +73,10 @@ void ref_apply_xtc(float* logprobs, int V, float probability, float threshold,
 // First index of the maximum (mx.argmax). NaN entries are skipped; returns 0 if none is a number.
 int argmax(const float* x, int V);
 
+// The n highest entries of logprobs [V] as (token, logprob), descending, lowest id among ties
+// (for OpenAI-style top_logprobs; pass the array sample() left behind). O(V + n log n).
+std::vector<std::pair<int, float>> top_logprobs(const float* logprobs, int V, int n);
+
 // xoshiro256** seeded through splitmix64.
 class Rng {
  public:
@@ -89,6 +93,7 @@ class Sampler {
  public:
   Sampler(SamplingParams params, int vocab_size);
   const SamplingParams& params() const { return p_; }
+  void reseed(uint64_t seed) { rng_.reseed(seed); }
 
   // logits: fp32 [vocab_size], modified in place: on return it holds the processed logprobs
   // (after the logits processors and log-softmax, BEFORE the filters) -- what mlx-lm yields

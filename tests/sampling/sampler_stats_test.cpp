@@ -354,3 +354,40 @@ TEST(SamplerStats, NeverDrawsMinusInfinity) {
     ASSERT_TRUE(t == 5 || t == 4000 || t == 4098) << t;
   }
 }
+
+TEST(SamplerStats, XtcCoinHalfTheTime) {
+  // kLogits probs: 0:.4046 7:.2454 1:.1488 ... With threshold 0.1 the tokens above it are
+  // {0, 7, 1}; XTC removes all but the least probable of them (1), i.e. tokens 0 and 7.
+  // With probability 0.5 the draw is from the full softmax, otherwise from the rest.
+  const int n = 40000;
+  SamplingParams p = seeded(1.0f, 21);
+  p.xtc_probability = 0.5f;
+  p.xtc_threshold = 0.1f;
+  Sampler s(p, int(kLogits.size()));
+  auto c = histogram(s, kLogits, n);
+  auto full = softmax(kLogits, 1.0);
+  double rest = 1.0 - full[0] - full[7];
+  std::vector<double> probs(kLogits.size());
+  for (size_t i = 0; i < probs.size(); ++i)
+    probs[i] = 0.5 * full[i] + ((i == 0 || i == 7) ? 0.0 : 0.5 * full[i] / rest);
+  EXPECT_LT(chi_square(c, probs, n), 35.0);
+  // Special tokens are exempt: with token 0 special, only 7 is removed.
+  p.xtc_probability = 1.f;
+  p.xtc_special_tokens = {0};
+  Sampler s2(p, int(kLogits.size()));
+  auto c2 = histogram(s2, kLogits, 5000);
+  EXPECT_EQ(c2[7], 0);
+  EXPECT_GT(c2[0], 0);
+}
+
+TEST(SamplerStats, TopLogprobs) {
+  std::vector<float> x = {-1.f, -0.5f, -3.f, -0.5f, std::nanf(""), -0.1f};
+  auto t = g4::top_logprobs(x.data(), int(x.size()), 3);
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_EQ(t[0].first, 5);
+  EXPECT_EQ(t[1].first, 1);  // tie with 3: lowest id first
+  EXPECT_EQ(t[2].first, 3);
+  EXPECT_FLOAT_EQ(t[2].second, -0.5f);
+  EXPECT_EQ(g4::top_logprobs(x.data(), int(x.size()), 99).size(), x.size());
+  EXPECT_TRUE(g4::top_logprobs(x.data(), int(x.size()), 0).empty());
+}
