@@ -55,9 +55,10 @@ Status validate(const SamplingParams& p, int vocab_size);
 // ---- Reference building blocks (full-vocabulary, simple; the tests compare them against
 // mlx-lm recordings, and the fast Sampler against them). All arrays are fp32 [V]. ----
 
-// mlx-lm make_logits_processors applied in order; `history` = tokens seen so far (the runtime
-// passes what mlx-lm's generate_step passes: last prompt chunk + generated tokens). Token ids
-// outside [0, V) are ignored.
+// mlx-lm make_logits_processors applied in order; `history` = the prompt tokens fed to the model
+// in this request followed by the generated tokens (mlx-lm 0.32.2 generate_step concatenates
+// every prefill chunk and each sampled token; only the last *_context_size tokens matter).
+// Token ids outside [0, V) are ignored.
 void apply_logits_processors(const SamplingParams& p, float* logits, int V,
                              std::span<const int> history);
 // x <- x - logsumexp(x) (NaN entries become -inf). Returns logsumexp. If no entry is finite the
