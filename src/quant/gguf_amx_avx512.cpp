@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -220,7 +221,7 @@ void matmul_amx(WFormat f, const WeightView& w, const ActAmx& a, int64_t M, floa
   const int ck = chunk_of(f);
   const int64_t cols = w.cols, nch = cols / ck, ngroups = (w.rows + 15) / 16;
   const bool mins = has_min(f);
-  parallel_for(ngroups, [&](int64_t g0, int64_t g1) {
+  auto body = [&](int64_t g0, int64_t g1) {
     thread_local std::vector<int8_t> codes;
     thread_local std::vector<float> scale, mn;
     codes.resize(size_t(16 * cols));
@@ -305,7 +306,8 @@ void matmul_amx(WFormat f, const WeightView& w, const ActAmx& a, int64_t M, floa
       }
     }
     _tile_release();
-  });
+  };
+  parallel_for(ngroups, std::ref(body));  // std::ref: no std::function allocation
 }
 
 }  // namespace g4::gguf

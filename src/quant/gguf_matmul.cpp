@@ -2,6 +2,7 @@
 // dot products), both threaded over output rows; activation quantization (gguf_act.h).
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -124,17 +125,15 @@ float dot_f32(const float* a, const float* b, int64_t n) {
 void gguf_matmul_f32(const float* x, int64_t M, const WeightView& w, float* y) {
   G4_CHECK(gguf_validate(w, "gguf_matmul_f32").is_ok());
   if (M <= 0) return;
-  parallel_for(
-      w.rows,
-      [&](int64_t r0, int64_t r1) {
-        thread_local std::vector<float> row;
-        row.resize(size_t(w.cols));
-        for (int64_t r = r0; r < r1; ++r) {
-          gguf_dequant_row(w, r, row.data());
-          for (int64_t m = 0; m < M; ++m) y[m * w.rows + r] = dot_f32(x + m * w.cols, row.data(), w.cols);
-        }
-      },
-      min_rows_per_chunk(w, M));
+  auto body = [&](int64_t r0, int64_t r1) {
+    thread_local std::vector<float> row;
+    row.resize(size_t(w.cols));
+    for (int64_t r = r0; r < r1; ++r) {
+      gguf_dequant_row(w, r, row.data());
+      for (int64_t m = 0; m < M; ++m) y[m * w.rows + r] = dot_f32(x + m * w.cols, row.data(), w.cols);
+    }
+  };
+  parallel_for(w.rows, std::ref(body), min_rows_per_chunk(w, M));  // std::ref: no std::function allocation
 }
 
 void gguf_matmul_fast(const float* x, int64_t M, const WeightView& w, float* y) {
@@ -159,12 +158,10 @@ void gguf_matmul_fast(const float* x, int64_t M, const WeightView& w, float* y) 
       thread_local ActK a;
       quantize_act_k(x, M, w.cols, w.fmt == WFormat::GgufQ6_K ? Layout::KNatural : Layout::KPerm, &a);
       const ActK* ap = &a;  // the caller's buffer: workers have their own (empty) thread_local
-      parallel_for(
-          w.rows,
-          [&w, ap, M, y](int64_t r0, int64_t r1) {
-            rows_k_avx512(w.data, w.row_bytes, w.fmt, *ap, M, r0, r1, y, w.rows);
-          },
-          chunk);
+      auto body = [&w, ap, M, y](int64_t r0, int64_t r1) {
+        rows_k_avx512(w.data, w.row_bytes, w.fmt, *ap, M, r0, r1, y, w.rows);
+      };
+      parallel_for(w.rows, std::ref(body), chunk);
       break;
     }
     default: {
@@ -172,12 +169,10 @@ void gguf_matmul_fast(const float* x, int64_t M, const WeightView& w, float* y) 
       const int bias = w.fmt == WFormat::GgufQ8_0 ? 128 : w.fmt == WFormat::GgufQ4_0 ? 8 : 16;
       quantize_act_pair(x, M, w.cols, bias, &a);
       const ActPair* ap = &a;
-      parallel_for(
-          w.rows,
-          [&w, ap, M, y](int64_t r0, int64_t r1) {
-            rows_pair_avx512(w.data, w.row_bytes, w.fmt, w.cols / QK, *ap, M, r0, r1, y, w.rows);
-          },
-          chunk);
+      auto body = [&w, ap, M, y](int64_t r0, int64_t r1) {
+        rows_pair_avx512(w.data, w.row_bytes, w.fmt, w.cols / QK, *ap, M, r0, r1, y, w.rows);
+      };
+      parallel_for(w.rows, std::ref(body), chunk);
       break;
     }
   }
