@@ -314,14 +314,74 @@ bool Sampler::cut_top_p(bool complete) {
 }
 
 // top_p on the full vocabulary: sort only the tokens within `delta` nats of the maximum and
-// widen delta until the head that reaches the target mass lies inside them.
+// widen delta until the head that reaches the target mass lies inside them. When more than
+// kExactSortLimit tokens are involved (high-entropy steps), use the bucketed cut instead.
 void Sampler::top_p(const float* lp, float max_lp) {
   for (float delta : {8.f, 16.f, 32.f, 64.f, std::numeric_limits<float>::infinity()}) {
     collect_at_least(lp, max_lp - delta);
+    if (cand_.size() > kExactSortLimit && top_p_bucketed(lp, max_lp)) break;
     sort_desc();
     if (cut_top_p(int(cand_.size()) == V_ || std::isinf(delta))) break;
   }
   all_alive_ = false;
+}
+
+// Bucketed top_p for large heads: histogram the probability mass by logprob in 1/64-nat bins
+// over [max - 64, max] (double sums), find the bin where the running mass reaches the target,
+// and sort only that bin. The kept set is the same rule as mlx-lm's; only the summation order
+// (double, by bin, instead of an fp32 cumsum over the sorted vocabulary) differs, which moves
+// the cut only when it falls within rounding of the boundary. Returns false (nothing changed)
+// if the target is not reached inside the range.
+bool Sampler::top_p_bucketed(const float* lp, float max_lp) {
+  constexpr int kBins = 4096;
+  constexpr float kRange = 64.f;
+  const float lo = max_lp - kRange, scale = kBins / kRange;
+  std::vector<double>& mass = bin_mass_;
+  mass.assign(kBins, 0.0);
+  for (int i = 0; i < V_; ++i) {
+    const float v = lp[i];
+    if (!(v >= lo)) continue;
+    int b = std::min(kBins - 1, int((max_lp - v) * scale));
+    mass[b] += std::exp(v);
+  }
+  const double target = double(p_.top_p) * double(total_mass_);
+  double head = 0;
+  int b = 0;
+  for (; b < kBins; ++b) {
+    if (head + mass[b] >= target) break;
+    head += mass[b];
+  }
+  if (b == kBins) return false;
+  // Tokens of bins < b are kept; sort bin b (the cut is inside it) and find the cut there.
+  cand_.clear();
+  std::vector<std::pair<float, int>>& edge = edge_;
+  edge.clear();
+  for (int i = 0; i < V_; ++i) {
+    const float v = lp[i];
+    if (!(v >= lo)) continue;
+    int bi = std::min(kBins - 1, int((max_lp - v) * scale));
+    if (bi < b) {
+      cand_.emplace_back(v, i);
+    } else if (bi == b) {
+      edge.emplace_back(v, i);
+    }
+  }
+  std::sort(edge.begin(), edge.end(), DescByValue{});
+  // mass above position j = head + sum of edge[0..j); the first j reaching the target is cut.
+  double acc = head;
+  size_t r = 0;
+  while (r < edge.size() && acc < target) acc += std::exp(edge[r++].first);
+  if (acc < target && r == edge.size()) {  // rounding put the crossing past this bin: keep it
+    cand_.insert(cand_.end(), edge.begin(), edge.end());
+  } else {
+    if (r == 0) r = 1;  // cannot happen (head < target), kept as a guard
+    const float thr = edge[r - 1].first;
+    while (r < edge.size() && edge[r].first >= thr) ++r;  // ties of the threshold survive
+    cand_.insert(cand_.end(), edge.begin(), edge.begin() + r);
+  }
+  sorted_ = false;
+  all_alive_ = false;
+  return true;
 }
 
 // min_p: keep lp >= max + log(min_p), and at least the top min_tokens_to_keep tokens.

@@ -14,8 +14,10 @@
 // Filters match mlx-lm exactly (checked against recordings in tests/fixtures/sampler), except:
 //   - which of several EQUAL logprobs survive at a top_k / min_tokens_to_keep boundary
 //     (mlx argpartition leaves it unspecified; we keep the lowest index),
-//   - top_p's `total_mass` is summed in a different float order, so a cut that falls within
-//     float rounding of the boundary may differ by one token.
+//   - top_p's masses are summed in a different float order (mlx: fp32 cumsum over the sorted
+//     vocabulary; here: double total, and for heads of > 4096 tokens double sums per 1/64-nat
+//     logprob bucket so that only the bucket holding the cut is sorted). A cut that falls within
+//     rounding of the boundary may move by a few tokens of negligible mass (tests bound it).
 // The random draw does NOT reproduce MLX's threefry bits: we use xoshiro256** (seeded with
 // splitmix64) and an inverse-CDF draw in double precision over the survivors, which samples
 // the same distribution. XTC's coin flip uses the same generator. Same seed -> same tokens.
@@ -109,6 +111,8 @@ class Sampler {
  private:
   void top_p(const float* lp, float max_lp);
   bool cut_top_p(bool complete);
+  bool top_p_bucketed(const float* lp, float max_lp);
+  static constexpr size_t kExactSortLimit = 4096;
   void min_p(const float* lp, float max_lp);
   void xtc(const float* lp);
   void top_k(const float* lp);
@@ -125,6 +129,8 @@ class Sampler {
   bool sorted_ = false;
   float total_mass_ = 1.f;  // sum of exp(logprobs), computed in double (mlx: fp32 cumsum)
   std::vector<float> scratch_;
+  std::vector<double> bin_mass_;
+  std::vector<std::pair<float, int>> edge_;
 };
 
 }  // namespace g4

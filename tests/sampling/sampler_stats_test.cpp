@@ -252,8 +252,10 @@ TEST(SamplerFast, MatchesReferenceOnLargeVocab) {
     float top_p, min_p;
     int keep, top_k;
     float peak;
+    bool ties = false;  // logits rounded to 1/16: many equal values at every cut
   };
   std::vector<Cfg> cfgs = {
+      {0.7f, 0.f, 1, 0, 1.f, true}, {0.95f, 0.f, 1, 0, 6.f, true}, {0.8f, 0.05f, 2, 0, 0.f, true},
       {0.95f, 0.f, 1, 64, 14.f}, {0.9f, 0.f, 1, 0, 12.f},  {1.f, 0.f, 1, 40, 10.f},
       {1.f, 0.05f, 1, 0, 14.f},  {1.f, 0.1f, 5, 0, 3.f},   {0.5f, 0.02f, 3, 20, 15.f},
       {0.99f, 0.f, 1, 0, 16.f},  {1.f, 0.f, 1, 1, 8.f},    {0.3f, 0.f, 1, 0, 2.f},
@@ -267,6 +269,8 @@ TEST(SamplerFast, MatchesReferenceOnLargeVocab) {
     p.min_tokens_to_keep = c.keep;
     p.top_k = c.top_k;
     auto x = big_logits(V, 100 + ci, c.peak);
+    if (c.ties)
+      for (auto& v : x) v = std::round(v * 16.f) / 16.f;
     auto lp = x;
     g4::log_softmax_inplace(lp.data(), V);
     auto want = ref_chain(lp, p);
