@@ -548,6 +548,8 @@ bool parse_float_str(const std::string& s0, double& out) {
 
 }  // namespace
 
+size_t py_space_at(const std::string& s, size_t i) { return i < s.size() ? ws_len(s, i) : 0; }
+
 std::string py_strip(const std::string& s, const Value& chars, bool left, bool right) {
   size_t b = 0, e = s.size();
   if (chars.is_none() || chars.is_undefined()) {

@@ -31,7 +31,9 @@ Value arith(const std::string& op, const Value& a, const Value& b);
 // Global names: range, namespace, dict, raise_exception, strftime_now.
 void add_globals(Dict& d);
 
-// Python string helpers shared with tests.
+// Python string helpers shared with the lexer and tests.
 std::string py_strip(const std::string& s, const Value& chars, bool left, bool right);
+// Byte length of the Unicode whitespace code point (str.isspace) at s[i], else 0.
+size_t py_space_at(const std::string& s, size_t i);
 
 }  // namespace g4::jinja

@@ -3,12 +3,17 @@
 
 #include <cstring>
 
+#include "text/jinja_builtins.h"
 #include "text/jinja_value.h"
 
 namespace g4::jinja {
 namespace {
 
-bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+// Python's \s / str.isspace(): jinja2's lexer regexes and rstrip() are Unicode-aware.
+size_t skip_ws(const std::string& s, size_t p) {
+  while (size_t n = py_space_at(s, p)) p += n;
+  return p;
+}
 bool is_ident_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
 bool is_ident(char c) { return is_ident_start(c) || (c >= '0' && c <= '9'); }
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
@@ -106,9 +111,7 @@ struct Lexer {
     if (src[pos] == '+') {
       advance_to(pos + 1 + close.size());
     } else if (src[pos] == '-') {
-      size_t p = pos + 1 + close.size();
-      while (p < src.size() && is_ws(src[p])) ++p;
-      advance_to(p);
+      advance_to(skip_ws(src, pos + 1 + close.size()));
     } else {
       size_t p = pos + close.size();
       if (trims && o.trim_blocks && p < src.size() && src[p] == '\n') ++p;
@@ -130,7 +133,7 @@ struct Lexer {
     toks.push_back({begin, "", line});
     std::vector<char> balance;
     for (;;) {
-      while (pos < src.size() && is_ws(src[pos])) advance_to(pos + 1);
+      advance_to(skip_ws(src, pos));
       if (pos >= src.size())
         throw JinjaError(std::string("unexpected end of template, expected '") + close + "'", line);
       if (balance.empty() && at_end(close)) {
@@ -206,15 +209,10 @@ struct Lexer {
   size_t raw_begin(size_t start) const {
     size_t p = start + 2;
     if (p < src.size() && (src[p] == '-' || src[p] == '+')) ++p;
-    while (p < src.size() && is_ws(src[p])) ++p;
+    p = skip_ws(src, p);
     if (src.compare(p, 3, "raw") != 0 || (p + 3 < src.size() && is_ident(src[p + 3]))) return std::string::npos;
-    p += 3;
-    while (p < src.size() && is_ws(src[p])) ++p;
-    if (src.compare(p, 3, "-%}") == 0) {
-      p += 3;
-      while (p < src.size() && is_ws(src[p])) ++p;
-      return p;
-    }
+    p = skip_ws(src, p + 3);
+    if (src.compare(p, 3, "-%}") == 0) return skip_ws(src, p + 3);
     if (src.compare(p, 2, "%}") == 0) return p + 2;
     return std::string::npos;
   }
@@ -222,16 +220,12 @@ struct Lexer {
   // Text before a tag, with `-` stripping and lstrip_blocks applied.
   void emit_text(std::string text, char sign, bool lstrip_ok) {
     if (sign == '-') {
-      size_t e = text.size();
-      while (e > 0 && is_ws(text[e - 1])) --e;
-      text.resize(e);
+      text = py_strip(text, Value::none(), false, true);
     } else if (sign != '+' && o.lstrip_blocks && lstrip_ok) {
       size_t nl = text.rfind('\n');
       size_t l_pos = nl == std::string::npos ? 0 : nl + 1;
       if ((l_pos > 0 || line_starting) && l_pos < text.size()) {
-        bool all_ws = true;
-        for (size_t k = l_pos; k < text.size(); ++k) all_ws &= is_ws(text[k]);
-        if (all_ws) text.resize(l_pos);
+        if (skip_ws(text, l_pos) == text.size()) text.resize(l_pos);
       }
     }
     if (!text.empty()) toks.push_back({Tok::Text, text, line});
@@ -292,10 +286,9 @@ struct Lexer {
       size_t q = p + 2;
       char sign = q < src.size() && (src[q] == '-' || src[q] == '+') ? src[q] : 0;
       if (sign) ++q;
-      while (q < src.size() && is_ws(src[q])) ++q;
+      q = skip_ws(src, q);
       if (src.compare(q, 6, "endraw") == 0) {
-        q += 6;
-        while (q < src.size() && is_ws(src[q])) ++q;
+        q = skip_ws(src, q + 6);
         if (at_end_at(q)) {
           line_starting = false;
           emit_text(src.substr(body, p - body), sign, true);

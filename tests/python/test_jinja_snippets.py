@@ -32,6 +32,7 @@ SNIPPETS = [
     "  {{ 'x' }}  \n  {{- 'y' -}}  \n  z",
     "{# c #}\nafter\n  {# indented comment #}\nend\n\n",
     "{#- strip -#}   x   {#- again #}\n y",
+    "a\u00a0\u3000 {%- if true -%} \u2003\n b{% endif %}\n\u00a0\u00a0{% if true %}c{% endif %}",
     "line\r\nwindows\r\n{% if true %}\r\nx\r\n{% endif %}\r\n",
     "trailing newline kept once?\n\n",
     "{% for i in l %}\n  - {{ i }}\n{% endfor %}\n",
