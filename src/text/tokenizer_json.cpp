@@ -124,7 +124,191 @@ std::string config_token(const json& cfg, const char* key) {
   return {};
 }
 
-Result<std::shared_ptr<Tokenizer::Impl>> load_json(const json& j, const std::string& name, const json& cfg) {
+
+// model.vocab and model.merges, read straight from the SAX stream: building them as a DOM
+// (a std::map of 262k keys, 500k small arrays) would dominate load time.
+struct ModelTables {
+  bool vocab_seen = false;
+  std::vector<std::pair<std::string, int64_t>> vocab;
+  bool merges_seen = false;
+  std::vector<std::pair<std::string, std::string>> merges;
+  std::string error;  // first malformed entry
+};
+
+// SAX handler: a DOM for everything except model.vocab / model.merges (mirrors
+// nlohmann::detail::json_sax_dom_parser for the DOM part).
+class TokenizerSax : public nlohmann::json_sax<json> {
+ public:
+  TokenizerSax(json& root, ModelTables& t) : root_(root), t_(t) {}
+
+  bool null() override { return scalar(json(nullptr)); }
+  bool boolean(bool v) override { return scalar(json(v)); }
+  bool number_integer(int64_t v) override { return number(v, json(v)); }
+  bool number_unsigned(uint64_t v) override {
+    return number(v > uint64_t(INT64_MAX) ? -1 : int64_t(v), json(v));
+  }
+  bool number_float(double v, const std::string&) override { return scalar(json(v)); }
+  bool string(std::string& v) override {
+    if (mode_ == kVocab) return bad_vocab();
+    if (mode_ == kMerges) {
+      size_t sp = v.find(' ', 1);
+      if (sp == std::string::npos) {
+        fail("model.merges[" + std::to_string(t_.merges.size()) + "] '" + v + "' has no space");
+        t_.merges.emplace_back();
+      } else {
+        t_.merges.emplace_back(v.substr(0, sp), v.substr(sp + 1));
+      }
+      return true;
+    }
+    if (mode_ == kPair) {
+      pair_.push_back(std::move(v));
+      return true;
+    }
+    return scalar(json(std::move(v)));
+  }
+  bool binary(json::binary_t& v) override { return scalar(json(v)); }
+  bool start_object(std::size_t) override {
+    if (mode_ == kNone && in_model() && key_ == "vocab") {
+      mode_ = kVocab;
+      t_.vocab_seen = true;
+      return true;
+    }
+    if (mode_ != kNone) return bad_entry();
+    open(json::object());
+    return true;
+  }
+  bool key(std::string& k) override {
+    key_ = k;
+    return true;
+  }
+  bool end_object() override {
+    if (mode_ == kVocab) {
+      mode_ = kNone;
+      return true;
+    }
+    close();
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    if (mode_ == kNone && in_model() && key_ == "merges") {
+      mode_ = kMerges;
+      t_.merges_seen = true;
+      return true;
+    }
+    if (mode_ == kMerges) {
+      mode_ = kPair;
+      pair_.clear();
+      return true;
+    }
+    if (mode_ != kNone) return bad_entry();
+    open(json::array());
+    return true;
+  }
+  bool end_array() override {
+    if (mode_ == kPair) {
+      if (pair_.size() != 2) {
+        fail("model.merges[" + std::to_string(t_.merges.size()) + "] is neither [a, b] nor \"a b\"");
+        t_.merges.emplace_back();
+      } else {
+        t_.merges.emplace_back(std::move(pair_[0]), std::move(pair_[1]));
+      }
+      mode_ = kMerges;
+      return true;
+    }
+    if (mode_ == kMerges) {
+      mode_ = kNone;
+      return true;
+    }
+    close();
+    return true;
+  }
+  bool parse_error(std::size_t pos, const std::string&, const nlohmann::detail::exception& e) override {
+    parse_error_ = "byte " + std::to_string(pos) + ": " + e.what();
+    return false;
+  }
+  const std::string& parse_error_message() const { return parse_error_; }
+
+ private:
+  enum Mode { kNone, kVocab, kMerges, kPair };
+  bool in_model() const { return path_.size() == 2 && path_[1] == "model"; }
+  void fail(const std::string& msg) {
+    if (t_.error.empty()) t_.error = msg;
+  }
+  bool bad_vocab() {
+    fail("model.vocab['" + key_ + "'] is not a non-negative integer");
+    return true;
+  }
+  bool bad_entry() {  // a container inside vocab / merges: stop with an error
+    fail(mode_ == kVocab ? "model.vocab['" + key_ + "'] is not a non-negative integer"
+                         : "model.merges[" + std::to_string(t_.merges.size()) + "] is neither [a, b] nor \"a b\"");
+    return false;
+  }
+  bool number(int64_t v, json j) {
+    if (mode_ == kVocab) {
+      if (v < 0) return bad_vocab();
+      t_.vocab.emplace_back(key_, v);
+      return true;
+    }
+    if (mode_ == kMerges || mode_ == kPair) {
+      fail("model.merges[" + std::to_string(t_.merges.size()) + "] is neither [a, b] nor \"a b\"");
+      return true;
+    }
+    return scalar(std::move(j));
+  }
+  bool scalar(json v) {
+    if (mode_ == kVocab) return bad_vocab();
+    if (mode_ != kNone) {
+      fail("model.merges[" + std::to_string(t_.merges.size()) + "] is neither [a, b] nor \"a b\"");
+      return true;
+    }
+    insert(std::move(v));
+    return true;
+  }
+  json* insert(json v) {
+    if (stack_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    json& top = *stack_.back();
+    if (top.is_array()) {
+      top.push_back(std::move(v));
+      return &top.back();
+    }
+    json& slot = top[key_];
+    slot = std::move(v);
+    return &slot;
+  }
+  void open(json v) {
+    bool parent_is_object = !stack_.empty() && stack_.back()->is_object();
+    path_.push_back(parent_is_object ? key_ : std::string());
+    stack_.push_back(insert(std::move(v)));
+  }
+  void close() {
+    stack_.pop_back();
+    path_.pop_back();
+  }
+
+  json& root_;
+  ModelTables& t_;
+  std::vector<json*> stack_;
+  std::vector<std::string> path_;  // key of each open container ("" for array elements / root)
+  std::string key_;
+  Mode mode_ = kNone;
+  std::vector<std::string> pair_;
+  std::string parse_error_;
+};
+
+Result<json> parse_tokenizer_json(std::string_view text, const std::string& name, ModelTables& t) {
+  json root;
+  TokenizerSax sax(root, t);
+  bool ok = json::sax_parse(text.begin(), text.end(), &sax);
+  if (!ok && !t.error.empty()) return err("%s: %s", name.c_str(), t.error.c_str());
+  if (!ok) return err("%s: not valid JSON (%s)", name.c_str(), sax.parse_error_message().c_str());
+  return root;
+}
+
+Result<std::shared_ptr<Tokenizer::Impl>> load_json(const json& j, ModelTables& tables, const std::string& name,
+                                                   const json& cfg) {
   auto impl = std::make_shared<Tokenizer::Impl>();
   Tokenizer::Impl& m = *impl;
   const char* nm = name.c_str();
@@ -144,15 +328,11 @@ Result<std::shared_ptr<Tokenizer::Impl>> load_json(const json& j, const std::str
   m.ignore_merges = model.value("ignore_merges", false);
 
   // Vocabulary: model.vocab plus added tokens (which may extend it).
-  if (!model.contains("vocab") || !model["vocab"].is_object()) return err("%s: model.vocab missing", nm);
-  const json& vocab = model["vocab"];
+  if (!tables.error.empty()) return err("%s: %s", nm, tables.error.c_str());
+  if (!tables.vocab_seen) return err("%s: model.vocab missing (or not an object)", nm);
   const json& added = j.contains("added_tokens") && j["added_tokens"].is_array() ? j["added_tokens"] : json::array();
   int64_t max_id = -1;
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0)
-      return err("%s: model.vocab['%s'] is not a non-negative integer", nm, it.key().c_str());
-    max_id = std::max(max_id, it.value().get<int64_t>());
-  }
+  for (const auto& [tok_text, id] : tables.vocab) max_id = std::max(max_id, id);
   for (size_t i = 0; i < added.size(); ++i) {
     const json& a = added[i];
     if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || a["id"].get<int64_t>() < 0 ||
@@ -162,7 +342,7 @@ Result<std::shared_ptr<Tokenizer::Impl>> load_json(const json& j, const std::str
   }
   if (max_id >= (int64_t(1) << 30)) return err("%s: token id %lld is too large", nm, (long long)max_id);
   m.tokens.assign(size_t(max_id + 1), std::string());
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) m.tokens[it.value().get<int64_t>()] = it.key();
+  for (auto& [tok_text, id] : tables.vocab) m.tokens[size_t(id)] = std::move(tok_text);
   m.flags.assign(m.tokens.size(), 0);
 
   // Normalizer / pre-tokenizer / decoder.
@@ -231,24 +411,12 @@ Result<std::shared_ptr<Tokenizer::Impl>> load_json(const json& j, const std::str
   }
 
   // Merges: [["a","b"], ...] or ["a b", ...]; rank = position.
-  const json& merges = model.value("merges", json::array());
-  m.merges.reserve(merges.size());
-  for (size_t r = 0; r < merges.size(); ++r) {
-    const json& e = merges[r];
-    std::string a, b;
-    if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
-      a = e[0].get<std::string>();
-      b = e[1].get<std::string>();
-    } else if (e.is_string()) {
-      const std::string& s = e.get_ref<const std::string&>();
-      size_t sp = s.find(' ', 1);  // tokenizers splits "a b" at the first space
-      if (sp == std::string::npos) return err("%s: model.merges[%zu] '%s' has no space", nm, r, s.c_str());
-      a = s.substr(0, sp);
-      b = s.substr(sp + 1);
-    } else {
-      return err("%s: model.merges[%zu] is neither [a, b] nor \"a b\"", nm, r);
-    }
-    int ia = m.index.find(a), ib = m.index.find(b), im = m.index.find(a + b);
+  m.merges.reserve(tables.merges.size());
+  std::string joined;
+  for (size_t r = 0; r < tables.merges.size(); ++r) {
+    const auto& [a, b] = tables.merges[r];
+    joined.assign(a).append(b);
+    int ia = m.index.find(a), ib = m.index.find(b), im = m.index.find(joined);
     if (ia < 0 || ib < 0) return err("%s: model.merges[%zu] uses a token missing from the vocab", nm, r);
     if (im < 0) return err("%s: model.merges[%zu] merges into a token missing from the vocab", nm, r);
     m.merges.insert(ia, ib, uint32_t(r), im);
@@ -290,10 +458,10 @@ Result<std::shared_ptr<Tokenizer::Impl>> load_json(const json& j, const std::str
 }  // namespace
 
 Result<Tokenizer> Tokenizer::from_json(std::string_view text, const std::string& name) {
-  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return err("%s: not valid JSON", name.c_str());
+  ModelTables tables;
+  G4_ASSIGN_OR_RETURN(json j, parse_tokenizer_json(text, name, tables));
   try {
-    G4_ASSIGN_OR_RETURN(auto impl, load_json(j, name, json()));
+    G4_ASSIGN_OR_RETURN(auto impl, load_json(j, tables, name, json()));
     return Tokenizer(std::shared_ptr<const Impl>(std::move(impl)));
   } catch (const json::exception& e) {  // a field of an unexpected JSON type
     return err("%s: %s", name.c_str(), e.what());
@@ -316,10 +484,11 @@ Result<Tokenizer> Tokenizer::from_file(const std::string& path) {
       if (cfg.is_discarded()) return err("%s: not valid JSON", cfg_path.string().c_str());
     }
   }
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return err("%s: not valid JSON", file.c_str());
+  ModelTables tables;
+  G4_ASSIGN_OR_RETURN(json j, parse_tokenizer_json(text, file, tables));
+  text = std::string();  // free the file text before building the tables
   try {
-    G4_ASSIGN_OR_RETURN(auto impl, load_json(j, file, cfg));
+    G4_ASSIGN_OR_RETURN(auto impl, load_json(j, tables, file, cfg));
     return Tokenizer(std::shared_ptr<const Impl>(std::move(impl)));
   } catch (const json::exception& e) {
     return err("%s: %s", file.c_str(), e.what());
