@@ -18,12 +18,14 @@ struct ActAmx {
   std::vector<float> dx, sx;
 };
 
-// gguf_matmul_fast uses this path for M >= amx_min_rows() (default 8) when the CPU has AMX and it
-// is enabled (tests turn it off to exercise the VNNI kernels at the same sizes).
+// gguf_matmul_fast uses this path for M >= amx_min_rows(fmt) when the CPU has AMX and it is
+// enabled (tests turn it off to exercise the VNNI kernels at the same sizes). The per-format
+// switch-over (measured with GgufBench.DISABLED_SmallM): Q8_0 4, Q4_0/Q5_0 6, Q4_K/Q5_K 8,
+// Q6_K 10; set_amx_min_rows(m > 0) overrides it for all formats (0 restores the defaults).
 void set_amx_enabled(bool on);
 bool amx_enabled();
 void set_amx_min_rows(int64_t m);
-int64_t amx_min_rows();
+int64_t amx_min_rows(WFormat fmt);
 
 // True when the CPU has AMX-INT8 and the OS granted the tile state to this process.
 bool cpu_has_amx();

@@ -3,7 +3,8 @@
 // cpu_has_amx() (CPUID + the kernel's XTILEDATA permission).
 //
 // Scheme (all six formats): weights are the tile A operand, activations the B operand.
-//  * A group of 16 weight rows is decoded once into signed int8 codes W[16][cols] with one f32
+//  * A group of 16 weight rows is decoded once into signed int8 codes, chunk-major
+//    (W[chunk][16][CK], so that one A tile is contiguous), with one f32
 //    scale per chunk of CK values (CK = 32; 16 for Q6_K, whose sub-blocks are 16 wide) and, for
 //    Q4_K / Q5_K, one f32 min per 32-chunk: w = scale * code - min (ggml's block math).
 //  * x is quantized once per call (per 32 values, or per 256 for K-quants, d = amax/127) and
@@ -50,9 +51,10 @@ void config_tiles(int ck) {
 int chunk_of(WFormat f) { return f == WFormat::GgufQ6_K ? 16 : 32; }
 bool has_min(WFormat f) { return f == WFormat::GgufQ4_K || f == WFormat::GgufQ5_K; }
 
-// Decodes row `row` (cols values) into signed codes[cols], scale[c] and min[c] per chunk
-// c (AVX-512 unpacking; the same block math as gguf_dequant.cpp).
-void decode_row(WFormat f, const uint8_t* row, int64_t cols, int8_t* codes, float* scale, float* mn) {
+// Decodes row `row` (cols values): value k goes to codes[(k / CK) * cs + k % CK] (cs = 16 * CK,
+// the chunk-major group layout), scale[c] and min[c] per chunk c (AVX-512 unpacking; the same
+// block math as gguf_dequant.cpp).
+void decode_row(WFormat f, const uint8_t* row, int64_t cols, int8_t* codes, int64_t cs, float* scale, float* mn) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   switch (f) {
     case WFormat::GgufQ8_0:
@@ -72,7 +74,7 @@ void decode_row(WFormat f, const uint8_t* row, int64_t cols, int8_t* codes, floa
           if (f == WFormat::GgufQ5_0) q = _mm256_mask_add_epi8(q, __mmask32(rd32(p + 2)), q, s16);
           q = _mm256_sub_epi8(q, off);
         }
-        _mm256_storeu_si256((__m256i*)(codes + b * QK), q);
+        _mm256_storeu_si256((__m256i*)(codes + b * cs), q);
       }
       return;
     }
@@ -98,7 +100,7 @@ void decode_row(WFormat f, const uint8_t* row, int64_t cols, int8_t* codes, floa
         _mm256_storeu_ps(mn + i * 8, _mm256_mul_ps(_mm256_set1_ps(dmin), vm));
         const __m256i qh = _mm256_loadu_si256((const __m256i*)(b + 16));
         const uint8_t* qs = b + (q5 ? 48 : 16);
-        int8_t* o = codes + i * QKK;
+        int8_t* o = codes + i * 8 * cs;  // sub-block s is chunk 8i + s
         for (int c = 0; c < 4; ++c) {
           const __m256i v = _mm256_loadu_si256((const __m256i*)(qs + 32 * c));
           __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
@@ -106,8 +108,8 @@ void decode_row(WFormat f, const uint8_t* row, int64_t cols, int8_t* codes, floa
             lo = _mm256_mask_add_epi8(lo, _mm256_test_epi8_mask(qh, _mm256_set1_epi8(char(1 << (2 * c)))), lo, s16);
             hi = _mm256_mask_add_epi8(hi, _mm256_test_epi8_mask(qh, _mm256_set1_epi8(char(1 << (2 * c + 1)))), hi, s16);
           }
-          _mm256_storeu_si256((__m256i*)(o + 64 * c), lo);
-          _mm256_storeu_si256((__m256i*)(o + 64 * c + 32), hi);
+          _mm256_storeu_si256((__m256i*)(o + (2 * c) * cs), lo);
+          _mm256_storeu_si256((__m256i*)(o + (2 * c + 1) * cs), hi);
         }
       }
       return;
@@ -121,15 +123,23 @@ void decode_row(WFormat f, const uint8_t* row, int64_t cols, int8_t* codes, floa
         const float d = _cvtsh_ss(rd16(b + 208));
         _mm512_storeu_ps(scale + i * 16, _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
                                                                _mm_loadu_si128((const __m128i*)sc)))));
-        int8_t* o = codes + i * QKK;
+        int8_t* o = codes + i * 16 * cs;  // 16-value group g is chunk 16i + g
         for (int h = 0; h < 2; ++h) {
           const __m512i v = _mm512_loadu_si512(b + 64 * h);
           const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(b + 128 + 32 * h)));
           const __m512i q0 = _mm512_ternarylogic_epi32(_mm512_and_si512(v, z4), _mm512_sllv_epi64(H, shl), m30, 0xF8);
           const __m512i q1 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), z4),
                                                        _mm512_srlv_epi64(H, shr), m30, 0xF8);
-          _mm512_storeu_si512(o + 128 * h, _mm512_sub_epi8(q0, s32));
-          _mm512_storeu_si512(o + 128 * h + 64, _mm512_sub_epi8(q1, s32));
+          const __m512i c0 = _mm512_sub_epi8(q0, s32), c1 = _mm512_sub_epi8(q1, s32);
+          int8_t* oh = o + 8 * h * cs;
+          _mm_storeu_si128((__m128i*)(oh + 0 * cs), _mm512_extracti32x4_epi32(c0, 0));
+          _mm_storeu_si128((__m128i*)(oh + 1 * cs), _mm512_extracti32x4_epi32(c0, 1));
+          _mm_storeu_si128((__m128i*)(oh + 2 * cs), _mm512_extracti32x4_epi32(c0, 2));
+          _mm_storeu_si128((__m128i*)(oh + 3 * cs), _mm512_extracti32x4_epi32(c0, 3));
+          _mm_storeu_si128((__m128i*)(oh + 4 * cs), _mm512_extracti32x4_epi32(c1, 0));
+          _mm_storeu_si128((__m128i*)(oh + 5 * cs), _mm512_extracti32x4_epi32(c1, 1));
+          _mm_storeu_si128((__m128i*)(oh + 6 * cs), _mm512_extracti32x4_epi32(c1, 2));
+          _mm_storeu_si128((__m128i*)(oh + 7 * cs), _mm512_extracti32x4_epi32(c1, 3));
         }
       }
       return;
@@ -167,10 +177,19 @@ inline void transpose16(__m512 (&r)[16]) {
 
 namespace {
 bool g_amx_on = true;
-int64_t g_amx_min_rows = 8;
+int64_t g_amx_min_rows = 0;
 }  // namespace
 void set_amx_min_rows(int64_t m) { g_amx_min_rows = m; }
-int64_t amx_min_rows() { return g_amx_min_rows; }
+int64_t amx_min_rows(WFormat fmt) {
+  if (g_amx_min_rows > 0) return g_amx_min_rows;
+  switch (fmt) {
+    case WFormat::GgufQ8_0: return 4;
+    case WFormat::GgufQ4_0:
+    case WFormat::GgufQ5_0: return 6;
+    case WFormat::GgufQ6_K: return 10;
+    default: return 8;
+  }
+}
 void set_amx_enabled(bool on) { g_amx_on = on; }
 bool amx_enabled() { return g_amx_on && cpu_has_amx(); }
 
@@ -234,9 +253,9 @@ void matmul_amx(WFormat f, const WeightView& w, const ActAmx& a, int64_t M, floa
       for (int64_t n = 0; n < 16; ++n) {
         if (n < nr) {
           decode_row(f, static_cast<const uint8_t*>(w.data) + (r0 + n) * w.row_bytes, cols,
-                     &codes[size_t(n * cols)], &scale[size_t(n * nch)], &mn[size_t(n * nch)]);
+                     &codes[size_t(n * ck)], 16 * ck, &scale[size_t(n * nch)], &mn[size_t(n * nch)]);
         } else {
-          std::fill(codes.begin() + n * cols, codes.begin() + (n + 1) * cols, int8_t(0));
+          for (int64_t c = 0; c < nch; ++c) std::memset(&codes[size_t(c * 16 * ck + n * ck)], 0, size_t(ck));
           std::fill(scale.begin() + n * nch, scale.begin() + (n + 1) * nch, 0.f);
           std::fill(mn.begin() + n * nch, mn.begin() + (n + 1) * nch, 0.f);
         }
@@ -245,7 +264,7 @@ void matmul_amx(WFormat f, const WeightView& w, const ActAmx& a, int64_t M, floa
         __m512 acc[16];
 #pragma GCC unroll 16
         for (int n = 0; n < 16; ++n) acc[n] = _mm512_setzero_ps();
-        auto consume = [&](int32_t (*cb)[16], int64_t c) {
+        auto consume = [&](int32_t (*cb)[16], int64_t c) __attribute__((always_inline)) {
           const int64_t b = c * ck / QK;  // 32-block holding chunk c
           const __m512 dxv = _mm512_loadu_ps(&a.dx[size_t((t * a.nblk + b) * 16)]);
           const float* sc = &scale[size_t(c)];  // row n at sc[n * nch]
@@ -261,7 +280,7 @@ void matmul_amx(WFormat f, const WeightView& w, const ActAmx& a, int64_t M, floa
             for (int n = 0; n < 16; ++n) acc[n] = _mm512_fnmadd_ps(sxv, _mm512_set1_ps(m[n * nch]), acc[n]);
           }
         };
-        auto bptr = [&](int64_t c) {
+        auto bptr = [&](int64_t c) __attribute__((always_inline)) {
           const int64_t e = c * ck;  // first value of chunk c
           return &a.xb[size_t((t * a.nblk + e / QK) * 512 + (e % QK) / 4 * 64)];
         };
@@ -270,32 +289,39 @@ void matmul_amx(WFormat f, const WeightView& w, const ActAmx& a, int64_t M, floa
         // three chunks were issued, which hides the tile latencies.
 #define G4_ISSUE(C, A, B, ch)                                        \
   if ((ch) < nch) {                                                  \
-    _tile_loadd(A, &codes[size_t((ch) * ck)], int(cols));            \
+    _tile_loadd(A, &codes[size_t((ch) * 16 * ck)], ck);              \
     _tile_loadd(B, bptr(ch), 64);                                    \
     _tile_zero(C);                                                   \
     _tile_dpbssd(C, A, B);                                           \
   }
-#define G4_RETIRE(C, ch)                                             \
-  if ((ch) < nch) {                                                  \
-    _tile_stored(C, cbuf[C], 64);                                    \
-    consume(cbuf[C], ch);                                            \
-  }
+#define G4_STORE(C, ch) \
+  if ((ch) < nch) _tile_stored(C, cbuf[C], 64);
+#define G4_CONSUME(C, ch) \
+  if ((ch) >= 0 && (ch) < nch) consume(cbuf[C], ch);
+        // A stored product is read one step later, so its loads do not wait on the tile store.
         G4_ISSUE(0, 4, 6, 0)
         G4_ISSUE(1, 5, 7, 1)
         G4_ISSUE(2, 4, 6, 2)
         G4_ISSUE(3, 5, 7, 3)
-        for (int64_t c = 0; c < nch; c += 4) {
-          G4_RETIRE(0, c)
+        int64_t c = 0;
+        for (; c < nch; c += 4) {
+          G4_STORE(0, c)
           G4_ISSUE(0, 4, 6, c + 4)
-          G4_RETIRE(1, c + 1)
+          G4_CONSUME(3, c - 1)
+          G4_STORE(1, c + 1)
           G4_ISSUE(1, 5, 7, c + 5)
-          G4_RETIRE(2, c + 2)
+          G4_CONSUME(0, c)
+          G4_STORE(2, c + 2)
           G4_ISSUE(2, 4, 6, c + 6)
-          G4_RETIRE(3, c + 3)
+          G4_CONSUME(1, c + 1)
+          G4_STORE(3, c + 3)
           G4_ISSUE(3, 5, 7, c + 7)
+          G4_CONSUME(2, c + 2)
         }
+        G4_CONSUME(3, c - 1)
+#undef G4_STORE
+#undef G4_CONSUME
 #undef G4_ISSUE
-#undef G4_RETIRE
         // acc[n][m] -> y[m0 + m][r0 + n]: transpose in registers, masked row stores.
         transpose16(acc);
         const int64_t m0 = t * 16, nm = std::min<int64_t>(16, M - m0);

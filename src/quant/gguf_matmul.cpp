@@ -144,7 +144,7 @@ void gguf_matmul_fast(const float* x, int64_t M, const WeightView& w, float* y) 
     gguf_matmul_f32(x, M, w, y);
     return;
   }
-  if (M >= amx_min_rows() && amx_enabled()) {
+  if (M >= amx_min_rows(w.fmt) && amx_enabled()) {
     thread_local ActAmx a;
     quantize_act_amx(x, M, w.cols, gguf_block_size(w.fmt), &a);
     matmul_amx(w.fmt, w, a, M, y);

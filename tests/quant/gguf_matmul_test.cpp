@@ -135,14 +135,22 @@ TEST_P(GgufMatmul, Float32PathMatchesReferenceTightly) {
 // rounding (~0.3-0.8% for Gaussian activations) stays below 1e-2.
 TEST_P(GgufMatmul, FastPathWithinActivationQuantError) {
   ErrSum total;
-  // M >= 8 takes the AMX path where the CPU has it; run those sizes through the VNNI kernels too.
+  // Larger M takes the AMX path where the CPU has it (gguf::amx_min_rows); run those sizes
+  // through the VNNI kernels too, and tiny M through AMX.
   gguf::set_amx_enabled(false);
   for (Shape s : shapes(GetParam()))
-    for (int64_t M : {8, 17}) {
+    for (int64_t M : {5, 8, 17}) {
       SCOPED_TRACE(::testing::Message() << "no AMX rows=" << s.rows << " cols=" << s.cols << " M=" << M);
       run_case(GetParam(), s, M, true, &total);
     }
   gguf::set_amx_enabled(true);
+  gguf::set_amx_min_rows(1);
+  for (Shape s : shapes(GetParam()))
+    for (int64_t M : {1, 3}) {
+      SCOPED_TRACE(::testing::Message() << "AMX rows=" << s.rows << " cols=" << s.cols << " M=" << M);
+      run_case(GetParam(), s, M, true, &total);
+    }
+  gguf::set_amx_min_rows(0);
   for (Shape s : shapes(GetParam()))
     for (int64_t M : {1, 2, 3, 5, 17}) {
       SCOPED_TRACE(::testing::Message() << "rows=" << s.rows << " cols=" << s.cols << " M=" << M);
