@@ -95,6 +95,7 @@ int cmd_info(const std::vector<std::string>& argv) {
   uint64_t matrix_bytes = 0, vector_bytes = 0;
   std::string table;
   for (const ExpectedTensor& t : expected_tensors(c)) {
+    if (t.optional && !m.weights->has(t.name)) continue;
     if (!t.matrix) {
       auto v = m.weights->vector(t.name, t.rows);
       if (!v) return fail("info", v.message());
@@ -180,6 +181,9 @@ int cmd_info(const std::vector<std::string>& argv) {
               m.multimodal_config ? " (text_config)" : "", c.hidden, c.n_layers, c.n_heads, c.vocab, c.rms_eps);
   std::printf("head:    %s embeddings, final softcap %s\n", c.tie_embeddings ? "tied" : "untied",
               c.final_softcap > 0 ? std::to_string(int(c.final_softcap)).c_str() : "off");
+  std::printf("norms:   %s, qk_norm %s, v_norm %s, attention scale %g\n",
+              c.norm_style == NormStyle::Plain ? "x/rms*w" : "x/rms*(1+w)", c.qk_norm ? "yes" : "no",
+              c.v_norm ? "yes" : "no", c.query_scale);
   if (c.ple_width) std::printf("ple:     width %d, vocab %d\n", c.ple_width, c.ple_vocab);
   if (c.n_experts) std::printf("moe:     %d experts, top %d, width %d\n", c.n_experts, c.top_k_experts, c.moe_width);
   if (c.n_kv_shared) std::printf("kv:      last %d layers share KV (first shared layer %d)\n", c.n_kv_shared, c.first_kv_shared());

@@ -523,12 +523,17 @@ Result<LoadedConfig> load_config(const std::string& dir) {
 
 std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c) {
   std::vector<ExpectedTensor> v;
-  auto mat = [&](std::string n, int64_t r, int64_t cols) { v.push_back({std::move(n), true, 0, r, cols}); };
-  auto stk = [&](std::string n, int64_t e, int64_t r, int64_t cols) { v.push_back({std::move(n), true, e, r, cols}); };
-  auto vec = [&](std::string n, int64_t len) { v.push_back({std::move(n), false, 0, len, 0}); };
+  auto mat = [&](std::string n, int64_t r, int64_t cols) { v.push_back({std::move(n), true, 0, r, cols, false}); };
+  auto stk = [&](std::string n, int64_t e, int64_t r, int64_t cols) {
+    v.push_back({std::move(n), true, e, r, cols, false});
+  };
+  auto vec = [&](std::string n, int64_t len) { v.push_back({std::move(n), false, 0, len, 0, false}); };
   const int64_t d = c.hidden, P = c.ple_width, N = c.n_layers;
   mat("embed_tokens", c.vocab, d);
-  if (!c.tie_embeddings) mat("lm_head", c.vocab, d);
+  if (!c.tie_embeddings) {
+    mat("lm_head", c.vocab, d);
+    v.back().optional = true;
+  }
   if (P) {
     mat("embed_tokens_per_layer", c.ple_vocab, N * P);
     mat("per_layer_model_projection", N * P, d);
@@ -569,6 +574,7 @@ std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c) {
       vec(p + "post_per_layer_input_norm.weight", d);
     }
     vec(p + "layer_scalar", 1);
+    v.back().optional = true;
   }
   return v;
 }

@@ -62,12 +62,15 @@ std::optional<std::string> canonical_name(std::string_view stored);
 // Every tensor the text model reads, with the shape the config implies: `matrix` entries are
 // modules (matrix()/stacked_matrix(): count > 0 means stacked [count, rows, cols]); vector entries
 // are full tensor names with `rows` elements. Mirrors the module tree of mlx-lm gemma4_text.
+// `optional` entries may be absent (layer_scalar: Gemma 3 GGUF has none; lm_head of an untied
+// config: the loader falls back to embed_tokens).
 struct ExpectedTensor {
   std::string name;
   bool matrix = false;
   int64_t count = 0;
   int64_t rows = 0;
   int64_t cols = 0;
+  bool optional = false;
 };
 std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c);
 

@@ -69,6 +69,7 @@ Result<OpenedModel> open_model(const std::string& path) {
 
 Status verify_weights(const ModelConfig& c, const WeightSource& w) {
   for (const ExpectedTensor& t : expected_tensors(c)) {
+    if (t.optional && !w.has(t.name)) continue;
     if (!t.matrix) {
       G4_TRY(w.vector(t.name, t.rows));
     } else if (t.count == 0) {
