@@ -88,6 +88,62 @@ TEST(GgufBench, DISABLED_SmallM) {
   }
 }
 
+// The matrix products of one gemma-3-270m-q4_k_m token (tensor types as in the starter GGUF:
+// 18 layers of q/k/gate/up Q5_0, v Q8_0 or Q5_0, o Q4_K, down Q6_K or Q4_K; tied Q8_0 lm head),
+// each layer with its own weights so that nothing is served from a warm L2.
+TEST(GgufBench, DISABLED_StarterModelToken) {
+  struct Mat {
+    std::vector<uint8_t> data;
+    WeightView w;
+  };
+  auto make = [](WFormat f, int64_t rows, int64_t cols) {
+    Mat m{fill(f, rows, cols), {}};
+    m.w = WeightView{f, rows, cols, m.data.data(), gguf_row_bytes(f, cols)};
+    return m;
+  };
+  std::vector<Mat> layers;
+  double layer_bytes = 0;
+  for (int l = 0; l < 18; ++l) {
+    layers.push_back(make(WFormat::GgufQ5_0, 1024, 640));                                  // q
+    layers.push_back(make(WFormat::GgufQ5_0, 256, 640));                                   // k
+    layers.push_back(make(l % 2 ? WFormat::GgufQ8_0 : WFormat::GgufQ5_0, 256, 640));      // v
+    layers.push_back(make(WFormat::GgufQ4_K, 640, 1024));                                  // o
+    layers.push_back(make(WFormat::GgufQ5_0, 2048, 640));                                  // gate
+    layers.push_back(make(WFormat::GgufQ5_0, 2048, 640));                                  // up
+    layers.push_back(make(l % 2 ? WFormat::GgufQ6_K : WFormat::GgufQ4_K, 640, 2048));     // down
+  }
+  for (auto& m : layers) layer_bytes += double(m.w.row_bytes) * double(m.w.rows);
+  Mat head = make(WFormat::GgufQ8_0, 262144, 640);
+  const double head_bytes = double(head.w.row_bytes) * double(head.w.rows);
+  std::vector<float> x(size_t(64 * 2048), 0.25f), y(size_t(262144));
+  std::vector<float> y64(size_t(64 * 2048));
+  auto run_layers = [&](int64_t M, float* out) {
+    for (auto& m : layers) gguf_matmul_fast(x.data(), M, m.w, out);
+  };
+  auto timed = [&](auto&& f, double min_s) {
+    static const bool cpu = std::getenv("G4_BENCH_CPU") != nullptr;
+    f();
+    int it = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = cpu_now();
+    double el = 0;
+    do {
+      f();
+      ++it;
+      el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } while (el < min_s);
+    return cpu ? (cpu_now() - c0) / num_threads() / it : el / it;
+  };
+  const double t_layers = timed([&] { run_layers(1, y.data()); }, 1.0);
+  const double t_head = timed([&] { gguf_matmul_fast(x.data(), 1, head.w, y.data()); }, 1.0);
+  const double t_pre = timed([&] { run_layers(64, y64.data()); }, 1.0);
+  std::printf("threads=%d decode M=1: layers %.2f ms (%.1f GB/s, %.1f MB), lm head %.2f ms (%.1f GB/s), "
+              "%.1f tokens/s (matmuls only)\n", num_threads(), t_layers * 1e3, layer_bytes / t_layers / 1e9,
+              layer_bytes / 1e6, t_head * 1e3, head_bytes / t_head / 1e9, 1.0 / (t_layers + t_head));
+  std::printf("prefill M=64: layers %.2f ms -> %.0f tokens/s (matmuls only, lm head for the last token not counted)\n",
+              t_pre * 1e3, 64.0 / t_pre);
+}
+
 TEST(GgufBench, DISABLED_Throughput) {
   const Bench cases[] = {
       {WFormat::GgufQ4_K, 640, 2048},    {WFormat::GgufQ6_K, 640, 2048},
