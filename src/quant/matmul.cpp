@@ -144,6 +144,8 @@ void matmul_fast(const float* x, int64_t M, const WeightView& w, float* y) {
       return;
     }
     detail::matmul_avx512(x, M, w, y);
+  } else if (detail::cpu_has_avx2()) {
+    detail::matmul_avx2(x, M, w, y);
   } else {
     detail::matmul_portable(x, M, w, y);
   }
@@ -158,6 +160,15 @@ bool cpu_has_avx512() {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
            __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  }();
+  return ok;
+}
+
+bool cpu_has_avx2() {
+  static const bool ok = [] {
+    if (const char* e = std::getenv("G4_NO_AVX2"); e && std::strcmp(e, "0") != 0) return false;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   }();
   return ok;
 }

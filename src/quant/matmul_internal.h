@@ -19,6 +19,13 @@ inline int64_t groups_per_row(const WeightView& w) { return w.cols / w.group_siz
 // environment variable G4_NO_AVX512 is unset or "0".
 bool cpu_has_avx512();
 
+// True when this CPU can run the *_avx2.cpp kernels (AVX2, FMA, F16C), and G4_NO_AVX2 is unset
+// or "0".
+bool cpu_has_avx2();
+// AVX2 path for CPUs without AVX-512 (matmul_avx2.cpp): direct kernels on the packed rows for
+// every M, 8 values per step, per-group scale·Σ(x·q) + bias·Σx.
+void matmul_avx2(const float* x, int64_t M, const WeightView& w, float* y);
+
 // Portable (no ISA flags) path: dequantizes NB rows at a time into a per-thread buffer with
 // dequant_row, then f32 dot products with 8 partial sums; threads over rows.
 void matmul_portable(const float* x, int64_t M, const WeightView& w, float* y);

@@ -74,6 +74,8 @@ TEST(MlxAffine, FastPathsMatchReference) {
           expect_close_to_ref(detail::matmul_portable, o.view, M, uint32_t(M), 2e-6, what + " portable");
           if (detail::cpu_has_avx512())
             expect_close_to_ref(detail::matmul_avx512, o.view, M, uint32_t(M), 2e-6, what + " avx512");
+          if (detail::cpu_has_avx2())
+            expect_close_to_ref(detail::matmul_avx2, o.view, M, uint32_t(M), 2e-6, what + " avx2");
           if (detail::amx_supports(o.view, M) && detail::amx_available())
             expect_close_to_ref(detail::matmul_amx, o.view, M, uint32_t(M), 2e-6, what + " amx");
         }
@@ -100,6 +102,8 @@ TEST(FloatFormats, FastPathsMatchReference) {
           expect_close_to_ref(detail::matmul_portable, o.view, M, uint32_t(M), 2e-6, what + " portable");
           if (detail::cpu_has_avx512())
             expect_close_to_ref(detail::matmul_avx512, o.view, M, uint32_t(M), 2e-6, what + " avx512");
+          if (detail::cpu_has_avx2())
+            expect_close_to_ref(detail::matmul_avx2, o.view, M, uint32_t(M), 2e-6, what + " avx2");
           if (detail::amx_supports(o.view, M) && detail::amx_available())
             expect_close_to_ref(detail::matmul_amx, o.view, M, uint32_t(M), 2e-6, what + " amx");
         }
