@@ -141,6 +141,23 @@ std::string py_upper(const std::string& s) {
   for (uint32_t c : code_points(s)) put_upper(o, c);
   return o;
 }
+// str.islower()/isupper(): at least one cased character and none of the opposite case.
+bool py_islower(const std::string& s) {
+  bool cased = false;
+  for (uint32_t c : code_points(s)) {
+    if (cp_lower(c) != c) return false;
+    cased |= cp_upper(c) != c || c == 0xdf;
+  }
+  return cased;
+}
+bool py_isupper(const std::string& s) {
+  bool cased = false;
+  for (uint32_t c : code_points(s)) {
+    if (cp_upper(c) != c || c == 0xdf) return false;
+    cased |= cp_lower(c) != c;
+  }
+  return cased;
+}
 bool is_alpha_ascii(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 // str.title(): a cased character after an uncased one is uppercased, other cased ones lowercased.
 std::string py_title(const std::string& s) {
@@ -393,10 +410,8 @@ Value str_method(const std::string& s, const std::string& name) {
   if (name == "isalpha") return pred([](char c) { return is_alpha_ascii(c); });
   if (name == "isalnum") return pred([](char c) { return is_alpha_ascii(c) || (c >= '0' && c <= '9'); });
   if (name == "isspace") return pred([](char c) { return c == ' ' || (c >= 9 && c <= 13); });
-  if (name == "islower")
-    return bound([s](CallArgs&) { return Value::boolean(py_lower(s) == s && py_upper(s) != s); });
-  if (name == "isupper")
-    return bound([s](CallArgs&) { return Value::boolean(py_upper(s) == s && py_lower(s) != s); });
+  if (name == "islower") return bound([s](CallArgs&) { return Value::boolean(py_islower(s)); });
+  if (name == "isupper") return bound([s](CallArgs&) { return Value::boolean(py_isupper(s)); });
   if (name == "format") fail("str.format is not supported");
   return Value::undefined("'str object' has no attribute '" + name + "'");
 }
@@ -684,6 +699,7 @@ Value slice(const Value& obj, const Value& start, const Value& stop, const Value
   } else if (obj.is_string()) {
     items = iterate(obj);
   } else {
+    // jinja2 compiles slices to plain Python subscription (no sandbox getitem), so this raises.
     fail("'" + type_name(obj) + "' object is not subscriptable");
   }
   auto opt = [](const Value& v, const char* w) -> std::optional<int64_t> {
@@ -819,8 +835,8 @@ bool apply_test(const std::string& name, const Value& v, CallArgs& a) {
   if (name == "sequence") return t == Type::String || t == Type::List || t == Type::Dict;
   if (name == "iterable") return t == Type::String || t == Type::List || t == Type::Dict || t == Type::Undefined;
   if (name == "callable") return t == Type::Func;
-  if (name == "lower") return t == Type::String && py_lower(v.s) == v.s;
-  if (name == "upper") return t == Type::String && py_upper(v.s) == v.s;
+  if (name == "lower") return py_islower(to_str(v));
+  if (name == "upper") return py_isupper(to_str(v));
   if (name == "odd" || name == "even") {
     if (!v.is_integral()) fail("test '" + name + "' expects an integer");
     int64_t m = ((v.as_int() % 2) + 2) % 2;
@@ -1005,6 +1021,7 @@ Value apply_filter(const std::string& name, const Value& v, CallArgs& a) {
   if (name == "escape" || name == "e" || name == "forceescape") return Value::string(html_escape(to_str(v)));
   if (name == "int") {
     Value def = a.get(0, "default", Value::integer(0));
+    if (v.is_undefined()) undefined_error(v);
     if (v.is_integral()) return Value::integer(v.as_int());
     if (v.type == Type::Float) return Value::integer(int64_t(std::trunc(v.f)));
     if (v.is_string()) {
@@ -1017,6 +1034,7 @@ Value apply_filter(const std::string& name, const Value& v, CallArgs& a) {
   }
   if (name == "float") {
     Value def = a.get(0, "default", Value::number(0.0));
+    if (v.is_undefined()) undefined_error(v);
     if (v.is_number()) return Value::number(v.as_double());
     double d;
     if (v.is_string() && parse_float_str(v.s, d)) return Value::number(d);
@@ -1066,7 +1084,11 @@ Value apply_filter(const std::string& name, const Value& v, CallArgs& a) {
     std::string ind = w.is_string() ? w.s : std::string(size_t(std::max<int64_t>(0, to_int_arg(w, "indent"))), ' ');
     bool first = truthy(a.get(1, "first", Value::boolean(false)));
     bool blank = truthy(a.get(2, "blank", Value::boolean(false)));
-    std::string s = to_str(v) + "\n";
+    if (!v.is_string()) {
+      if (v.is_undefined()) undefined_error(v);
+      fail("unsupported operand type(s) for +=: '" + type_name(v) + "' and 'str'");
+    }
+    std::string s = v.s + "\n";
     CallArgs none;
     Value lines_v = str_method(s, "splitlines");
     std::vector<Value> lines = *(*lines_v.fn)(none).list;
