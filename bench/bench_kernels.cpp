@@ -112,7 +112,7 @@ void run_matmul(benchmark::State& st, WFormat f, int bits, int64_t rows, int64_t
 
 #define G4_MATMUL_BENCH(name, fmt, bits, rows, cols)                                  \
   void name(benchmark::State& st) { run_matmul(st, fmt, bits, rows, cols); }        \
-  BENCHMARK(name)->Arg(1)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime()
+  BENCHMARK(name)->Arg(1)->Arg(8)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime()
 
 G4_MATMUL_BENCH(Mlx4_2048x2048, WFormat::MlxAffine, 4, 2048, 2048);
 G4_MATMUL_BENCH(Mlx8_2048x2048, WFormat::MlxAffine, 8, 2048, 2048);
