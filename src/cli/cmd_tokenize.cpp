@@ -6,12 +6,13 @@
 // tokenize prints one JSON id list. --special: special-token text ("<bos>") becomes its id;
 // --bos: prepend BOS. --file F encodes the raw bytes of F. --jsonl F (or -) reads one JSON string
 // per line and prints one JSON id list per line. --stats prints {"bytes","tokens","seconds"} of
-// the encode calls alone on stderr (for bench/bench_tokenizer.py).
+// the encode calls alone (wall and thread CPU time) on stderr (for bench/bench_tokenizer.py).
 // detokenize takes a JSON id list ("[2,105]" or "2,105") and prints the text raw, or as a JSON
 // string with --json. --jsonl F reads one JSON id list per line and prints one JSON string per
 // line; with --stream each output line is instead the JSON list of pieces the streaming
 // Detokenizer produced (the last one from finish()).
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -131,11 +132,18 @@ int cmd_tokenize(const std::vector<std::string>& argv) {
   auto tok = load_tokenizer(a.get("--model"));
   if (!tok) return fail_verb("tokenize", tok.message());
   const bool special = a.has("--special"), bos = a.has("--bos");
-  double secs = 0;
+  double secs = 0, cpu = 0;
   size_t nbytes = 0, ntok = 0;
+  auto thread_cpu = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+  };
   auto enc = [&](std::string_view s) {
     auto t0 = std::chrono::steady_clock::now();
+    double c0 = thread_cpu();
     auto ids = tok->encode(s, special, bos);
+    cpu += thread_cpu() - c0;
     secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     nbytes += s.size();
     ntok += ids.size();
@@ -164,7 +172,8 @@ int cmd_tokenize(const std::vector<std::string>& argv) {
   }
   std::fwrite(out.data(), 1, out.size(), stdout);
   if (a.has("--stats"))
-    std::fprintf(stderr, "{\"bytes\": %zu, \"tokens\": %zu, \"seconds\": %.6f}\n", nbytes, ntok, secs);
+    std::fprintf(stderr, "{\"bytes\": %zu, \"tokens\": %zu, \"seconds\": %.6f, \"cpu_seconds\": %.6f}\n", nbytes,
+                 ntok, secs, cpu);
   return 0;
 }
 

@@ -7,7 +7,9 @@
 // Byte-fallback tokens ("<0xE2>") are held back until their run ends (the next non-byte token or
 // finish()), because the decoder renders a whole run either as its UTF-8 text or, if any part is
 // ill-formed, as one U+FFFD per byte; text of other tokens is emitted immediately.
-// This mirrors mlx-lm's SPMStreamingDetokenizer(trim_space=False) output for Gemma's decoder.
+// Compared with mlx-lm's SPMStreamingDetokenizer(trim_space=False): same text for well-formed
+// output, but mlx-lm emits a completed character before its byte run ends, and renders ill-formed
+// bytes with Python's "replace" (one U+FFFD per maximal ill-formed subsequence, not per byte).
 #pragma once
 #include <string>
 

@@ -26,17 +26,20 @@ class StrIndex {
   // Id whose string equals `s`, or -1.
   int find(std::string_view s) const {
     if (slots_.empty()) return -1;
-    size_t m = slots_.size() - 1, h = hash_bytes(s) & m;
-    for (;; h = (h + 1) & m) {
-      int id = slots_[h];
-      if (id < 0) return -1;
-      if ((*strings_)[id] == s) return id;
+    const uint64_t h = hash_bytes(s);
+    const uint32_t tag = uint32_t(h >> 32);
+    size_t m = slots_.size() - 1, i = h & m;
+    for (;; i = (i + 1) & m) {
+      const Slot& e = slots_[i];
+      if (e.id < 0) return -1;
+      if (e.tag == tag && (*strings_)[e.id] == s) return e.id;  // the tag avoids most string loads
     }
   }
 
  private:
+  struct Slot { int32_t id; uint32_t tag; };
   const std::vector<std::string>* strings_ = nullptr;
-  std::vector<int32_t> slots_;
+  std::vector<Slot> slots_;
 };
 
 // (left id, right id) -> (rank, merged id): BPE merge ranks (tokenizers `MergeMap`).

@@ -26,19 +26,16 @@ void StrIndex::build(const std::vector<std::string>& strings) {
   strings_ = &strings;
   size_t cap = 16;
   while (cap < strings.size() * 2) cap <<= 1;
-  slots_.assign(cap, -1);
+  slots_.assign(cap, Slot{-1, 0});
   size_t m = cap - 1;
   for (size_t id = 0; id < strings.size(); ++id) {
     if (strings[id].empty()) continue;  // holes in the id space are not findable
-    size_t h = hash_bytes(strings[id]) & m;
-    for (;; h = (h + 1) & m) {
-      int cur = slots_[h];
-      if (cur < 0) {
-        slots_[h] = int32_t(id);
-        break;
-      }
-      if (strings[cur] == strings[id]) {  // duplicate string: keep the later id
-        slots_[h] = int32_t(id);
+    const uint64_t h = hash_bytes(strings[id]);
+    const uint32_t tag = uint32_t(h >> 32);
+    for (size_t i = h & m;; i = (i + 1) & m) {
+      Slot& e = slots_[i];
+      if (e.id < 0 || (e.tag == tag && strings[e.id] == strings[id])) {  // duplicates: keep the later id
+        e = Slot{int32_t(id), tag};
         break;
       }
     }
