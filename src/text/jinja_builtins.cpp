@@ -506,6 +506,7 @@ Value select_impl(const Value& v, CallArgs& a, bool attr_mode, bool want) {
   CallArgs targs = shift_args(a, off + 1);
   targs.kw.clear();
   List out;
+  if (!truthy(v)) return Value::make_list();  // jinja2 select_or_reject: `if value:` guard
   for (auto& item : iterate(v)) {
     Value x = attr_mode ? attr_path(item, attr) : item;
     bool ok = has_test ? apply_test(test, x, targs) : truthy(x);
@@ -615,7 +616,9 @@ bool contains(const Value& c, const Value& item) {
       for (auto& x : *c.list)
         if (equals(x, item)) return true;
       return false;
-    case Type::Dict: return item.is_string() && c.dict->find(item.s) != nullptr;
+    case Type::Dict:
+      if (item.is_list() || item.is_dict() || item.type == Type::Namespace) fail("unhashable type: '" + type_name(item) + "'");
+      return item.is_string() && c.dict->find(item.s) != nullptr;
     case Type::Undefined: return false;
     default: fail("argument of type '" + type_name(c) + "' is not iterable");
   }
@@ -735,7 +738,9 @@ Value slice(const Value& obj, const Value& start, const Value& stop, const Value
     for (auto& c : out) s += c.s;
     return Value::string(s);
   }
-  return Value::make_list(std::move(out));
+  Value r = Value::make_list(std::move(out));
+  r.tuple = obj.tuple;
+  return r;
 }
 
 Value arith(const std::string& op, const Value& a, const Value& b) {
@@ -831,8 +836,8 @@ bool apply_test(const std::string& name, const Value& v, CallArgs& a) {
   if (name == "number") return t == Type::Int || t == Type::Float || t == Type::Bool;
   if (name == "string") return t == Type::String;
   if (name == "mapping") return t == Type::Dict;
-  // Python: sequence = has __len__ and __getitem__ (str, list, dict); iterable adds Undefined.
-  if (name == "sequence") return t == Type::String || t == Type::List || t == Type::Dict;
+  // Python: sequence = has __len__ and __getitem__: str, list, dict and jinja2's Undefined.
+  if (name == "sequence") return t == Type::String || t == Type::List || t == Type::Dict || t == Type::Undefined;
   if (name == "iterable") return t == Type::String || t == Type::List || t == Type::Dict || t == Type::Undefined;
   if (name == "callable") return t == Type::Func;
   if (name == "lower") return py_islower(to_str(v));
@@ -843,9 +848,8 @@ bool apply_test(const std::string& name, const Value& v, CallArgs& a) {
     return name == "odd" ? m == 1 : m == 0;
   }
   if (name == "divisibleby") {
-    Value d = a.get(0, "num");
-    if (!v.is_integral() || !d.is_integral() || d.as_int() == 0) fail("test 'divisibleby' expects integers");
-    return v.as_int() % d.as_int() == 0;
+    // value % num == 0 with Python numbers (floats allowed, zero raises).
+    return equals(arith("%", v, a.get(0, "num")), Value::integer(0));
   }
   Value o = a.get(0, "other");
   if (name == "eq" || name == "equalto" || name == "==") return equals(v, o);
@@ -972,6 +976,7 @@ Value apply_filter(const std::string& name, const Value& v, CallArgs& a) {
   }
   if (name == "map") {
     List out;
+    if (!truthy(v)) return Value::make_list();  // jinja2 sync_do_map: `if value:` guard
     Value attr = a.get(99, "attribute");
     if (!attr.is_undefined()) {
       Value def = a.get(99, "default");

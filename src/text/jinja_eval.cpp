@@ -192,8 +192,9 @@ struct Interp {
         return Flow::Normal;
       }
       case SK::SetBlock: {
+        // The body renders in its own frame: assignments inside it do not leak (jinja2).
         std::string captured;
-        check_flow(exec(s.bodies[0], sc, captured), s.line);
+        check_flow(exec(s.bodies[0], std::make_shared<Scope>(sc), captured), s.line);
         Value v = Value::string(captured);
         if (s.filter) v = with_block_input(v, *s.filter, sc);
         sc->set(s.targets[0], v);
@@ -201,14 +202,17 @@ struct Interp {
       }
       case SK::FilterBlock: {
         std::string captured;
-        check_flow(exec(s.bodies[0], sc, captured), s.line);
+        check_flow(exec(s.bodies[0], std::make_shared<Scope>(sc), captured), s.line);
         out += to_str(with_block_input(Value::string(captured), *s.expr, sc));
         return Flow::Normal;
       }
       case SK::Macro: sc->set(s.text, make_macro(s, sc)); return Flow::Normal;
       case SK::Break: return Flow::Break;
       case SK::Continue: return Flow::Continue;
-      case SK::Scope: return exec(s.bodies[0], sc, out);
+      case SK::Scope:
+        // {% generation %} compiles to a call block: its own frame, no break/continue through it.
+        check_flow(exec(s.bodies[0], std::make_shared<Scope>(sc), out), s.line);
+        return Flow::Normal;
       case SK::With: {
         // jinja2 evaluates all values in the outer scope, then binds them in the inner one.
         std::vector<Value> vals;
