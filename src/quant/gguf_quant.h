@@ -37,7 +37,8 @@ void gguf_matmul_f32(const float* x, int64_t M, const WeightView& w, float* y);
 // Fast path (what the CPU backend calls): quantizes each row of x once per call to int8
 // (d = amax/127 per 256 values for K-quants, per 32 otherwise, f32 scales; as ggml's Q8_K / Q8_0)
 // and takes exact integer dot products per block, scaled in f32:
-//   M >= 8 with AMX-INT8 (Sapphire Rapids+): 16 weight rows decoded to int8 once, 16x16 tiles
+//   M >= 4..10 (gguf::amx_min_rows per format) with AMX-INT8 (Sapphire Rapids+): 16 weight rows
+//          decoded to int8 once, 16x16 tiles
 //          (gguf_amx_avx512.cpp);
 //   else with AVX-512 VNNI: per-block vpmaddubsw/vpdpwssd/vpdpbusd kernels, each unpacked weight
 //          block reused for 4 x rows (2 weight rows per pass at M = 1) (gguf_kernels_avx512.cpp);
