@@ -81,38 +81,39 @@ struct XPrep {
 void prepare_x(const float* x, int64_t M, int64_t cols, int group, XPrep& xp) {
   xp.nmb = (M + 15) / 16;
   xp.nks = cols / 32;
-  xp.tiles.assign(size_t(kParts * xp.nmb * xp.nks) * 256, 0u);
-  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  for (int64_t m = 0; m < M; ++m) {
-    const int64_t mb = m / 16, mi = m % 16;
-    for (int64_t ks = 0; ks < xp.nks; ++ks) {
-      __m512i a[3], b[3];
-      split3(_mm512_loadu_ps(x + m * cols + ks * 32), a);
-      split3(_mm512_loadu_ps(x + m * cols + ks * 32 + 16), b);
-      // Pair j = (element 2j, element 2j+1): the low bf16 is the even element.
-      const __m512i even_idx = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-      const __m512i odd_idx = _mm512_add_epi32(even_idx, _mm512_set1_epi32(1));
-      for (int p = 0; p < kParts; ++p) {
-        const __m512i ev = _mm512_permutex2var_epi32(a[p], even_idx, b[p]);
-        const __m512i od = _mm512_permutex2var_epi32(a[p], odd_idx, b[p]);
-        const __m512i pair = _mm512_or_si512(ev, _mm512_slli_epi32(od, 16));
-        uint32_t* t = const_cast<uint32_t*>(xp.tile(p, mb, ks));
-        // Row k2 = j, column m: t[j*16 + mi].
-        _mm512_i32scatter_epi32(t + mi, _mm512_slli_epi32(lane, 4), pair, 4);
+  const int64_t mpad = xp.nmb * 16, ng = group > 0 ? cols / group : 0;
+  xp.tiles.resize(size_t(kParts * xp.nmb * xp.nks) * 256);  // every entry written below
+  xp.xsum.resize(size_t(ng * mpad));
+  // x rows are independent: threads over rows (padding rows M..mpad are written as zeros).
+  parallel_for(mpad, [&](int64_t m0, int64_t m1) {
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i even_idx = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd_idx = _mm512_add_epi32(even_idx, _mm512_set1_epi32(1));
+    for (int64_t m = m0; m < m1; ++m) {
+      const int64_t mb = m / 16, mi = m % 16;
+      const bool pad = m >= M;
+      for (int64_t ks = 0; ks < xp.nks; ++ks) {
+        __m512i a[3], b[3];
+        split3(pad ? _mm512_setzero_ps() : _mm512_loadu_ps(x + m * cols + ks * 32), a);
+        split3(pad ? _mm512_setzero_ps() : _mm512_loadu_ps(x + m * cols + ks * 32 + 16), b);
+        for (int p = 0; p < kParts; ++p) {
+          // Pair j = (element 2j, element 2j+1): the low bf16 is the even element.
+          const __m512i ev = _mm512_permutex2var_epi32(a[p], even_idx, b[p]);
+          const __m512i od = _mm512_permutex2var_epi32(a[p], odd_idx, b[p]);
+          const __m512i pair = _mm512_or_si512(ev, _mm512_slli_epi32(od, 16));
+          uint32_t* t = const_cast<uint32_t*>(xp.tile(p, mb, ks));
+          // Row k2 = j, column m: t[j*16 + mi].
+          _mm512_i32scatter_epi32(t + mi, _mm512_slli_epi32(lane, 4), pair, 4);
+        }
       }
-    }
-  }
-  if (group > 0) {
-    const int64_t ng = cols / group;
-    xp.xsum.assign(size_t(ng * xp.nmb * 16), 0.f);
-    for (int64_t m = 0; m < M; ++m)
       for (int64_t g = 0; g < ng; ++g) {
         __m512 s = _mm512_setzero_ps();
-        for (int64_t c = g * group; c < (g + 1) * group; c += 16)
-          s = _mm512_add_ps(s, _mm512_loadu_ps(x + m * cols + c));
-        xp.xsum[size_t(g * xp.nmb * 16 + m)] = _mm512_reduce_add_ps(s);
+        if (!pad)
+          for (int64_t c = g * group; c < (g + 1) * group; c += 16) s = _mm512_add_ps(s, _mm512_loadu_ps(x + m * cols + c));
+        xp.xsum[size_t(g * mpad + m)] = _mm512_reduce_add_ps(s);
       }
-  }
+    }
+  }, 16);
 }
 
 // q values of rows [r0, r0+nr) as bf16, zero rows up to kNB: buf[kNB][cols].
