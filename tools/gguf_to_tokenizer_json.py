@@ -63,15 +63,14 @@ def _tokenizer_class(gguf_path):
     """The class AutoTokenizer would pick. AutoTokenizer itself needs the model config, which for
     architectures outside GGUF_CONFIG_ARCHS (gemma3) transformers only rebuilds through torch; the
     tokenizer class of every Gemma config is GemmaTokenizer, so pick it from the architecture."""
+    import gguf
     import transformers
 
-    arch, _ = _metadata_with_gguf(gguf_path)
-    arch = arch["general.architecture"]
-    if arch.startswith("gemma"):
+    field = gguf.GGUFReader(gguf_path, "r").fields.get("general.architecture")
+    architecture = field.contents() if field is not None else ""
+    if architecture.startswith("gemma"):
         return transformers.GemmaTokenizer
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer
+    return transformers.AutoTokenizer
 
 
 def starter_gguf():
