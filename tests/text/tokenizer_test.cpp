@@ -130,7 +130,9 @@ TEST(Tokenizer, RandomBytesNeverBreakEncodeOrDecode) {
       std::string back = t.decode(ids);
       ASSERT_TRUE(utf8::is_valid(back));
       // Well-formed text without a literal "▁" round-trips exactly.
-      if (utf8::is_valid(s) && s.find("\xE2\x96\x81") == std::string::npos) ASSERT_EQ(back, s) << trial;
+      if (utf8::is_valid(s) && s.find("\xE2\x96\x81") == std::string::npos) {
+        ASSERT_EQ(back, s) << trial;
+      }
       auto sids = spm.encode(s, special);
       for (int id : sids) ASSERT_TRUE(id >= 0 && id < spm.vocab_size());
       ASSERT_TRUE(utf8::is_valid(spm.decode(sids)));
