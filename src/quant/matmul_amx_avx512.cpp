@@ -291,21 +291,29 @@ bool amx_supports(const WeightView& w, int64_t M) {
   return w.fmt == WFormat::BF16 || (w.fmt == WFormat::MlxAffine && w.row_bytes % 4 == 0);
 }
 
+// x rows per pass: bounds the prepared x (3 bf16 parts: 6 bytes per element) for long prompts;
+// each further pass re-reads the weights once.
+constexpr int64_t kMChunk = 256;
+
 void matmul_amx(const float* x, int64_t M, const WeightView& w, float* y) {
   thread_local XPrep caller_xp;  // the caller's; workers read it through this reference
   XPrep& xp = caller_xp;
-  prepare_x(x, M, w.cols, w.fmt == WFormat::MlxAffine ? w.group_size : 0, xp);
   const int64_t nblocks = (w.rows + kNB - 1) / kNB;
-  parallel_for(nblocks, [&](int64_t b0, int64_t b1) {
-    thread_local std::vector<uint16_t> abuf;
-    thread_local std::vector<float> acc, cbuf;
-    if (abuf.size() < size_t(kNB * a_stride(w.cols))) abuf.resize(size_t(kNB * a_stride(w.cols)));
-    acc.resize(size_t(kNB * kMB));
-    cbuf.resize(4 * 256);
-    load_tile_config();
-    for (int64_t b = b0; b < b1; ++b) amx_block(w, b * kNB, xp, M, y, abuf.data(), acc.data(), cbuf.data());
-    _tile_release();
-  }, 1);
+  for (int64_t m0 = 0; m0 < M; m0 += kMChunk) {
+    const int64_t mc = std::min(kMChunk, M - m0);
+    prepare_x(x + m0 * w.cols, mc, w.cols, w.fmt == WFormat::MlxAffine ? w.group_size : 0, xp);
+    float* yc = y + m0 * w.rows;
+    parallel_for(nblocks, [&](int64_t b0, int64_t b1) {
+      thread_local std::vector<uint16_t> abuf;
+      thread_local std::vector<float> acc, cbuf;
+      if (abuf.size() < size_t(kNB * a_stride(w.cols))) abuf.resize(size_t(kNB * a_stride(w.cols)));
+      acc.resize(size_t(kNB * kMB));
+      cbuf.resize(4 * 256);
+      load_tile_config();
+      for (int64_t b = b0; b < b1; ++b) amx_block(w, b * kNB, xp, mc, yc, abuf.data(), acc.data(), cbuf.data());
+      _tile_release();
+    }, 1);
+  }
 }
 
 }  // namespace g4::detail

@@ -118,6 +118,9 @@ TEST(Amx, AvailableOnThisMachineWhenCpuHasIt) {
   // Values that need all three bf16 parts of x, and long rows across many groups.
   OwnedWeight o = test::random_mlx(70, 512, 4, 64, DType::BF16, 3);
   for (int64_t M : {8, 16, 33, 64}) expect_close_to_ref(detail::matmul_amx, o.view, M, 77u, 2e-6, "amx 4-bit");
+  // More x rows than one AMX pass (256), with a partial last pass.
+  OwnedWeight big = test::random_mlx(33, 64, 8, 32, DType::F16, 5);
+  expect_close_to_ref(detail::matmul_amx, big.view, 300, 79u, 2e-6, "amx multi-pass");
   OwnedWeight f = test::random_float(45, 96, WFormat::BF16, 4);
   for (int64_t M : {16, 40}) expect_close_to_ref(detail::matmul_amx, f.view, M, 78u, 2e-6, "amx bf16");
 }
