@@ -28,8 +28,11 @@ void dequant_row_native(const WeightView& w, int64_t r, float* out);
 
 // Scalar reference: dequant_row per row, dot products accumulated in double.
 void matmul_ref(const float* x, int64_t M, const WeightView& w, float* y);
-// Threads (core/thread_pool.h) + SIMD (AVX-512 when the CPU has it), on the packed data; for
-// float formats within ~1e-6 relative of matmul_ref (only summation order differs).
+// Threads (core/thread_pool.h) + SIMD on the packed data, never dequantizing a whole matrix.
+// Picks, by runtime CPU check: AMX-BF16 for M >= 8 (MlxAffine/BF16, x split into 3 exact bf16
+// parts), else AVX-512, else AVX2+FMA, else portable C++; GGUF formats go to gguf_matmul_fast.
+// Non-GGUF results differ from matmul_ref only by f32 summation order (tests: |Δ| <= 2e-6·Σ|x·w|).
+// G4_NO_AMX / G4_NO_AVX512 / G4_NO_AVX2 = 1 turn a path off (for comparisons).
 void matmul_fast(const float* x, int64_t M, const WeightView& w, float* y);
 
 }  // namespace g4
