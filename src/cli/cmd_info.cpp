@@ -1,10 +1,11 @@
-// gemma4 info --model PATH [--context N] [--json]
+// gemma4 info --model PATH [--context N] [--json] [--config-only]
 // Prints the resolved architecture per layer (kind, head_dim, KV heads, window, KV source, MLP
 // width, MoE, RoPE), the storage format of every module (format, bits, group), weight bytes, and
 // the KV-cache bytes for a context of N tokens (default: max_position_embeddings): layers that own
 // a cache hold K and V of n_kv_heads * head_dim per token, sliding layers at most `window` tokens
 // (mlx-lm RotatingKVCache), KV-shared layers none. Every weight is resolved (shapes and dtypes
-// checked), so `info` also validates a checkpoint.
+// checked), so `info` also validates a checkpoint; --config-only skips the weights (a directory
+// with just config.json, and generation_config.json, is enough).
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -72,11 +73,25 @@ uint64_t kv_elements(const ModelConfig& c, int64_t context) {
 }
 
 int cmd_info(const std::vector<std::string>& argv) {
-  Args a = parse_args(argv, {"--json"});
+  Args a = parse_args(argv, {"--json", "--config-only"});
   std::string path = a.get("--model");
   if (path.empty()) path = default_model_path();
   if (path.empty()) return fail("info", no_model_message());
-  auto om = open_model(path);
+  const bool config_only = a.has("--config-only");
+  Result<OpenedModel> om = Error{""};
+  if (config_only) {
+    auto lc = load_config(path);
+    if (!lc) return fail("info", lc.message());
+    OpenedModel cm;
+    cm.config = std::move(lc->model);
+    cm.quant = std::move(lc->quant);
+    cm.multimodal_config = lc->multimodal;
+    cm.path = path;
+    cm.format = "config";
+    om = std::move(cm);
+  } else {
+    om = open_model(path);
+  }
   if (!om) return fail("info", om.message());
   const OpenedModel& m = om.value();
   const ModelConfig& c = m.config;
@@ -94,7 +109,7 @@ int cmd_info(const std::vector<std::string>& argv) {
   nlohmann::ordered_json jmods = nlohmann::ordered_json::array();
   uint64_t matrix_bytes = 0, vector_bytes = 0;
   std::string table;
-  for (const ExpectedTensor& t : expected_tensors(c)) {
+  for (const ExpectedTensor& t : config_only ? std::vector<ExpectedTensor>{} : expected_tensors(c)) {
     if (t.optional && !m.weights->has(t.name)) continue;
     if (!t.matrix) {
       auto v = m.weights->vector(t.name, t.rows);
@@ -140,7 +155,7 @@ int cmd_info(const std::vector<std::string>& argv) {
     nlohmann::ordered_json j;
     j["path"] = m.path;
     j["format"] = m.format;
-    j["source"] = m.weights->describe();
+    j["source"] = m.weights ? m.weights->describe() : std::string("config only");
     j["model_type"] = c.model_type;
     j["hidden_size"] = c.hidden;
     j["num_layers"] = c.n_layers;
@@ -154,6 +169,9 @@ int cmd_info(const std::vector<std::string>& argv) {
     j["moe_width"] = c.moe_width;
     j["first_kv_shared"] = c.first_kv_shared();
     j["eos_ids"] = c.eos_ids;
+    j["bos_id"] = c.bos_id;
+    j["rms_eps"] = c.rms_eps;
+    j["max_positions"] = c.max_positions;
     auto& jl = j["layers"] = nlohmann::ordered_json::array();
     for (const LayerSpec& L : c.layers)
       jl.push_back({{"kind", L.kind == AttnKind::Full ? "full" : "sliding"},
@@ -176,7 +194,8 @@ int cmd_info(const std::vector<std::string>& argv) {
     return 0;
   }
 
-  std::printf("model:   %s\nsource:  %s\n", m.path.c_str(), m.weights->describe().c_str());
+  std::printf("model:   %s\nsource:  %s\n", m.path.c_str(),
+              m.weights ? m.weights->describe().c_str() : "config.json only (weights not checked)");
   std::printf("type:    %s%s, hidden %d, %d layers, %d heads, vocab %d, rms eps %g\n", c.model_type.c_str(),
               m.multimodal_config ? " (text_config)" : "", c.hidden, c.n_layers, c.n_heads, c.vocab, c.rms_eps);
   std::printf("head:    %s embeddings, final softcap %s\n", c.tie_embeddings ? "tied" : "untied",
@@ -214,11 +233,14 @@ int cmd_info(const std::vector<std::string>& argv) {
     std::printf("\nquantization block: %d-bit, group %d, %zu per-module entries (%zu outside the text model)\n",
                 m.quant.bits, m.quant.group_size, m.quant.overrides.size() + m.quant.ignored.size(),
                 m.quant.ignored.size());
-  std::printf("\nmodules (format, quantization, shape, bytes):\n%s", table.c_str());
-  std::printf("\nweights: %s (matrices %s, vectors %s)", mib(matrix_bytes + vector_bytes).c_str(),
-              mib(matrix_bytes).c_str(), mib(vector_bytes).c_str());
-  if (sts) std::printf("; files hold %s of tensors", mib(sts->store().total_bytes()).c_str());
-  std::printf("\nkv cache for %lld tokens: f32 %s, bf16 %s (%.1f KiB bf16 per token before the window cap)\n",
+  if (!config_only) {
+    std::printf("\nmodules (format, quantization, shape, bytes):\n%s", table.c_str());
+    std::printf("\nweights: %s (matrices %s, vectors %s)", mib(matrix_bytes + vector_bytes).c_str(),
+                mib(matrix_bytes).c_str(), mib(vector_bytes).c_str());
+    if (sts) std::printf("; files hold %s of tensors", mib(sts->store().total_bytes()).c_str());
+    std::printf("\n");
+  }
+  std::printf("kv cache for %lld tokens: f32 %s, bf16 %s (%.1f KiB bf16 per token before the window cap)\n",
               (long long)context, mib(kv * 4).c_str(), mib(kv * 2).c_str(),
               double(kv_elements(c, 1)) * 2 / 1024.0);
   return 0;
