@@ -36,11 +36,14 @@ uint16_t f32_to_f16(float f);
 inline float round_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
 
 // Reads element i of a float-typed buffer (F32/F16/BF16) as f32.
+// The buffer may be unaligned (MLX writes safetensors headers without padding), so elements are
+// read with memcpy.
 inline float load_float(const void* p, DType t, size_t i) {
+  const uint8_t* b = static_cast<const uint8_t*>(p);
   switch (t) {
-    case DType::F32: return static_cast<const float*>(p)[i];
-    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::F32: { float f; std::memcpy(&f, b + 4 * i, 4); return f; }
+    case DType::BF16: { uint16_t h; std::memcpy(&h, b + 2 * i, 2); return bf16_to_f32(h); }
+    case DType::F16: { uint16_t h; std::memcpy(&h, b + 2 * i, 2); return f16_to_f32(h); }
     default: return 0.f;
   }
 }

@@ -208,8 +208,9 @@ void Engine::step() {
       s.fed.insert(s.fed.end(), prompt.begin() + s.consumed, prompt.begin() + s.consumed + batch[i].n);
       s.consumed += batch[i].n;
       if (s.consumed < int(prompt.size())) continue;  // more prompt to go: no token yet
-      // mlx-lm: the processors see the last prompt chunk plus the generated tokens.
-      s.history.assign(prompt.end() - batch[i].n, prompt.end());
+      // mlx-lm generate_step: the processors see the prompt tokens it computed (not those
+      // restored from the prompt cache) plus the generated tokens.
+      s.history.assign(prompt.begin() + s.cached, prompt.end());
     } else {
       s.fed.push_back(s.pending);
     }

@@ -1,0 +1,82 @@
+// gemma4 serve [--model PATH] [--host 127.0.0.1] [--port 8080] [--parallel N] [--api-key KEY]
+//              [--max-queue N] [--context N] [--max-tokens N] [--chat-template FILE]
+//              [--threads N] [--backend cpu|reference] [--model-id NAME]
+// OpenAI- and Anthropic-compatible HTTP server. Loopback by default. Prints load progress, then
+// "ready: http://HOST:PORT" once the model is loaded. SIGINT/SIGTERM drain running requests and exit.
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "cli/common.h"
+#include "core/thread_pool.h"
+#include "runtime/bundle.h"
+#include "server/server.h"
+
+namespace g4::cli {
+namespace {
+
+std::atomic<int> g_signal{0};
+void on_signal(int s) { g_signal.store(s); }
+
+void progress(const std::string& m) { std::fprintf(stderr, "[gemma4 serve] %s\n", m.c_str()); }
+
+Result<int> int_flag(const Args& a, const char* name, int def, int lo, int hi) {
+  if (!a.has(name)) return def;
+  char* end = nullptr;
+  const std::string v = a.get(name);
+  long n = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || n < lo || n > hi)
+    return err("%s: expected an integer in [%d, %d], got '%s'", name, lo, hi, v.c_str());
+  return int(n);
+}
+
+int cmd_serve(const std::vector<std::string>& argv) {
+  Args a = parse_args(argv);
+  server::ServerOptions o;
+  o.host = a.get("--host", "127.0.0.1");
+  o.api_key = a.get("--api-key");
+  o.model_id = a.get("--model-id");
+  for (auto [flag, dst, def, lo, hi] : {std::tuple{"--port", &o.port, 8080, 0, 65535},
+                                        std::tuple{"--parallel", &o.parallel, 4, 1, 256},
+                                        std::tuple{"--max-queue", &o.max_queue, 32, 0, 100000},
+                                        std::tuple{"--context", &o.max_context, 8192, 16, 1 << 20},
+                                        std::tuple{"--max-tokens", &o.default_max_tokens, 512, 1, 1 << 20}}) {
+    auto v = int_flag(a, flag, def, lo, hi);
+    if (!v) return fail("serve", v.message());
+    *dst = v.value();
+  }
+  if (a.has("--threads")) {
+    auto t = int_flag(a, "--threads", 0, 1, 1024);
+    if (!t) return fail("serve", t.message());
+    set_num_threads(t.value());
+  }
+  auto b = load_bundle(a.get("--model"), a.get("--backend", "cpu"), progress);
+  if (!b) return fail("serve", b.message());
+  if (a.has("--chat-template")) {
+    auto ct = ChatTemplate::from_file(a.get("--chat-template"));
+    if (!ct) return fail("serve", ct.message());
+    b.value().chat_template = std::move(ct).value();
+  }
+  if (!b.value().chat_template)
+    progress("note: the model has no chat template (a base model): /v1/chat/completions and "
+             "/v1/messages answer 400; /v1/completions works. Pass --chat-template FILE to chat.");
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  server::Server srv(b.value(), o);
+  Status st = srv.start();
+  if (!st) return fail("serve", st.message());
+  std::fprintf(stderr, "[gemma4 serve] ready: http://%s:%d (model %s, %d parallel, %d threads)\n",
+               o.host.c_str(), srv.port(), b.value().name.c_str(), o.parallel, num_threads());
+  std::printf("ready: http://%s:%d\n", o.host.c_str(), srv.port());
+  std::fflush(stdout);
+  while (g_signal.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  progress("signal received: finishing running requests");
+  srv.stop(true);
+  progress("stopped");
+  return 0;
+}
+
+}  // namespace
+G4_COMMAND("serve", "OpenAI/Anthropic-compatible HTTP server", cmd_serve);
+}  // namespace g4::cli

@@ -1,0 +1,198 @@
+#include "server/api_types.h"
+
+#include <cmath>
+
+namespace g4::server {
+namespace {
+
+ApiError bad(const std::string& param, const std::string& msg) {
+  return ApiError{400, "invalid_request_error", msg, param};
+}
+
+}  // namespace
+
+std::optional<ApiError> read_number(const ojson& body, const char* key, double lo, double hi,
+                                    std::optional<double>& out) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number()) return bad(key, std::string("'") + key + "' must be a number");
+  double v = it->get<double>();
+  if (!std::isfinite(v) || v < lo || v > hi)
+    return bad(key, std::string("'") + key + "' must be between " + std::to_string(lo) + " and " +
+                        std::to_string(hi));
+  out = v;
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_int(const ojson& body, const char* key, long lo, long hi,
+                                 std::optional<long>& out) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number_integer() && !(it->is_number_float() && std::floor(it->get<double>()) == it->get<double>()))
+    return bad(key, std::string("'") + key + "' must be an integer");
+  double dv = it->get<double>();
+  if (dv < double(lo) || dv > double(hi))
+    return bad(key, std::string("'") + key + "' must be between " + std::to_string(lo) + " and " +
+                        std::to_string(hi));
+  out = long(dv);
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_bool(const ojson& body, const char* key, std::optional<bool>& out) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_boolean()) return bad(key, std::string("'") + key + "' must be a boolean");
+  out = it->get<bool>();
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_openai_sampling(const ojson& body, int vocab, TextRequest& r) {
+  std::optional<double> d;
+  std::optional<long> i;
+  if (auto e = read_number(body, "temperature", 0, 100, d)) return e;
+  if (d) r.sampling.temperature = float(*d), d.reset();
+  if (auto e = read_number(body, "top_p", 0, 1, d)) return e;
+  if (d) r.sampling.top_p = float(*d), d.reset();
+  if (auto e = read_int(body, "top_k", 0, 1L << 30, i)) return e;
+  if (i) r.sampling.top_k = int(*i), i.reset();
+  if (auto e = read_number(body, "min_p", 0, 1, d)) return e;
+  if (d) r.sampling.min_p = float(*d), d.reset();
+  if (auto e = read_number(body, "presence_penalty", -2, 2, d)) return e;
+  if (d) r.sampling.presence_penalty = float(*d), d.reset();
+  if (auto e = read_number(body, "frequency_penalty", -2, 2, d)) return e;
+  if (d) r.sampling.frequency_penalty = float(*d), d.reset();
+  if (auto e = read_number(body, "repetition_penalty", 0, 10, d)) return e;
+  if (d) r.sampling.repetition_penalty = float(*d), d.reset();
+  if (auto e = read_int(body, "seed", -(1L << 62), 1L << 62, i)) return e;
+  if (i) r.sampling.seed = uint64_t(*i), r.sampling.has_seed = true, i.reset();
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    if (auto e = read_int(body, key, 1, 1L << 30, i)) return e;
+    if (i) r.max_tokens = int(*i), i.reset();
+  }
+  if (auto e = read_int(body, "n", 1, 1, i)) return e;  // only one choice per request
+  if (auto it = body.find("logit_bias"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) return bad("logit_bias", "'logit_bias' must be an object of token id -> bias");
+    for (auto& [k, v] : it->items()) {
+      char* end = nullptr;
+      long id = std::strtol(k.c_str(), &end, 10);
+      if (k.empty() || *end != '\0' || id < 0 || id >= vocab)
+        return bad("logit_bias", "logit_bias key '" + k + "' is not a token id of this model");
+      if (!v.is_number() || std::fabs(v.get<double>()) > 100)
+        return bad("logit_bias", "logit_bias values must be numbers between -100 and 100");
+      r.sampling.logit_bias.emplace_back(int(id), v.get<float>());
+    }
+  }
+  if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
+    if (it->is_string()) {
+      r.stop.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      if (it->size() > 16) return bad("stop", "at most 16 stop sequences");
+      for (auto& s : *it) {
+        if (!s.is_string()) return bad("stop", "'stop' must be a string or an array of strings");
+        r.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      return bad("stop", "'stop' must be a string or an array of strings");
+    }
+    for (auto& s : r.stop)
+      if (s.empty()) return bad("stop", "stop sequences must not be empty");
+  }
+  std::optional<bool> b;
+  if (auto e = read_bool(body, "stream", b)) return e;
+  r.stream = b.value_or(false);
+  if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) return bad("stream_options", "'stream_options' must be an object");
+    std::optional<bool> u;
+    if (auto e = read_bool(*it, "include_usage", u)) return e;
+    r.include_usage = u.value_or(false);
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> normalize_openai_messages(const ojson& messages, ojson& out) {
+  if (!messages.is_array() || messages.empty())
+    return bad("messages", "'messages' must be a non-empty array");
+  out = ojson::array();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ojson& m = messages[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) return bad(where, where + " must be an object");
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) return bad(where + ".role", where + ".role must be a string");
+    const std::string r = role->get<std::string>();
+    if (r != "system" && r != "developer" && r != "user" && r != "assistant" && r != "tool")
+      return bad(where + ".role", "unknown role '" + r + "' (expected system, developer, user, assistant or tool)");
+    ojson nm = m;
+    auto content = m.find("content");
+    if (content != m.end() && !content->is_null()) {
+      if (content->is_array()) {
+        std::string text;
+        for (const auto& part : *content) {
+          if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+            return bad(where + ".content", where + ".content parts must be objects with a 'type'");
+          const std::string t = part["type"].get<std::string>();
+          if (t == "text" || t == "input_text") {
+            if (!part.contains("text") || !part["text"].is_string())
+              return bad(where + ".content", "text parts need a string 'text'");
+            text += part["text"].get<std::string>();
+          } else if (t == "image_url" || t == "image" || t == "input_image") {
+            return bad(where + ".content", "image input is not supported by this server yet");
+          } else {
+            return bad(where + ".content", "unsupported content part type '" + t + "'");
+          }
+        }
+        nm["content"] = text;
+      } else if (!content->is_string()) {
+        return bad(where + ".content", where + ".content must be a string or an array of parts");
+      }
+    } else if (r != "assistant") {
+      return bad(where + ".content", where + " needs 'content'");
+    }
+    if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null()) {
+      if (r != "assistant") return bad(where + ".tool_calls", "only assistant messages have tool_calls");
+      if (!tc->is_array()) return bad(where + ".tool_calls", "'tool_calls' must be an array");
+      ojson calls = ojson::array();
+      for (const auto& c : *tc) {
+        if (!c.is_object() || !c.contains("function") || !c["function"].is_object() ||
+            !c["function"].contains("name") || !c["function"]["name"].is_string())
+          return bad(where + ".tool_calls", "each tool call needs function.name");
+        ojson call = c;
+        const ojson& args = c["function"].contains("arguments") ? c["function"]["arguments"] : ojson();
+        if (args.is_string()) {
+          try {
+            call["function"]["arguments"] = ojson::parse(args.get<std::string>());
+          } catch (const std::exception&) {
+            return bad(where + ".tool_calls", "function.arguments is not valid JSON");
+          }
+        } else if (args.is_null()) {
+          call["function"]["arguments"] = ojson::object();
+        }
+        calls.push_back(std::move(call));
+      }
+      nm["tool_calls"] = calls;
+    }
+    if (r == "tool" && (!m.contains("tool_call_id") || !m["tool_call_id"].is_string()) && !m.contains("name"))
+      return bad(where + ".tool_call_id", "tool messages need 'tool_call_id'");
+    out.push_back(std::move(nm));
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> normalize_openai_tools(const ojson& tools, ojson& out) {
+  out = nullptr;
+  if (tools.is_null()) return std::nullopt;
+  if (!tools.is_array()) return bad("tools", "'tools' must be an array");
+  out = ojson::array();
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ojson& t = tools[i];
+    const std::string where = "tools[" + std::to_string(i) + "]";
+    if (!t.is_object() || !t.contains("function") || !t["function"].is_object() ||
+        !t["function"].contains("name") || !t["function"]["name"].is_string())
+      return bad(where, where + " must be {type: 'function', function: {name, description, parameters}}");
+    out.push_back(t);
+  }
+  if (out.empty()) out = nullptr;
+  return std::nullopt;
+}
+
+}  // namespace g4::server

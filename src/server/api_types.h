@@ -1,0 +1,57 @@
+// The HTTP layer's native types: a parsed, validated generation request (from OpenAI or Anthropic
+// JSON), errors in a form either API can render, and the JSON->request translation helpers.
+// JSON stays here at the edge; the engine only sees GenerationSpec.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/engine.h"
+
+namespace g4::server {
+
+using ojson = nlohmann::ordered_json;
+
+// A client error (4xx) or server error (5xx), rendered in the API's own error shape.
+struct ApiError {
+  int status = 400;
+  std::string type = "invalid_request_error";
+  std::string message;
+  std::string param;  // the offending field, when there is one
+};
+
+// What every endpoint turns its body into.
+struct TextRequest {
+  // Chat requests: messages (and tools) for the chat template. Completions: raw prompt text.
+  bool chat = true;
+  ojson messages = ojson::array();
+  ojson tools;  // null or array
+  std::string prompt;
+  std::optional<bool> thinking;
+  bool stream = false;
+  bool include_usage = false;
+  int max_tokens = 0;  // 0: server default
+  SamplingParams sampling;
+  std::vector<std::string> stop;
+};
+
+// Field readers that produce ApiErrors naming the field. `where` is the JSON path prefix.
+std::optional<ApiError> read_number(const ojson& body, const char* key, double lo, double hi,
+                                    std::optional<double>& out);
+std::optional<ApiError> read_int(const ojson& body, const char* key, long lo, long hi,
+                                 std::optional<long>& out);
+std::optional<ApiError> read_bool(const ojson& body, const char* key, std::optional<bool>& out);
+
+// Sampling fields shared by the OpenAI endpoints (temperature, top_p, top_k, min_p, seed,
+// presence/frequency/repetition penalties, logit_bias, stop, max_tokens / max_completion_tokens).
+std::optional<ApiError> read_openai_sampling(const ojson& body, int vocab, TextRequest& r);
+
+// Checks and normalizes OpenAI-style messages for the chat template: roles, string or
+// content-part bodies (image parts are refused until vision exists), assistant tool_calls whose
+// JSON-string arguments are parsed into objects, tool results.
+std::optional<ApiError> normalize_openai_messages(const ojson& messages, ojson& out);
+// Validates an OpenAI `tools` array ({type: function, function: {name, description, parameters}}).
+std::optional<ApiError> normalize_openai_tools(const ojson& tools, ojson& out);
+
+}  // namespace g4::server

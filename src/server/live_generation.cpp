@@ -1,0 +1,104 @@
+#include "server/live_generation.h"
+
+#include <algorithm>
+
+namespace g4::server {
+
+LiveGeneration::LiveGeneration(Engine& e, const ModelBundle& b, TextStreamOptions o)
+    : engine_(e), bundle_(b), q_(std::make_shared<Queue>()), stream_(*b.tokenizer, std::move(o)) {}
+
+LiveGeneration::~LiveGeneration() {
+  if (!done_delivered_) cancel();
+}
+
+std::variant<std::shared_ptr<LiveGeneration>, ApiError> LiveGeneration::start(
+    Engine& engine, const ModelBundle& b, const TextRequest& req, int default_max_tokens) {
+  std::vector<int32_t> prompt;
+  TextStreamOptions to;
+  to.stop_strings = req.stop;
+  if (req.chat) {
+    if (!b.chat_template)
+      return ApiError{400, "invalid_request_error",
+                      "this model has no chat template (a base model): use /v1/completions, or start "
+                      "the server with --chat-template FILE", "messages"};
+    ChatRenderOptions ro = b.render_defaults;
+    ro.add_generation_prompt = true;
+    if (req.thinking) ro.enable_thinking = *req.thinking;
+    auto text = b.chat_template->render(req.messages, req.tools, ro);
+    if (!text) return ApiError{400, "invalid_request_error", "chat template: " + text.message(), "messages"};
+    to.reasoning_open_in_prompt = prompt_opens_reasoning(text.value());
+    prompt = encode_chat_prompt(b, text.value());
+  } else {
+    to.split_reasoning = false;
+    to.parse_tool_calls = false;
+    prompt = encode_raw_prompt(b, req.prompt);
+  }
+  std::shared_ptr<LiveGeneration> g(new LiveGeneration(engine, b, to));
+  GenerationSpec spec;
+  spec.prompt = std::move(prompt);
+  spec.sampling = req.sampling;
+  spec.max_tokens = req.max_tokens > 0 ? req.max_tokens : default_max_tokens;
+  // Leave room for the prompt when the client did not ask for a length.
+  const int ctx = engine.options().max_context;
+  if (req.max_tokens <= 0 && int(spec.prompt.size()) + spec.max_tokens > ctx)
+    spec.max_tokens = std::max(1, ctx - int(spec.prompt.size()));
+  spec.stop_ids = b.stop_ids;
+  g->stop_ids_ = spec.stop_ids;
+  auto q = g->q_;
+  auto id = engine.submit(std::move(spec), [q](const TokenEvent& ev) {
+    std::lock_guard<std::mutex> lk(q->mu);
+    q->events.push_back(ev);
+    q->cv.notify_one();
+  });
+  if (!id) {
+    const std::string& m = id.message();
+    if (m.rfind("queue full", 0) == 0) return ApiError{429, "rate_limit_error", "server busy: " + m, ""};
+    return ApiError{400, "invalid_request_error", m, ""};
+  }
+  g->id_ = id.value();
+  return g;
+}
+
+void LiveGeneration::cancel() {
+  if (cancelled_ || id_ == 0) return;
+  cancelled_ = true;
+  engine_.cancel(id_);
+}
+
+bool LiveGeneration::next(std::vector<TextEvent>& out, std::chrono::milliseconds wait) {
+  if (done_delivered_) return false;
+  std::deque<TokenEvent> evs;
+  {
+    std::unique_lock<std::mutex> lk(q_->mu);
+    q_->cv.wait_for(lk, wait, [&] { return !q_->events.empty(); });
+    evs.swap(q_->events);
+  }
+  for (const TokenEvent& ev : evs) {
+    if (ev.token >= 0) {
+      const bool is_stop = std::find(stop_ids_.begin(), stop_ids_.end(), ev.token) != stop_ids_.end();
+      if (!is_stop && !stream_.stopped()) {
+        for (auto& te : stream_.push(ev.token)) out.push_back(std::move(te));
+        if (stream_.stopped()) cancel();
+      }
+    }
+    usage_.prompt_tokens = ev.prompt_tokens;
+    usage_.cached_tokens = ev.cached_tokens;
+    usage_.completion_tokens = ev.completion_tokens;
+    if (ev.done) {
+      reason_ = ev.reason;
+      error_ = ev.error;
+      for (auto& te : stream_.finish()) out.push_back(std::move(te));
+      done_delivered_ = true;
+      return true;
+    }
+  }
+  return true;
+}
+
+std::string LiveGeneration::finish_reason() const {
+  if (stream_.tool_calls() > 0) return "tool_calls";
+  if (stream_.stopped()) return "stop";
+  return reason_ == FinishReason::Length ? "length" : "stop";
+}
+
+}  // namespace g4::server

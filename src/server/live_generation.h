@@ -1,0 +1,65 @@
+// One request's generation as the HTTP layer sees it: the prompt built from a TextRequest
+// (chat template or raw text), submitted to the engine, and its tokens turned into TextEvents
+// (runtime/text_stream.h) that a handler pulls, streaming or not. Cancelling (client gone, stop
+// string) frees the engine slot within one step.
+#pragma once
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <variant>
+
+#include "runtime/bundle.h"
+#include "runtime/text_stream.h"
+#include "server/api_types.h"
+
+namespace g4::server {
+
+struct Usage {
+  int prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+};
+
+class LiveGeneration {
+ public:
+  // Builds the prompt and submits it. Errors: template failures (400), prompt + max_tokens over
+  // the context (400), queue full (429).
+  static std::variant<std::shared_ptr<LiveGeneration>, ApiError> start(
+      Engine& engine, const ModelBundle& bundle, const TextRequest& req, int default_max_tokens);
+  ~LiveGeneration();
+
+  // Waits up to `wait` for more output; appends new events to `out`. Returns false once the
+  // generation has finished and everything was delivered.
+  bool next(std::vector<TextEvent>& out, std::chrono::milliseconds wait);
+  void cancel();
+
+  bool finished() const { return done_delivered_; }
+  FinishReason reason() const { return reason_; }
+  bool stopped_by_string() const { return stream_.stopped(); }
+  int tool_calls() const { return stream_.tool_calls(); }
+  const Usage& usage() const { return usage_; }
+  const std::string& error() const { return error_; }
+  // OpenAI finish_reason: "stop", "length" or "tool_calls".
+  std::string finish_reason() const;
+
+ private:
+  LiveGeneration(Engine& e, const ModelBundle& b, TextStreamOptions o);
+  struct Queue {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<TokenEvent> events;
+  };
+  Engine& engine_;
+  const ModelBundle& bundle_;
+  std::shared_ptr<Queue> q_;
+  TextStream stream_;
+  std::vector<int32_t> stop_ids_;
+  uint64_t id_ = 0;
+  bool cancelled_ = false;
+  bool done_delivered_ = false;
+  FinishReason reason_ = FinishReason::None;
+  Usage usage_;
+  std::string error_;
+};
+
+}  // namespace g4::server

@@ -1,2 +1,0 @@
-// placeholder so the module library has a source until its code lands
-namespace g4 { [[maybe_unused]] static int server_module_anchor = 0; }

@@ -1,0 +1,203 @@
+// OpenAI-compatible endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models.
+// Streaming uses server-sent events ending with "data: [DONE]".
+#include <chrono>
+
+#include "server/context.h"
+#include "server/live_generation.h"
+
+namespace g4::server {
+namespace {
+
+using std::chrono::milliseconds;
+
+ojson usage_json(const Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+ojson tool_call_json(const ToolCall& c, int index, bool with_index) {
+  ojson j = {{"id", new_id("call_")}, {"type", "function"},
+             {"function", {{"name", c.name}, {"arguments", c.arguments_json()}}}};
+  if (with_index) j["index"] = index;
+  return j;
+}
+
+std::string sse(const ojson& j) {
+  return "data: " + j.dump(-1, ' ', false, ojson::error_handler_t::replace) + "\n\n";
+}
+
+// Parses the body of either endpoint into a TextRequest.
+bool read_request(Context& ctx, const httplib::Request& hreq, bool chat, TextRequest& r, ApiError& e) {
+  ojson body;
+  if (!parse_body(hreq, body, e)) return false;
+  r.chat = chat;
+  if (auto err = read_openai_sampling(body, ctx.bundle.model->config().vocab, r)) {
+    e = *err;
+    return false;
+  }
+  if (chat) {
+    if (!body.contains("messages")) {
+      e = {400, "invalid_request_error", "'messages' is required", "messages"};
+      return false;
+    }
+    if (auto err = normalize_openai_messages(body["messages"], r.messages)) {
+      e = *err;
+      return false;
+    }
+    if (auto err = normalize_openai_tools(body.value("tools", ojson()), r.tools)) {
+      e = *err;
+      return false;
+    }
+    if (body.contains("tool_choice") && body["tool_choice"].is_string() && body["tool_choice"] == "none")
+      r.tools = nullptr;
+    // Thinking: chat_template_kwargs.enable_thinking, or reasoning_effort (none/low/medium/high).
+    if (auto k = body.find("chat_template_kwargs"); k != body.end() && k->is_object()) {
+      if (auto t = k->find("enable_thinking"); t != k->end() && t->is_boolean()) r.thinking = t->get<bool>();
+    }
+    if (auto re = body.find("reasoning_effort"); re != body.end() && re->is_string())
+      r.thinking = re->get<std::string>() != "none";
+  } else {
+    auto p = body.find("prompt");
+    if (p == body.end() || !(p->is_string() || (p->is_array() && p->size() == 1 && (*p)[0].is_string()))) {
+      e = {400, "invalid_request_error", "'prompt' must be a string", "prompt"};
+      return false;
+    }
+    r.prompt = p->is_string() ? p->get<std::string>() : (*p)[0].get<std::string>();
+  }
+  return true;
+}
+
+void handle(Context& ctx, const httplib::Request& hreq, httplib::Response& res, bool chat) {
+  const char* endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
+  TextRequest r;
+  ApiError e;
+  if (!read_request(ctx, hreq, chat, r, e)) {
+    ctx.metrics.count(endpoint, e.status);
+    return send_openai_error(res, e);
+  }
+  auto started = LiveGeneration::start(ctx.engine, ctx.bundle, r, ctx.opt.default_max_tokens);
+  if (auto* err = std::get_if<ApiError>(&started)) {
+    ctx.metrics.count(endpoint, err->status);
+    return send_openai_error(res, *err);
+  }
+  auto gen = std::get<std::shared_ptr<LiveGeneration>>(started);
+  const std::string id = new_id(chat ? "chatcmpl-" : "cmpl-");
+  const long created = unix_time();
+  const std::string object = chat ? "chat.completion" : "text_completion";
+  ctx.metrics.count(endpoint, 200);
+
+  if (!r.stream) {
+    std::string content, reasoning;
+    ojson calls = ojson::array();
+    std::vector<TextEvent> evs;
+    while (gen->next(evs, milliseconds(100))) {
+      for (auto& te : evs) {
+        if (te.kind == TextEvent::kContent) content += te.text;
+        if (te.kind == TextEvent::kReasoning) reasoning += te.text;
+        if (te.kind == TextEvent::kToolCall) calls.push_back(tool_call_json(te.call, int(calls.size()), false));
+      }
+      evs.clear();
+      if (ctx.stopping.load()) gen->cancel();
+    }
+    if (gen->reason() == FinishReason::Error) {
+      return send_openai_error(res, {500, "server_error", gen->error(), ""});
+    }
+    ojson choice = {{"index", 0}, {"finish_reason", gen->finish_reason()}};
+    if (chat) {
+      ojson msg = {{"role", "assistant"}, {"content", calls.empty() || !content.empty() ? ojson(content) : ojson()}};
+      if (!reasoning.empty()) msg["reasoning_content"] = reasoning;
+      if (!calls.empty()) msg["tool_calls"] = calls;
+      choice["message"] = msg;
+    } else {
+      choice["text"] = content;
+      choice["logprobs"] = nullptr;
+    }
+    ojson out = {{"id", id}, {"object", object}, {"created", created}, {"model", ctx.model_id},
+                 {"choices", ojson::array({choice})}, {"usage", usage_json(gen->usage())}};
+    res.set_content(out.dump(-1, ' ', false, ojson::error_handler_t::replace), "application/json");
+    return;
+  }
+
+  // Streaming: one SSE event per batch of text; the client going away cancels the generation.
+  const bool include_usage = r.include_usage;
+  auto chunk = [id, created, model = ctx.model_id, chat](ojson delta_or_text, ojson finish) {
+    ojson c = {{"index", 0}, {"finish_reason", finish}};
+    if (chat) c["delta"] = std::move(delta_or_text); else c["text"] = std::move(delta_or_text);
+    return ojson{{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                 {"created", created}, {"model", model}, {"choices", ojson::array({c})}};
+  };
+  auto state = std::make_shared<int>(0);  // 0: nothing sent yet, 1: streaming, 2: done
+  Context* cx = &ctx;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [gen, chunk, state, chat, include_usage, cx](size_t, httplib::DataSink& sink) -> bool {
+        auto send = [&](const std::string& s) {
+          if (!sink.is_writable() || !sink.write(s.data(), s.size())) {
+            gen->cancel();
+            return false;
+          }
+          return true;
+        };
+        if (*state == 0) {
+          *state = 1;
+          if (chat && !send(sse(chunk({{"role", "assistant"}, {"content", ""}}, nullptr)))) return false;
+        }
+        if (*state == 2) return false;
+        std::vector<TextEvent> evs;
+        const bool more = gen->next(evs, milliseconds(50));
+        if (cx->stopping.load()) gen->cancel();
+        if (!sink.is_writable()) {  // the client went away
+          gen->cancel();
+          return false;
+        }
+        int ncalls = 0;
+        for (auto& te : evs) {
+          ojson delta;
+          if (te.kind == TextEvent::kContent) {
+            delta = chat ? ojson{{"content", te.text}} : ojson(te.text);
+          } else if (te.kind == TextEvent::kReasoning) {
+            if (!chat) continue;
+            delta = {{"reasoning_content", te.text}};
+          } else {
+            delta = {{"tool_calls", ojson::array({tool_call_json(te.call, ncalls++, true)})}};
+          }
+          if (!send(sse(chunk(delta, nullptr)))) return false;
+        }
+        if (!more || gen->finished()) {
+          *state = 2;
+          if (gen->reason() == FinishReason::Error) {
+            send(sse({{"error", {{"message", gen->error()}, {"type", "server_error"}}}}));
+          } else {
+            if (!send(sse(chunk(chat ? ojson::object() : ojson(""), gen->finish_reason())))) return false;
+            if (include_usage) {
+              ojson u = chunk(ojson::object(), nullptr);
+              u["choices"] = ojson::array();
+              u["usage"] = usage_json(gen->usage());
+              if (!send(sse(u))) return false;
+            }
+          }
+          send("data: [DONE]\n\n");
+          sink.done();
+        }
+        return true;
+      },
+      [gen](bool) { gen->cancel(); });
+}
+
+}  // namespace
+
+void register_openai_routes(httplib::Server& svr, Context& ctx) {
+  svr.Post("/v1/chat/completions", [&ctx](const httplib::Request& q, httplib::Response& r) { handle(ctx, q, r, true); });
+  svr.Post("/v1/completions", [&ctx](const httplib::Request& q, httplib::Response& r) { handle(ctx, q, r, false); });
+  svr.Get("/v1/models", [&ctx](const httplib::Request&, httplib::Response& res) {
+    ojson m = {{"id", ctx.model_id}, {"object", "model"}, {"created", unix_time()}, {"owned_by", "local"}};
+    ojson out = {{"object", "list"}, {"data", ojson::array({m})}};
+    res.set_content(out.dump(), "application/json");
+    ctx.metrics.count("/v1/models", 200);
+  });
+}
+
+}  // namespace g4::server

@@ -1,0 +1,40 @@
+// gemma4's HTTP server: one process, one model, one engine thread; HTTP threads only translate
+// JSON into engine requests (server/openai_api.cpp, server/anthropic_api.cpp).
+// Endpoints: /v1/chat/completions, /v1/completions, /v1/models, /v1/messages, /health, /metrics.
+#pragma once
+#include <memory>
+#include <thread>
+
+#include "core/status.h"
+#include "server/context.h"
+
+namespace g4::server {
+
+class Server {
+ public:
+  Server(const ModelBundle& bundle, ServerOptions opt);
+  ~Server();
+  // Binds the port (0: a free one) and starts serving on a background thread.
+  Status start();
+  int port() const { return port_; }
+  // Stops accepting connections, cancels or drains running requests, joins the threads.
+  void stop(bool drain);
+  // Blocks until stop() is called from another thread (or a signal handler path).
+  void wait();
+
+ private:
+  void register_routes();
+  std::string metrics_text();
+
+  const ModelBundle& bundle_;
+  ServerOptions opt_;
+  std::unique_ptr<Engine> engine_;
+  Metrics metrics_;
+  std::atomic<bool> stopping_{false};
+  std::unique_ptr<Context> ctx_;
+  httplib::Server http_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+}  // namespace g4::server
