@@ -17,7 +17,11 @@ plus `oracle.npz`, computed by loading that directory back with mlx_lm.utils.loa
   prefill_step_size int32 []       generate_step's prefill chunk (mlx-lm default 2048)
   mlx_chunk_maxdiff_f32 f32 []     max|d| of mlx-lm's own --chunk 5 / --chunk 1 f32 logits vs
                                    its unchunked ones (the floor for the chunking tolerance)
-and `fixture.json` describing what the fixture exercises.
+and `fixture.json` describing what the fixture exercises. The bf16 entries are absent for the
+unquantized MoE fixtures (moe-bf16, moe-hf): MLX's CPU gather_mm runs in float32 only.
+The prompt (length fixed per variant) is the first of up to 6 seeded candidates whose greedy
+runs have no near-tie step (top-2 logit gap >= 0.01 in f32, >= 0.07 in bf16), so the engine's
+greedy ids can be required to be identical.
 
 Variants (hidden 128, head_dim 32 / global_head_dim 64, vocab 512, sliding window 8 < prompt):
   dense   flat gemma4_text config; attention_k_eq_v with num_global_key_value_heads;
