@@ -3,6 +3,7 @@
 // enclosing one; `set` writes to the innermost scope; `if` opens no scope; macros resolve free
 // names in the scope they were defined in, at call time (so top-level macros may call macros
 // defined later, as jinja2 allows).
+#include <optional>
 #include <unordered_map>
 
 #include "text/jinja_ast.h"
@@ -33,6 +34,9 @@ constexpr int kMaxCallDepth = 256;
 
 struct Interp {
   int depth = 0;
+  // Scopes that macros close over stay alive for the whole render (a macro stored in a namespace
+  // may outlive its loop iteration); held here rather than by the macro to avoid ownership cycles.
+  std::vector<ScopeP> macro_scopes;
   const Value* block_input = nullptr;  // operand of a filter chain whose innermost operand is null
 
   Value eval(const Expr& e, const ScopeP& sc) {
@@ -256,6 +260,7 @@ struct Interp {
       return Flow::Normal;
     }
     const int64_t n = int64_t(items.size());
+    auto last_changed = std::make_shared<std::optional<Value>>();  // LoopContext._last_changed_value
     for (int64_t i = 0; i < n; ++i) {
       auto ls = std::make_shared<Scope>(sc);
       bind(s.targets, items[i], *ls, s.line);
@@ -276,6 +281,12 @@ struct Interp {
         if (a.pos.empty()) throw JinjaError("no items for cycling given");
         return a.pos[size_t(i) % a.pos.size()];
       }));
+      d.set("changed", Value::function([last_changed](CallArgs& a) {
+        Value v = Value::make_list(a.pos);
+        if (*last_changed && equals(**last_changed, v)) return Value::boolean(false);
+        *last_changed = v;
+        return Value::boolean(true);
+      }));
       ls->set("loop", loop);
       Flow f = exec(s.bodies[0], ls, out);
       if (f == Flow::Break) break;
@@ -285,11 +296,12 @@ struct Interp {
 
   Value make_macro(const Stmt& m, const ScopeP& closure) {
     const Stmt* mp = &m;
-    std::weak_ptr<Scope> weak = closure;  // the scope owns the macro; avoid a reference cycle
+    macro_scopes.push_back(closure);
+    Scope* scope = closure.get();
     Interp* self = this;
-    return Value::function([mp, weak, self](CallArgs& a) -> Value {
-      ScopeP parent = weak.lock();
-      if (!parent) throw JinjaError("macro '" + mp->text + "' called outside its template");
+    return Value::function([mp, scope, self](CallArgs& a) -> Value {
+      // Non-owning: `self->macro_scopes` keeps `scope` alive until the render ends.
+      ScopeP parent(std::shared_ptr<Scope>{}, scope);
       if (self->depth >= kMaxCallDepth) throw JinjaError("maximum macro recursion depth exceeded", a.line);
       if (a.pos.size() > mp->params.size())
         throw JinjaError("macro '" + mp->text + "' takes not more than " + std::to_string(mp->params.size()) +

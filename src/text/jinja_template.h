@@ -10,11 +10,14 @@
 // attribute, block set), macros (defaults, keyword args, calling other macros), filter blocks,
 // {% generation %}, with; literals, arithmetic, comparisons, and/or/not, in, ~, is-tests, filters,
 // attribute/item/slice access and Python str/dict methods. Anything else (include, import,
-// extends, block, call, recursive loops, loop.changed) is rejected with an error naming the line.
+// extends, block, call, recursive loops, str.format, printf-style '%') is rejected with an error
+// naming the line. Known gaps: integers beyond int64 (error), Python's final-sigma and other
+// special casing rules, lazy-generator printing ("<generator object ...>").
 //
 // Usage:
 //   auto t = jinja::Template::parse(source);            // Result<Template>
 //   auto out = t->render(context_dict);                  // Result<std::string>
+// A parsed Template is immutable; render() may run concurrently from several threads.
 #pragma once
 #include <memory>
 #include <string>
