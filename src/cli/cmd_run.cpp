@@ -4,7 +4,7 @@
 // run: with a PROMPT, one streamed answer; without, an interactive multi-turn chat (history
 // kept; /reset clears it, /exit or Ctrl-D leaves; Ctrl-C stops the current answer, not the
 // program). Flags: --system TEXT, --thinking on|off, --max-tokens, sampling flags
-// (cli/text_args.h), --seed, --threads, --backend, --context N. A model without a chat template
+// (cli/text_args.h), --seed, --threads, --backend, --context N, --chat-template FILE. A model without a chat template
 // (a base model) is said to be one, and its prompts are completed as raw text instead.
 // Load progress goes to stderr, and so do the prompt / decode speeds after each answer.
 #include <unistd.h>
@@ -51,6 +51,10 @@ Result<Session> open_session(const Args& a) {
   }
   Session s;
   G4_ASSIGN_OR_RETURN(s.b, load_bundle(a.get("--model"), a.get("--backend", "cpu"), progress));
+  if (a.has("--chat-template")) {  // a template file overrides the model's own (or adds one)
+    G4_ASSIGN_OR_RETURN(ChatTemplate ct, ChatTemplate::from_file(a.get("--chat-template")));
+    s.b.chat_template = std::move(ct);
+  }
   G4_ASSIGN_OR_RETURN(s.text, parse_text_args(a, s.b.model->config()));
   EngineOptions eo;
   eo.parallel = 1;
