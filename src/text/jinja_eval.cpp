@@ -260,33 +260,45 @@ struct Interp {
       return Flow::Normal;
     }
     const int64_t n = int64_t(items.size());
+    // One LoopContext per loop, updated in place each iteration (as jinja2's LoopContext is).
     auto last_changed = std::make_shared<std::optional<Value>>();  // LoopContext._last_changed_value
+    auto index = std::make_shared<int64_t>(0);
+    Value loop = Value::make_namespace();
+    Dict& d = *loop.dict;
+    d.set("length", Value::integer(n));
+    d.set("depth", Value::integer(1));
+    d.set("depth0", Value::integer(0));
+    d.set("cycle", Value::function([index](CallArgs& a) {
+      if (a.pos.empty()) throw JinjaError("no items for cycling given");
+      return a.pos[size_t(*index) % a.pos.size()];
+    }));
+    d.set("changed", Value::function([last_changed](CallArgs& a) {
+      Value v = Value::make_list(a.pos);
+      if (*last_changed && equals(**last_changed, v)) return Value::boolean(false);
+      *last_changed = v;
+      return Value::boolean(true);
+    }));
+    auto erase = [&d](const char* k) {
+      for (auto it = d.items.begin(); it != d.items.end(); ++it)
+        if (it->first == k) {
+          d.items.erase(it);
+          return;
+        }
+    };
     for (int64_t i = 0; i < n; ++i) {
       auto ls = std::make_shared<Scope>(sc);
       bind(s.targets, items[i], *ls, s.line);
-      Value loop = Value::make_namespace();
-      Dict& d = *loop.dict;
+      *index = i;
       d.set("index", Value::integer(i + 1));
       d.set("index0", Value::integer(i));
       d.set("revindex", Value::integer(n - i));
       d.set("revindex0", Value::integer(n - i - 1));
       d.set("first", Value::boolean(i == 0));
       d.set("last", Value::boolean(i == n - 1));
-      d.set("length", Value::integer(n));
-      d.set("depth", Value::integer(1));
-      d.set("depth0", Value::integer(0));
       if (i > 0) d.set("previtem", items[i - 1]);
+      else erase("previtem");
       if (i + 1 < n) d.set("nextitem", items[i + 1]);
-      d.set("cycle", Value::function([i](CallArgs& a) {
-        if (a.pos.empty()) throw JinjaError("no items for cycling given");
-        return a.pos[size_t(i) % a.pos.size()];
-      }));
-      d.set("changed", Value::function([last_changed](CallArgs& a) {
-        Value v = Value::make_list(a.pos);
-        if (*last_changed && equals(**last_changed, v)) return Value::boolean(false);
-        *last_changed = v;
-        return Value::boolean(true);
-      }));
+      else erase("nextitem");
       ls->set("loop", loop);
       Flow f = exec(s.bodies[0], ls, out);
       if (f == Flow::Break) break;
