@@ -346,7 +346,7 @@ def main():
     convs = conversations()
     for idx, (cname, msgs, tools) in enumerate(convs):
         with open(os.path.join(corpus, f"{idx:03d}_{cname}.json"), "w", encoding="utf-8") as f:
-            json.dump({"messages": msgs, "tools": tools}, f, ensure_ascii=False, indent=1)
+            json.dump({"messages": msgs, "tools": tools}, f, ensure_ascii=False)
     templates = {t: open(os.path.join(args.out, t), encoding="utf-8").read() for t in TEMPLATES}
     n = errors = 0
     with open(os.path.join(args.out, "expected.jsonl"), "w", encoding="utf-8") as f:
