@@ -135,12 +135,15 @@ def main() -> int:
     os.environ["G4_THREADS"] = str(args.threads)
     print(f"model {args.model}, prompt {args.prompt_tokens} tokens, {args.gen_tokens} generated, "
           f"{args.repeats} repeats, {args.threads} threads", flush=True)
-    mlx_repeats = args.mlx_repeats or args.repeats
-    mlx_rows = [] if args.skip_mlx else bench_mlx(args.model, args.prompt_tokens,
-                                                  args.gen_tokens, mlx_repeats)
+    # The engine runs first, while this process is small: Linux carries the parent's RSS
+    # high-water mark into a forked child's ru_maxrss across exec, so after mlx-lm has loaded
+    # the model the engine's getrusage peak would read as at least mlx-lm's.
     our_rows = [] if args.skip_ours else bench_ours(args.bin, args.model, args.prompt_tokens,
                                                     args.gen_tokens, args.repeats, args.threads,
                                                     args.our_args)
+    mlx_repeats = args.mlx_repeats or args.repeats
+    mlx_rows = [] if args.skip_mlx else bench_mlx(args.model, args.prompt_tokens,
+                                                  args.gen_tokens, mlx_repeats)
     keys = ("prefill_tok_s", "decode_tok_s", "peak_rss_mb")
     summary = {"model": str(args.model), "prompt_tokens": args.prompt_tokens,
                "gen_tokens": args.gen_tokens, "threads": args.threads,
