@@ -9,7 +9,7 @@ JOBS      ?= 2
 STAMPS    := .stamps
 FIXTURES  := tests/fixtures/generated
 
-.PHONY: chat test build setup fixtures starter-model test-asan clean
+.PHONY: chat test build setup fixtures starter-model test-asan clean bench bench-llamacpp bench-mlx bench-tokenizer
 
 chat: build starter-model
 	$(BUILD)/bin/gemma4 run
@@ -52,6 +52,24 @@ test-asan: $(STAMPS)/apt
 	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DG4_ASAN=ON >/dev/null
 	cmake --build $(BUILD)-asan -j$(JOBS) --target test_io
 	cd $(BUILD)-asan && ctest --output-on-failure -L io
+
+# Benchmarks against peers (not part of `make test`; numbers go in issue notes).
+# llama.cpp (llama-cpp-python builds it from source: minutes on 2 cores) is pinned separately.
+$(STAMPS)/peer: requirements-peer.txt $(STAMPS)/venv
+	CMAKE_ARGS="-DGGML_NATIVE=ON" $(PY) -m pip install -q -r requirements-peer.txt
+	@touch $@
+
+bench-llamacpp: build starter-model $(STAMPS)/peer
+	$(PY) bench/bench_vs_llamacpp.py
+
+bench-mlx: build $(STAMPS)/venv
+	$(PY) tools/make_bench_checkpoint.py --out models/bench-e2b-q4 --layers 5
+	$(PY) bench/bench_vs_mlx.py --model models/bench-e2b-q4 --mlx-repeats 1 --prompt-tokens 32 --gen-tokens 8 --our-args "--dtype bf16"
+
+bench-tokenizer: build starter-model
+	$(PY) bench/bench_tokenizer.py --bin $(BUILD)/bin/gemma4
+
+bench: bench-llamacpp bench-mlx bench-tokenizer
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-asan $(STAMPS)

@@ -83,6 +83,11 @@ int fail(const char* verb, const std::string& msg) {
 }
 
 double peak_rss_mib() {
+  // VmHWM is this process's own peak; getrusage's ru_maxrss can carry a parent's peak across exec.
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::strtod(line.c_str() + 6, nullptr) / 1024.0;
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   return double(ru.ru_maxrss) / 1024.0;
