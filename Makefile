@@ -64,7 +64,7 @@ bench-llamacpp: build starter-model $(STAMPS)/peer
 
 bench-mlx: build $(STAMPS)/venv
 	$(PY) tools/make_bench_checkpoint.py --out models/bench-e2b-q4 --layers 5
-	$(PY) bench/bench_vs_mlx.py --model models/bench-e2b-q4 --mlx-repeats 1 --prompt-tokens 32 --gen-tokens 8 --our-args "--dtype bf16"
+	$(PY) bench/bench_vs_mlx.py --model models/bench-e2b-q4 --mlx-repeats 1 --prompt-tokens 32 --gen-tokens 8
 
 bench-tokenizer: build starter-model
 	$(PY) bench/bench_tokenizer.py --bin $(BUILD)/bin/gemma4
