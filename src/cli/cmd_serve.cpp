@@ -1,6 +1,7 @@
 // gemma4 serve [--model PATH] [--host 127.0.0.1] [--port 8080] [--parallel N] [--api-key KEY]
 //              [--max-queue N] [--context N] [--max-tokens N] [--chat-template FILE]
 //              [--threads N] [--backend cpu|reference] [--model-id NAME]
+//              [--prefix-cache-mb N (default 256; 0 disables)] [--no-prefix-cache]
 // OpenAI- and Anthropic-compatible HTTP server. Loopback by default. Prints load progress, then
 // "ready: http://HOST:PORT" once the model is loaded. SIGINT/SIGTERM drain running requests and exit.
 #include <csignal>
@@ -32,7 +33,7 @@ Result<int> int_flag(const Args& a, const char* name, int def, int lo, int hi) {
 }
 
 int cmd_serve(const std::vector<std::string>& argv) {
-  Args a = parse_args(argv);
+  Args a = parse_args(argv, {"--no-prefix-cache"});
   server::ServerOptions o;
   o.host = a.get("--host", "127.0.0.1");
   o.api_key = a.get("--api-key");
@@ -46,6 +47,9 @@ int cmd_serve(const std::vector<std::string>& argv) {
     if (!v) return fail("serve", v.message());
     *dst = v.value();
   }
+  auto pc = int_flag(a, "--prefix-cache-mb", 256, 0, 1 << 20);
+  if (!pc) return fail("serve", pc.message());
+  o.prefix_cache_bytes = a.has("--no-prefix-cache") ? 0 : size_t(pc.value()) << 20;
   if (a.has("--threads")) {
     auto t = int_flag(a, "--threads", 0, 1, 1024);
     if (!t) return fail("serve", t.message());
@@ -63,6 +67,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
              "/v1/messages answer 400; /v1/completions works. Pass --chat-template FILE to chat.");
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
+  std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error value, not a signal
   server::Server srv(b.value(), o);
   Status st = srv.start();
   if (!st) return fail("serve", st.message());

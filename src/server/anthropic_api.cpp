@@ -159,6 +159,11 @@ std::string event(const char* name, const ojson& data) {
 void handle(Context& ctx, const httplib::Request& hreq, httplib::Response& res) {
   TextRequest r;
   ApiError e;
+  if (ctx.stopping.load()) {  // draining: running requests finish, new ones are refused
+    ctx.metrics.count("/v1/messages", 503);
+    return send_anthropic_error(res, {503, "overloaded_error", "the server is shutting down", ""});
+  }
+  auto guard = std::make_shared<InflightGuard>(ctx.inflight);
   if (!read_request(ctx, hreq, r, e)) {
     ctx.metrics.count("/v1/messages", e.status);
     return send_anthropic_error(res, e);
@@ -191,7 +196,6 @@ void handle(Context& ctx, const httplib::Request& hreq, httplib::Response& res) 
           content.push_back({{"type", "tool_use"}, {"id", new_id("toolu_")}, {"name", te.call.name}, {"input", te.call.arguments}});
       }
       evs.clear();
-      if (ctx.stopping.load()) gen->cancel();
     }
     if (gen->reason() == FinishReason::Error) return send_anthropic_error(res, {500, "api_error", gen->error(), ""});
     ojson out = {{"id", id}, {"type", "message"}, {"role", "assistant"}, {"model", ctx.model_id},
@@ -204,12 +208,11 @@ void handle(Context& ctx, const httplib::Request& hreq, httplib::Response& res) 
   // message_delta (stop_reason, usage) and message_stop.
   struct St { int phase = 0; int index = -1; std::string open; };
   auto st = std::make_shared<St>();
-  Context* cx = &ctx;
   const std::string model = ctx.model_id;
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [gen, st, id, model, cx](size_t, httplib::DataSink& sink) -> bool {
+      [gen, st, id, model, guard](size_t, httplib::DataSink& sink) -> bool {
         auto send = [&](const std::string& s) {
           if (!sink.is_writable() || !sink.write(s.data(), s.size())) {
             gen->cancel();
@@ -239,7 +242,6 @@ void handle(Context& ctx, const httplib::Request& hreq, httplib::Response& res) 
         if (st->phase == 2) return false;
         std::vector<TextEvent> evs;
         const bool more = gen->next(evs, milliseconds(50));
-        if (cx->stopping.load()) gen->cancel();
         if (!sink.is_writable()) {
           gen->cancel();
           return false;

@@ -44,6 +44,19 @@ struct Context {
   Metrics& metrics;
   std::atomic<bool>& stopping;
   std::string model_id;
+  std::atomic<int> inflight{0};  // generation handlers whose response is not fully written yet
+};
+
+// Counts a generation handler in Context::inflight for its lifetime (a streaming handler keeps
+// it alive in its content provider, so draining waits until the last event was written).
+struct InflightGuard {
+  explicit InflightGuard(std::atomic<int>& n) : n_(n) { ++n_; }
+  ~InflightGuard() { --n_; }
+  InflightGuard(const InflightGuard&) = delete;
+  InflightGuard& operator=(const InflightGuard&) = delete;
+
+ private:
+  std::atomic<int>& n_;
 };
 
 // Error bodies in each API's shape.

@@ -53,6 +53,7 @@ std::variant<std::shared_ptr<LiveGeneration>, ApiError> LiveGeneration::start(
   if (!id) {
     const std::string& m = id.message();
     if (m.rfind("queue full", 0) == 0) return ApiError{429, "rate_limit_error", "server busy: " + m, ""};
+    if (m.find("shutting down") != std::string::npos) return ApiError{503, "server_error", m, ""};
     return ApiError{400, "invalid_request_error", m, ""};
   }
   g->id_ = id.value();

@@ -1,5 +1,6 @@
 // OpenAI-compatible endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models.
 // Streaming uses server-sent events ending with "data: [DONE]".
+#include <array>
 #include <chrono>
 
 #include "server/context.h"
@@ -73,6 +74,11 @@ void handle(Context& ctx, const httplib::Request& hreq, httplib::Response& res, 
   const char* endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
   TextRequest r;
   ApiError e;
+  if (ctx.stopping.load()) {  // draining: running requests finish, new ones are refused
+    ctx.metrics.count(endpoint, 503);
+    return send_openai_error(res, {503, "server_error", "the server is shutting down", ""});
+  }
+  auto guard = std::make_shared<InflightGuard>(ctx.inflight);
   if (!read_request(ctx, hreq, chat, r, e)) {
     ctx.metrics.count(endpoint, e.status);
     return send_openai_error(res, e);
@@ -99,7 +105,6 @@ void handle(Context& ctx, const httplib::Request& hreq, httplib::Response& res, 
         if (te.kind == TextEvent::kToolCall) calls.push_back(tool_call_json(te.call, int(calls.size()), false));
       }
       evs.clear();
-      if (ctx.stopping.load()) gen->cancel();
     }
     if (gen->reason() == FinishReason::Error) {
       return send_openai_error(res, {500, "server_error", gen->error(), ""});
@@ -128,12 +133,12 @@ void handle(Context& ctx, const httplib::Request& hreq, httplib::Response& res, 
     return ojson{{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"},
                  {"created", created}, {"model", model}, {"choices", ojson::array({c})}};
   };
-  auto state = std::make_shared<int>(0);  // 0: nothing sent yet, 1: streaming, 2: done
-  Context* cx = &ctx;
+  // state[0]: 0 nothing sent yet, 1 streaming, 2 done; state[1]: tool calls sent (their index).
+  auto state = std::make_shared<std::array<int, 2>>(std::array<int, 2>{0, 0});
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [gen, chunk, state, chat, include_usage, cx](size_t, httplib::DataSink& sink) -> bool {
+      [gen, chunk, state, chat, include_usage, guard](size_t, httplib::DataSink& sink) -> bool {
         auto send = [&](const std::string& s) {
           if (!sink.is_writable() || !sink.write(s.data(), s.size())) {
             gen->cancel();
@@ -141,19 +146,17 @@ void handle(Context& ctx, const httplib::Request& hreq, httplib::Response& res, 
           }
           return true;
         };
-        if (*state == 0) {
-          *state = 1;
+        if ((*state)[0] == 0) {
+          (*state)[0] = 1;
           if (chat && !send(sse(chunk({{"role", "assistant"}, {"content", ""}}, nullptr)))) return false;
         }
-        if (*state == 2) return false;
+        if ((*state)[0] == 2) return false;
         std::vector<TextEvent> evs;
         const bool more = gen->next(evs, milliseconds(50));
-        if (cx->stopping.load()) gen->cancel();
         if (!sink.is_writable()) {  // the client went away
           gen->cancel();
           return false;
         }
-        int ncalls = 0;
         for (auto& te : evs) {
           ojson delta;
           if (te.kind == TextEvent::kContent) {
@@ -162,12 +165,12 @@ void handle(Context& ctx, const httplib::Request& hreq, httplib::Response& res, 
             if (!chat) continue;
             delta = {{"reasoning_content", te.text}};
           } else {
-            delta = {{"tool_calls", ojson::array({tool_call_json(te.call, ncalls++, true)})}};
+            delta = {{"tool_calls", ojson::array({tool_call_json(te.call, (*state)[1]++, true)})}};
           }
           if (!send(sse(chunk(delta, nullptr)))) return false;
         }
         if (!more || gen->finished()) {
-          *state = 2;
+          (*state)[0] = 2;
           if (gen->reason() == FinishReason::Error) {
             send(sse({{"error", {{"message", gen->error()}, {"type", "server_error"}}}}));
           } else {

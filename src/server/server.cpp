@@ -57,7 +57,7 @@ Server::Server(const ModelBundle& bundle, ServerOptions opt) : bundle_(bundle), 
   eo.prefix_cache_bytes = opt_.prefix_cache_bytes;
   engine_ = std::make_unique<Engine>(*bundle.model, eo);
   std::string id = opt_.model_id.empty() ? bundle.name : opt_.model_id;
-  ctx_ = std::make_unique<Context>(Context{bundle_, *engine_, opt_, metrics_, stopping_, id});
+  ctx_.reset(new Context{bundle_, *engine_, opt_, metrics_, stopping_, id});
   register_routes();
 }
 
@@ -147,7 +147,14 @@ void Server::stop(bool drain) {
     if (thread_.joinable()) thread_.join();
     return;
   }
-  if (drain) engine_->shutdown(true);  // running requests finish, then their streams end
+  if (drain) {
+    engine_->shutdown(true);  // running requests finish...
+    // ...and their handlers write the last events before the HTTP server stops (httplib ends
+    // chunked responses as soon as it is stopped).
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (ctx_->inflight.load() > 0 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   http_.stop();
   if (thread_.joinable()) thread_.join();
   engine_->shutdown(false);
