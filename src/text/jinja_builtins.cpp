@@ -1,6 +1,7 @@
 // jinja2 built-ins (jinja2/filters.py, jinja2/tests.py, jinja2/sandbox.py getattr/getitem,
 // jinja2/defaults.py globals) and the Python str/dict methods the sandbox allows.
 #include "text/jinja_builtins.h"
+#include "text/utf8.h"
 
 #include <algorithm>
 #include <cmath>
@@ -96,23 +97,8 @@ uint32_t cp_lower(uint32_t c) {
 }
 bool cp_cased(uint32_t c) { return cp_upper(c) != c || cp_lower(c) != c || c == 0xdf; }
 
-void put_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += char(cp);
-  } else if (cp < 0x800) {
-    out += char(0xC0 | (cp >> 6));
-    out += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += char(0xE0 | (cp >> 12));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  } else {
-    out += char(0xF0 | (cp >> 18));
-    out += char(0x80 | ((cp >> 12) & 0x3F));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  }
-}
+// Code point -> UTF-8 (shared encoder in text/utf8.h).
+inline void put_utf8(std::string& out, uint32_t cp) { utf8::append(out, cp); }
 // Code points of a UTF-8 string (invalid bytes pass through as themselves).
 std::vector<uint32_t> code_points(const std::string& s) {
   std::vector<uint32_t> out;

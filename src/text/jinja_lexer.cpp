@@ -1,5 +1,6 @@
 // Jinja lexer; see jinja_lexer.h for the contract. Follows jinja2/lexer.py (3.1.6) rule by rule.
 #include "text/jinja_lexer.h"
+#include "text/utf8.h"
 
 #include <cstring>
 
@@ -18,23 +19,8 @@ bool is_ident_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <=
 bool is_ident(char c) { return is_ident_start(c) || (c >= '0' && c <= '9'); }
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += char(cp);
-  } else if (cp < 0x800) {
-    out += char(0xC0 | (cp >> 6));
-    out += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += char(0xE0 | (cp >> 12));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  } else {
-    out += char(0xF0 | (cp >> 18));
-    out += char(0x80 | ((cp >> 12) & 0x3F));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  }
-}
+// Code point -> UTF-8 (shared encoder in text/utf8.h).
+inline void append_utf8(std::string& out, uint32_t cp) { utf8::append(out, cp); }
 
 int hexval(char c) {
   if (c >= '0' && c <= '9') return c - '0';
