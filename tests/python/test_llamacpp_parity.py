@@ -7,19 +7,23 @@ Contract with the engine CLI:
   gemma4 logits --model GGUF --ids 2,818,... --out FILE.npy  -> float32 [L, V] logits per position
   gemma4 greedy --model GGUF --ids 2,... --steps 64   -> JSON list of 64 ids (EOS is not a stop)
 
-Checks:
+Checks (thresholds set from measurement, see below):
   tokenization identical for every recorded prompt;
-  top-1 (argmax) agreement >= 99% over all prompt positions pooled;
-  max |Δlogit| over llama.cpp's recorded top-64 ids of each position <= LOGIT_TOL;
+  top-1 (argmax) agreement >= TOP1_MIN over all prompt positions pooled;
+  max |Δlogit| over llama.cpp's recorded top-64 ids of each position <= LOGIT_MAX_TOL, and the mean
+  of those |Δlogit| <= LOGIT_MEAN_TOL;
   greedy 64-token continuations identical. The one allowed difference: the first step where they
   part is a near-tie in llama.cpp's own logits (recorded top-1 - top-2 margin < GAP_TOL); the
   sequences are not compared after it (they condition on different tokens from then on).
 
-Why the tolerance is not tiny: llama.cpp's CPU matmuls quantize the activations to Q8 blocks
-before the dot products with the Q4_K/Q5_0/Q6_K/Q8_0 weights, so even an exact engine differs
-from it. `tools/record_llamacpp.py --numpy-check` runs an exact-f32 numpy forward pass over the
-same dequantized weights and measures that difference (see MEASURED_NUMPY_VS_LLAMACPP);
-LOGIT_TOL is twice its max.
+Why the tolerances are not tiny: llama.cpp's CPU matmuls quantize the activations to Q8 blocks
+before the dot products with the Q4_K/Q5_0/Q6_K/Q8_0 weights and its GELU uses an f16 table, so
+even an exact engine differs from it. `tools/record_llamacpp.py --numpy-check` runs an independent
+exact-f32 numpy forward pass over the same weights (dequantized by the `gguf` package) and
+measures that floor. Measured on the 186 recorded positions (2026-11-29, llama-cpp-python 0.3.36):
+  numpy f32 vs llama.cpp: max |Δ| 2.47, mean 0.221, p99 0.96, top-1 181/186 (97.3%).
+So the issue's 99% top-1 would fail an exact engine; TOP1_MIN is 95%. LOGIT_MAX_TOL and
+LOGIT_MEAN_TOL are twice the measured max and mean; GAP_TOL is about the measured p99.
 Skipped, with the reason printed, when the binary, the model or the recordings are missing.
 """
 from __future__ import annotations
@@ -36,10 +40,10 @@ ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "llamacpp"
 sys.path.insert(0, str(ROOT / "tools"))
 
-MEASURED_NUMPY_VS_LLAMACPP = None  # filled in below from the --numpy-check run
-LOGIT_TOL = 1.0
-GAP_TOL = 0.5
-TOP1_MIN = 0.99
+LOGIT_MAX_TOL = 5.0
+LOGIT_MEAN_TOL = 0.45
+GAP_TOL = 1.0
+TOP1_MIN = 0.95
 TIMEOUT_S = 600
 
 
@@ -105,6 +109,7 @@ def test_logits_match_llamacpp(gemma4_bin, model, ref, tmp_path, parity_report):
     agree = total = 0
     worst = 0.0
     worst_at = None
+    diffs = []
     for k, p in enumerate(meta["prompts"]):
         ids, o, n = p["ids"], p["offset"], len(p["ids"])
         out = tmp_path / f"l{k}.npy"
@@ -114,19 +119,23 @@ def test_logits_match_llamacpp(gemma4_bin, model, ref, tmp_path, parity_report):
             f"{out}: shape {ours.shape}"
         top_ids = arr["top_ids"][o:o + n]
         d = np.abs(np.take_along_axis(ours, top_ids, axis=1) - arr["top_vals"][o:o + n])
+        diffs.append(d.ravel())
         if d.max() > worst:
             worst = float(d.max())
             worst_at = (k, int(np.unravel_index(d.argmax(), d.shape)[0]))
         agree += int((ours.argmax(axis=1) == arr["argmax"][o:o + n]).sum())
         total += n
     top1 = agree / total
-    ok = top1 >= TOP1_MIN and worst <= LOGIT_TOL
+    mean = float(np.concatenate(diffs).mean())
+    ok = top1 >= TOP1_MIN and worst <= LOGIT_MAX_TOL and mean <= LOGIT_MEAN_TOL
     parity_report.append({"fixture": "llamacpp-starter", "check": "logits", "ok": ok,
-                          "top1": f"{top1:.4f}", "max_dlogit_top64": f"{worst:.4f}",
-                          "tol": LOGIT_TOL})
+                          "top1": f"{agree}/{total}", "max_dlogit_top64": f"{worst:.4f}",
+                          "mean_dlogit_top64": f"{mean:.4f}"})
+    print(f"\nllama.cpp parity: top-1 {agree}/{total}, max |dlogit| {worst:.4f}, mean {mean:.4f}")
     assert top1 >= TOP1_MIN, f"top-1 agreement {agree}/{total} = {top1:.4f} < {TOP1_MIN}"
-    assert worst <= LOGIT_TOL, (f"max |dlogit| over llama.cpp's top-64 = {worst:.4f} > {LOGIT_TOL} "
-                                f"(prompt {worst_at[0]}, position {worst_at[1]})")
+    assert worst <= LOGIT_MAX_TOL, (f"max |dlogit| over llama.cpp's top-64 = {worst:.4f} > "
+                                    f"{LOGIT_MAX_TOL} (prompt {worst_at[0]}, position {worst_at[1]})")
+    assert mean <= LOGIT_MEAN_TOL, f"mean |dlogit| over llama.cpp's top-64 = {mean:.4f} > {LOGIT_MEAN_TOL}"
 
 
 def test_greedy_matches_llamacpp(gemma4_bin, model, ref, parity_report):
