@@ -15,6 +15,13 @@ ApiError bad(const std::string& param, const std::string& msg) {
   return ApiError{400, "invalid_request_error", msg, param};
 }
 
+// o[key] when o is an object and the field is a string, else "" (never throws on client JSON).
+std::string str_of(const ojson& o, const char* key) {
+  if (!o.is_object()) return "";
+  auto it = o.find(key);
+  return it != o.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 // Text of a string or an array of text blocks.
 std::optional<ApiError> block_text(const ojson& c, const std::string& where, std::string& out) {
   if (c.is_string()) {
@@ -23,7 +30,7 @@ std::optional<ApiError> block_text(const ojson& c, const std::string& where, std
   }
   if (!c.is_array()) return bad(where, where + " must be a string or an array of blocks");
   for (const auto& b : c) {
-    if (!b.is_object() || b.value("type", "") != "text" || !b.contains("text") || !b["text"].is_string())
+    if (!b.is_object() || str_of(b, "type") != "text" || !b.contains("text") || !b["text"].is_string())
       return bad(where, where + ": only text blocks are allowed here");
     out += b["text"].get<std::string>();
   }
@@ -58,26 +65,26 @@ std::optional<ApiError> to_template_messages(const ojson& body, ojson& out) {
     std::string text, thinking;
     ojson calls = ojson::array();
     for (const auto& b : c) {
-      const std::string t = b.is_object() ? b.value("type", "") : "";
+      const std::string t = str_of(b, "type");
       if (t == "text") {
         if (!b.contains("text") || !b["text"].is_string()) return bad(where + ".content", "text blocks need 'text'");
         text += b["text"].get<std::string>();
       } else if (t == "image" || t == "document") {
         return bad(where + ".content", "image input is not supported by this server yet");
       } else if (t == "thinking" && role == "assistant") {
-        thinking += b.value("thinking", "");
+        thinking += str_of(b, "thinking");
       } else if (t == "redacted_thinking") {
         continue;
       } else if (t == "tool_use" && role == "assistant") {
         if (!b.contains("name") || !b["name"].is_string()) return bad(where + ".content", "tool_use blocks need 'name'");
-        calls.push_back({{"id", b.value("id", "")}, {"type", "function"},
+        calls.push_back({{"id", str_of(b, "id")}, {"type", "function"},
                          {"function", {{"name", b["name"]}, {"arguments", b.value("input", ojson::object())}}}});
       } else if (t == "tool_result" && role == "user") {
         std::string rt;
         if (b.contains("content")) {
           if (auto e = block_text(b["content"], where + ".content.tool_result", rt)) return e;
         }
-        out.push_back({{"role", "tool"}, {"tool_call_id", b.value("tool_use_id", "")}, {"content", rt}});
+        out.push_back({{"role", "tool"}, {"tool_call_id", str_of(b, "tool_use_id")}, {"content", rt}});
       } else {
         return bad(where + ".content", "unsupported content block type '" + t + "'");
       }
@@ -122,7 +129,7 @@ bool read_request(Context& ctx, const httplib::Request& hreq, TextRequest& r, Ap
   if (auto err = read_bool(body, "stream", st)) return e = *err, false;
   r.stream = st.value_or(false);
   if (auto t = body.find("thinking"); t != body.end() && t->is_object())
-    r.thinking = t->value("type", "") == "enabled";
+    r.thinking = str_of(*t, "type") == "enabled";
   if (auto err = to_template_messages(body, r.messages)) return e = *err, false;
   if (auto t = body.find("tools"); t != body.end() && !t->is_null()) {
     if (!t->is_array()) return e = bad("tools", "'tools' must be an array"), false;
@@ -131,10 +138,10 @@ bool read_request(Context& ctx, const httplib::Request& hreq, TextRequest& r, Ap
       if (!tool.is_object() || !tool.contains("name") || !tool["name"].is_string())
         return e = bad("tools", "each tool needs a 'name'"), false;
       r.tools.push_back({{"type", "function"},
-                         {"function", {{"name", tool["name"]}, {"description", tool.value("description", "")},
+                         {"function", {{"name", tool["name"]}, {"description", str_of(tool, "description")},
                                        {"parameters", tool.value("input_schema", ojson::object())}}}});
     }
-    if (auto tc = body.find("tool_choice"); tc != body.end() && tc->is_object() && tc->value("type", "") == "none")
+    if (auto tc = body.find("tool_choice"); tc != body.end() && tc->is_object() && str_of(*tc, "type") == "none")
       r.tools = nullptr;
   }
   r.chat = true;

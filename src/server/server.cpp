@@ -113,10 +113,11 @@ void Server::register_routes() {
                : res.status == 413 ? "request body too large" : "bad request", ""};
     if (req.path == "/v1/messages") send_anthropic_error(res, e); else send_openai_error(res, e);
   });
-  http_.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+  http_.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
     std::string what = "internal error";
     try { if (ep) std::rethrow_exception(ep); } catch (const std::exception& ex) { what = ex.what(); } catch (...) {}
-    send_openai_error(res, {500, "server_error", what, ""});
+    const ApiError e{500, "server_error", what, ""};
+    if (req.path == "/v1/messages") send_anthropic_error(res, e); else send_openai_error(res, e);
   });
   http_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     EngineStats s = engine_->stats();

@@ -418,3 +418,41 @@ def test_template_renders_like_jinja2(gemma4_bin, tmp_path):
     assert out.stdout == ref
     assert ref.startswith("<bos><start_of_turn>user\nBe brief.\n\nNo lists.\n\nYou can call")
     assert ref.endswith("<end_of_turn>\n<start_of_turn>model\n")
+
+
+def test_type_fuzz_never_5xx(srv):
+    """Every top-level field of valid requests replaced by values of every JSON type: always an
+    answer below 500 in the API's error shape, and the server keeps serving."""
+    bases = {
+        "/v1/chat/completions": {"model": "m", "messages": MSGS, "max_tokens": 1, "temperature": 0.5, "top_p": 0.9,
+                                 "top_k": 5, "min_p": 0.1, "seed": 1, "stop": ["x"], "stream": False,
+                                 "logit_bias": {"5": 1}, "presence_penalty": 0.1, "frequency_penalty": 0.1,
+                                 "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto",
+                                 "stream_options": {"include_usage": True}, "reasoning_effort": "low",
+                                 "max_completion_tokens": 1},
+        "/v1/completions": {"model": "m", "prompt": "Hi", "max_tokens": 1, "seed": 2, "stop": "x"},
+        "/v1/messages": {"model": "m", "max_tokens": 1, "system": "s", "temperature": 0.5, "top_k": 3,
+                         "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+                         "stop_sequences": ["x"], "thinking": {"type": "enabled", "budget_tokens": 1024},
+                         "tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "auto"}},
+    }
+    values = [None, -1, 0, 2 ** 70, -1e308, 0.5, "", "x", True, [], [1, "a"], {}, {"type": 1}]
+    for path, base in bases.items():
+        for key in base:
+            for v in values:
+                st, out = srv.raw("POST", path, {**base, key: v})
+                assert st < 500, (path, key, v, st, out)
+                if st != 200:
+                    assert isinstance(out, dict) and ("error" in out), (path, key, v, out)
+                    if path == "/v1/messages":
+                        assert out["type"] == "error"
+        # Message-level fuzz.
+        if path != "/v1/completions":
+            extra = [[{"role": "user"}], [{"role": "user", "content": [{"type": "text"}]}],
+                     [{"role": "user", "content": [{"type": 5}]}]]
+            if path == "/v1/chat/completions":
+                extra.append([{"role": "assistant", "content": "x", "tool_calls": "no"}])
+            for v in values + extra:
+                st, out = srv.raw("POST", path, {**base, "messages": v})
+                assert 400 <= st < 500, (path, v, st, out)
+    assert srv.health()["status"] == "ok"
