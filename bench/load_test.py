@@ -35,7 +35,7 @@ def one_request(host, port, args, i, key):
     else:
         path = "/v1/completions"
         body = {"prompt": f"Once upon a time, robot number {i}"}
-    body.update(max_tokens=args.max_tokens, temperature=0.8, seed=i, stream=True,
+    body.update(max_tokens=args.max_tokens, temperature=args.temperature, seed=i, stream=True,
                 stream_options={"include_usage": True})
     h = {"Content-Type": "application/json"}
     if key:
@@ -121,6 +121,7 @@ def main():
     ap.add_argument("--clients", default="1,4,8,16")
     ap.add_argument("--requests", type=int, default=2, help="requests per client")
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--endpoint", choices=["chat", "completions"], default="completions")
     ap.add_argument("--api-key", default=os.environ.get("GEMMA4_API_KEY", ""))
     ap.add_argument("--json", help="also write the results here")
