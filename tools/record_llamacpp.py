@@ -3,7 +3,7 @@
 
 llama.cpp is the independent reference engine for GGUF files. Needs llama-cpp-python
 (requirements-peer.txt; it builds llama.cpp from source, so it is kept out of requirements.txt):
-    CMAKE_ARGS="-DGGML_NATIVE=ON" .venv/bin/pip install -r requirements-peer.txt
+    (see requirements-peer.txt for the CMAKE_ARGS: native build with AMX off)
 
 For each prompt (raw text, one in the Gemma 3 chat format) it stores:
   - token ids from llama.cpp's tokenizer (add BOS, parse special tokens),
