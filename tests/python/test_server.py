@@ -202,7 +202,9 @@ def test_16_concurrent_streams_complete(srv):
     "engine/model numerics are not batch-invariant: a sequence prefilled/decoded with others gets "
     "slightly different logits than alone, which flips near-ties (e.g. 'In 1969, astronauts': "
     "' on' and ' from' both have logit 19.0; 5 of 8 greedy prompts diverge within 24 tokens, "
-    "also with G4_NO_AMX=1 and the prefix cache off). --parallel 1 matches exactly."))
+    "also with G4_NO_AMX=1 and the prefix cache off). The same holds for one sequence: `gemma4 "
+    "logits` of that prompt differs by up to 1.2 between one 9-row forward and --chunk 1. "
+    "--parallel 1 without the prefix cache matches exactly."))
 def test_batched_equals_alone(srv):
     """Continuous batching must not change a sequence's tokens: same seed, alone vs with 15 others."""
     c = oai(srv)
@@ -456,3 +458,41 @@ def test_type_fuzz_never_5xx(srv):
                 st, out = srv.raw("POST", path, {**base, "messages": v})
                 assert 400 <= st < 500, (path, v, st, out)
     assert srv.health()["status"] == "ok"
+
+
+def test_queue_full_429_and_queued_clients_equal_alone(gemma4_bin):
+    """--parallel 1 --max-queue 2: concurrent clients queue and each gets exactly its lone answer;
+    beyond slot + queue a request is refused with 429 in both API shapes. The prefix cache is off:
+    a cache hit recomputes the prompt's tail in a smaller forward, and the model's numerics depend
+    on the row count (see test_batched_equals_alone)."""
+    s = Server(gemma4_bin, "--parallel", "1", "--max-queue", "2", "--no-prefix-cache")
+    try:
+        reqs = [{"prompt": p, "max_tokens": 6, "temperature": 0.9, "seed": 11}
+                for p in ("The history of Rome", "My favourite food is", "Dear Sir or Madam,")]
+        alone = [s.raw("POST", "/v1/completions", r)[1]["choices"][0]["text"] for r in reqs]
+        with cf.ThreadPoolExecutor(3) as ex:
+            together = [o["choices"][0]["text"] for _, o in ex.map(lambda r: s.raw("POST", "/v1/completions", r), reqs)]
+        assert together == alone
+        # Fill the slot and the queue with long streams, then one more of each API is refused.
+        socks = []
+        for i in range(3):
+            sk = socket.create_connection(("127.0.0.1", s.port))
+            body = json.dumps({"prompt": f"Story {i}", "max_tokens": 3000, "stream": True}).encode()
+            sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            socks.append(sk)
+        deadline = time.time() + 30
+        while (h := s.health())["active"] + h["queued"] < 3 and time.time() < deadline:
+            time.sleep(0.05)
+        st, out = s.raw("POST", "/v1/chat/completions", {"messages": MSGS, "max_tokens": 2})
+        assert st == 429 and out["error"]["type"] == "rate_limit_error", out
+        st, out = s.raw("POST", "/v1/messages", {"max_tokens": 2, "messages": MSGS[1:]})
+        assert st == 429 and out["error"]["type"] == "rate_limit_error", out
+        for sk in socks:
+            sk.close()
+        deadline = time.time() + 30
+        while (h := s.health())["active"] + h["queued"] > 0 and time.time() < deadline:
+            time.sleep(0.05)
+        assert s.health()["active"] + s.health()["queued"] == 0
+    finally:
+        s.close()
