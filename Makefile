@@ -56,7 +56,8 @@ test-asan: $(STAMPS)/apt
 # Benchmarks against peers (not part of `make test`; numbers go in issue notes).
 # llama.cpp (llama-cpp-python builds it from source: minutes on 2 cores) is pinned separately.
 $(STAMPS)/peer: requirements-peer.txt $(STAMPS)/venv
-	CMAKE_ARGS="-DGGML_NATIVE=ON" $(PY) -m pip install -q -r requirements-peer.txt
+	CMAKE_ARGS='-DGGML_NATIVE=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"' \
+	  CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY) -m pip install -r requirements-peer.txt
 	@touch $@
 
 bench-llamacpp: build starter-model $(STAMPS)/peer
