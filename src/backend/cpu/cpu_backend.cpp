@@ -1,12 +1,17 @@
 // The fast CPU backend: threaded SIMD matrix products straight on the packed weights
 // (quant/matmul_fast), attention parallel over (row, head), MoE experts grouped per expert.
-// Elementwise ops are inherited from HostBackend (memory-bound and cheap next to the matmuls).
+// With f32 activations on AVX-512 CPUs, attention (per query row and KV group, K/V rows loaded
+// once per group) and the elementwise ops (gelu, softcap, rms_norm, add) run SIMD kernels
+// (cpu_kernels.h); with bf16 activations every op keeps HostBackend's MLX-exact scalar kernels.
 #include <algorithm>
+#include <functional>
 #include <vector>
 
+#include "backend/cpu/cpu_kernels.h"
 #include "backend/host_backend.h"
 #include "core/thread_pool.h"
 #include "quant/matmul.h"
+#include "quant/matmul_internal.h"
 
 namespace g4 {
 namespace {
@@ -24,8 +29,32 @@ class CpuBackend final : public HostBackend {
     round_activations(y, size_t(M) * W.rows, P);
   }
 
+  // True when the f32 SIMD kernels apply (checked once: cpu_has_avx512 reads the environment).
+  bool simd(ActPrecision P) const { return P == ActPrecision::F32 && avx512_; }
+
+  void gelu_mul(const float* gate, const float* up, size_t n, ActPrecision P, float* out) override {
+    if (!simd(P)) return HostBackend::gelu_mul(gate, up, n, P, out);
+    cpu::gelu_mul_avx512(gate, up, n, out);
+  }
+  void softcap(float* x, size_t n, float cap, ActPrecision P) override {
+    if (!simd(P)) return HostBackend::softcap(x, n, cap, P);
+    cpu::softcap_avx512(x, n, cap);
+  }
+  void rms_norm(const float* x, int rows, int dim, const float* w, float eps, ActPrecision P,
+                float* y) override {
+    if (!simd(P)) return HostBackend::rms_norm(x, rows, dim, w, eps, P, y);
+    cpu::rms_norm_avx512(x, rows, dim, w, eps, y);
+  }
+  void add(const float* a, const float* b, size_t n, ActPrecision P, float* y) override {
+    if (!simd(P)) return HostBackend::add(a, b, n, P, y);
+    cpu::add_avx512(a, b, n, y);
+  }
+
   void attention(const float* q, int H, const std::vector<AttnSeq>& seqs, float scale,
                  ActPrecision P, float* out) override {
+    bool fast = simd(P);
+    for (const AttnSeq& s : seqs) fast = fast && s.kv.head_dim % 16 == 0 && H % s.kv.n_kv_heads == 0;
+    if (fast) return attention_groups(q, H, seqs, scale, out);
     // Flatten (sequence, row, head) work items; each thread keeps its own score scratch.
     struct Item { int s, t; };
     std::vector<Item> items;
@@ -46,6 +75,38 @@ class CpuBackend final : public HostBackend {
         attend_one(q + off, s.kv, h / group, s.pos0 + it.t, scale, P, scores.data(), out + off);
       }
     });
+  }
+
+  // f32 SIMD attention: one work item per (sequence, row, KV head) covering that head's query
+  // group. Items are visited in zig-zag order (first, last, second, ...) so that the contiguous
+  // halves parallel_for hands to the threads hold equal causal work.
+  void attention_groups(const float* q, int H, const std::vector<AttnSeq>& seqs, float scale,
+                        float* out) {
+    struct Item { int s, t, g; };
+    std::vector<Item> items;
+    size_t scratch = 1;
+    for (int si = 0; si < int(seqs.size()); ++si) {
+      const AttnSeq& s = seqs[size_t(si)];
+      const int group = H / s.kv.n_kv_heads;
+      const int keys = s.kv.window > 0 ? std::min(s.kv.window, s.pos0 + s.n) : s.pos0 + s.n;
+      scratch = std::max(scratch, size_t(group) * size_t(keys + 16));
+      for (int t = 0; t < s.n; ++t)
+        for (int g = 0; g < s.kv.n_kv_heads; ++g) items.push_back({si, t, g});
+    }
+    const int64_t n = int64_t(items.size());
+    auto body = [&](int64_t b, int64_t e) {
+      thread_local std::vector<float> sc;
+      if (sc.size() < scratch) sc.resize(scratch);
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t z = (i % 2 == 0) ? i / 2 : n - 1 - i / 2;  // zig-zag
+        const Item& it = items[size_t(z)];
+        const AttnSeq& s = seqs[size_t(it.s)];
+        const int D = s.kv.head_dim, group = H / s.kv.n_kv_heads;
+        const size_t off = (size_t(s.row0 + it.t) * H + size_t(it.g) * group) * D;
+        cpu::attend_group_avx512(q + off, group, s.kv, it.g, s.pos0 + it.t, scale, sc.data(), out + off);
+      }
+    };
+    parallel_for(n, std::ref(body));  // std::ref: no std::function allocation
   }
 
   void moe_experts(const float* x, int rows, int d, const int32_t* idx, const float* w, int k,
@@ -85,6 +146,9 @@ class CpuBackend final : public HostBackend {
       round_activations(o, size_t(d), P);
     }
   }
+
+ private:
+  const bool avx512_ = detail::cpu_has_avx512();
 };
 
 }  // namespace
