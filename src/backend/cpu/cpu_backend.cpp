@@ -4,6 +4,7 @@
 // once per group) and the elementwise ops (gelu, softcap, rms_norm, add) run SIMD kernels
 // (cpu_kernels.h); with bf16 activations every op keeps HostBackend's MLX-exact scalar kernels.
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <vector>
 
@@ -48,6 +49,35 @@ class CpuBackend final : public HostBackend {
   void add(const float* a, const float* b, size_t n, ActPrecision P, float* y) override {
     if (!simd(P)) return HostBackend::add(a, b, n, P, y);
     cpu::add_avx512(a, b, n, y);
+  }
+
+  // HostBackend::rope with cos/sin computed once per (row, pair) instead of once per head:
+  // the same std::cos/std::sin values, so the result is bit-identical to the reference.
+  void rope(float* x, int rows, int heads, int head_dim, int pos0, const RopeTable& t,
+            ActPrecision P) override {
+    if (P != ActPrecision::F32) return HostBackend::rope(x, rows, heads, head_dim, pos0, t, P);
+    const int half = head_dim / 2;
+    thread_local std::vector<float> cs;
+    cs.resize(size_t(2 * half));
+    float* c = cs.data();
+    float* sn = c + half;
+    for (int r = 0; r < rows; ++r) {
+      const float pos = float(pos0 + r) * t.position_scale;
+      for (int j = 0; j < half; ++j) {
+        const float th = pos * t.inv_freq[j];
+        c[j] = std::cos(th);
+        sn[j] = std::sin(th);
+      }
+      for (int h = 0; h < heads; ++h) {
+        float* v = x + (int64_t(r) * heads + h) * head_dim;
+        for (int j = 0; j < half; ++j) {
+          if (t.inv_freq[j] == 0.f) continue;  // pairs that do not rotate stay as they are
+          const float a = v[j], b = v[j + half];
+          v[j] = a * c[j] - b * sn[j];
+          v[j + half] = a * sn[j] + b * c[j];
+        }
+      }
+    }
   }
 
   void attention(const float* q, int H, const std::vector<AttnSeq>& seqs, float scale,
