@@ -58,8 +58,7 @@ Result<uint64_t> Engine::submit(GenerationSpec spec, EventFn on_event) {
   if (!sv) return Error{sv.message()};
   std::lock_guard<std::mutex> lk(mu_);
   if (stop_) return err("engine is shutting down");
-  int busy = 0;
-  for (auto& s : slots_) busy += s->req ? 1 : 0;
+  const int busy = stats_.active;
   if (int(queue_.size()) + busy >= opt_.parallel + opt_.max_queue) {
     ++stats_.requests_rejected;
     return err("queue full: %d requests running and %zu waiting", busy, queue_.size());
@@ -94,8 +93,6 @@ EngineStats Engine::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
   EngineStats s = stats_;
   s.queued = int(queue_.size());
-  s.active = 0;
-  for (auto& sl : slots_) s.active += sl->req ? 1 : 0;
   return s;
 }
 
@@ -107,7 +104,8 @@ void Engine::finish(Slot& s, FinishReason r, const std::string& error) {
   ev.cached_tokens = s.cached;
   ev.completion_tokens = s.generated;
   ev.error = error;
-  s.req->on_event(ev);
+  std::shared_ptr<Request> req = std::move(s.req);
+  // Free the slot first, so that whoever sees the final event also sees the slot free.
   // Keep the KV of a cleanly consumed sequence for later prefixes.
   if (r != FinishReason::Error && s.cache && s.cache->size() == int(s.fed.size()) && !s.fed.empty()) {
     prefix_.insert(std::move(s.fed), std::move(s.cache));
@@ -116,9 +114,12 @@ void Engine::finish(Slot& s, FinishReason r, const std::string& error) {
   s.fed.clear();
   s.history.clear();
   s.sampler.reset();
-  s.req.reset();
-  std::lock_guard<std::mutex> lk(mu_);
-  ++stats_.requests_finished;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++stats_.requests_finished;
+    --stats_.active;  // slots are engine-thread state; this counter is what other threads read
+  }
+  req->on_event(ev);
 }
 
 void Engine::admit() {
@@ -131,6 +132,7 @@ void Engine::admit() {
       if (queue_.empty()) return;
       r = queue_.front();
       queue_.pop_front();
+      ++stats_.active;
     }
     s.req = r;
     s.cache = model_.new_cache();

@@ -137,22 +137,26 @@ def chat_both_ways(client, **kw):
     return full, text, finish, usage
 
 
-def test_chat_stream_matches_non_stream(srv):
+# The stream-vs-whole comparisons run with the prefix cache off: a cache hit recomputes only the
+# prompt's tail in a smaller forward pass, and the fast GGUF kernels' results still depend on the
+# row count (see test_prefix_cache_does_not_change_outputs), which is not what these tests check.
+def test_chat_stream_matches_non_stream(srv_nocache):
+    srv = srv_nocache
     kw = dict(model="m", messages=MSGS, max_tokens=12, temperature=0.9, top_p=0.95, seed=1234,
               extra_body={"min_p": 0.01, "top_k": 40})
-    full, text, finish, usage = chat_both_ways(oai(srv), **kw)
+    full, text, finish, usage = chat_both_ways(oai(srv, KEY), **kw)
     assert full.choices[0].message.content == text and text
     assert finish == [full.choices[0].finish_reason]
     assert full.usage.completion_tokens == usage[0].completion_tokens <= 12
     assert full.usage.prompt_tokens == usage[0].prompt_tokens > 10
     assert full.usage.prompt_tokens_details.cached_tokens is not None
     # max_completion_tokens is the same limit.
-    r = oai(srv).chat.completions.create(model="m", messages=MSGS, max_completion_tokens=3, seed=1)
+    r = oai(srv, KEY).chat.completions.create(model="m", messages=MSGS, max_completion_tokens=3, seed=1)
     assert r.usage.completion_tokens <= 3
 
 
-def test_completions_stream_matches_non_stream_and_stop(srv):
-    c = oai(srv)
+def test_completions_stream_matches_non_stream_and_stop(srv_nocache):
+    c = oai(srv_nocache, KEY)
     kw = dict(model="m", prompt="The capital of France is", max_tokens=10, temperature=0.7, seed=5,
               frequency_penalty=0.5, presence_penalty=0.2)
     full = c.completions.create(**kw)
@@ -277,8 +281,9 @@ def test_tool_round_trip_openai(srv):
     assert st == 400 and "tool_calls" in body["error"]["param"]
 
 
-def test_anthropic_messages_stream_and_tools(srv):
-    c = ant(srv)
+def test_anthropic_messages_stream_and_tools(srv_nocache):
+    srv = srv_nocache  # cache off: see test_chat_stream_matches_non_stream
+    c = ant(srv, KEY)
     kw = dict(model="m", max_tokens=10, system="Be brief.", extra_body={"temperature": 0.0},
               messages=[{"role": "user", "content": "Say hello."}])
     full = c.messages.create(**kw)
@@ -292,7 +297,7 @@ def test_anthropic_messages_stream_and_tools(srv):
     # Raw event order.
     c2 = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
     raw = {k: v for k, v in kw.items() if k != "extra_body"} | {"temperature": 0.0, "stream": True}
-    c2.request("POST", "/v1/messages", json.dumps(raw), {"Content-Type": "application/json"})
+    c2.request("POST", "/v1/messages", json.dumps(raw), {"Content-Type": "application/json", "x-api-key": KEY})
     names = re.findall(r"^event: (\w+)$", c2.getresponse().read().decode(), re.M)
     assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
     if "content_block_start" in names:
