@@ -1,6 +1,6 @@
 // gemma4 serve [--model PATH] [--host 127.0.0.1] [--port 8080] [--parallel N] [--api-key KEY]
 //              [--max-queue N] [--context N] [--max-tokens N] [--chat-template FILE]
-//              [--threads N] [--backend cpu|reference] [--model-id NAME]
+//              [--threads N] [--backend cpu|reference] [--model-id NAME] [--batch-invariant on|off]
 //              [--prefix-cache-mb N (default 256; 0 disables)] [--no-prefix-cache]
 // OpenAI- and Anthropic-compatible HTTP server. Loopback by default. Prints load progress, then
 // "ready: http://HOST:PORT" once the model is loaded. SIGINT/SIGTERM drain running requests and exit.
@@ -11,6 +11,7 @@
 
 #include "cli/common.h"
 #include "core/thread_pool.h"
+#include "quant/matmul.h"
 #include "runtime/bundle.h"
 #include "server/server.h"
 
@@ -55,6 +56,12 @@ int cmd_serve(const std::vector<std::string>& argv) {
     if (!t) return fail("serve", t.message());
     set_num_threads(t.value());
   }
+  // Same tokens for a sequence whether it runs alone or in a batch (and with or without a
+  // prefix-cache hit): row-exact kernels for every batch size. --batch-invariant off trades that
+  // for faster single-stream decode.
+  const std::string bi = a.get("--batch-invariant", "on");
+  if (bi != "on" && bi != "off") return fail("serve", "--batch-invariant: expected on or off");
+  set_batch_invariant(bi == "on");
   auto b = load_bundle(a.get("--model"), a.get("--backend", "cpu"), progress);
   if (!b) return fail("serve", b.message());
   if (a.has("--chat-template")) {

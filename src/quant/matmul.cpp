@@ -3,6 +3,7 @@
 // Mirrors MLX: ops.cpp `dequantize` (w = scale*q + bias, product rounded before the add; checked
 // bit-for-bit against mlx.core.dequantize by tests/quant/mlx_vectors_test.cpp).
 #include "quant/matmul.h"
+#include "quant/gguf_amx.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -131,6 +132,15 @@ void matmul_ref(const float* x, int64_t M, const WeightView& w, float* y) {
     }
   }
 }
+
+namespace {
+bool g_batch_invariant = false;
+}  // namespace
+void set_batch_invariant(bool on) {
+  g_batch_invariant = on;
+  gguf::set_amx_min_rows(on ? 1 : 0);  // 0: the per-format measured switch-over
+}
+bool batch_invariant() { return g_batch_invariant; }
 
 void matmul_fast(const float* x, int64_t M, const WeightView& w, float* y) {
   if (M <= 0 || w.rows <= 0) return;

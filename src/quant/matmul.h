@@ -35,4 +35,12 @@ void matmul_ref(const float* x, int64_t M, const WeightView& w, float* y);
 // G4_NO_AMX / G4_NO_AVX512 / G4_NO_AVX2 = 1 turn a path off (for comparisons).
 void matmul_fast(const float* x, int64_t M, const WeightView& w, float* y);
 
+// Batch-invariant numerics: when on, matmul_fast computes every row of y with the same kernel
+// whatever M is (the AMX paths, which are row-exact across M, are used from M = 1), so a
+// sequence's logits do not depend on which other rows share the forward pass (continuous
+// batching, chunked prefill, prefix-cache hits). Costs decode speed at M = 1; off by default.
+// Set before running; not synchronised with running matmuls.
+void set_batch_invariant(bool on);
+bool batch_invariant();
+
 }  // namespace g4

@@ -28,6 +28,7 @@
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "quant/matmul_internal.h"
+#include "quant/matmul.h"
 
 namespace g4::detail {
 namespace {
@@ -287,7 +288,7 @@ bool amx_available() {
 constexpr int64_t kAmxMinM = 8;
 
 bool amx_supports(const WeightView& w, int64_t M) {
-  if (M < kAmxMinM || w.cols % 32 != 0) return false;
+  if ((M < kAmxMinM && !batch_invariant()) || w.cols % 32 != 0) return false;
   return w.fmt == WFormat::BF16 || (w.fmt == WFormat::MlxAffine && w.row_bytes % 4 == 0);
 }
 

@@ -202,13 +202,7 @@ def test_16_concurrent_streams_complete(srv):
     assert srv.health()["active"] == 0
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "engine/model numerics are not batch-invariant: a sequence prefilled/decoded with others gets "
-    "slightly different logits than alone, which flips near-ties (e.g. 'In 1969, astronauts': "
-    "' on' and ' from' both have logit 19.0; 5 of 8 greedy prompts diverge within 24 tokens, "
-    "also with G4_NO_AMX=1 and the prefix cache off). The same holds for one sequence: `gemma4 "
-    "logits` of that prompt differs by up to 1.2 between one 9-row forward and --chunk 1. "
-    "--parallel 1 without the prefix cache matches exactly."))
+# `serve` runs with --batch-invariant on (its default): row-exact kernels for every batch size.
 def test_batched_equals_alone(srv):
     """Continuous batching must not change a sequence's tokens: same seed, alone vs with 15 others."""
     c = oai(srv)
@@ -235,10 +229,6 @@ def test_prefix_cache_reuse(srv, srv_nocache):
     assert b2.usage.prompt_tokens == b.usage.prompt_tokens
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "same root cause as test_batched_equals_alone: a cache hit recomputes only the prompt's tail, in "
-    "a forward with fewer rows, and the logits depend on the row count; measured 5 of 8 greedy "
-    "second turns identical with the cache on and off"))
 def test_prefix_cache_does_not_change_outputs(srv, srv_nocache):
     prompts = ["The history of Rome", "def fibonacci(n):", "My favourite food is", "In 1969, astronauts"]
     outs = {}
