@@ -4,6 +4,8 @@
 // once per group) and the elementwise ops (gelu, softcap, rms_norm, add) run SIMD kernels
 // (cpu_kernels.h); with bf16 activations every op keeps HostBackend's MLX-exact scalar kernels.
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cmath>
 #include <functional>
 #include <vector>
@@ -26,8 +28,36 @@ class CpuBackend final : public HostBackend {
       matmul_mlx_bf16_parity(x, M, W, y);
       return;
     }
-    matmul_fast(x, M, W, y);
+    if (M == 1 && dynamic_ && W.fmt != WFormat::MlxAffine && W.rows * W.row_bytes >= (256 << 10)) {
+      matmul_dynamic_rows(x, W, y);
+    } else {
+      matmul_fast(x, M, W, y);
+    }
     round_activations(y, size_t(M) * W.rows, P);
+  }
+
+  // Decode (M = 1) matmul with dynamic row scheduling: the threads take chunks of weight rows
+  // from a shared counter and run matmul_fast on each chunk's sub-view (nested parallel_for
+  // runs inline), so a thread that falls behind (other processes, uneven memory latency) no
+  // longer holds up the whole product with its static half. Per-row results are those of
+  // matmul_fast (chunks start at even rows, keeping the kernels' row pairing). Not for MlxAffine
+  // (its scales/biases would need offsetting too). G4_STATIC_SPLIT=1 turns it off.
+  void matmul_dynamic_rows(const float* x, const WeightView& W, float* y) {
+    const int64_t bytes = W.rows * W.row_bytes;
+    const int64_t target = bytes >= (8 << 20) ? (512 << 10) : (64 << 10);
+    const int64_t chunk = std::max<int64_t>(2, target / W.row_bytes) & ~int64_t(1);
+    std::atomic<int64_t> next{0};
+    auto body = [&](int64_t, int64_t) {
+      for (;;) {
+        const int64_t r0 = next.fetch_add(chunk, std::memory_order_relaxed);
+        if (r0 >= W.rows) return;
+        WeightView s = W;
+        s.data = static_cast<const uint8_t*>(W.data) + r0 * W.row_bytes;
+        s.rows = std::min(chunk, W.rows - r0);
+        matmul_fast(x, 1, s, y + r0);
+      }
+    };
+    parallel_for(num_threads(), std::ref(body));
   }
 
   // True when the f32 SIMD kernels apply (checked once: cpu_has_avx512 reads the environment).
@@ -179,6 +209,10 @@ class CpuBackend final : public HostBackend {
 
  private:
   const bool avx512_ = detail::cpu_has_avx512();
+  const bool dynamic_ = [] {
+    const char* e = std::getenv("G4_STATIC_SPLIT");
+    return !(e && std::string(e) != "0");
+  }();
 };
 
 }  // namespace
