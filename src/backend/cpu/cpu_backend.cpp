@@ -13,6 +13,8 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/host_backend.h"
 #include "core/thread_pool.h"
+#include "quant/gguf_act.h"
+#include "quant/gguf_blocks.h"
 #include "quant/matmul.h"
 #include "quant/matmul_internal.h"
 
@@ -29,7 +31,7 @@ class CpuBackend final : public HostBackend {
       return;
     }
     if (M == 1 && dynamic_ && W.fmt != WFormat::MlxAffine && W.rows * W.row_bytes >= (256 << 10)) {
-      matmul_dynamic_rows(x, W, y);
+      if (!gguf_decode_dynamic(x, W, y)) matmul_dynamic_rows(x, W, y);
     } else {
       matmul_fast(x, M, W, y);
     }
@@ -42,6 +44,42 @@ class CpuBackend final : public HostBackend {
   // longer holds up the whole product with its static half. Per-row results are those of
   // matmul_fast (chunks start at even rows, keeping the kernels' row pairing). Not for MlxAffine
   // (its scales/biases would need offsetting too). G4_STATIC_SPLIT=1 turns it off.
+  // The same dynamic schedule for GGUF weights on AVX-512 VNNI CPUs, quantizing the activation
+  // row once (as gguf_matmul_fast does) instead of once per chunk, and running the row kernels
+  // gguf_matmul_fast runs on each chunk. Returns false where it does not apply.
+  bool gguf_decode_dynamic(const float* x, const WeightView& W, float* y) {
+    using namespace gguf;
+    if (!vnni_) return false;
+    const bool kq = W.fmt == WFormat::GgufQ4_K || W.fmt == WFormat::GgufQ5_K || W.fmt == WFormat::GgufQ6_K;
+    const bool pq = W.fmt == WFormat::GgufQ8_0 || W.fmt == WFormat::GgufQ4_0 || W.fmt == WFormat::GgufQ5_0;
+    if (!kq && !pq) return false;
+    thread_local ActK ak;
+    thread_local ActPair ap;
+    if (kq) {
+      quantize_act_k(x, 1, W.cols, W.fmt == WFormat::GgufQ6_K ? Layout::KNatural : Layout::KPerm, &ak);
+    } else {
+      quantize_act_pair(x, 1, W.cols,
+                        W.fmt == WFormat::GgufQ8_0 ? 128 : W.fmt == WFormat::GgufQ4_0 ? 8 : 16, &ap);
+    }
+    const ActK* akp = &ak;  // the caller's buffers: workers have their own (empty) thread_locals
+    const ActPair* app = &ap;
+    const int64_t bytes = W.rows * W.row_bytes;
+    const int64_t target = bytes >= (8 << 20) ? (512 << 10) : (64 << 10);
+    const int64_t chunk = std::max<int64_t>(2, target / W.row_bytes) & ~int64_t(1);
+    std::atomic<int64_t> next{0};
+    auto body = [&](int64_t, int64_t) {
+      for (;;) {
+        const int64_t r0 = next.fetch_add(chunk, std::memory_order_relaxed);
+        if (r0 >= W.rows) return;
+        const int64_t r1 = std::min(W.rows, r0 + chunk);
+        if (kq) rows_k_avx512(W.data, W.row_bytes, W.fmt, *akp, 1, r0, r1, y, W.rows);
+        else rows_pair_avx512(W.data, W.row_bytes, W.fmt, W.cols / QK, *app, 1, r0, r1, y, W.rows);
+      }
+    };
+    parallel_for(num_threads(), std::ref(body));
+    return true;
+  }
+
   void matmul_dynamic_rows(const float* x, const WeightView& W, float* y) {
     const int64_t bytes = W.rows * W.row_bytes;
     const int64_t target = bytes >= (8 << 20) ? (512 << 10) : (64 << 10);
@@ -209,6 +247,7 @@ class CpuBackend final : public HostBackend {
 
  private:
   const bool avx512_ = detail::cpu_has_avx512();
+  const bool vnni_ = gguf::cpu_has_avx512_vnni();
   const bool dynamic_ = [] {
     const char* e = std::getenv("G4_STATIC_SPLIT");
     return !(e && std::string(e) != "0");
