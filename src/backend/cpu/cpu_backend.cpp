@@ -30,7 +30,9 @@ class CpuBackend final : public HostBackend {
       matmul_mlx_bf16_parity(x, M, W, y);
       return;
     }
-    if (M == 1 && dynamic_ && W.fmt != WFormat::MlxAffine && W.rows * W.row_bytes >= (256 << 10)) {
+    // Batch-invariant mode (quant/matmul.h) needs matmul_fast's row-exact kernels at every M.
+    if (M == 1 && dynamic_ && !batch_invariant() && W.fmt != WFormat::MlxAffine &&
+        W.rows * W.row_bytes >= (256 << 10)) {
       if (!gguf_decode_dynamic(x, W, y)) matmul_dynamic_rows(x, W, y);
     } else {
       matmul_fast(x, M, W, y);
