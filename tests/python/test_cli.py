@@ -5,6 +5,7 @@ What a person does: `gemma4 generate "..."`, `gemma4 run "question"`, and an int
 chat template, so `run` must say so and complete the text instead.
 """
 import os
+import re
 import signal
 import subprocess
 import time
@@ -69,15 +70,14 @@ def test_interactive_session_reset_and_exit(cli):
 
 
 def test_chat_template_turn(cli):
-    # A chat turn through a real template (the official Gemma 4 one renders; the starter vocabulary
-    # treats its markers as text, which is enough to exercise render -> tokenize -> generate).
-    tpl = REPO.parent / "shared/reference/gemma4-chat_template.jinja"
-    if not tpl.exists():
-        pytest.skip(f"{tpl} is missing")
+    # A chat turn through a real template file (Gemma 3's turn format, which the starter's
+    # vocabulary knows): render -> tokenize with special tokens -> generate -> stop at end of turn.
+    tpl = REPO / "templates/gemma3_chat.jinja"
     r = run(cli, "run", "--chat-template", str(tpl), "--max-tokens", "6", "--system", "Be brief.", "Hi")
     assert r.returncode == 0, r.stderr
     assert "base (pre-trained)" not in r.stderr
-    assert "prompt:" in r.stderr
+    m = re.search(r"prompt: (\d+) tokens", r.stderr)
+    assert m and int(m.group(1)) > 8, r.stderr  # <bos>, turn markers, system and user text
 
 
 def test_ctrl_c_stops_the_answer_not_the_program(cli):
