@@ -42,4 +42,23 @@ struct WeightView {
   bool valid() const { return data != nullptr && rows > 0 && cols > 0; }
 };
 
+// An MLX affine matrix [rows, cols] over packed words and per-group scales/biases (spec §3.4):
+// rows are rows*cols*bits/32 words long, back to back.
+inline WeightView mlx_affine_view(const void* words, int64_t rows, int64_t cols, int bits,
+                                  int group_size, const void* scales, const void* biases,
+                                  DType scale_dtype) {
+  WeightView v;
+  v.fmt = WFormat::MlxAffine;
+  v.rows = rows;
+  v.cols = cols;
+  v.data = words;
+  v.row_bytes = cols * bits / 8;
+  v.bits = bits;
+  v.group_size = group_size;
+  v.scales = scales;
+  v.biases = biases;
+  v.scale_dtype = scale_dtype;
+  return v;
+}
+
 }  // namespace g4

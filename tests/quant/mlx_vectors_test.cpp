@@ -63,17 +63,7 @@ TEST(MlxVectors, DequantMatchesMlxBitForBit) {
       ASSERT_NE(native, nullptr);
     }
 
-    WeightView v;
-    v.fmt = WFormat::MlxAffine;
-    v.rows = rows;
-    v.cols = cols;
-    v.data = words.data();
-    v.row_bytes = cols * bits / 8;
-    v.bits = bits;
-    v.group_size = g;
-    v.scales = scales.data();
-    v.biases = biases.data();
-    v.scale_dtype = dt;
+    WeightView v = mlx_affine_view(words.data(), rows, cols, bits, g, scales.data(), biases.data(), dt);
     ASSERT_TRUE(validate_weight(v, "fixture").is_ok());
     for (size_t k = 0; k < ns; ++k) negative_scales += load_float(scales.data(), dt, k) < 0;
 

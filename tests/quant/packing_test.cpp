@@ -17,17 +17,7 @@ WeightView identity_view(const std::vector<uint32_t>& words, int64_t rows, int64
                          int group, std::vector<float>& ones, std::vector<float>& zeros) {
   ones.assign(size_t(rows * cols / group), 1.f);
   zeros.assign(ones.size(), 0.f);
-  WeightView v;
-  v.fmt = WFormat::MlxAffine;
-  v.rows = rows;
-  v.cols = cols;
-  v.data = words.data();
-  v.row_bytes = cols * bits / 8;
-  v.bits = bits;
-  v.group_size = group;
-  v.scales = ones.data();
-  v.biases = zeros.data();
-  v.scale_dtype = DType::F32;
+  WeightView v = mlx_affine_view(words.data(), rows, cols, bits, group, ones.data(), zeros.data(), DType::F32);
   return v;
 }
 
@@ -94,17 +84,7 @@ TEST(MlxPacking, NegativeScaleAndRounding) {
   q[2] = 3;
   auto words = test::pack_bits_spec(q, 8);
   const float s = -0.0123f, b = 1.7f;
-  WeightView v;
-  v.fmt = WFormat::MlxAffine;
-  v.rows = 1;
-  v.cols = 32;
-  v.data = words.data();
-  v.row_bytes = 32;
-  v.bits = 8;
-  v.group_size = 32;
-  v.scales = &s;
-  v.biases = &b;
-  v.scale_dtype = DType::F32;
+  WeightView v = mlx_affine_view(words.data(), 1, 32, 8, 32, &s, &b, DType::F32);
   std::vector<float> out(32);
   dequant_row(v, 0, out.data());
   volatile float p1 = s * 255.f, p2 = s * 3.f;

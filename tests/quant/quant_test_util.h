@@ -62,17 +62,7 @@ inline OwnedWeight random_mlx(int64_t rows, int64_t cols, int bits, int group, D
     store_float(o.scales, sdt, size_t(i), sd(rng));
     store_float(o.biases, sdt, size_t(i), bd(rng));
   }
-  WeightView& v = o.view;
-  v.fmt = WFormat::MlxAffine;
-  v.rows = rows;
-  v.cols = cols;
-  v.data = o.data.data();
-  v.row_bytes = words_per_row * 4;
-  v.bits = bits;
-  v.group_size = group;
-  v.scales = o.scales.data();
-  v.biases = o.biases.data();
-  v.scale_dtype = sdt;
+  o.view = mlx_affine_view(o.data.data(), rows, cols, bits, group, o.scales.data(), o.biases.data(), sdt);
   return o;
 }
 
