@@ -44,11 +44,7 @@ struct Session {
 };
 
 Result<Session> open_session(const Args& a) {
-  if (a.has("--threads")) {
-    int n = std::atoi(a.get("--threads").c_str());
-    if (n <= 0) return err("--threads: expected a positive number");
-    set_num_threads(n);
-  }
+  G4_TRY(apply_process_flags(a));
   Session s;
   G4_ASSIGN_OR_RETURN(s.b, load_bundle(a.get("--model"), a.get("--backend", "cpu"), progress));
   if (a.has("--chat-template")) {  // a template file overrides the model's own (or adds one)

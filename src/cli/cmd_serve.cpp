@@ -51,11 +51,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   auto pc = int_flag(a, "--prefix-cache-mb", 256, 0, 1 << 20);
   if (!pc) return fail("serve", pc.message());
   o.prefix_cache_bytes = a.has("--no-prefix-cache") ? 0 : size_t(pc.value()) << 20;
-  if (a.has("--threads")) {
-    auto t = int_flag(a, "--threads", 0, 1, 1024);
-    if (!t) return fail("serve", t.message());
-    set_num_threads(t.value());
-  }
+  if (Status s = apply_process_flags(a); !s) return fail("serve", s.message());
   // Same tokens for a sequence whether it runs alone or in a batch (and with or without a
   // prefix-cache hit): row-exact kernels for every batch size. --batch-invariant off trades that
   // for faster single-stream decode.

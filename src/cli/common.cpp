@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "core/mapped_file.h"
 #include "core/thread_pool.h"
 
 namespace g4::cli {
@@ -41,12 +42,23 @@ Result<ActPrecision> parse_precision(const std::string& s) {
   return err("--dtype: expected f32 or bf16, got '%s'", s.c_str());
 }
 
-Result<std::unique_ptr<Model>> load_model_from_args(const Args& a, bool quiet) {
+Status apply_process_flags(const Args& a) {
   if (a.has("--threads")) {
-    int n = std::atoi(a.get("--threads").c_str());
-    if (n <= 0) return err("--threads: expected a positive number");
-    set_num_threads(n);
+    char* end = nullptr;
+    const long n = std::strtol(a.get("--threads").c_str(), &end, 10);
+    if (*end != '\0' || n <= 0 || n > 1024) return err("--threads: expected a number from 1 to 1024");
+    set_num_threads(int(n));
   }
+  if (a.has("--weights")) {
+    auto r = parse_weight_residency(a.get("--weights"));
+    if (!r) return err("--weights: expected auto, mmap or copy, got '%s'", a.get("--weights").c_str());
+    set_weight_residency(*r);
+  }
+  return {};
+}
+
+Result<std::unique_ptr<Model>> load_model_from_args(const Args& a, bool quiet) {
+  G4_TRY(apply_process_flags(a));
   std::string path = a.get("--model");
   auto t0 = std::chrono::steady_clock::now();
   if (!quiet) std::fprintf(stderr, "loading %s ...\n", path.empty() ? "default model" : path.c_str());

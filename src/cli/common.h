@@ -14,7 +14,10 @@ namespace g4::cli {
 Result<std::vector<int32_t>> parse_ids(const std::string& s);
 // --dtype f32|bf16 (default bf16).
 Result<ActPrecision> parse_precision(const std::string& s);
-// Loads --model (or the default starter model) on --backend, after applying --threads.
+// --threads N and --weights auto|mmap|copy (core/mapped_file.h): process-wide settings, applied
+// before a model is loaded.
+Status apply_process_flags(const Args& a);
+// Loads --model (or the default starter model) on --backend, after apply_process_flags.
 // Prints load progress on stderr unless quiet.
 Result<std::unique_ptr<Model>> load_model_from_args(const Args& a, bool quiet = false);
 // Writes a float32 [rows, cols] array as a NumPy .npy file.

@@ -1,6 +1,6 @@
 // Fixed thread pool with cheap wake-up. A parallel region publishes the job, bumps `gen_` and
 // runs part 0 itself. Idle workers spin on `gen_` (with pause) for an adaptive budget (at most
-// G4_SPIN_US, default 100 µs; see SpinBudget) and then sleep in std::atomic::wait (a futex on
+// G4_SPIN_US, default 2000 µs; see SpinBudget) and then sleep in std::atomic::wait (a futex on
 // Linux); notify is a no-op when nobody sleeps, so back-to-back regions (~300 per decoded token)
 // cost well under a microsecond each on free cores, and an idle pool burns no CPU after the
 // budget. Every worker acknowledges every generation (even when it has no part), so no worker can
@@ -46,7 +46,10 @@ thread_local bool t_in_pool = false;  // set on workers and on a caller inside a
 // the budget back towards the maximum; one that times out halves it. On a machine with free cores
 // waits stay in the spin (sub-microsecond wake-ups); when threads outnumber cores, spinning only
 // delays the thread being awaited, the budget collapses, and waits go straight to the futex (with
-// a short probe every 64 waits so the budget can recover).
+// a short probe every 64 waits so the budget can recover). The 2 ms maximum outlasts the serial
+// gaps of a decode step (sampling over 262k logits, host-side bookkeeping): on a KVM guest a futex
+// wake-up costs tens of µs, and a 100 µs maximum let the budget collapse and cost the starter
+// model ~25 % of its decode speed (bench, 2 threads).
 class SpinBudget {
  public:
   explicit SpinBudget(int64_t max_ns) : max_(max_ns), cur_(max_ns) {}
@@ -83,7 +86,7 @@ class SpinBudget {
 
 class Pool {
  public:
-  explicit Pool(int n) : n_(n), spin_max_ns_(int64_t(env_int("G4_SPIN_US", 100)) * 1000) {
+  explicit Pool(int n) : n_(n), spin_max_ns_(int64_t(env_int("G4_SPIN_US", 2000)) * 1000) {
     for (int i = 1; i < n_; ++i) workers_.emplace_back([this, i] { loop(i); });
   }
   ~Pool() {

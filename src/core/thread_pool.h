@@ -1,7 +1,7 @@
 // A small fixed thread pool for data-parallel loops in CPU kernels.
 // parallel_for(n, fn) splits [0, n) into contiguous chunks, runs fn(begin, end) on the pool's
 // threads plus the caller, and returns when all are done. No allocation per call.
-// Idle workers spin briefly (G4_SPIN_US, default 100 µs) and then sleep on a futex, so regions
+// Idle workers spin briefly (G4_SPIN_US, default 2000 µs) and then sleep on a futex, so regions
 // issued back to back wake in well under a microsecond. A parallel_for called from inside fn runs
 // inline on the calling thread.
 #pragma once

@@ -111,3 +111,16 @@ def test_bad_model_path_is_a_clean_error(cli, tmp_path):
     empty.mkdir()
     r = run(cli, "logits", "--model", str(empty), "--ids", "2,3", "--out", str(tmp_path / "x.npy"))
     assert r.returncode != 0 and "empty" in r.stderr
+
+
+def test_bad_weights_flag_is_a_clean_error(cli):
+    r = run(cli, "generate", "--weights", "bogus", "hi")
+    assert r.returncode != 0
+    assert "--weights: expected auto, mmap or copy, got 'bogus'" in r.stderr
+
+
+def test_mmap_and_copy_residency_generate_the_same_text(cli):
+    a = run(cli, "generate", "--max-tokens", "8", "--weights", "mmap", "Once upon a time")
+    b = run(cli, "generate", "--max-tokens", "8", "--weights", "copy", "Once upon a time")
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    assert a.stdout == b.stdout
