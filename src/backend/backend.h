@@ -85,6 +85,11 @@ class Backend {
   // out = gelu_tanh(gate) * up, elementwise over n, MLX op order (spec §2.7).
   virtual void gelu_mul(const float* gate, const float* up, size_t n, ActPrecision P,
                         float* out) = 0;
+  // out = gelu(gate) * up as ggml computes it (GeluImpl::GgmlF16Table, model/config.h): gate is
+  // rounded to f16, gelu_tanh of that f16 value is computed in f32 and rounded to f16 (ggml's
+  // 65536-entry table), then multiplied by up in f32; gate <= -10 gives 0, gate >= 10 gives
+  // gate * up. Always f32 activations.
+  virtual void gelu_mul_ggml(const float* gate, const float* up, size_t n, float* out) = 0;
   // y = a + b (elementwise, n).
   virtual void add(const float* a, const float* b, size_t n, ActPrecision P, float* y) = 0;
   // y = a * s (elementwise, n; s a scalar already rounded per P by the caller if needed).

@@ -264,6 +264,33 @@ void HostBackend::gelu_mul(const float* gate, const float* up, size_t n, ActPrec
   }
 }
 
+namespace {
+// ggml_table_gelu_f16 (ggml-cpu.c): for every f16 bit pattern h, f16(ggml_gelu_f32(f32(h))) with
+// ggml_gelu_f32(x) = 0.5f*x*(1.0f + tanhf(SQRT_2_OVER_PI*x*(1.0f + GELU_COEF_A*x*x))).
+const std::vector<uint16_t>& ggml_gelu_table() {
+  static const std::vector<uint16_t> table = [] {
+    std::vector<uint16_t> t(1 << 16);
+    const float kA = 0.044715f, kS = 0.79788456080286535587989211986876f;
+    for (uint32_t h = 0; h < t.size(); ++h) {
+      const float x = f16_to_f32(uint16_t(h));
+      t[h] = f32_to_f16(0.5f * x * (1.0f + std::tanh(kS * x * (1.0f + kA * x * x))));
+    }
+    return t;
+  }();
+  return table;
+}
+}  // namespace
+
+void HostBackend::gelu_mul_ggml(const float* gate, const float* up, size_t n, float* out) {
+  const std::vector<uint16_t>& table = ggml_gelu_table();
+  for (size_t i = 0; i < n; ++i) {
+    const float x = gate[i];
+    if (x <= -10.0f) out[i] = 0.0f;
+    else if (x >= 10.0f) out[i] = x * up[i];
+    else out[i] = f16_to_f32(table[f32_to_f16(x)]) * up[i];
+  }
+}
+
 void HostBackend::add(const float* a, const float* b, size_t n, ActPrecision P, float* y) {
   for (size_t i = 0; i < n; ++i) y[i] = rnd(a[i] + b[i], P);
 }

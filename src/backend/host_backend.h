@@ -48,6 +48,7 @@ class HostBackend : public Backend {
   void attention(const float* q, int H, const std::vector<AttnSeq>& seqs, float scale,
                  ActPrecision P, float* out) override;
   void gelu_mul(const float* gate, const float* up, size_t n, ActPrecision P, float* out) override;
+  void gelu_mul_ggml(const float* gate, const float* up, size_t n, float* out) override;
   void add(const float* a, const float* b, size_t n, ActPrecision P, float* y) override;
   void scale(const float* a, float s, size_t n, ActPrecision P, float* y) override;
   void softcap(float* x, size_t n, float cap, ActPrecision P) override;

@@ -22,12 +22,12 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const int ng = std::atoi(a.get("--gen-tokens", "64").c_str());
   const int chunk = std::atoi(a.get("--chunk", "512").c_str());
   const int repeat = std::max(1, std::atoi(a.get("--repeat", "1").c_str()));
-  auto P = parse_precision(a.get("--dtype", "f32"));
-  if (!P) return fail("bench", P.message());
   if (np <= 0 || ng <= 0 || chunk <= 0) return fail("bench", "token counts must be positive");
   auto m = load_model_from_args(a);
   if (!m) return fail("bench", m.message());
   Model& model = *m.value();
+  auto P = parse_precision(a.get("--dtype", "f32"), model.config());  // the engine's precision
+  if (!P) return fail("bench", P.message());
   const int V = model.config().vocab;
   // A fixed pseudo-random prompt of ordinary token ids (no specials).
   std::vector<int32_t> prompt(static_cast<size_t>(np));

@@ -14,12 +14,12 @@ int cmd_greedy(const std::vector<std::string>& argv) {
   Args a = parse_args(argv);
   auto ids = parse_ids(a.get("--ids"));
   if (!ids) return fail("greedy", ids.message());
-  auto P = parse_precision(a.get("--dtype"));
-  if (!P) return fail("greedy", P.message());
   const int steps = std::atoi(a.get("--steps", "16").c_str());
   auto m = load_model_from_args(a, true);
   if (!m) return fail("greedy", m.message());
   Model& model = *m.value();
+  auto P = parse_precision(a.get("--dtype"), model.config());
+  if (!P) return fail("greedy", P.message());
   const int V = model.config().vocab;
   const int L = int(ids->size());
   int chunk = a.has("--chunk") ? std::atoi(a.get("--chunk").c_str()) : 512;

@@ -15,13 +15,13 @@ int cmd_logits(const std::vector<std::string>& argv) {
   Args a = parse_args(argv);
   auto ids = parse_ids(a.get("--ids"));
   if (!ids) return fail("logits", ids.message());
-  auto P = parse_precision(a.get("--dtype"));
-  if (!P) return fail("logits", P.message());
   const std::string out = a.get("--out");
   if (out.empty()) return fail("logits", "--out FILE.npy is required");
   auto m = load_model_from_args(a, true);
   if (!m) return fail("logits", m.message());
   Model& model = *m.value();
+  auto P = parse_precision(a.get("--dtype"), model.config());
+  if (!P) return fail("logits", P.message());
   const int V = model.config().vocab;
   for (int32_t id : ids.value())
     if (id >= V) return fail("logits", "token id " + std::to_string(id) + " is outside the vocabulary");

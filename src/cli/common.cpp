@@ -36,8 +36,9 @@ Result<std::vector<int32_t>> parse_ids(const std::string& s) {
   return ids;
 }
 
-Result<ActPrecision> parse_precision(const std::string& s) {
-  if (s.empty() || s == "bf16") return ActPrecision::BF16;
+Result<ActPrecision> parse_precision(const std::string& s, const ModelConfig& cfg) {
+  if (s.empty()) return cfg.reference_precision;
+  if (s == "bf16") return ActPrecision::BF16;
   if (s == "f32") return ActPrecision::F32;
   return err("--dtype: expected f32 or bf16, got '%s'", s.c_str());
 }

@@ -12,8 +12,9 @@ namespace g4::cli {
 
 // Parses "2,105,3" (or a JSON list "[2,105,3]") into ids.
 Result<std::vector<int32_t>> parse_ids(const std::string& s);
-// --dtype f32|bf16 (default bf16).
-Result<ActPrecision> parse_precision(const std::string& s);
+// --dtype f32|bf16; empty: the model format's reference precision (bf16 for MLX / HF
+// checkpoints, f32 for GGUF).
+Result<ActPrecision> parse_precision(const std::string& s, const ModelConfig& cfg);
 // --threads N and --weights auto|mmap|copy (core/mapped_file.h): process-wide settings, applied
 // before a model is loaded.
 Status apply_process_flags(const Args& a);

@@ -132,6 +132,8 @@ Result<ModelConfig> gemma3_config(const GgufFile& f, const std::string& arch) {
   c.qk_norm = true;
   c.v_norm = false;
   c.norm_style = NormStyle::Plain;  // convert_hf_to_gguf Gemma3Model adds 1 to every norm weight
+  c.gelu = GeluImpl::GgmlF16Table;  // a GGUF file computes as llama.cpp computes it
+  c.reference_precision = ActPrecision::F32;
 
   // Sliding-window pattern: llama.cpp sets pattern 6 (layer il is sliding iff il % 6 < 5) when
   // `sliding_window` > 0, unless `attention.sliding_window_pattern` is given (u32 period or one

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/status.h"
 
 namespace g4 {
@@ -43,6 +44,12 @@ enum class NormStyle : uint8_t {
   OnePlusW,   // Gemma 3 as stored by HF safetensors: y = x/rms * (1 + w)
 };
 
+// How the MLP's gelu_tanh(gate) * up is evaluated.
+enum class GeluImpl : uint8_t {
+  Tanh,          // in f32 (or bf16 per op, MLX's order): the checkpoints' own definition
+  GgmlF16Table,  // llama.cpp's: through an f16 lookup table (Backend::gelu_mul_ggml); GGUF files
+};
+
 struct ModelConfig {
   std::string model_type;     // "gemma4_text", "gemma3", ...
   int hidden = 0;             // d
@@ -55,6 +62,11 @@ struct ModelConfig {
   bool v_norm = true;         // weightless RMSNorm on V (Gemma 4)
   NormStyle norm_style = NormStyle::Plain;
   float final_softcap = 0.f;  // 0 = off
+  GeluImpl gelu = GeluImpl::Tanh;
+  // The activation precision of the format's reference engine, the default of the checking verbs
+  // (logits, greedy): BF16 for MLX / HF checkpoints (mlx-lm runs them in bf16), F32 for GGUF files
+  // (ggml computes in f32). The runtime engine always runs F32.
+  ActPrecision reference_precision = ActPrecision::BF16;
   bool tie_embeddings = true;
   // Per-layer input embeddings (E2B/E4B). 0 = off.
   int ple_width = 0;

@@ -75,6 +75,11 @@ void Model::tap(const char* name, int layer, const float* p, size_t n) {
   tap_(name, layer, h.data(), n);
 }
 
+void Model::gelu_mul(const float* gate, const float* up, size_t n, ActPrecision P, float* out) {
+  if (cfg_.gelu == GeluImpl::GgmlF16Table && P == ActPrecision::F32) be_->gelu_mul_ggml(gate, up, n, out);
+  else be_->gelu_mul(gate, up, n, P, out);
+}
+
 void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* logits_out) {
   Backend& be = *be_;
   const int d = cfg_.hidden, H = cfg_.n_heads, N = cfg_.n_layers, Pw = cfg_.ple_width;
@@ -166,7 +171,11 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
     be.matmul(S.xn, R, lw.gate, P, S.gate);
     be.matmul(S.xn, R, lw.up, P, S.up);
     const size_t RI = size_t(R) * ls.mlp_width;
-    be.gelu_mul(S.gate, S.up, RI, P, S.gate);
+    tap("mlp_in", l, S.xn, Rd);
+    tap("mlp_gate", l, S.gate, RI);
+    tap("mlp_up", l, S.up, RI);
+    gelu_mul(S.gate, S.up, RI, P, S.gate);
+    tap("mlp_act", l, S.gate, RI);
     be.matmul(S.gate, R, lw.down, P, S.f);
     tap("mlp_out", l, S.f, Rd);
     if (ls.moe) {
@@ -191,7 +200,7 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
     if (Pw > 0) {
       be.copy_cols(S.ple, R, N * Pw, l * Pw, Pw, S.ple_l);
       be.matmul(S.x, R, lw.ple_gate, P, S.pg);
-      be.gelu_mul(S.pg, S.ple_l, size_t(R) * Pw, P, S.pg);
+      gelu_mul(S.pg, S.ple_l, size_t(R) * Pw, P, S.pg);
       be.matmul(S.pg, R, lw.ple_proj, P, S.o);
       be.rms_norm(S.o, R, d, lw.post_ple_ln.data, cfg_.rms_eps, P, S.o);
       be.add(S.x, S.o, Rd, P, S.x);

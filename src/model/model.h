@@ -50,6 +50,8 @@ class Model {
   struct Scratch;
   void ensure_scratch(int rows, int logit_rows);
   void tap(const char* name, int layer, const float* p, size_t n);
+  // gelu_tanh(gate) * up the way cfg_.gelu says (the ggml table only with f32 activations).
+  void gelu_mul(const float* gate, const float* up, size_t n, ActPrecision P, float* out);
 
   ModelConfig cfg_;
   ModelWeights w_;

@@ -1,5 +1,7 @@
 // Activation rows quantized to int8 once per gguf_matmul_fast call (internal to src/quant/gguf_*).
-// Scales are f32 (ggml keeps f16 for Q8_0 activations; f32 is strictly more accurate).
+// The codes and scales are ggml's own (quantize_row_q8_0 / quantize_row_q8_K), so that a GGUF file
+// computes here what it computes in llama.cpp: q = round-half-even(x * 127/amax); the scale of a
+// 32-value block is amax/127 rounded to f16, that of a 256-value super-block is 1/(127/amax) in f32.
 //
 // K-quants (Q8_K-style): per row, per 256-value super-block i: d = amax/127, qs = round(x/d) in
 // [-127, 127], bs16[g] = sum of qs over values 16g..16g+16, bs32[s] = sum over sub-block s.
@@ -15,11 +17,18 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/dtype.h"
 #include "quant/weight.h"
 
 namespace g4::gguf {
 
 enum class Layout : uint8_t { KNatural, KPerm, PairA };
+
+// The scale ggml stores for an activation block of n values (32 or 256) with max |x| = amax > 0 and
+// id = 127/amax (see above).
+inline float act_block_scale(int n, float amax, float id) {
+  return n == 256 ? 1.f / id : round_f16(amax / 127.f);
+}
 
 struct ActK {
   int64_t nsb = 0;                 // super-blocks per row

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "quant/gguf_act.h"
 #include "quant/gguf_amx.h"
 #include "quant/gguf_blocks.h"
 #include "quant/gguf_quant.h"
@@ -216,7 +217,8 @@ void quantize_act_amx(const float* x, int64_t M, int64_t cols, int block, ActAmx
       __m512 vmax = _mm512_setzero_ps();
       for (int i = 0; i < block; i += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(xr + i)));
       const float amax = _mm512_reduce_max_ps(vmax);
-      const float d = amax / 127.f, id = amax > 0 ? 127.f / amax : 0.f;
+      const float id = amax > 0 ? 127.f / amax : 0.f;
+      const float d = amax > 0 ? act_block_scale(block, amax, id) : 0.f;
       const __m512 vid = _mm512_set1_ps(id);
       for (int i0 = 0; i0 < block; i0 += QK) {
         const int64_t k = t * nb + (c0 + i0) / QK;

@@ -10,6 +10,7 @@
 #include "quant/gguf_amx.h"
 #include "quant/gguf_blocks.h"
 #include "quant/gguf_quant.h"
+#include "core/dtype.h"
 
 namespace g4 {
 namespace gguf {
@@ -19,7 +20,9 @@ namespace {
 // Round to nearest, ties to even (as ggml's nearest_int), for |v| <= 127.5.
 inline int round_q(float v) { return int(std::nearbyint(v)); }
 
-// Quantizes n values to int8 with one scale amax/127; returns the scale (0 for an all-zero block).
+// Quantizes n values to int8, q = round(x * 127/amax), exactly as ggml does for the activations
+// of its dot products, and returns the block scale as ggml stores it (0 for an all-zero block):
+// for Q8_0 blocks (n = 32) amax/127 rounded to f16, for Q8_K super-blocks (n = 256) 1/(127/amax).
 float quant_block(const float* x, int n, int8_t* q) {
   float amax = 0;
   for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
@@ -27,9 +30,9 @@ float quant_block(const float* x, int n, int8_t* q) {
     std::fill(q, q + n, int8_t(0));
     return 0.f;
   }
-  const float d = amax / 127.f, id = 127.f / amax;
+  const float id = 127.f / amax;
   for (int i = 0; i < n; ++i) q[i] = int8_t(std::clamp(round_q(x[i] * id), -127, 127));
-  return d;
+  return act_block_scale(n, amax, id);
 }
 
 }  // namespace

@@ -62,14 +62,17 @@ std::vector<Shape> shapes(WFormat f) {
   return {{37, 96}, {1, 32}, {67, 640}, {5, 160}};
 }
 
-// The activation rounding gguf_matmul_fast documents (gguf_act.h): per block of 256 (K-quants)
-// or 32 values, d = amax / 127, q = round-half-even(x * 127 / amax); returns q * d.
+// The activation rounding gguf_matmul_fast documents (gguf_act.h), which is ggml's: per block of
+// 256 (K-quants, quantize_row_q8_K_ref) or 32 values (quantize_row_q8_0),
+// q = round-half-even(x * 127 / amax), d = 1 / (127 / amax) for 256-blocks and amax / 127
+// rounded to f16 for 32-blocks; returns q * d.
 std::vector<float> fake_quant_x(const std::vector<float>& x, int block) {
   std::vector<float> out(x.size());
   for (size_t b = 0; b < x.size(); b += size_t(block)) {
     float amax = 0;
     for (int i = 0; i < block; ++i) amax = std::max(amax, std::fabs(x[b + i]));
-    const float d = amax / 127.f, id = amax > 0 ? 127.f / amax : 0.f;
+    const float id = amax > 0 ? 127.f / amax : 0.f;
+    const float d = amax == 0 ? 0.f : block == 256 ? 1.f / id : round_f16(amax / 127.f);
     for (int i = 0; i < block; ++i) out[b + i] = float(int(std::nearbyint(x[b + i] * id))) * d;
   }
   return out;
