@@ -1,5 +1,5 @@
 // gemma4 bench --model DIR [--prompt-tokens 128] [--gen-tokens 64] [--threads N] [--dtype f32|bf16]
-//              [--chunk 512] [--repeat 1]
+//              [--chunk 512] [--repeat 1] [--batch-invariant on|off] (on: the kernels serve runs)
 // Measures prefill tok/s, decode tok/s (greedy, no stop), time to first token from process start,
 // and peak memory. Prints a human summary on stderr and one JSON line on stdout.
 #include <algorithm>

@@ -11,7 +11,6 @@
 
 #include "cli/common.h"
 #include "core/thread_pool.h"
-#include "quant/matmul.h"
 #include "runtime/bundle.h"
 #include "server/server.h"
 
@@ -51,13 +50,10 @@ int cmd_serve(const std::vector<std::string>& argv) {
   auto pc = int_flag(a, "--prefix-cache-mb", 256, 0, 1 << 20);
   if (!pc) return fail("serve", pc.message());
   o.prefix_cache_bytes = a.has("--no-prefix-cache") ? 0 : size_t(pc.value()) << 20;
-  if (Status s = apply_process_flags(a); !s) return fail("serve", s.message());
   // Same tokens for a sequence whether it runs alone or in a batch (and with or without a
-  // prefix-cache hit): row-exact kernels for every batch size. --batch-invariant off trades that
-  // for faster single-stream decode.
-  const std::string bi = a.get("--batch-invariant", "on");
-  if (bi != "on" && bi != "off") return fail("serve", "--batch-invariant: expected on or off");
-  set_batch_invariant(bi == "on");
+  // prefix-cache hit): row-exact kernels for every batch size, so --batch-invariant is on by
+  // default here. Off trades that for faster single-stream decode.
+  if (Status s = apply_process_flags(a, /*batch_invariant_default=*/true); !s) return fail("serve", s.message());
   auto b = load_bundle(a.get("--model"), a.get("--backend", "cpu"), progress);
   if (!b) return fail("serve", b.message());
   if (a.has("--chat-template")) {

@@ -9,6 +9,7 @@
 
 #include "core/mapped_file.h"
 #include "core/thread_pool.h"
+#include "quant/matmul.h"
 
 namespace g4::cli {
 
@@ -43,7 +44,7 @@ Result<ActPrecision> parse_precision(const std::string& s, const ModelConfig& cf
   return err("--dtype: expected f32 or bf16, got '%s'", s.c_str());
 }
 
-Status apply_process_flags(const Args& a) {
+Status apply_process_flags(const Args& a, bool batch_invariant_default) {
   if (a.has("--threads")) {
     char* end = nullptr;
     const long n = std::strtol(a.get("--threads").c_str(), &end, 10);
@@ -55,6 +56,9 @@ Status apply_process_flags(const Args& a) {
     if (!r) return err("--weights: expected auto, mmap or copy, got '%s'", a.get("--weights").c_str());
     set_weight_residency(*r);
   }
+  const std::string bi = a.get("--batch-invariant", batch_invariant_default ? "on" : "off");
+  if (bi != "on" && bi != "off") return err("--batch-invariant: expected on or off, got '%s'", bi.c_str());
+  set_batch_invariant(bi == "on");
   return {};
 }
 

@@ -15,9 +15,10 @@ Result<std::vector<int32_t>> parse_ids(const std::string& s);
 // --dtype f32|bf16; empty: the model format's reference precision (bf16 for MLX / HF
 // checkpoints, f32 for GGUF).
 Result<ActPrecision> parse_precision(const std::string& s, const ModelConfig& cfg);
-// --threads N and --weights auto|mmap|copy (core/mapped_file.h): process-wide settings, applied
-// before a model is loaded.
-Status apply_process_flags(const Args& a);
+// --threads N, --weights auto|mmap|copy (core/mapped_file.h) and --batch-invariant on|off
+// (quant/matmul.h; default: batch_invariant_default): process-wide settings, applied before a
+// model is loaded.
+Status apply_process_flags(const Args& a, bool batch_invariant_default = false);
 // Loads --model (or the default starter model) on --backend, after apply_process_flags.
 // Prints load progress on stderr unless quiet.
 Result<std::unique_ptr<Model>> load_model_from_args(const Args& a, bool quiet = false);

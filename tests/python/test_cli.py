@@ -124,3 +124,9 @@ def test_mmap_and_copy_residency_generate_the_same_text(cli):
     b = run(cli, "generate", "--max-tokens", "8", "--weights", "copy", "Once upon a time")
     assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
     assert a.stdout == b.stdout
+
+
+def test_bad_batch_invariant_flag_is_a_clean_error(cli):
+    r = run(cli, "bench", "--batch-invariant", "maybe")
+    assert r.returncode != 0
+    assert "--batch-invariant: expected on or off, got 'maybe'" in r.stderr
