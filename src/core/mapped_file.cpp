@@ -75,7 +75,6 @@ Status read_all(int fd, uint8_t* dst, size_t size, const std::string& path) {
 }  // namespace
 
 void set_weight_residency(WeightResidency r) { g_residency.store(r); }
-WeightResidency weight_residency() { return g_residency.load(); }
 
 std::optional<WeightResidency> parse_weight_residency(const std::string& s) {
   if (s == "auto") return WeightResidency::Auto;
@@ -85,25 +84,19 @@ std::optional<WeightResidency> parse_weight_residency(const std::string& s) {
 }
 
 Result<std::shared_ptr<MappedFile>> MappedFile::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return err("%s: cannot open: %s", path.c_str(), std::strerror(errno));
+  struct CloseFd {
+    int fd;
+    ~CloseFd() { ::close(fd); }
+  } close_fd{fd};  // the bytes are copied or mapped before open() returns
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int e = errno;
-    ::close(fd);
-    return err("%s: cannot stat: %s", path.c_str(), std::strerror(e));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return err("%s: not a regular file", path.c_str());
-  }
+  if (::fstat(fd, &st) != 0) return err("%s: cannot stat: %s", path.c_str(), std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) return err("%s: not a regular file", path.c_str());
   std::shared_ptr<MappedFile> f(new MappedFile());
   f->path_ = path;
   f->size_ = size_t(st.st_size);
-  if (f->size_ == 0) {
-    ::close(fd);
-    return f;
-  }
+  if (f->size_ == 0) return f;
   if (should_copy(f->size_)) {
     // One extra huge page of slack so the data can start on a 2 MiB boundary.
     const size_t len = (f->size_ + kHugePage - 1) / kHugePage * kHugePage + kHugePage;
@@ -113,28 +106,19 @@ Result<std::shared_ptr<MappedFile>> MappedFile::open(const std::string& path) {
       ::madvise(aligned, len - size_t(aligned - static_cast<uint8_t*>(p)), MADV_HUGEPAGE);  // a hint
       f->region_ = p;
       f->region_size_ = len;
-      if (Status s = read_all(fd, aligned, f->size_, path); !s) {
-        ::close(fd);
-        return s;  // f's destructor unmaps the region
-      }
+      G4_TRY(read_all(fd, aligned, f->size_, path));  // on failure f's destructor unmaps the region
       ::mprotect(p, len, PROT_READ);
       f->data_ = aligned;
       f->copied_ = true;
-      ::close(fd);
       return f;
     }
     // No memory for a copy: fall through to the mapping.
   }
   void* p = ::mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  if (p == MAP_FAILED) {
-    int e = errno;
-    ::close(fd);
-    return err("%s: cannot mmap: %s", path.c_str(), std::strerror(e));
-  }
+  if (p == MAP_FAILED) return err("%s: cannot mmap: %s", path.c_str(), std::strerror(errno));
   f->region_ = p;
   f->region_size_ = f->size_;
   f->data_ = static_cast<const uint8_t*>(p);
-  ::close(fd);
   return f;
 }
 

@@ -24,7 +24,6 @@ enum class WeightResidency { Auto, Mmap, Copy };
 constexpr uint64_t kAutoCopyMaxBytes = uint64_t(4) << 30;
 
 void set_weight_residency(WeightResidency r);
-WeightResidency weight_residency();
 // "auto" | "mmap" | "copy"; nullopt for anything else.
 std::optional<WeightResidency> parse_weight_residency(const std::string& s);
 

@@ -3,8 +3,8 @@
 // computes here what it computes in llama.cpp: q = round-half-even(x * 127/amax); the scale of a
 // 32-value block is amax/127 rounded to f16, that of a 256-value super-block is 1/(127/amax) in f32.
 //
-// K-quants (Q8_K-style): per row, per 256-value super-block i: d = amax/127, qs = round(x/d) in
-// [-127, 127], bs16[g] = sum of qs over values 16g..16g+16, bs32[s] = sum over sub-block s.
+// K-quants (Q8_K-style): per row, per 256-value super-block i: d and qs in [-127, 127] as above,
+// bs16[g] = sum of qs over values 16g..16g+16, bs32[s] = sum over sub-block s.
 //   Layout::KNatural keeps qs in value order (Q6_K); Layout::KPerm stores the sub-blocks in the
 //   order [0,2,1,3,4,6,5,7] so that one 64-byte load matches the low / high nibbles of two Q4_K /
 //   Q5_K qs chunks.

@@ -7,8 +7,8 @@
 
 namespace g4::gguf {
 
-// Activations for the AMX path: x quantized per `block` values (32, or 256 for K-quants),
-// q and d as ggml makes them (act_block_scale in gguf_act.h); grouped in tiles of 16 rows (zero-padded), per 32-value block b:
+// Activations for the AMX path: x quantized per `block` values (32, or 256 for K-quants), q and d
+// as ggml makes them (gguf_act.h); grouped in tiles of 16 rows (zero-padded), per 32-value block b:
 //   xb[t][b]: 512 bytes, AMX B layout: byte (k/4)*64 + m*4 + k%4 holds q[16t + m][32b + k]
 //   dx[t][b][m]: the scale of the block holding value 32b of row 16t+m
 //   sx[t][b][m]: dx * sum_k q[16t+m][32b+k]  (for K-quant mins)
