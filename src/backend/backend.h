@@ -23,6 +23,7 @@ namespace g4 {
 struct RopeTable {
   std::vector<float> inv_freq;
   float position_scale = 1.f;
+  RopeSpec spec;  // what the table was made from (backends that compute angles their own way)
 };
 // MLX-compatible frequency table for a layer (default, proportional or linear RoPE).
 RopeTable make_rope_table(const RopeSpec& spec, int head_dim);
@@ -118,7 +119,10 @@ class Backend {
 
 std::unique_ptr<Backend> make_reference_backend();
 std::unique_ptr<Backend> make_cpu_backend();
-// "reference" | "cpu" (default). Returns nullptr for an unknown name.
+// The llama.cpp-exact backend (backend/ggml): nullptr with *why set when this CPU cannot run it.
+std::unique_ptr<Backend> make_ggml_backend(std::string* why);
+// "reference" | "cpu" (default) | "ggml". Returns nullptr for an unknown name (or a "ggml" this CPU
+// cannot run).
 std::unique_ptr<Backend> make_backend(const std::string& name);
 
 }  // namespace g4

@@ -266,14 +266,16 @@ void HostBackend::gelu_mul(const float* gate, const float* up, size_t n, ActPrec
 
 namespace {
 // ggml_table_gelu_f16 (ggml-cpu.c): for every f16 bit pattern h, f16(ggml_gelu_f32(f32(h))) with
-// ggml_gelu_f32(x) = 0.5f*x*(1.0f + tanhf(SQRT_2_OVER_PI*x*(1.0f + GELU_COEF_A*x*x))).
+// ggml_gelu_f32(x) = 0.5f*x*(1.0f + tanhf(SQRT_2_OVER_PI*x*(1.0f + GELU_COEF_A*x*x))), as the
+// llama.cpp build compiles it: GCC fuses 1.0f + (GELU_COEF_A*x)*x into one fma (seen in the
+// disassembly of libggml-cpu's table set-up; without it entry 0xbfff is one f16 ulp off).
 const std::vector<uint16_t>& ggml_gelu_table() {
   static const std::vector<uint16_t> table = [] {
     std::vector<uint16_t> t(1 << 16);
     const float kA = 0.044715f, kS = 0.79788456080286535587989211986876f;
     for (uint32_t h = 0; h < t.size(); ++h) {
       const float x = f16_to_f32(uint16_t(h));
-      t[h] = f32_to_f16(0.5f * x * (1.0f + std::tanh(kS * x * (1.0f + kA * x * x))));
+      t[h] = f32_to_f16(0.5f * x * (1.0f + std::tanh(kS * x * std::fma(kA * x, x, 1.0f))));
     }
     return t;
   }();
@@ -369,6 +371,7 @@ void HostBackend::moe_experts(const float* x, int rows, int d, const int32_t* id
 
 RopeTable make_rope_table(const RopeSpec& spec, int D) {
   RopeTable t;
+  t.spec = spec;
   const int half = D / 2;
   t.inv_freq.assign(half, 0.f);
   if (spec.kind == RopeKind::Proportional) {

@@ -14,8 +14,15 @@ Result<std::string> resolve_model_path(const std::string& path) {
 }
 
 Result<std::unique_ptr<Model>> build_model(const OpenedModel& om, const std::string& backend) {
-  auto be = make_backend(backend);
-  if (!be) return err("unknown backend '%s' (expected cpu or reference)", backend.c_str());
+  std::unique_ptr<Backend> be;
+  if (backend == "ggml") {
+    std::string why;
+    be = make_ggml_backend(&why);
+    if (!be) return err("backend 'ggml': %s", why.c_str());
+  } else {
+    be = make_backend(backend);
+  }
+  if (!be) return err("unknown backend '%s' (expected cpu, reference or ggml)", backend.c_str());
   G4_ASSIGN_OR_RETURN(ModelWeights w, load_weights(om.config, *om.weights, *be));
   return std::make_unique<Model>(om.config, std::move(w), om.weights, std::move(be));
 }

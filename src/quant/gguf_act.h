@@ -30,6 +30,10 @@ inline float act_block_scale(int n, float amax, float id) {
   return n == 256 ? 1.f / id : round_f16(amax / 127.f);
 }
 
+// Quantizes n values (32 or 256) to int8 codes q = round(x * 127/amax), exactly as ggml quantizes
+// activations, and returns the block scale as ggml stores it (act_block_scale; 0 for all zeros).
+float quantize_block(const float* x, int n, int8_t* q);
+
 struct ActK {
   int64_t nsb = 0;                 // super-blocks per row
   std::vector<int8_t> qs;          // [M][nsb][256]

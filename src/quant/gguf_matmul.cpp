@@ -20,10 +20,12 @@ namespace {
 // Round to nearest, ties to even (as ggml's nearest_int), for |v| <= 127.5.
 inline int round_q(float v) { return int(std::nearbyint(v)); }
 
+}  // namespace
+
 // Quantizes n values to int8, q = round(x * 127/amax), exactly as ggml does for the activations
 // of its dot products, and returns the block scale as ggml stores it (0 for an all-zero block):
 // for Q8_0 blocks (n = 32) amax/127 rounded to f16, for Q8_K super-blocks (n = 256) 1/(127/amax).
-float quant_block(const float* x, int n, int8_t* q) {
+float quantize_block(const float* x, int n, int8_t* q) {
   float amax = 0;
   for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
   if (amax == 0) {
@@ -34,8 +36,6 @@ float quant_block(const float* x, int n, int8_t* q) {
   for (int i = 0; i < n; ++i) q[i] = int8_t(std::clamp(round_q(x[i] * id), -127, 127));
   return act_block_scale(n, amax, id);
 }
-
-}  // namespace
 
 void quantize_act_k(const float* x, int64_t M, int64_t cols, Layout layout, ActK* a) {
   const int64_t nsb = cols / QKK;
@@ -49,7 +49,7 @@ void quantize_act_k(const float* x, int64_t M, int64_t cols, Layout layout, ActK
     for (int64_t i = 0; i < nsb; ++i) {
       const int64_t k = m * nsb + i;
       int8_t q[QKK];
-      a->d[k] = quant_block(x + m * cols + i * QKK, QKK, q);
+      a->d[k] = quantize_block(x + m * cols + i * QKK, QKK, q);
       int16_t* b16 = &a->bs16[k * 16];
       int16_t* b32 = &a->bs32[k * 8];
       for (int g = 0; g < 16; ++g) {
@@ -85,7 +85,7 @@ void quantize_act_pair(const float* x, int64_t M, int64_t cols, int bias, ActPai
         const int64_t blk = 2 * p + h;
         int8_t q[QK] = {};
         float d = 0;
-        if (blk < nb) d = quant_block(x + m * cols + blk * QK, QK, q);
+        if (blk < nb) d = quantize_block(x + m * cols + blk * QK, QK, q);
         int sum = 0;
         for (int l = 0; l < QK; ++l) sum += q[l];
         std::copy(q, q + 32, qs + 32 * h);

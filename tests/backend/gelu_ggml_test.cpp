@@ -1,5 +1,6 @@
 // Backend::gelu_mul_ggml against ggml's definition restated here: ggml_vec_geglu_f32 with
-// GGML_GELU_FP16 (x <= -10 -> 0; x >= 10 -> x * g; else f16 table of ggml_gelu_f32 at f16(x)).
+// GGML_GELU_FP16 (x <= -10 -> 0; x >= 10 -> x * g; else f16 table of ggml_gelu_f32 at f16(x)),
+// with the one fma the llama.cpp build's compiler puts in ggml_gelu_f32.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,7 +16,7 @@ float ggml_geglu_one(float x, float g) {
   if (x <= -10.0f) return 0.0f;
   if (x >= 10.0f) return x * g;
   const float h = g4::round_f16(x);
-  const float gelu = 0.5f * h * (1.0f + std::tanh(0.79788456080286535587989211986876f * h * (1.0f + 0.044715f * h * h)));
+  const float gelu = 0.5f * h * (1.0f + std::tanh(0.79788456080286535587989211986876f * h * std::fma(0.044715f * h, h, 1.0f)));
   return g4::round_f16(gelu) * g;
 }
 
@@ -49,6 +50,16 @@ TEST(GeluGgml, MatchesGgmlTableOnEveryBackend) {
     const auto got = run(*be, gate, up);
     for (size_t i = 0; i < gate.size(); ++i)
       ASSERT_EQ(got[i], ggml_geglu_one(gate[i], up[i])) << "gate " << gate[i] << " up " << up[i];
+  }
+}
+
+// The entry where the fused and unfused gelu differ after f16 rounding, with the value llama.cpp
+// 0.3.36 produced for it (ffn_geglu of the starter model, gate -1.99897 -> f16 0xbfff).
+TEST(GeluGgml, TableEntryMatchesLlamaCpp) {
+  for (auto make : {g4::make_reference_backend, g4::make_cpu_backend}) {
+    auto be = make();
+    const std::vector<float> gate = {g4::f16_to_f32(0xbfff)}, up = {1.0f};
+    EXPECT_EQ(run(*be, gate, up)[0], -0.045501708984375f);
   }
 }
 

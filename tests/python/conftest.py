@@ -62,7 +62,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not _REPORT:
         return
     tr = terminalreporter
-    tr.section("parity vs mlx-lm (measured)")
+    tr.section("parity vs mlx-lm and llama.cpp (measured)")
     for row in sorted(_REPORT, key=lambda r: (r["fixture"], r["check"])):
         extra = "  ".join(f"{k}={v}" for k, v in row.items()
                           if k not in ("fixture", "check", "ok"))

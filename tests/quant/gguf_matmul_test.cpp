@@ -12,46 +12,14 @@
 #include "core/dtype.h"
 #include "quant/gguf_amx.h"
 #include "quant/gguf_quant.h"
+#include "gguf_test_util.h"
 
 namespace g4 {
 namespace {
+using namespace g4::test;
 
 constexpr WFormat kFormats[] = {WFormat::GgufQ4_0, WFormat::GgufQ5_0, WFormat::GgufQ8_0,
                                 WFormat::GgufQ4_K, WFormat::GgufQ5_K, WFormat::GgufQ6_K};
-
-// Byte offsets of the f16 scale fields of one block.
-std::vector<int> f16_fields(WFormat f) {
-  switch (f) {
-    case WFormat::GgufQ4_K:
-    case WFormat::GgufQ5_K: return {0, 2};
-    case WFormat::GgufQ6_K: return {208};
-    default: return {0};
-  }
-}
-
-// Random block bytes with finite f16 scales (|d| in [1e-3, 0.1], random sign).
-std::vector<uint8_t> random_blocks(WFormat f, int64_t rows, int64_t cols, std::mt19937& rng) {
-  const int bb = gguf_block_bytes(f);
-  const int64_t nb = rows * cols / gguf_block_size(f);
-  std::vector<uint8_t> data(size_t(nb * bb));
-  std::uniform_int_distribution<int> byte(0, 255);
-  for (auto& b : data) b = uint8_t(byte(rng));
-  std::uniform_real_distribution<float> mag(std::log(1e-3f), std::log(0.1f));
-  for (int64_t i = 0; i < nb; ++i)
-    for (int off : f16_fields(f)) {
-      float v = std::exp(mag(rng)) * (byte(rng) & 1 ? 1.f : -1.f);
-      uint16_t h = f32_to_f16(v);
-      std::memcpy(&data[size_t(i * bb + off)], &h, 2);
-    }
-  return data;
-}
-
-std::vector<float> random_x(int64_t n, std::mt19937& rng) {
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> x(static_cast<size_t>(n));
-  for (auto& v : x) v = nd(rng);
-  return x;
-}
 
 struct Shape {
   int64_t rows, cols;
@@ -60,22 +28,6 @@ struct Shape {
 std::vector<Shape> shapes(WFormat f) {
   if (gguf_block_size(f) == 256) return {{37, 768}, {1, 256}, {67, 512}};
   return {{37, 96}, {1, 32}, {67, 640}, {5, 160}};
-}
-
-// The activation rounding gguf_matmul_fast documents (gguf_act.h), which is ggml's: per block of
-// 256 (K-quants, quantize_row_q8_K_ref) or 32 values (quantize_row_q8_0),
-// q = round-half-even(x * 127 / amax), d = 1 / (127 / amax) for 256-blocks and amax / 127
-// rounded to f16 for 32-blocks; returns q * d.
-std::vector<float> fake_quant_x(const std::vector<float>& x, int block) {
-  std::vector<float> out(x.size());
-  for (size_t b = 0; b < x.size(); b += size_t(block)) {
-    float amax = 0;
-    for (int i = 0; i < block; ++i) amax = std::max(amax, std::fabs(x[b + i]));
-    const float id = amax > 0 ? 127.f / amax : 0.f;
-    const float d = amax == 0 ? 0.f : block == 256 ? 1.f / id : round_f16(amax / 127.f);
-    for (int i = 0; i < block; ++i) out[b + i] = float(int(std::nearbyint(x[b + i] * id))) * d;
-  }
-  return out;
 }
 
 struct ErrSum {

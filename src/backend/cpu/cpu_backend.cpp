@@ -265,6 +265,7 @@ std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend
 std::unique_ptr<Backend> make_backend(const std::string& name) {
   if (name == "cpu" || name.empty()) return make_cpu_backend();
   if (name == "reference") return make_reference_backend();
+  if (name == "ggml") return make_ggml_backend(nullptr);
   return nullptr;
 }
 
