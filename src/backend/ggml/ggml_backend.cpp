@@ -1,8 +1,8 @@
 // The `ggml` backend: Gemma 3 GGUF files computed the way llama.cpp's CPU backend computes them,
 // bit for bit (llama-cpp-python 0.3.36, AVX-512 build; f32 KV cache, no flash attention). It is
 // the parity mode for llama.cpp, as bf16 activations are the parity mode for mlx-lm: slower than
-// `cpu` (row-at-a-time kernels, single-threaded attention), and exact only where llama.cpp's
-// kernel choice is reproduced:
+// `cpu` at prefill (each output keeps llama.cpp's chain of float operations, which rules out the
+// AMX tiles), and exact only where llama.cpp's kernel choice is reproduced:
 //   matmul     quant/ggml_exact.h for Q8_0/Q5_0/Q4_0/Q6_K/Q4_K(rows % 8 == 0); other weights fall
 //              back to the scalar reference matmul (not llama.cpp-exact);
 //   rms_norm, rope (default RoPE, NEOX pairs), attention: ggml_ops.h;

@@ -9,10 +9,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "backend/ggml/ggml_ops.h"
 #include "core/status.h"
+#include "core/thread_pool.h"
 
 namespace g4::ggml_ops {
 
@@ -128,16 +130,22 @@ void attention(const float* q, int H, const std::vector<AttnSeq>& seqs, float sc
     const int D = kv.head_dim, group = H / kv.n_kv_heads;
     G4_CHECK(D % 64 == 0);
     const size_t kv_row = size_t(kv.n_kv_heads) * size_t(D);
-    const int n_pos = (s.pos0 + s.n + 63) / 64 * 64;  // positions 0..n_pos-1 cover every chunk
-    std::vector<float> qs(static_cast<size_t>(D)), w(static_cast<size_t>(n_pos)), p(static_cast<size_t>(n_pos));
-    std::vector<float> acc(size_t(64) * size_t(D));
-    for (int t = 0; t < s.n; ++t) {
-      const int pos = s.pos0 + t;
-      const int first = kv.window > 0 ? std::max(0, pos - kv.window + 1) : 0;
-      auto slot_of = [&](int k) { return kv.window > 0 ? k % kv.capacity : k; };
-      for (int h = 0; h < H; ++h) {
+    const int lanes = batch_rows >= 2 ? 16 : 64;
+    // One (row, head) per task; every output element is computed by one thread alone.
+    auto body = [&, D, group, kv_row, lanes](int64_t i0, int64_t i1) {
+      thread_local std::vector<float> qs, w, p, acc;
+      const int n_pos = (s.pos0 + s.n + 63) / 64 * 64;  // positions 0..n_pos-1 cover every chunk
+      qs.resize(size_t(D));
+      w.resize(size_t(n_pos));
+      p.resize(size_t(n_pos));
+      acc.resize(size_t(64) * size_t(D));
+      for (int64_t i = i0; i < i1; ++i) {
+        const int t = int(i / H), h = int(i % H);
+        const int pos = s.pos0 + t;
+        const int first = kv.window > 0 ? std::max(0, pos - kv.window + 1) : 0;
+        auto slot_of = [&](int k) { return kv.window > 0 ? k % kv.capacity : k; };
         const float* qh = q + (size_t(s.row0 + t) * H + h) * D;
-        for (int i = 0; i < D; ++i) qs[size_t(i)] = qh[i] * scale;  // ggml_scale on Q
+        for (int j = 0; j < D; ++j) qs[size_t(j)] = qh[j] * scale;  // ggml_scale on Q
         const int g = h / group;
         // kq over every position of the padded range; masked ones are -inf.
         std::fill(w.begin(), w.end(), -INFINITY);
@@ -146,34 +154,33 @@ void attention(const float* q, int H, const std::vector<AttnSeq>& seqs, float sc
           G4_CHECK(kv.pos[slot] == k);
           w[size_t(k)] = vec_dot_f32(kv.k + size_t(slot) * kv_row + size_t(g) * D, qs.data(), D);
         }
-        const int n_soft = (pos + 1 + 15) / 16 * 16;
-        softmax16(w.data(), n_soft, p.data());
+        softmax16(w.data(), (pos + 1 + 15) / 16 * 16, p.data());
         // kqv: lane = position mod 16 (tinyBLAS, one 16-lane accumulator) or mod 64 (vec_dot_f32,
         // accumulators j = (position mod 64) / 16); positions with p = 0 add nothing.
-        const int lanes = batch_rows >= 2 ? 16 : 64;
         std::fill(acc.begin(), acc.begin() + size_t(lanes) * D, 0.f);
         for (int k = first; k <= pos; ++k) {
           const float pk = p[size_t(k)];
           const float* vr = kv.v + size_t(slot_of(k)) * kv_row + size_t(g) * D;
           float* a = &acc[size_t(k % lanes) * D];
-          for (int i = 0; i < D; ++i) a[i] = std::fma(vr[i], pk, a[i]);
+          for (int j = 0; j < D; ++j) a[j] = std::fma(vr[j], pk, a[j]);
         }
         float* o = out + (size_t(s.row0 + t) * H + h) * D;
         float lane[16];
-        for (int i = 0; i < D; ++i) {
+        for (int j = 0; j < D; ++j) {
           for (int l = 0; l < 16; ++l) {
             if (lanes == 16) {
-              lane[l] = acc[size_t(l) * D + i];
+              lane[l] = acc[size_t(l) * D + j];
             } else {  // (acc0 + acc2) + (acc1 + acc3)
-              const float a0 = acc[size_t(l) * D + i] + acc[size_t(32 + l) * D + i];
-              const float a1 = acc[size_t(16 + l) * D + i] + acc[size_t(48 + l) * D + i];
+              const float a0 = acc[size_t(l) * D + j] + acc[size_t(32 + l) * D + j];
+              const float a1 = acc[size_t(16 + l) * D + j] + acc[size_t(48 + l) * D + j];
               lane[l] = a0 + a1;
             }
           }
-          o[i] = reduce16(lane);
+          o[j] = reduce16(lane);
         }
       }
-    }
+    };
+    parallel_for(int64_t(s.n) * H, std::ref(body), 1);
   }
 }
 
