@@ -6,6 +6,10 @@
 // names the llama.cpp routine whose chain it reproduces.
 #include <immintrin.h>
 
+// GCC 12's own AVX-512 intrinsic bodies start from an undefined vector and trip
+// -Wmaybe-uninitialized when inlined here; the warning is about the header, not this code.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -302,10 +306,10 @@ void row_q4k(const WeightView& w, int64_t r, const Act256& a, int64_t M, int64_t
   thread_local std::vector<uint8_t> u;
   thread_local std::vector<uint8_t> sc, mn;
   thread_local std::vector<float> dx, dmin;
-  thread_local std::vector<__m512i> scv;  // [nb][4]: scales of sub-blocks 2c (x8) | 2c+1 (x8)
+  thread_local std::vector<int32_t> scv;  // [nb][4][16]: scale of sub-block 2c (x8) | 2c+1 (x8)
   const int64_t nb = a.nb;
   u.resize(size_t(nb * QKK));
-  scv.resize(size_t(nb * 4));
+  scv.resize(size_t(nb * 64));
   sc.resize(size_t(nb * 8));
   mn.resize(size_t(nb * 8));
   dx.resize(size_t(nb));
@@ -314,7 +318,7 @@ void row_q4k(const WeightView& w, int64_t r, const Act256& a, int64_t M, int64_t
   for (int64_t i = 0; i < nb; ++i)
     decode_q4k(row + i * kQ4_KBytes, &u[i * QKK], &sc[i * 8], &mn[i * 8], &dx[i], &dmin[i]);
   for (int64_t i = 0; i < nb; ++i)
-    for (int c = 0; c < 4; ++c) scv[size_t(i * 4 + c)] = spread8(sc[i * 8 + 2 * c], sc[i * 8 + 2 * c + 1]);
+    for (int c = 0; c < 4; ++c) _mm512_storeu_si512(&scv[size_t((i * 4 + c) * 16)], spread8(sc[i * 8 + 2 * c], sc[i * 8 + 2 * c + 1]));
   for (int64_t m = 0; m < M; ++m) {
     const bool per_pair = m < gemm_rows;
     float acc = 0.f, acc_min = 0.f;
@@ -328,7 +332,7 @@ void row_q4k(const WeightView& w, int64_t r, const Act256& a, int64_t M, int64_t
       int32_t I[4];
       for (int c = 0; c < 4; ++c) {  // sub-blocks 2c (lanes 0-7) and 2c+1 (lanes 8-15)
         const __m512i d = dot_u8_s8(load512(&u[i * QKK + 64 * c]), load512(&a.q[k * QKK + 64 * c]));
-        scaled[c] = _mm512_mullo_epi32(d, scv[size_t(i * 4 + c)]);
+        scaled[c] = _mm512_mullo_epi32(d, load512(&scv[size_t((i * 4 + c) * 16)]));
       }
       reduce4_epi32(scaled, I);
       if (per_pair) {

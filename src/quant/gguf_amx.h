@@ -31,6 +31,22 @@ int64_t amx_min_rows(WFormat fmt);
 bool cpu_has_amx();
 void quantize_act_amx(const float* x, int64_t M, int64_t cols, int block, ActAmx* a);
 // y[M, w.rows] = x · Wᵀ for any Gguf* format; threaded over groups of 16 weight rows.
+// Per output element, over the chunks c of CK = amx_chunk(f) values in order:
+//   acc = fma(float(I_c) * dx, scale_c, acc);  then, with mins (Q4_K/Q5_K), acc -= sx * min_c
+// (one fnmadd), with I_c the exact integer dot of the chunk's weight and activation codes.
 void matmul_amx(WFormat f, const WeightView& w, const ActAmx& a, int64_t M, float* y);
+
+// The same per-element chain with AVX-512 VNNI instead of AMX tiles (gguf_amx_order_avx512.cpp):
+// bit-identical to matmul_amx for every row, at any M, on any AVX-512 VNNI CPU. Used for the
+// rows below amx_min_rows in batch-invariant mode (and for all rows without AMX), so a row's
+// result never depends on the batch it is in. Fastest at small M (decode).
+void matmul_amx_order(WFormat f, const WeightView& w, const ActAmx& a, int64_t M, float* y);
+
+// Chunk width of the AMX scheme: 16 for Q6_K (its sub-blocks), 32 otherwise.
+int amx_chunk(WFormat f);
+// Decodes one weight row (cols values): value k goes to codes[(k / CK) * cs + k % CK] as a signed
+// int8 code, scale[c] and min[c] per chunk c (w = scale * code - min, ggml's block math).
+void decode_row_chunked(WFormat f, const uint8_t* row, int64_t cols, int8_t* codes, int64_t cs,
+                        float* scale, float* mn);
 
 }  // namespace g4::gguf

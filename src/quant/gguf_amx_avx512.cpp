@@ -49,13 +49,14 @@ void config_tiles(int ck) {
   _tile_loadconfig(&c);
 }
 
-int chunk_of(WFormat f) { return f == WFormat::GgufQ6_K ? 16 : 32; }
 bool has_min(WFormat f) { return f == WFormat::GgufQ4_K || f == WFormat::GgufQ5_K; }
 
-// Decodes row `row` (cols values): value k goes to codes[(k / CK) * cs + k % CK] (cs = 16 * CK,
-// the chunk-major group layout), scale[c] and min[c] per chunk c (AVX-512 unpacking; the same
-// block math as gguf_dequant.cpp).
-void decode_row(WFormat f, const uint8_t* row, int64_t cols, int8_t* codes, int64_t cs, float* scale, float* mn) {
+}  // namespace
+
+int amx_chunk(WFormat f) { return f == WFormat::GgufQ6_K ? 16 : 32; }
+
+void decode_row_chunked(WFormat f, const uint8_t* row, int64_t cols, int8_t* codes, int64_t cs,
+                        float* scale, float* mn) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   switch (f) {
     case WFormat::GgufQ8_0:
@@ -149,6 +150,8 @@ void decode_row(WFormat f, const uint8_t* row, int64_t cols, int8_t* codes, int6
   }
 }
 
+namespace {
+
 // In-place transpose of a 16 x 16 f32 matrix held in 16 registers: four rounds that swap the
 // off-diagonal b x b blocks (b = 8, 4, 2, 1) with vpermt2ps.
 template <int B>
@@ -239,7 +242,7 @@ void quantize_act_amx(const float* x, int64_t M, int64_t cols, int block, ActAmx
 }
 
 void matmul_amx(WFormat f, const WeightView& w, const ActAmx& a, int64_t M, float* y) {
-  const int ck = chunk_of(f);
+  const int ck = amx_chunk(f);
   const int64_t cols = w.cols, nch = cols / ck, ngroups = (w.rows + 15) / 16;
   const bool mins = has_min(f);
   auto body = [&](int64_t g0, int64_t g1) {
@@ -254,7 +257,7 @@ void matmul_amx(WFormat f, const WeightView& w, const ActAmx& a, int64_t M, floa
       const int64_t r0 = g * 16, nr = std::min<int64_t>(16, w.rows - r0);
       for (int64_t n = 0; n < 16; ++n) {
         if (n < nr) {
-          decode_row(f, static_cast<const uint8_t*>(w.data) + (r0 + n) * w.row_bytes, cols,
+          decode_row_chunked(f, static_cast<const uint8_t*>(w.data) + (r0 + n) * w.row_bytes, cols,
                      &codes[size_t(n * ck)], 16 * ck, &scale[size_t(n * nch)], &mn[size_t(n * nch)]);
         } else {
           for (int64_t c = 0; c < nch; ++c) std::memset(&codes[size_t(c * 16 * ck + n * ck)], 0, size_t(ck));

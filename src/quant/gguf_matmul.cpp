@@ -10,6 +10,7 @@
 #include "quant/gguf_amx.h"
 #include "quant/gguf_blocks.h"
 #include "quant/gguf_quant.h"
+#include "quant/matmul.h"
 #include "core/dtype.h"
 
 namespace g4 {
@@ -147,10 +148,14 @@ void gguf_matmul_fast(const float* x, int64_t M, const WeightView& w, float* y) 
     gguf_matmul_f32(x, M, w, y);
     return;
   }
-  if (M >= amx_min_rows(w.fmt) && amx_enabled()) {
+  const bool amx = M >= amx_min_rows(w.fmt) && amx_enabled();
+  if (amx || batch_invariant()) {
+    // Batch-invariant mode: below the AMX switch-over (or without AMX) the VNNI kernel with
+    // matmul_amx's per-element chain, so every row's result is the same at any M.
     thread_local ActAmx a;
     quantize_act_amx(x, M, w.cols, gguf_block_size(w.fmt), &a);
-    matmul_amx(w.fmt, w, a, M, y);
+    if (amx) matmul_amx(w.fmt, w, a, M, y);
+    else matmul_amx_order(w.fmt, w, a, M, y);
     return;
   }
   const int64_t chunk = min_rows_per_chunk(w, M);

@@ -136,10 +136,7 @@ void matmul_ref(const float* x, int64_t M, const WeightView& w, float* y) {
 namespace {
 bool g_batch_invariant = false;
 }  // namespace
-void set_batch_invariant(bool on) {
-  g_batch_invariant = on;
-  gguf::set_amx_min_rows(on ? 1 : 0);  // 0: the per-format measured switch-over
-}
+void set_batch_invariant(bool on) { g_batch_invariant = on; }
 bool batch_invariant() { return g_batch_invariant; }
 
 void matmul_fast(const float* x, int64_t M, const WeightView& w, float* y) {

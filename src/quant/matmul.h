@@ -35,10 +35,12 @@ void matmul_ref(const float* x, int64_t M, const WeightView& w, float* y);
 // G4_NO_AMX / G4_NO_AVX512 / G4_NO_AVX2 = 1 turn a path off (for comparisons).
 void matmul_fast(const float* x, int64_t M, const WeightView& w, float* y);
 
-// Batch-invariant numerics: when on, matmul_fast computes every row of y with the same kernel
-// whatever M is (the AMX paths, which are row-exact across M, are used from M = 1), so a
-// sequence's logits do not depend on which other rows share the forward pass (continuous
-// batching, chunked prefill, prefix-cache hits). Costs decode speed at M = 1; off by default.
+// Batch-invariant numerics: when on, matmul_fast computes every row of y with the same
+// per-element arithmetic whatever M is, so a sequence's logits do not depend on which other rows
+// share the forward pass (continuous batching, chunked prefill, prefix-cache hits). GGUF: AMX
+// tiles from the usual switch-over and, below it or without AMX, gguf_amx.h's matmul_amx_order
+// (the AMX chain on VNNI; decode at nearly the speed of the default kernels). MlxAffine / float
+// weights: their AMX path from M = 1 (slower decode). Off by default.
 // Set before running; not synchronised with running matmuls.
 void set_batch_invariant(bool on);
 bool batch_invariant();
