@@ -48,5 +48,10 @@ int amx_chunk(WFormat f);
 // int8 code, scale[c] and min[c] per chunk c (w = scale * code - min, ggml's block math).
 void decode_row_chunked(WFormat f, const uint8_t* row, int64_t cols, int8_t* codes, int64_t cs,
                         float* scale, float* mn);
+// Weight rows r0..r0+15 of w (rows past w.rows as zeros) in the group layout of both kernels:
+// codes[c][n][CK] (cs = 16 * CK), scale[n][nch], mn[n][nch]. prefetch_next: also pull the next
+// group's rows towards the cache (decode streams the whole matrix).
+void decode_group16(WFormat f, const WeightView& w, int64_t r0, int8_t* codes, float* scale, float* mn,
+                    bool prefetch_next);
 
 }  // namespace g4::gguf

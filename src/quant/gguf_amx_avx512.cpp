@@ -150,6 +150,26 @@ void decode_row_chunked(WFormat f, const uint8_t* row, int64_t cols, int8_t* cod
   }
 }
 
+void decode_group16(WFormat f, const WeightView& w, int64_t r0, int8_t* codes, float* scale, float* mn,
+                    bool prefetch_next) {
+  const int ck = amx_chunk(f);
+  const int64_t cols = w.cols, nch = cols / ck, nr = std::min<int64_t>(16, w.rows - r0);
+  const uint8_t* base = static_cast<const uint8_t*>(w.data);
+  for (int64_t n = 0; n < 16; ++n) {
+    if (n < nr) {
+      if (prefetch_next && r0 + 16 + n < w.rows) {
+        const uint8_t* ahead = base + (r0 + 16 + n) * w.row_bytes;
+        for (int64_t k = 0; k < w.row_bytes; k += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + k), _MM_HINT_T0);
+      }
+      decode_row_chunked(f, base + (r0 + n) * w.row_bytes, cols, codes + n * ck, 16 * ck, scale + n * nch, mn + n * nch);
+    } else {
+      for (int64_t c = 0; c < nch; ++c) std::memset(codes + c * 16 * ck + n * ck, 0, size_t(ck));
+      std::fill(scale + n * nch, scale + (n + 1) * nch, 0.f);
+      std::fill(mn + n * nch, mn + (n + 1) * nch, 0.f);
+    }
+  }
+}
+
 namespace {
 
 // In-place transpose of a 16 x 16 f32 matrix held in 16 registers: four rounds that swap the
@@ -255,16 +275,7 @@ void matmul_amx(WFormat f, const WeightView& w, const ActAmx& a, int64_t M, floa
     alignas(64) int32_t cbuf[4][16][16];
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t r0 = g * 16, nr = std::min<int64_t>(16, w.rows - r0);
-      for (int64_t n = 0; n < 16; ++n) {
-        if (n < nr) {
-          decode_row_chunked(f, static_cast<const uint8_t*>(w.data) + (r0 + n) * w.row_bytes, cols,
-                     &codes[size_t(n * ck)], 16 * ck, &scale[size_t(n * nch)], &mn[size_t(n * nch)]);
-        } else {
-          for (int64_t c = 0; c < nch; ++c) std::memset(&codes[size_t(c * 16 * ck + n * ck)], 0, size_t(ck));
-          std::fill(scale.begin() + n * nch, scale.begin() + (n + 1) * nch, 0.f);
-          std::fill(mn.begin() + n * nch, mn.begin() + (n + 1) * nch, 0.f);
-        }
-      }
+      decode_group16(f, w, r0, codes.data(), scale.data(), mn.data(), false);
       for (int64_t t = 0; t < a.ntiles; ++t) {
         __m512 acc[16];
 #pragma GCC unroll 16

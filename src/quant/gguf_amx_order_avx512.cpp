@@ -160,20 +160,7 @@ void matmul_amx_order(WFormat f, const WeightView& w, const ActAmx& a, int64_t M
     alignas(64) float out[16];
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t r0 = g * 16, nr = std::min<int64_t>(16, w.rows - r0);
-      for (int64_t n = 0; n < 16; ++n) {
-        if (n < nr) {
-          // Stream the next group in while this one is decoded (decode reads ~all of the matrix).
-          const uint8_t* ahead = static_cast<const uint8_t*>(w.data) + (r0 + 16 + n) * w.row_bytes;
-          if (g + 1 < g1)
-            for (int64_t k = 0; k < w.row_bytes; k += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + k), _MM_HINT_T0);
-          decode_row_chunked(f, static_cast<const uint8_t*>(w.data) + (r0 + n) * w.row_bytes, cols,
-                             &codes[size_t(n * ck)], 16 * ck, &scale[size_t(n * nch)], &mn[size_t(n * nch)]);
-        } else {
-          for (int64_t c = 0; c < nch; ++c) std::memset(&codes[size_t(c * 16 * ck + n * ck)], 0, size_t(ck));
-          std::fill(scale.begin() + n * nch, scale.begin() + (n + 1) * nch, 0.f);
-          std::fill(mn.begin() + n * nch, mn.begin() + (n + 1) * nch, 0.f);
-        }
-      }
+      decode_group16(f, w, r0, codes.data(), scale.data(), mn.data(), g + 1 < g1);
       for (int64_t n = 0; n < 16; ++n)
         for (int64_t c = 0; c < nch; ++c) {
           scale_t[size_t(c * 16 + n)] = scale[size_t(n * nch + c)];
