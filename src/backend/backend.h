@@ -28,8 +28,9 @@ struct RopeTable {
 // MLX-compatible frequency table for a layer (default, proportional or linear RoPE).
 RopeTable make_rope_table(const RopeSpec& spec, int head_dim);
 
-// One layer's K/V storage for one sequence: [capacity, n_kv_heads, head_dim] for K and V, plus the
-// absolute position held by each slot (-1 = empty). Full layers: slot = position (capacity grows in
+// One layer's K/V storage for one sequence: [capacity, n_kv_heads, head_dim] for K and V (backend
+// memory), plus the absolute position held by each slot (-1 = empty; HOST memory on every
+// backend, owned by the KV cache: the runtime reads it, kv_write records positions in it). Full layers: slot = position (capacity grows in
 // the runtime's reserve step, never in decode). Sliding layers: a ring with
 // capacity >= window + max_chunk - 1, slot = position % capacity, so memory is bounded by the window.
 struct KvBuffer {
@@ -59,9 +60,11 @@ class Backend {
   virtual float* alloc(size_t n_floats) = 0;
   virtual int32_t* alloc_i32(size_t n) = 0;
   virtual void free(void* p) = 0;
-  // Copies n floats from a backend buffer to host memory / from host to a backend buffer.
+  // Copies n floats from a backend buffer to host memory / from host to a backend buffer /
+  // between two backend buffers.
   virtual void to_host(const float* src, size_t n, float* dst) = 0;
   virtual void from_host(const float* src, size_t n, float* dst) = 0;
+  virtual void copy(const float* src, size_t n, float* dst) = 0;
 
   // out[i, :] = dequant(E[ids[i], :]) * scale, rounded per P.  out: [n, E.cols].
   virtual void embed(const WeightView& E, const int32_t* ids, int n, float scale, ActPrecision P,

@@ -36,6 +36,9 @@ void HostBackend::free(void* p) {
 }
 void HostBackend::to_host(const float* src, size_t n, float* dst) { std::memcpy(dst, src, n * 4); }
 void HostBackend::from_host(const float* src, size_t n, float* dst) { std::memcpy(dst, src, n * 4); }
+void HostBackend::copy(const float* src, size_t n, float* dst) {
+  if (n) std::memmove(dst, src, n * sizeof(float));
+}
 
 void HostBackend::embed(const WeightView& E, const int32_t* ids, int n, float scale,
                         ActPrecision P, float* out) {

@@ -36,6 +36,7 @@ class HostBackend : public Backend {
   void free(void* p) override;
   void to_host(const float* src, size_t n, float* dst) override;
   void from_host(const float* src, size_t n, float* dst) override;
+  void copy(const float* src, size_t n, float* dst) override;
 
   void embed(const WeightView& E, const int32_t* ids, int n, float scale, ActPrecision P,
              float* out) override;

@@ -21,7 +21,7 @@ KvCache::~KvCache() {
   for (KvBuffer& b : buf_) {
     be_.free(b.k);
     be_.free(b.v);
-    be_.free(b.pos);
+    delete[] b.pos;
   }
 }
 
@@ -32,21 +32,20 @@ void KvCache::grow(int li, int cap) {
   nb.capacity = cap;
   nb.k = be_.alloc(size_t(cap) * row);
   nb.v = be_.alloc(size_t(cap) * row);
-  nb.pos = be_.alloc_i32(size_t(cap));
-  // Host-side relayout (caches live in host memory for CPU backends).
-  std::vector<int32_t> pos(size_t(cap), -1);
+  nb.pos = new int32_t[size_t(cap)];
+  std::fill(nb.pos, nb.pos + cap, -1);
+  // Slots move (rings re-slot by position); K/V rows are copied in backend memory.
   for (int s = 0; s < b.capacity; ++s) {
     const int p = b.pos[s];
     if (p < 0) continue;
     const int ns = nb.window > 0 ? p % cap : p;
-    std::memcpy(nb.k + size_t(ns) * row, b.k + size_t(s) * row, row * 4);
-    std::memcpy(nb.v + size_t(ns) * row, b.v + size_t(s) * row, row * 4);
-    pos[size_t(ns)] = p;
+    be_.copy(b.k + size_t(s) * row, row, nb.k + size_t(ns) * row);
+    be_.copy(b.v + size_t(s) * row, row, nb.v + size_t(ns) * row);
+    nb.pos[ns] = p;
   }
-  std::memcpy(nb.pos, pos.data(), size_t(cap) * 4);
   be_.free(b.k);
   be_.free(b.v);
-  be_.free(b.pos);
+  delete[] b.pos;
   b = nb;
 }
 
@@ -96,17 +95,17 @@ void KvCache::copy_from(const KvCache& o) {
     if (b.capacity != src.capacity) {
       be_.free(b.k);
       be_.free(b.v);
-      be_.free(b.pos);
+      delete[] b.pos;
       const size_t row = size_t(b.n_kv_heads) * b.head_dim;
       b.capacity = src.capacity;
       b.k = be_.alloc(size_t(b.capacity) * row);
       b.v = be_.alloc(size_t(b.capacity) * row);
-      b.pos = be_.alloc_i32(size_t(b.capacity));
+      b.pos = new int32_t[size_t(b.capacity)];
     }
     const size_t row = size_t(b.n_kv_heads) * b.head_dim;
-    std::memcpy(b.k, src.k, size_t(b.capacity) * row * 4);
-    std::memcpy(b.v, src.v, size_t(b.capacity) * row * 4);
-    std::memcpy(b.pos, src.pos, size_t(b.capacity) * 4);
+    be_.copy(src.k, size_t(b.capacity) * row, b.k);
+    be_.copy(src.v, size_t(b.capacity) * row, b.v);
+    std::copy(src.pos, src.pos + b.capacity, b.pos);
   }
   size_ = o.size_;
 }
