@@ -56,6 +56,13 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
 
+  // Makes a weight matrix (a view into the mapped checkpoint) usable by this backend's matmul and
+  // embed. Host backends use it in place (the default); a device backend copies it to device
+  // memory it owns and returns a view of the copy. Called once per matrix at load.
+  virtual WeightView place_weight(const WeightView& w) { return w; }
+  // Whether the ops implement activation precision P (all of them do F32).
+  virtual bool supports_precision(ActPrecision P) const { return true; }
+
   // Memory for activations and caches. Owned by the backend; valid until the backend dies.
   virtual float* alloc(size_t n_floats) = 0;
   virtual int32_t* alloc_i32(size_t n) = 0;
@@ -124,8 +131,11 @@ std::unique_ptr<Backend> make_reference_backend();
 std::unique_ptr<Backend> make_cpu_backend();
 // The llama.cpp-exact backend (backend/ggml): nullptr with *why set when this CPU cannot run it.
 std::unique_ptr<Backend> make_ggml_backend(std::string* why);
-// "reference" | "cpu" (default) | "ggml". Returns nullptr for an unknown name (or a "ggml" this CPU
-// cannot run).
+// The CUDA backend (backend/cuda, built with -DG4_CUDA=ON): nullptr with *why set when this build
+// has no CUDA or no usable GPU is present.
+std::unique_ptr<Backend> make_cuda_backend(std::string* why);
+// "reference" | "cpu" (default) | "ggml" | "cuda". Returns nullptr for an unknown name (or one this
+// build or machine cannot run).
 std::unique_ptr<Backend> make_backend(const std::string& name);
 
 }  // namespace g4

@@ -267,12 +267,11 @@ void HostBackend::gelu_mul(const float* gate, const float* up, size_t n, ActPrec
   }
 }
 
-namespace {
 // ggml_table_gelu_f16 (ggml-cpu.c): for every f16 bit pattern h, f16(ggml_gelu_f32(f32(h))) with
 // ggml_gelu_f32(x) = 0.5f*x*(1.0f + tanhf(SQRT_2_OVER_PI*x*(1.0f + GELU_COEF_A*x*x))), as the
 // llama.cpp build compiles it: GCC fuses 1.0f + (GELU_COEF_A*x)*x into one fma (seen in the
 // disassembly of libggml-cpu's table set-up; without it entry 0xbfff is one f16 ulp off).
-const std::vector<uint16_t>& ggml_gelu_table() {
+const std::vector<uint16_t>& ggml_gelu_f16_table() {
   static const std::vector<uint16_t> table = [] {
     std::vector<uint16_t> t(1 << 16);
     const float kA = 0.044715f, kS = 0.79788456080286535587989211986876f;
@@ -284,10 +283,9 @@ const std::vector<uint16_t>& ggml_gelu_table() {
   }();
   return table;
 }
-}  // namespace
 
 void HostBackend::gelu_mul_ggml(const float* gate, const float* up, size_t n, float* out) {
-  const std::vector<uint16_t>& table = ggml_gelu_table();
+  const std::vector<uint16_t>& table = ggml_gelu_f16_table();
   for (size_t i = 0; i < n; ++i) {
     const float x = gate[i];
     if (x <= -10.0f) out[i] = 0.0f;

@@ -24,6 +24,10 @@ void matmul_mlx_bf16_parity(const float* x, int M, const WeightView& W, float* y
 // mx.dequantize of one row in bf16: bf16(bf16(scale*q) + bias) per element.
 void dequant_row_mlx_bf16(const WeightView& W, int64_t r, float* out);
 
+// ggml's GELU lookup table (Backend::gelu_mul_ggml): entry h = f16(gelu_tanh(f32(h))) for every
+// f16 bit pattern h, computed as llama.cpp's build computes it.
+const std::vector<uint16_t>& ggml_gelu_f16_table();
+
 // Rounds p[0, n) to bf16 in place when P == BF16.
 void round_activations(float* p, size_t n, ActPrecision P);
 inline float rnd(float x, ActPrecision P) { return P == ActPrecision::BF16 ? round_bf16(x) : x; }

@@ -26,7 +26,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   auto m = load_model_from_args(a);
   if (!m) return fail("bench", m.message());
   Model& model = *m.value();
-  auto P = parse_precision(a.get("--dtype", "f32"), model.config());  // the engine's precision
+  auto P = parse_precision(a.get("--dtype", "f32"), model);  // the engine's precision
   if (!P) return fail("bench", P.message());
   const int V = model.config().vocab;
   // A fixed pseudo-random prompt of ordinary token ids (no specials).

@@ -18,7 +18,7 @@ int cmd_greedy(const std::vector<std::string>& argv) {
   auto m = load_model_from_args(a, true);
   if (!m) return fail("greedy", m.message());
   Model& model = *m.value();
-  auto P = parse_precision(a.get("--dtype"), model.config());
+  auto P = parse_precision(a.get("--dtype"), model);
   if (!P) return fail("greedy", P.message());
   const int V = model.config().vocab;
   const int L = int(ids->size());

@@ -20,7 +20,7 @@ int cmd_logits(const std::vector<std::string>& argv) {
   auto m = load_model_from_args(a, true);
   if (!m) return fail("logits", m.message());
   Model& model = *m.value();
-  auto P = parse_precision(a.get("--dtype"), model.config());
+  auto P = parse_precision(a.get("--dtype"), model);
   if (!P) return fail("logits", P.message());
   const int V = model.config().vocab;
   for (int32_t id : ids.value())

@@ -37,11 +37,14 @@ Result<std::vector<int32_t>> parse_ids(const std::string& s) {
   return ids;
 }
 
-Result<ActPrecision> parse_precision(const std::string& s, const ModelConfig& cfg) {
-  if (s.empty()) return cfg.reference_precision;
-  if (s == "bf16") return ActPrecision::BF16;
-  if (s == "f32") return ActPrecision::F32;
-  return err("--dtype: expected f32 or bf16, got '%s'", s.c_str());
+Result<ActPrecision> parse_precision(const std::string& s, Model& model) {
+  ActPrecision P = model.config().reference_precision;
+  if (s == "bf16") P = ActPrecision::BF16;
+  else if (s == "f32") P = ActPrecision::F32;
+  else if (!s.empty()) return err("--dtype: expected f32 or bf16, got '%s'", s.c_str());
+  if (!model.backend().supports_precision(P))
+    return err("backend '%s' computes f32 activations only: pass --dtype f32", model.backend().name().c_str());
+  return P;
 }
 
 Status apply_process_flags(const Args& a, bool batch_invariant_default) {

@@ -13,8 +13,8 @@ namespace g4::cli {
 // Parses "2,105,3" (or a JSON list "[2,105,3]") into ids.
 Result<std::vector<int32_t>> parse_ids(const std::string& s);
 // --dtype f32|bf16; empty: the model format's reference precision (bf16 for MLX / HF
-// checkpoints, f32 for GGUF).
-Result<ActPrecision> parse_precision(const std::string& s, const ModelConfig& cfg);
+// checkpoints, f32 for GGUF). An error when the model's backend does not compute that precision.
+Result<ActPrecision> parse_precision(const std::string& s, Model& model);
 // --threads N, --weights auto|mmap|copy (core/mapped_file.h) and --batch-invariant on|off
 // (quant/matmul.h; default: batch_invariant_default): process-wide settings, applied before a
 // model is loaded.

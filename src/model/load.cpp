@@ -15,14 +15,18 @@ Result<std::string> resolve_model_path(const std::string& path) {
 
 Result<std::unique_ptr<Model>> build_model(const OpenedModel& om, const std::string& backend) {
   std::unique_ptr<Backend> be;
-  if (backend == "ggml") {
+  if (backend == "ggml" || backend == "cuda") {
     std::string why;
-    be = make_ggml_backend(&why);
-    if (!be) return err("backend 'ggml': %s", why.c_str());
+    be = backend == "ggml" ? make_ggml_backend(&why) : make_cuda_backend(&why);
+    if (!be) return err("backend '%s': %s", backend.c_str(), why.c_str());
   } else {
     be = make_backend(backend);
   }
-  if (!be) return err("unknown backend '%s' (expected cpu, reference or ggml)", backend.c_str());
+  if (!be) return err("unknown backend '%s' (expected cpu, reference, ggml or cuda)", backend.c_str());
+  if (backend == "cuda") {
+    for (const LayerSpec& ls : om.config.layers)
+      if (ls.moe) return err("backend 'cuda': mixture-of-experts layers are not implemented on CUDA yet");
+  }
   G4_ASSIGN_OR_RETURN(ModelWeights w, load_weights(om.config, *om.weights, *be));
   return std::make_unique<Model>(om.config, std::move(w), om.weights, std::move(be));
 }

@@ -22,7 +22,7 @@ struct Loader {
   Status mat(const std::string& name, int64_t rows, int64_t cols, WeightView& out) {
     auto r = src.matrix(name, rows, cols);
     if (!r) return Error{r.message()};
-    out = r.value();
+    out = be.place_weight(r.value());
     mw.weight_bytes += view_bytes(out);
     return {};
   }
@@ -111,7 +111,7 @@ Result<ModelWeights> load_weights(const ModelConfig& cfg, const WeightSource& sr
               std::tuple{"experts.switch_glu.down_proj", d, I, &lw.ex_down}}) {
           auto r = src.stacked_matrix(p + name, e, E, rows, cols);
           if (!r) return Error{r.message()};
-          (*vec)[size_t(e)] = r.value();
+          (*vec)[size_t(e)] = be.place_weight(r.value());
           mw.weight_bytes += view_bytes(r.value());
         }
       }

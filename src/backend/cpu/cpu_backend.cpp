@@ -266,6 +266,7 @@ std::unique_ptr<Backend> make_backend(const std::string& name) {
   if (name == "cpu" || name.empty()) return make_cpu_backend();
   if (name == "reference") return make_reference_backend();
   if (name == "ggml") return make_ggml_backend(nullptr);
+  if (name == "cuda") return make_cuda_backend(nullptr);
   return nullptr;
 }
 

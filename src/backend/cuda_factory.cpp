@@ -1,0 +1,12 @@
+// make_cuda_backend for builds without CUDA (-DG4_CUDA=OFF, the default): the CUDA build defines
+// it in backend/cuda/cuda_backend.cu instead.
+#include "backend/backend.h"
+
+#ifndef G4_HAVE_CUDA
+namespace g4 {
+std::unique_ptr<Backend> make_cuda_backend(std::string* why) {
+  if (why) *why = "this build has no CUDA support (configure with -DG4_CUDA=ON and the CUDA toolkit)";
+  return nullptr;
+}
+}  // namespace g4
+#endif
