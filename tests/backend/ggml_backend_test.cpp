@@ -12,29 +12,18 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend_test_util.h"
 
 namespace g4 {
 namespace {
+using test::max_abs_diff;
+using test::randn;
 
 std::unique_ptr<Backend> ggml_or_skip() {
   std::string why;
   auto be = make_ggml_backend(&why);
   if (!be) std::printf("SKIP: ggml backend unavailable: %s\n", why.c_str());
   return be;
-}
-
-std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.f, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
-
-float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  float m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
 }
 
 TEST(GgmlBackend, NameAndUnknownFallback) {
@@ -75,30 +64,10 @@ TEST(GgmlBackend, RopeMatchesReference) {
   }
 }
 
-// One sequence of n new rows after pos0 cached ones, GQA 4:1, optionally windowed.
 void attention_case(Backend& be, Backend& ref, int pos0, int n, int window) {
-  const int H = 4, Hk = 1, D = 256, cap = window > 0 ? window + n : pos0 + n;
-  const auto q = randn(size_t(n * H * D), 10 + pos0 + n);
-  const auto kall = randn(size_t((pos0 + n) * Hk * D), 20 + n), vall = randn(size_t((pos0 + n) * Hk * D), 30 + n);
-  std::vector<float> out_a(q.size()), out_b(q.size());
-  for (Backend* b : {&be, &ref}) {
-    std::vector<float> k(size_t(cap * Hk * D)), v(k.size());
-    std::vector<int32_t> pos(size_t(cap), -1);
-    AttnSeq s;
-    s.kv = KvBuffer{k.data(), v.data(), pos.data(), cap, Hk, D, window};
-    for (int p = 0; p < pos0 + n; ++p) {  // fill the cache position by position (rings wrap)
-      AttnSeq one = s;
-      one.row0 = p;
-      one.n = 1;
-      one.pos0 = p;
-      b->kv_write(one, kall.data(), vall.data());
-    }
-    s.row0 = 0;
-    s.n = n;
-    s.pos0 = pos0;
-    b->attention(q.data(), H, {s}, 0.0625f, ActPrecision::F32, b == &be ? out_a.data() : out_b.data());
-  }
-  EXPECT_LE(max_abs_diff(out_a, out_b), 1e-5f) << "pos0 " << pos0 << " n " << n << " window " << window;
+  EXPECT_LE(test::max_abs_diff(test::attention_scenario(be, pos0, n, window), test::attention_scenario(ref, pos0, n, window)),
+            1e-5f)
+      << "pos0 " << pos0 << " n " << n << " window " << window;
 }
 
 TEST(GgmlBackend, AttentionMatchesReference) {

@@ -130,3 +130,20 @@ def test_bad_batch_invariant_flag_is_a_clean_error(cli):
     r = run(cli, "bench", "--batch-invariant", "maybe")
     assert r.returncode != 0
     assert "--batch-invariant: expected on or off, got 'maybe'" in r.stderr
+
+
+def test_cuda_backend_runs_or_says_why(cli, tmp_path):
+    """--backend cuda: on a CUDA build with a GPU the logits match the reference backend's (exact
+    dequantization and f32 activations on both);
+    elsewhere (CI) a one-line error that names the backend and the reason, never a crash."""
+    ids = "2,818,5279,529,7001,563"
+    r = run(cli, "logits", "--backend", "cuda", "--ids", ids, "--out", str(tmp_path / "c.npy"))
+    if r.returncode != 0:
+        assert "backend 'cuda'" in r.stderr and ("no CUDA support" in r.stderr or "no usable CUDA device" in r.stderr)
+        assert len(r.stderr.strip().splitlines()) <= 3
+        print(f"\ncuda backend unavailable here: {r.stderr.strip().splitlines()[-1]}")
+        return
+    import numpy as np
+    c = run(cli, "logits", "--backend", "reference", "--ids", ids, "--out", str(tmp_path / "p.npy"))
+    assert c.returncode == 0, c.stderr
+    assert np.abs(np.load(tmp_path / "c.npy") - np.load(tmp_path / "p.npy")).max() < 1e-2

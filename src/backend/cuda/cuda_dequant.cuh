@@ -1,0 +1,115 @@
+// Device-side dequantization of one matrix element, for every weight format the loader produces
+// (the same block math as quant/gguf_dequant.cpp and quant/weight.cpp, written per element: the
+// simple kernels of the CUDA backend read weights this way; fast kernels come later and are
+// tested against these).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "quant/weight.h"
+
+namespace g4::cuda {
+
+// The fields of a WeightView a kernel needs, by value (pointers are device memory).
+struct DevWeight {
+  WFormat fmt;
+  int64_t rows, cols, row_bytes;
+  const uint8_t* data;
+  int bits, group_size;
+  const void* scales;
+  const void* biases;
+  DType scale_dtype;
+};
+
+// Block fields sit at any byte offset (Q5_0 blocks are 22 bytes): read them byte by byte.
+__host__ __device__ inline float ld_half(const uint8_t* p) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(p[0] | (p[1] << 8))));
+}
+__host__ __device__ inline uint32_t ld_u32(const uint8_t* p) {
+  return uint32_t(p[0]) | (uint32_t(p[1]) << 8) | (uint32_t(p[2]) << 16) | (uint32_t(p[3]) << 24);
+}
+
+__host__ __device__ inline float ld_scale(const void* base, DType t, int64_t i) {
+  switch (t) {
+    case DType::F32: return static_cast<const float*>(base)[i];
+    case DType::F16: return __half2float(static_cast<const __half*>(base)[i]);
+    default: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+  }
+}
+
+// ggml get_scale_min_k4.
+__host__ __device__ inline void scale_min_k4(int j, const uint8_t* q, int* sc, int* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// Element (r, c) of w as f32.
+__host__ __device__ inline float dequant(const DevWeight& w, int64_t r, int64_t c) {
+  const uint8_t* row = w.data + r * w.row_bytes;
+  switch (w.fmt) {
+    case WFormat::F32: return reinterpret_cast<const float*>(row)[c];
+    case WFormat::F16: return __half2float(reinterpret_cast<const __half*>(row)[c]);
+    case WFormat::BF16: return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(row)[c]);
+    case WFormat::MlxAffine: {
+      // Element c occupies stream bits [c*b, (c+1)*b) of the row's uint32 words (spec §3.4).
+      const uint32_t* words = reinterpret_cast<const uint32_t*>(row);
+      const int64_t bit = c * w.bits;
+      const int64_t wi = bit >> 5;
+      const int sh = int(bit & 31);
+      uint64_t v = words[wi] >> sh;
+      if (sh + w.bits > 32) v |= uint64_t(words[wi + 1]) << (32 - sh);
+      const float q = float(uint32_t(v) & ((1u << w.bits) - 1u));
+      const int64_t g = r * (w.cols / w.group_size) + c / w.group_size;
+      return ld_scale(w.scales, w.scale_dtype, g) * q + ld_scale(w.biases, w.scale_dtype, g);
+    }
+    case WFormat::GgufQ4_0: {
+      const uint8_t* b = row + (c / 32) * 18;
+      const int j = int(c % 32);
+      const int q = j < 16 ? (b[2 + j] & 15) : (b[2 + j - 16] >> 4);
+      return ld_half(b) * float(q - 8);
+    }
+    case WFormat::GgufQ5_0: {
+      const uint8_t* b = row + (c / 32) * 22;
+      const int j = int(c % 32);
+      const uint32_t qh = ld_u32(b + 2);
+      const int lo = j < 16 ? (b[6 + j] & 15) : (b[6 + j - 16] >> 4);
+      const int q = lo | int((qh >> j) & 1u) << 4;  // int: q - 16 is negative for half the codes
+      return ld_half(b) * float(q - 16);
+    }
+    case WFormat::GgufQ8_0: {
+      const uint8_t* b = row + (c / 32) * 34;
+      return ld_half(b) * float(int8_t(b[2 + c % 32]));
+    }
+    case WFormat::GgufQ4_K:
+    case WFormat::GgufQ5_K: {
+      const bool q5 = w.fmt == WFormat::GgufQ5_K;
+      const uint8_t* b = row + (c / 256) * (q5 ? 176 : 144);
+      const int j = int(c % 256), s = j / 32, l = j % 32;
+      int sc, m;
+      scale_min_k4(s, b + 4, &sc, &m);
+      const uint8_t byte = b[(q5 ? 48 : 16) + 32 * (s / 2) + l];
+      int q = (s & 1) ? (byte >> 4) : (byte & 15);
+      if (q5) q |= ((b[16 + l] >> s) & 1) << 4;
+      return ld_half(b) * float(sc) * float(q) - ld_half(b + 2) * float(m);
+    }
+    case WFormat::GgufQ6_K: {
+      const uint8_t* b = row + (c / 256) * 210;
+      const int j = int(c % 256), h = j / 128, jj = j % 128, s = jj / 32, l = jj % 32;
+      const uint8_t lb = b[64 * h + 32 * (s & 1) + l];
+      const int lo = (s >> 1) ? (lb >> 4) : (lb & 15);
+      const int hi = (b[128 + 32 * h + l] >> (2 * s)) & 3;
+      const int8_t sc = int8_t(b[192 + j / 16]);
+      return ld_half(b + 208) * float(sc) * float((lo | (hi << 4)) - 32);
+    }
+    default: return 0.f;
+  }
+}
+
+}  // namespace g4::cuda

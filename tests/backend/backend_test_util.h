@@ -1,0 +1,83 @@
+// Helpers shared by the backend tests: random data, host <-> backend copies, error measures, and
+// one attention scenario run on any backend (host or device memory alike).
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace g4::test {
+
+inline std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+// A backend copy of host data / a host copy of backend data.
+inline float* upload(Backend& be, const std::vector<float>& h) {
+  float* d = be.alloc(h.size());
+  be.from_host(h.data(), h.size(), d);
+  return d;
+}
+inline std::vector<float> download(Backend& be, const float* d, size_t n) {
+  std::vector<float> h(n);
+  be.to_host(d, n, h.data());
+  return h;
+}
+
+inline float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  float m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+// max |a - b| / max |b| (infinite when a has a non-finite value)
+inline double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  double e = 0, m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    e = std::max(e, double(std::fabs(a[i] - b[i])));
+    m = std::max(m, double(std::fabs(b[i])));
+  }
+  return e / std::max(m, 1e-30);
+}
+
+// One sequence with pos0 cached positions then n new query rows; 4 query heads over 1 KV head of
+// 256; a sliding window (ring buffer) when window > 0. Fills the cache position by position with
+// kv_write, runs attention with scale 1/16 and returns the output [n, 4, 256].
+inline std::vector<float> attention_scenario(Backend& b, int pos0, int n, int window) {
+  const int H = 4, Hk = 1, D = 256, cap = window > 0 ? window + n : pos0 + n;
+  const auto q = randn(size_t(n * H * D), uint32_t(10 + pos0 + n));
+  const auto kall = randn(size_t((pos0 + n) * Hk * D), uint32_t(20 + n));
+  const auto vall = randn(size_t((pos0 + n) * Hk * D), uint32_t(30 + n));
+  float* k = b.alloc(size_t(cap * Hk * D));
+  float* v = b.alloc(size_t(cap * Hk * D));
+  std::vector<int32_t> pos(size_t(cap), -1);  // host bookkeeping on every backend
+  float* dk = upload(b, kall);
+  float* dv = upload(b, vall);
+  float* dq = upload(b, q);
+  float* dout = b.alloc(q.size());
+  AttnSeq s;
+  s.kv = KvBuffer{k, v, pos.data(), cap, Hk, D, window};
+  for (int p = 0; p < pos0 + n; ++p) {
+    AttnSeq one = s;
+    one.row0 = p;
+    one.n = 1;
+    one.pos0 = p;
+    b.kv_write(one, dk, dv);
+  }
+  s.row0 = 0;
+  s.n = n;
+  s.pos0 = pos0;
+  b.attention(dq, H, {s}, 0.0625f, ActPrecision::F32, dout);
+  std::vector<float> out = download(b, dout, q.size());
+  for (float* p : {k, v, dk, dv, dq, dout}) b.free(p);
+  return out;
+}
+
+}  // namespace g4::test

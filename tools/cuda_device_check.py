@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Checks the CUDA backend on a machine with a GPU (the lent H200; CI has none).
+
+Runs, with a CUDA build of the binaries (cmake -DG4_CUDA=ON):
+  1. test_backend (the op-level comparisons with the reference backend, tests/backend);
+  2. for every mlx-lm fixture directory given (tests/fixtures/generated/<name>, as made by
+     `make fixtures`): `gemma4 logits --backend cuda --dtype f32` against mlx-lm's f32 logits in
+     oracle.npz (max |Δ|, and the cpu backend's max |Δ| for scale), and `gemma4 greedy --backend
+     cuda` against mlx-lm's greedy ids.
+Prints one line per check and a summary table last; exits 1 if any check fails.
+
+    python3 tools/cuda_device_check.py --bin build-cuda/bin --fixtures DIR [DIR ...]
+"""
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+LOGIT_TOL = 1e-3  # f32 on both sides: the cpu backend lands near 2e-4 on these fixtures
+
+
+def run(cmd):
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd))[:200]} failed ({r.returncode}): {r.stderr[-1500:]}")
+    return r.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", required=True, help="folder with gemma4 and test_backend (CUDA build)")
+    ap.add_argument("--fixtures", nargs="*", default=[])
+    a = ap.parse_args()
+    b = Path(a.bin)
+    rows, ok = [], True
+    t = subprocess.run([str(b / "test_backend")], capture_output=True, text=True)
+    print(t.stdout[-3000:])
+    passed = t.returncode == 0 and "SKIPPED" not in t.stdout.split("[  PASSED  ]")[-1]
+    rows.append(("test_backend", "ops vs reference", "pass" if passed else "FAIL"))
+    ok &= passed
+    for fx in a.fixtures:
+        fx = Path(fx)
+        with np.load(fx / "oracle.npz") as z:
+            ids = [int(i) for i in z["prompt_ids"]]
+            want = z["logits_f32"]
+            greedy = [int(i) for i in z["greedy_f32"]]
+        arg = ",".join(map(str, ids))
+        with tempfile.TemporaryDirectory() as tmp:
+            got = {}
+            for be in ("cuda", "cpu"):
+                run([b / "gemma4", "logits", "--model", fx, "--ids", arg, "--dtype", "f32", "--backend", be,
+                     "--out", f"{tmp}/{be}.npy"])
+                got[be] = np.load(f"{tmp}/{be}.npy")
+        d_cuda = float(np.abs(got["cuda"] - want).max())
+        d_cpu = float(np.abs(got["cpu"] - want).max())
+        seq = json.loads(run([b / "gemma4", "greedy", "--model", fx, "--ids", arg, "--steps", len(greedy),
+                              "--dtype", "f32", "--backend", "cuda"]).strip().splitlines()[-1])
+        good = d_cuda <= LOGIT_TOL and seq == greedy
+        ok &= good
+        rows.append((fx.name, f"max|d| cuda {d_cuda:.2e} (cpu {d_cpu:.2e}), greedy {'same' if seq == greedy else 'DIFF'}",
+                     "pass" if good else "FAIL"))
+    print(f"{'check':24s} {'result':60s} verdict")
+    for r in rows:
+        print(f"{r[0]:24s} {r[1]:60s} {r[2]}")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
