@@ -1,6 +1,6 @@
 // gemma4 serve [--model PATH] [--host 127.0.0.1] [--port 8080] [--parallel N] [--api-key KEY]
 //              [--max-queue N] [--context N] [--max-tokens N] [--chat-template FILE]
-//              [--threads N] [--backend cpu|reference|ggml] [--model-id NAME] [--batch-invariant on|off]
+//              [--threads N] [--backend cpu|reference|ggml|cuda] [--model-id NAME] [--batch-invariant on|off]
 //              [--prefix-cache-mb N (default 256; 0 disables)] [--no-prefix-cache]
 // OpenAI- and Anthropic-compatible HTTP server. Loopback by default. Prints load progress, then
 // "ready: http://HOST:PORT" once the model is loaded. SIGINT/SIGTERM drain running requests and exit.

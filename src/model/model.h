@@ -62,7 +62,7 @@ class Model {
   Tap tap_;
 };
 
-// Opens a model and loads it on the named backend ("cpu" | "reference"). `path` is a directory
+// Opens a model and loads it on the named backend (make_backend's names). `path` is a directory
 // with config.json + *.safetensors, a .gguf file, or a directory holding one .gguf file; empty
 // means the default model (io/gguf_model.h default_model_path()).
 Result<std::unique_ptr<Model>> load_model(const std::string& path, const std::string& backend = "cpu");
