@@ -71,6 +71,8 @@ TEST_F(CudaBackendTest, MatmulEveryWeightFormat) {
   for (WFormat f : {WFormat::F32, WFormat::BF16, WFormat::F16}) {
     test::OwnedWeight w = test::random_float(33, 160, f, 9);
     check_matmul(*cu, *ref, w.view, std::string(wformat_name(f)).c_str());
+    test::OwnedWeight odd = test::random_float(17, 150, f, 10);  // cols % 32 != 0: the per-element kernel
+    check_matmul(*cu, *ref, odd.view, (std::string(wformat_name(f)) + " odd width").c_str());
   }
 }
 

@@ -66,6 +66,41 @@ __global__ void matmul_kernel(const float* x, int M, DevWeight w, float* y) {
   }
 }
 
+// The matmul the backend runs (cols % 32 == 0): one warp per output row; each lane takes whole
+// 32-value units (a block or sub-block of every format), decodes the unit once (dequant32) and
+// dots it with the activations read as float4. matmul_kernel above covers cols % 32 != 0.
+__global__ void matmul_units_kernel(const float* x, int M, DevWeight w, float* y) {
+  const int64_t r = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (r >= w.rows) return;
+  float acc[kMaxM];
+#pragma unroll
+  for (int m = 0; m < kMaxM; ++m) acc[m] = 0.f;
+  const int64_t units = w.cols / 32;
+  for (int64_t u = lane; u < units; u += kWarp) {
+    float wv[32];
+    dequant32(w, r, u, wv);
+#pragma unroll
+    for (int m = 0; m < kMaxM; ++m) {
+      if (m >= M) break;
+      const float4* xm = reinterpret_cast<const float4*>(x + int64_t(m) * w.cols + 32 * u);
+      float s = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float4 v = xm[j];
+        s += v.x * wv[4 * j] + v.y * wv[4 * j + 1] + v.z * wv[4 * j + 2] + v.w * wv[4 * j + 3];
+      }
+      acc[m] += s;
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < kMaxM; ++m) {
+    if (m >= M) break;
+    const float s = warp_sum(acc[m]);
+    if (lane == 0) y[int64_t(m) * w.rows + r] = s;
+  }
+}
+
 // One block per token; threads over the columns.
 __global__ void embed_kernel(DevWeight e, const int32_t* ids, float scale, float* out) {
   const int i = blockIdx.x;
@@ -208,14 +243,25 @@ inline unsigned blocks_for(int64_t n, int per) { return unsigned((n + per - 1) /
 
 }  // namespace
 
-void matmul(const float* x, int M, const DevWeight& w, float* y) {
+namespace {
+template <bool kUnits>
+void matmul_launch(const float* x, int M, const DevWeight& w, float* y) {
   constexpr int kWarpsPerBlock = 8;
   const unsigned grid = blocks_for(w.rows, kWarpsPerBlock);
   for (int m0 = 0; m0 < M; m0 += kMaxM) {
     const int mm = M - m0 < kMaxM ? M - m0 : kMaxM;
     // y rows m0.. hold [mm, rows]: the kernel writes y[m * rows + r] from x[m * cols + c].
-    matmul_kernel<<<grid, kWarpsPerBlock * kWarp>>>(x + int64_t(m0) * w.cols, mm, w, y + int64_t(m0) * w.rows);
+    const float* xm = x + int64_t(m0) * w.cols;
+    float* ym = y + int64_t(m0) * w.rows;
+    if (kUnits) matmul_units_kernel<<<grid, kWarpsPerBlock * kWarp>>>(xm, mm, w, ym);
+    else matmul_kernel<<<grid, kWarpsPerBlock * kWarp>>>(xm, mm, w, ym);
   }
+}
+}  // namespace
+
+void matmul(const float* x, int M, const DevWeight& w, float* y) {
+  if (w.cols % 32 == 0) matmul_launch<true>(x, M, w, y);
+  else matmul_launch<false>(x, M, w, y);
 }
 
 void embed(const DevWeight& e, const int32_t* ids, int n, float scale, float* out) {

@@ -16,6 +16,8 @@ struct AttnArgs {
   int capacity, n_kv_heads, head_dim, window;
 };
 
+// y[M, w.rows] = x[M, w.cols] · Wᵀ: 32-value units per lane when w.cols % 32 == 0, else one
+// element at a time (tests compare both with the reference backend).
 void matmul(const float* x, int M, const DevWeight& w, float* y);
 void embed(const DevWeight& e, const int32_t* ids, int n, float scale, float* out);
 void rms_norm(const float* x, int rows, int dim, const float* w, float eps, float* y);
