@@ -65,24 +65,27 @@ class CpuBackend final : public HostBackend {
     }
     const ActK* akp = &ak;  // the caller's buffers: workers have their own (empty) thread_locals
     const ActPair* app = &ap;
-    const int64_t bytes = W.rows * W.row_bytes;
-    const int64_t target = bytes >= (8 << 20) ? (512 << 10) : (64 << 10);
-    const int64_t chunk = std::max<int64_t>(2, target / W.row_bytes) & ~int64_t(1);
-    std::atomic<int64_t> next{0};
-    auto body = [&](int64_t, int64_t) {
-      for (;;) {
-        const int64_t r0 = next.fetch_add(chunk, std::memory_order_relaxed);
-        if (r0 >= W.rows) return;
-        const int64_t r1 = std::min(W.rows, r0 + chunk);
-        if (kq) rows_k_avx512(W.data, W.row_bytes, W.fmt, *akp, 1, r0, r1, y, W.rows);
-        else rows_pair_avx512(W.data, W.row_bytes, W.fmt, W.cols / QK, *app, 1, r0, r1, y, W.rows);
-      }
-    };
-    parallel_for(num_threads(), std::ref(body));
+    for_each_row_chunk(W, [&](int64_t r0, int64_t r1) {
+      if (kq) rows_k_avx512(W.data, W.row_bytes, W.fmt, *akp, 1, r0, r1, y, W.rows);
+      else rows_pair_avx512(W.data, W.row_bytes, W.fmt, W.cols / QK, *app, 1, r0, r1, y, W.rows);
+    });
     return true;
   }
 
   void matmul_dynamic_rows(const float* x, const WeightView& W, float* y) {
+    for_each_row_chunk(W, [&](int64_t r0, int64_t r1) {
+      WeightView s = W;
+      s.data = static_cast<const uint8_t*>(W.data) + r0 * W.row_bytes;
+      s.rows = r1 - r0;
+      matmul_fast(x, 1, s, y + r0);
+    });
+  }
+
+  // The decode schedule both paths above share: every thread takes chunks of weight rows
+  // [r0, r1) from one shared counter until none are left. Chunks start at even rows (the
+  // kernels pair rows) and stream ~64 KiB of weights (512 KiB for matrices of 8 MiB and more).
+  template <class Fn>
+  static void for_each_row_chunk(const WeightView& W, Fn&& fn) {
     const int64_t bytes = W.rows * W.row_bytes;
     const int64_t target = bytes >= (8 << 20) ? (512 << 10) : (64 << 10);
     const int64_t chunk = std::max<int64_t>(2, target / W.row_bytes) & ~int64_t(1);
@@ -91,10 +94,7 @@ class CpuBackend final : public HostBackend {
       for (;;) {
         const int64_t r0 = next.fetch_add(chunk, std::memory_order_relaxed);
         if (r0 >= W.rows) return;
-        WeightView s = W;
-        s.data = static_cast<const uint8_t*>(W.data) + r0 * W.row_bytes;
-        s.rows = std::min(chunk, W.rows - r0);
-        matmul_fast(x, 1, s, y + r0);
+        fn(r0, std::min(W.rows, r0 + chunk));
       }
     };
     parallel_for(num_threads(), std::ref(body));

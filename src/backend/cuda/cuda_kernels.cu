@@ -42,9 +42,12 @@ __device__ inline float block_reduce(float v, float* sh, Op op, float identity) 
 __device__ inline float block_sum(float v, float* sh) { return block_reduce(v, sh, Sum{}, 0.f); }
 __device__ inline float block_max(float v, float* sh) { return block_reduce(v, sh, Max{}, -INFINITY); }
 
-// One warp per output row r; lanes stride over the columns; up to kMaxM activation rows per
-// launch (the caller splits larger M).
+// One warp per output row r, up to kMaxM activation rows per launch (the caller splits larger M).
+// kUnits (the path the backend runs when cols % 32 == 0): each lane takes whole 32-value units (a
+// block or sub-block of every format), decodes the unit once (dequant32) and dots it with the
+// activations read as float4. Otherwise lanes stride over single columns (dequant).
 constexpr int kMaxM = 8;
+template <bool kUnits>
 __global__ void matmul_kernel(const float* x, int M, DevWeight w, float* y) {
   const int64_t r = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
@@ -52,45 +55,29 @@ __global__ void matmul_kernel(const float* x, int M, DevWeight w, float* y) {
   float acc[kMaxM];
 #pragma unroll
   for (int m = 0; m < kMaxM; ++m) acc[m] = 0.f;
-  for (int64_t c = lane; c < w.cols; c += kWarp) {
-    const float wv = dequant(w, r, c);
+  if constexpr (kUnits) {
+    for (int64_t u = lane; u < w.cols / 32; u += kWarp) {
+      float wv[32];
+      dequant32(w, r, u, wv);
 #pragma unroll
-    for (int m = 0; m < kMaxM; ++m)
-      if (m < M) acc[m] += x[int64_t(m) * w.cols + c] * wv;
-  }
+      for (int m = 0; m < kMaxM; ++m) {
+        if (m >= M) break;
+        const float4* xm = reinterpret_cast<const float4*>(x + int64_t(m) * w.cols + 32 * u);
+        float s = 0.f;
 #pragma unroll
-  for (int m = 0; m < kMaxM; ++m) {
-    if (m >= M) break;
-    const float s = warp_sum(acc[m]);
-    if (lane == 0) y[int64_t(m) * w.rows + r] = s;
-  }
-}
-
-// The matmul the backend runs (cols % 32 == 0): one warp per output row; each lane takes whole
-// 32-value units (a block or sub-block of every format), decodes the unit once (dequant32) and
-// dots it with the activations read as float4. matmul_kernel above covers cols % 32 != 0.
-__global__ void matmul_units_kernel(const float* x, int M, DevWeight w, float* y) {
-  const int64_t r = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (r >= w.rows) return;
-  float acc[kMaxM];
-#pragma unroll
-  for (int m = 0; m < kMaxM; ++m) acc[m] = 0.f;
-  const int64_t units = w.cols / 32;
-  for (int64_t u = lane; u < units; u += kWarp) {
-    float wv[32];
-    dequant32(w, r, u, wv);
-#pragma unroll
-    for (int m = 0; m < kMaxM; ++m) {
-      if (m >= M) break;
-      const float4* xm = reinterpret_cast<const float4*>(x + int64_t(m) * w.cols + 32 * u);
-      float s = 0.f;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float4 v = xm[j];
-        s += v.x * wv[4 * j] + v.y * wv[4 * j + 1] + v.z * wv[4 * j + 2] + v.w * wv[4 * j + 3];
+        for (int j = 0; j < 8; ++j) {
+          const float4 v = xm[j];
+          s += v.x * wv[4 * j] + v.y * wv[4 * j + 1] + v.z * wv[4 * j + 2] + v.w * wv[4 * j + 3];
+        }
+        acc[m] += s;
       }
-      acc[m] += s;
+    }
+  } else {
+    for (int64_t c = lane; c < w.cols; c += kWarp) {
+      const float wv = dequant(w, r, c);
+#pragma unroll
+      for (int m = 0; m < kMaxM; ++m)
+        if (m < M) acc[m] += x[int64_t(m) * w.cols + c] * wv;
     }
   }
 #pragma unroll
@@ -253,8 +240,7 @@ void matmul_launch(const float* x, int M, const DevWeight& w, float* y) {
     // y rows m0.. hold [mm, rows]: the kernel writes y[m * rows + r] from x[m * cols + c].
     const float* xm = x + int64_t(m0) * w.cols;
     float* ym = y + int64_t(m0) * w.rows;
-    if (kUnits) matmul_units_kernel<<<grid, kWarpsPerBlock * kWarp>>>(xm, mm, w, ym);
-    else matmul_kernel<<<grid, kWarpsPerBlock * kWarp>>>(xm, mm, w, ym);
+    matmul_kernel<kUnits><<<grid, kWarpsPerBlock * kWarp>>>(xm, mm, w, ym);
   }
 }
 }  // namespace
