@@ -8,6 +8,7 @@
 // with P == F32 nothing is rounded. Shapes are stated per op; all sizes are element counts.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,6 +50,20 @@ struct AttnSeq {
   int n = 0;          // number of new tokens (rows)
   int pos0 = 0;       // absolute position of the first new token
   KvBuffer kv;        // cache holding every key this sequence may attend to (new ones included)
+};
+
+// An RMSNorm applied to an op's input first: x / sqrt(mean(x²) + eps) · w (w == nullptr: no norm).
+// scratch [M, cols]: where a backend that materializes the normed input puts it (contents
+// afterwards unspecified).
+struct InputNorm {
+  const float* w = nullptr;
+  float eps = 0.f;
+  float* scratch = nullptr;
+};
+// One projection of a shared input: y = input · Wᵀ.
+struct MatOut {
+  const WeightView* w;
+  float* y;
 };
 
 class Backend {
@@ -123,8 +138,55 @@ class Backend {
                            int k, const std::vector<WeightView>& gate,
                            const std::vector<WeightView>& up, const std::vector<WeightView>& down,
                            ActPrecision P, float* out) = 0;
+
+  // --- Fused ops: each has a default made of the ops above (fused_ops.cpp), which host backends
+  // keep; a device backend runs each as one kernel, where launches cost more than the work. ---
+
+  // x[rows, dim] += rms_norm(o)·w (a layer's post-norm and residual add). o is scratch: its
+  // contents afterwards are unspecified.
+  virtual void norm_add(float* x, float* o, int rows, int dim, const float* w, float eps, ActPrecision P);
+  // x_resid[M, W.rows] += rms_norm(x·Wᵀ)·w (a projection, then the layer's post-norm and
+  // residual add: o_proj and down_proj). y_scratch [M, W.rows]: the projection (contents
+  // afterwards unspecified).
+  virtual void matmul_norm_add(const float* x, int M, const WeightView& W, float* y_scratch, float* x_resid,
+                               const float* w, float eps, ActPrecision P);
+  // Per-head RMSNorm (weight w [head_dim]) then RoPE of each sequence's rows at its positions:
+  // x [rows, heads, head_dim], rows = sum of seqs' n, sequence i at rows seqs[i].row0...
+  virtual void norm_rope(float* x, int heads, int head_dim, const float* w, float eps,
+                         const std::vector<AttnSeq>& seqs, const RopeTable& t, ActPrecision P);
+  // A layer's attention inputs: q [rows, H, head_dim] per-head RMSNorm (weight q_norm_w; null: no
+  // norm) then RoPE at each sequence's positions; with k (a layer that owns its KV; null: q only):
+  // v [rows, Hk, head_dim] unweighted RMSNorm when v_norm, k normed (k_norm_w) and roped as q,
+  // then k and v written into each sequence's cache seqs[i].kv as kv_write does.
+  // rows = the sum of seqs' n.
+  virtual void attn_prep(float* q, int H, float* k, float* v, int Hk, int head_dim, const float* q_norm_w,
+                         const float* k_norm_w, bool v_norm, float eps, const std::vector<AttnSeq>& seqs,
+                         const RopeTable& t, ActPrecision P);
+  // ys[i][M, Ws[i].rows] = rms_norm(x)·norm.w · Ws[i]ᵀ for each (W, y) of `outs` (one input's
+  // projections: the attention's q, k, v), x [M, cols]. norm.w == nullptr: x as is.
+  virtual void norm_matmuls(const float* x, int M, const InputNorm& norm, std::initializer_list<MatOut> outs,
+                            ActPrecision P);
+  // The gated MLP's first half: gate_out = gelu(xn·Gᵀ) * (xn·Uᵀ), xn = rms_norm(x)·norm.w as in
+  // norm_matmuls, x [M, G.cols], gate_out and up_scratch [M, G.rows]; gelu per ggml's table
+  // (gelu_mul_ggml) or MLX's order (gelu_mul). up_scratch's contents afterwards are unspecified.
+  virtual void gate_up_gelu(const float* x, int M, const InputNorm& norm, const WeightView& G, const WeightView& U,
+                            bool ggml_table, ActPrecision P, float* gate_out, float* up_scratch);
+
+  // out[r] = the first index of the largest non-NaN value of row r of x [rows, n] (greedy decoding
+  // without moving the logits off the device); out: a backend buffer (alloc_i32). The default
+  // copies the rows to the host.
+  virtual void argmax(const float* x, int rows, int n, int32_t* out);
+  // Whether buffers live in device memory (callers then prefer argmax to reading whole logits).
+  virtual bool on_device() const { return false; }
+
   // Finishes outstanding work (no-op on the CPU).
   virtual void sync() {}
+  // Bracket one forward step (Model::forward). Between them a device backend may hold its
+  // launches back and run the step as a recorded graph (backend/cuda/cuda_step.h), so callers
+  // neither allocate nor free buffers the step uses before end_step; from_host copies its source
+  // at once; to_host ends the recording early. No-ops on host backends.
+  virtual void begin_step() {}
+  virtual void end_step() {}
 };
 
 std::unique_ptr<Backend> make_reference_backend();
@@ -134,6 +196,13 @@ std::unique_ptr<Backend> make_ggml_backend(std::string* why);
 // The CUDA backend (backend/cuda, built with -DG4_CUDA=ON): nullptr with *why set when this build
 // has no CUDA or no usable GPU is present.
 std::unique_ptr<Backend> make_cuda_backend(std::string* why);
+// How the CUDA backend ran its forward steps so far (backend/cuda/cuda_step.h): replayed from a
+// recorded graph, captured into a new one, or launched op by op. False (and *out untouched) when
+// `be` is not the CUDA backend.
+struct CudaStepCounts {
+  long replayed = 0, captured = 0, direct = 0;
+};
+bool cuda_step_counts(const Backend& be, CudaStepCounts* out);
 // "reference" | "cpu" (default) | "ggml" | "cuda". Returns nullptr for an unknown name (or one this
 // build or machine cannot run).
 std::unique_ptr<Backend> make_backend(const std::string& name);

@@ -1,4 +1,4 @@
-// make_cuda_backend for builds without CUDA (-DG4_CUDA=OFF, the default): the CUDA build defines
+// make_cuda_backend and cuda_step_counts for builds without CUDA (-DG4_CUDA=OFF, the default): the CUDA build defines
 // it in backend/cuda/cuda_backend.cu instead.
 #include "backend/backend.h"
 
@@ -8,5 +8,6 @@ std::unique_ptr<Backend> make_cuda_backend(std::string* why) {
   if (why) *why = "this build has no CUDA support (configure with -DG4_CUDA=ON and the CUDA toolkit)";
   return nullptr;
 }
+bool cuda_step_counts(const Backend&, CudaStepCounts*) { return false; }
 }  // namespace g4
 #endif

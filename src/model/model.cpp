@@ -12,7 +12,7 @@ struct Model::Scratch {
   float *o = nullptr, *gate = nullptr, *up = nullptr, *f = nullptr, *h1 = nullptr, *h2 = nullptr;
   float *ple = nullptr, *ple_tok = nullptr, *ple_l = nullptr, *pg = nullptr;
   float *scores = nullptr, *rw = nullptr, *last = nullptr, *logits = nullptr;
-  int32_t *ids = nullptr, *ridx = nullptr, *last_idx = nullptr;
+  int32_t *ids = nullptr, *ridx = nullptr, *last_idx = nullptr, *argmax = nullptr;
 };
 
 Model::Model(ModelConfig cfg, ModelWeights w, std::shared_ptr<const WeightSource> src,
@@ -60,10 +60,11 @@ void Model::ensure_scratch(int rows, int lrows) {
     s.rows = rows;
   }
   if (lrows > s.logit_rows) {
-    be_->free(s.last); be_->free(s.logits); be_->free(s.last_idx);
+    be_->free(s.last); be_->free(s.logits); be_->free(s.last_idx); be_->free(s.argmax);
     s.last = be_->alloc(size_t(lrows) * cfg_.hidden);
     s.logits = be_->alloc(size_t(lrows) * cfg_.vocab);
     s.last_idx = be_->alloc_i32(size_t(lrows));
+    s.argmax = be_->alloc_i32(size_t(lrows));
     s.logit_rows = lrows;
   }
 }
@@ -80,7 +81,7 @@ void Model::gelu_mul(const float* gate, const float* up, size_t n, ActPrecision 
   else be_->gelu_mul(gate, up, n, P, out);
 }
 
-void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* logits_out) {
+void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* logits_out, int32_t* argmax_out) {
   Backend& be = *be_;
   const int d = cfg_.hidden, H = cfg_.n_heads, N = cfg_.n_layers, Pw = cfg_.ple_width;
   auto T = [P](double c) { return P == ActPrecision::BF16 ? round_bf16(float(c)) : float(c); };
@@ -92,6 +93,7 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
   ensure_scratch(R, LR);
   Scratch& S = *s_;
   for (const SeqInput& s : batch) s.cache->reserve(s.n);
+  be.begin_step();  // no allocation from here to end_step (backend.h)
   {
     std::vector<int32_t> ids;
     ids.reserve(size_t(R));
@@ -134,50 +136,59 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
     const int kv_layer = ls.kv_source >= 0 ? ls.kv_source : l;
 
     // --- attention block (§2.4) ---
-    be.rms_norm(S.x, R, d, lw.input_ln.data, cfg_.rms_eps, P, S.xn);
-    be.matmul(S.xn, R, lw.q, P, S.q);
-    if (cfg_.qk_norm) be.rms_norm(S.q, R * H, D, lw.q_norm.data, cfg_.rms_eps, P, S.q);
-    tap("q_normed", l, S.q, size_t(R) * H * D);
-    for (size_t i = 0; i < batch.size(); ++i)
-      be.rope(S.q + size_t(seqs[i].row0) * H * D, seqs[i].n, H, D, seqs[i].pos0, rope_[size_t(l)], P);
-    if (ls.kv_source < 0) {
-      be.matmul(S.xn, R, lw.k, P, S.k);
-      if (ls.k_eq_v) {
-        be.copy_cols(S.k, R, Hk * D, 0, Hk * D, S.v);  // V = raw K projection (before k_norm)
-      } else {
-        be.matmul(S.xn, R, lw.v, P, S.v);
-      }
-      if (cfg_.qk_norm) be.rms_norm(S.k, R * Hk, D, lw.k_norm.data, cfg_.rms_eps, P, S.k);
-      if (cfg_.v_norm) be.rms_norm(S.v, R * Hk, D, nullptr, cfg_.rms_eps, P, S.v);
+    // q (and k, v when the layer owns its KV) from the normed input.
+    const bool own_kv = ls.kv_source < 0;
+    const InputNorm in_norm{lw.input_ln.data, cfg_.rms_eps, S.xn};
+    if (!own_kv) be.norm_matmuls(S.x, R, in_norm, {{&lw.q, S.q}}, P);
+    else if (ls.k_eq_v) be.norm_matmuls(S.x, R, in_norm, {{&lw.q, S.q}, {&lw.k, S.k}}, P);
+    else be.norm_matmuls(S.x, R, in_norm, {{&lw.q, S.q}, {&lw.k, S.k}, {&lw.v, S.v}}, P);
+    for (size_t i = 0; i < batch.size(); ++i) seqs[i].kv = batch[i].cache->layer(kv_layer);
+    if (own_kv && ls.k_eq_v) be.copy_cols(S.k, R, Hk * D, 0, Hk * D, S.v);  // V = raw K projection (before k_norm)
+    if (!tap_) {  // norms, ropes and the cache writes in one op
+      be.attn_prep(S.q, H, own_kv ? S.k : nullptr, S.v, Hk, D, cfg_.qk_norm ? lw.q_norm.data : nullptr,
+                   cfg_.qk_norm ? lw.k_norm.data : nullptr, cfg_.v_norm, cfg_.rms_eps, seqs, rope_[size_t(l)], P);
+    } else {  // step by step, for the taps
+      if (cfg_.qk_norm) be.rms_norm(S.q, R * H, D, lw.q_norm.data, cfg_.rms_eps, P, S.q);
+      tap("q_normed", l, S.q, size_t(R) * H * D);
       for (size_t i = 0; i < batch.size(); ++i)
-        be.rope(S.k + size_t(seqs[i].row0) * Hk * D, seqs[i].n, Hk, D, seqs[i].pos0, rope_[size_t(l)], P);
-    }
-    for (size_t i = 0; i < batch.size(); ++i) {
-      seqs[i].kv = batch[i].cache->layer(kv_layer);
-      if (ls.kv_source < 0) be.kv_write(seqs[i], S.k, S.v);
+        be.rope(S.q + size_t(seqs[i].row0) * H * D, seqs[i].n, H, D, seqs[i].pos0, rope_[size_t(l)], P);
+      if (own_kv) {
+        if (cfg_.v_norm) be.rms_norm(S.v, R * Hk, D, nullptr, cfg_.rms_eps, P, S.v);
+        if (cfg_.qk_norm) be.rms_norm(S.k, R * Hk, D, lw.k_norm.data, cfg_.rms_eps, P, S.k);
+        for (size_t i = 0; i < batch.size(); ++i)
+          be.rope(S.k + size_t(seqs[i].row0) * Hk * D, seqs[i].n, Hk, D, seqs[i].pos0, rope_[size_t(l)], P);
+        for (size_t i = 0; i < batch.size(); ++i) be.kv_write(seqs[i], S.k, S.v);
+      }
     }
     tap("q_roped", l, S.q, size_t(R) * H * D);
     if (ls.kv_source < 0) tap("k_roped", l, S.k, size_t(R) * Hk * D);
     if (ls.kv_source < 0) tap("v_normed", l, S.v, size_t(R) * Hk * D);
     be.attention(S.q, H, seqs, cfg_.query_scale, P, S.att);
     tap("attn", l, S.att, size_t(R) * H * D);
-    be.matmul(S.att, R, lw.o, P, S.o);
-    be.rms_norm(S.o, R, d, lw.post_attn_ln.data, cfg_.rms_eps, P, S.o);
-    be.add(S.x, S.o, Rd, P, S.x);
+    be.matmul_norm_add(S.att, R, lw.o, S.o, S.x, lw.post_attn_ln.data, cfg_.rms_eps, P);
     tap("attn_residual", l, S.x, Rd);
 
     // --- feed-forward block (§2.7, §2.8) ---
-    be.rms_norm(S.x, R, d, lw.pre_ffw_ln.data, cfg_.rms_eps, P, S.xn);
-    be.matmul(S.xn, R, lw.gate, P, S.gate);
-    be.matmul(S.xn, R, lw.up, P, S.up);
     const size_t RI = size_t(R) * ls.mlp_width;
-    tap("mlp_in", l, S.xn, Rd);
-    tap("mlp_gate", l, S.gate, RI);
-    tap("mlp_up", l, S.up, RI);
-    gelu_mul(S.gate, S.up, RI, P, S.gate);
+    if (!tap_) {
+      be.gate_up_gelu(S.x, R, InputNorm{lw.pre_ffw_ln.data, cfg_.rms_eps, S.xn}, lw.gate, lw.up,
+                      cfg_.gelu == GeluImpl::GgmlF16Table, P, S.gate, S.up);
+    } else {  // the taps want the normed input, gate and up on their own
+      be.rms_norm(S.x, R, d, lw.pre_ffw_ln.data, cfg_.rms_eps, P, S.xn);
+      be.matmul(S.xn, R, lw.gate, P, S.gate);
+      be.matmul(S.xn, R, lw.up, P, S.up);
+      tap("mlp_in", l, S.xn, Rd);
+      tap("mlp_gate", l, S.gate, RI);
+      tap("mlp_up", l, S.up, RI);
+      gelu_mul(S.gate, S.up, RI, P, S.gate);
+    }
     tap("mlp_act", l, S.gate, RI);
-    be.matmul(S.gate, R, lw.down, P, S.f);
-    tap("mlp_out", l, S.f, Rd);
+    if (!ls.moe && !tap_) {  // down projection, post-norm and residual add in one op
+      be.matmul_norm_add(S.gate, R, lw.down, S.f, S.x, lw.post_ffw_ln.data, cfg_.rms_eps, P);
+    } else {
+      be.matmul(S.gate, R, lw.down, P, S.f);
+      tap("mlp_out", l, S.f, Rd);
+    }
     if (ls.moe) {
       const int E = cfg_.n_experts, K = cfg_.top_k_experts;
       be.rms_norm(S.f, R, d, lw.post_ffw_ln1.data, cfg_.rms_eps, P, S.h1);
@@ -193,17 +204,14 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
       be.rms_norm(S.h2, R, d, lw.post_ffw_ln2.data, cfg_.rms_eps, P, S.h2);
       be.add(S.h1, S.h2, Rd, P, S.f);
     }
-    be.rms_norm(S.f, R, d, lw.post_ffw_ln.data, cfg_.rms_eps, P, S.f);
-    be.add(S.x, S.f, Rd, P, S.x);
+    if (ls.moe || tap_) be.norm_add(S.x, S.f, R, d, lw.post_ffw_ln.data, cfg_.rms_eps, P);
 
     // --- per-layer input (§2.9) ---
     if (Pw > 0) {
       be.copy_cols(S.ple, R, N * Pw, l * Pw, Pw, S.ple_l);
       be.matmul(S.x, R, lw.ple_gate, P, S.pg);
       gelu_mul(S.pg, S.ple_l, size_t(R) * Pw, P, S.pg);
-      be.matmul(S.pg, R, lw.ple_proj, P, S.o);
-      be.rms_norm(S.o, R, d, lw.post_ple_ln.data, cfg_.rms_eps, P, S.o);
-      be.add(S.x, S.o, Rd, P, S.x);
+      be.matmul_norm_add(S.pg, R, lw.ple_proj, S.o, S.x, lw.post_ple_ln.data, cfg_.rms_eps, P);
     }
     if (lw.layer_scalar != 1.f) be.scale(S.x, T(lw.layer_scalar), Rd, P, S.x);
     tap("layer_out", l, S.x, Rd);
@@ -226,7 +234,11 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
   be.rms_norm(S.last, LR, d, w_.final_norm.data, cfg_.rms_eps, P, S.last);
   be.matmul(S.last, LR, w_.lm_head, P, S.logits);
   if (cfg_.final_softcap > 0) be.softcap(S.logits, size_t(LR) * cfg_.vocab, cfg_.final_softcap, P);
-  be.to_host(S.logits, size_t(LR) * cfg_.vocab, logits_out);
+  if (argmax_out) be.argmax(S.logits, LR, cfg_.vocab, S.argmax);
+  be.end_step();
+  if (logits_out) be.to_host(S.logits, size_t(LR) * cfg_.vocab, logits_out);
+  if (argmax_out)
+    be.to_host(reinterpret_cast<const float*>(S.argmax), size_t(LR), reinterpret_cast<float*>(argmax_out));
   for (const SeqInput& s : batch) s.cache->advance(s.n);
 }
 

@@ -35,9 +35,11 @@ class Model {
   std::unique_ptr<KvCache> new_cache() { return std::make_unique<KvCache>(cfg_, *be_); }
 
   // Runs one batched step. Reserves cache room, computes, and advances every cache by its n.
-  // logits (host memory) receives, in input order, [n, vocab] rows for all_logits inputs and
-  // one [vocab] row otherwise.
-  void forward(const std::vector<SeqInput>& batch, ActPrecision P, float* logits);
+  // logits (host memory, or null) receives, in input order, [n, vocab] rows for all_logits inputs
+  // and one [vocab] row otherwise; argmax (host, or null) the index of each such row's largest
+  // logit, computed where the logits are (Backend::argmax), so greedy decoding on a device copies
+  // one id per row instead of the logits.
+  void forward(const std::vector<SeqInput>& batch, ActPrecision P, float* logits, int32_t* argmax = nullptr);
 
   // Number of logit rows forward() writes for this batch.
   static int logit_rows(const std::vector<SeqInput>& batch);

@@ -197,8 +197,15 @@ void Engine::step() {
     in_batch.push_back(&s);
   }
   if (batch.empty()) return;
+  // On a device backend, a batch whose every sampler is plain greedy takes the argmax there and
+  // copies one id per sequence instead of the logits (host backends keep the sampler's own
+  // argmax of the logprobs, which mlx-lm's greedy is checked against).
+  bool device_greedy = model_.backend().on_device();
+  for (Slot* s : in_batch) device_greedy = device_greedy && plain_greedy(s->sampler->params());
+  greedy_ids_.resize(batch.size());
   const auto tf = clk::now();
-  model_.forward(batch, opt_.precision, logits_.data());
+  if (device_greedy) model_.forward(batch, opt_.precision, nullptr, greedy_ids_.data());
+  else model_.forward(batch, opt_.precision, logits_.data());
   const auto tf2 = clk::now();
 
   const int V = model_.config().vocab;
@@ -216,8 +223,7 @@ void Engine::step() {
     } else {
       s.fed.push_back(s.pending);
     }
-    float* row = logits_.data() + i * size_t(V);
-    const int32_t tok = s.sampler->sample(row, s.history);
+    const int32_t tok = device_greedy ? greedy_ids_[i] : s.sampler->sample(logits_.data() + i * size_t(V), s.history);
     s.history.push_back(tok);
     s.pending = tok;
     ++s.generated;

@@ -100,6 +100,7 @@ class Engine {
   bool stop_ = false, drain_ = false;
   EngineStats stats_;
   std::vector<float> logits_;
+  std::vector<int32_t> greedy_ids_;  // argmax ids of a batch sampled on the device (plain greedy)
   std::thread thread_;
 };
 

@@ -157,5 +157,38 @@ TEST(ModelConsistency, BatchEqualsAlone) {
   }
 }
 
+// forward's argmax output (Backend::argmax, which device backends run in place) names each
+// returned row's largest logit, alone or beside the logits, for a batch of two sequences.
+TEST(ModelConsistency, ArgmaxMatchesLogits) {
+  for (const std::string& dir : fixture_dirs()) {
+    SCOPED_TRACE(dir);
+    auto mr = load_model(dir, "cpu");
+    ASSERT_TRUE(mr) << mr.message();
+    Model& m = *mr.value();
+    const int V = m.config().vocab;
+    auto a = test_prompt(V, 9), b = test_prompt(V, 5);
+    auto ca = m.new_cache(), cb = m.new_cache();
+    std::vector<float> logits(2 * size_t(V));
+    int32_t ids[2] = {-1, -1};
+    m.forward({SeqInput{ca.get(), a.data(), int(a.size()), false}, SeqInput{cb.get(), b.data(), int(b.size()), false}},
+              ActPrecision::F32, logits.data(), ids);
+    for (int r = 0; r < 2; ++r)
+      EXPECT_EQ(ids[r], int32_t(std::max_element(logits.begin() + r * V, logits.begin() + (r + 1) * V) -
+                                (logits.begin() + r * V)));
+    // Without the logits: the next step's ids only.
+    int32_t next[2] = {ids[0], ids[1]}, got[2] = {-1, -1};
+    auto ca2 = m.new_cache(), cb2 = m.new_cache();
+    m.forward({SeqInput{ca2.get(), a.data(), int(a.size()), false}, SeqInput{cb2.get(), b.data(), int(b.size()), false}},
+              ActPrecision::F32, logits.data());
+    m.forward({SeqInput{ca.get(), &next[0], 1, false}, SeqInput{cb.get(), &next[1], 1, false}}, ActPrecision::F32,
+              nullptr, got);
+    m.forward({SeqInput{ca2.get(), &next[0], 1, false}, SeqInput{cb2.get(), &next[1], 1, false}}, ActPrecision::F32,
+              logits.data());
+    for (int r = 0; r < 2; ++r)
+      EXPECT_EQ(got[r], int32_t(std::max_element(logits.begin() + r * V, logits.begin() + (r + 1) * V) -
+                                (logits.begin() + r * V)));
+  }
+}
+
 }  // namespace
 }  // namespace g4

@@ -1,0 +1,89 @@
+// The fused ops' defaults (backend.h): the same ops, one after the other, as the model ran them
+// before the fused forms existed, so host backends compute exactly what they did; and argmax's
+// host fallback.
+#include "backend/backend.h"
+
+#include <cmath>
+#include <vector>
+
+namespace g4 {
+
+void Backend::norm_add(float* x, float* o, int rows, int dim, const float* w, float eps, ActPrecision P) {
+  rms_norm(o, rows, dim, w, eps, P, o);
+  add(x, o, size_t(rows) * size_t(dim), P, x);
+}
+
+void Backend::matmul_norm_add(const float* x, int M, const WeightView& W, float* y_scratch, float* x_resid,
+                              const float* w, float eps, ActPrecision P) {
+  matmul(x, M, W, P, y_scratch);
+  norm_add(x_resid, y_scratch, M, int(W.rows), w, eps, P);
+}
+
+void Backend::norm_rope(float* x, int heads, int head_dim, const float* w, float eps,
+                        const std::vector<AttnSeq>& seqs, const RopeTable& t, ActPrecision P) {
+  int rows = 0;
+  for (const AttnSeq& s : seqs) rows += s.n;
+  rms_norm(x, rows * heads, head_dim, w, eps, P, x);
+  for (const AttnSeq& s : seqs) rope(x + size_t(s.row0) * heads * head_dim, s.n, heads, head_dim, s.pos0, t, P);
+}
+
+void Backend::attn_prep(float* q, int H, float* k, float* v, int Hk, int head_dim, const float* q_norm_w,
+                        const float* k_norm_w, bool v_norm, float eps, const std::vector<AttnSeq>& seqs,
+                        const RopeTable& t, ActPrecision P) {
+  auto norm_rope_or_rope = [&](float* x, int heads, const float* w) {
+    if (w) {
+      norm_rope(x, heads, head_dim, w, eps, seqs, t, P);
+      return;
+    }
+    for (const AttnSeq& s : seqs) rope(x + size_t(s.row0) * heads * head_dim, s.n, heads, head_dim, s.pos0, t, P);
+  };
+  norm_rope_or_rope(q, H, q_norm_w);
+  if (!k) return;
+  int rows = 0;
+  for (const AttnSeq& s : seqs) rows += s.n;
+  if (v_norm) rms_norm(v, rows * Hk, head_dim, nullptr, eps, P, v);
+  norm_rope_or_rope(k, Hk, k_norm_w);
+  for (const AttnSeq& s : seqs) kv_write(s, k, v);
+}
+
+namespace {
+// The input the projections read: x itself, or its norm in norm.scratch.
+const float* normed_input(Backend& be, const float* x, int M, int cols, const InputNorm& norm, ActPrecision P) {
+  if (!norm.w) return x;
+  be.rms_norm(x, M, cols, norm.w, norm.eps, P, norm.scratch);
+  return norm.scratch;
+}
+}  // namespace
+
+void Backend::norm_matmuls(const float* x, int M, const InputNorm& norm, std::initializer_list<MatOut> outs,
+                           ActPrecision P) {
+  if (outs.size() == 0) return;
+  const float* xn = normed_input(*this, x, M, int(outs.begin()->w->cols), norm, P);
+  for (const MatOut& o : outs) matmul(xn, M, *o.w, P, o.y);
+}
+
+void Backend::gate_up_gelu(const float* x, int M, const InputNorm& norm, const WeightView& G, const WeightView& U,
+                           bool ggml_table, ActPrecision P, float* gate_out, float* up_scratch) {
+  const float* xn = normed_input(*this, x, M, int(G.cols), norm, P);
+  matmul(xn, M, G, P, gate_out);
+  matmul(xn, M, U, P, up_scratch);
+  const size_t n = size_t(M) * size_t(G.rows);
+  if (ggml_table && P == ActPrecision::F32) gelu_mul_ggml(gate_out, up_scratch, n, gate_out);
+  else gelu_mul(gate_out, up_scratch, n, P, gate_out);
+}
+
+void Backend::argmax(const float* x, int rows, int n, int32_t* out) {
+  std::vector<float> h(size_t(rows) * size_t(n));
+  to_host(x, h.size(), h.data());
+  std::vector<int32_t> ids(size_t(rows), 0);
+  for (int r = 0; r < rows; ++r) {
+    const float* row = h.data() + size_t(r) * size_t(n);
+    int best = -1;
+    for (int i = 0; i < n; ++i)
+      if (!std::isnan(row[i]) && (best < 0 || row[i] > row[best])) best = i;
+    ids[size_t(r)] = best < 0 ? 0 : best;
+  }
+  from_host(reinterpret_cast<const float*>(ids.data()), ids.size(), reinterpret_cast<float*>(out));
+}
+
+}  // namespace g4
