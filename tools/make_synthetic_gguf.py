@@ -5,10 +5,12 @@ For speed measurements where the real file cannot go (the lent GPU machine takes
 the starter GGUF is 240 MB): architecture metadata and the tensor table (names, shapes, ggml
 types: Q8_0 embedding, Q5_0/Q8_0 attention, Q4_K/Q6_K down projections, ...) come from the
 committed manifest tests/fixtures/llamacpp/gguf_manifest.json; block bytes are random with sane
-f16 scales, norm weights small. No tokenizer (the bench verb needs none). Needs numpy and the
-`gguf` package.
+f16 scales, norm weights small. No tokenizer (the bench verb needs none), unless --vocab asks for a
+stand-in SentencePiece vocabulary of the real size (special tokens at the real ids, 256 byte
+tokens, the rest "tok<i>"): llama.cpp loads no model without one. Needs numpy and the `gguf`
+package.
 
-    python3 tools/make_synthetic_gguf.py OUT.gguf [--seed 0]
+    python3 tools/make_synthetic_gguf.py OUT.gguf [--seed 0] [--vocab]
 """
 import argparse
 import json
@@ -37,10 +39,30 @@ def random_blocks(rng, ggml_type: int, n_values: int) -> np.ndarray:
     return raw.reshape(-1)
 
 
+def add_standin_vocab(w, gguf, m):
+    n = next(t["ne"][1] for t in m["tensors"] if t["name"] == "token_embd.weight")
+    special = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    tokens = special + [f"<0x{b:02X}>" for b in range(256)]
+    tokens += [f"tok{i}" for i in range(len(tokens), n)]
+    types = [3] * 3 + [2] + [6] * 256 + [1] * (n - 260)  # control, unknown, byte, normal
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * n)
+    w.add_token_types(types)
+    w.add_pad_token_id(0)
+    w.add_eos_token_id(1)
+    w.add_bos_token_id(2)
+    w.add_unk_token_id(3)
+    w.add_add_bos_token(True)
+    w.add_add_space_prefix(False)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vocab", action="store_true", help="add a stand-in vocabulary (for llama.cpp)")
     a = ap.parse_args()
     import gguf
 
@@ -54,6 +76,8 @@ def main():
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", float(kv[f"{arch}.attention.layer_norm_rms_epsilon"]["value"]))
     w.add_float32(f"{arch}.rope.freq_base", float(kv[f"{arch}.rope.freq_base"]["value"]))
     w.add_string("general.name", "synthetic " + kv["general.name"]["value"])
+    if a.vocab:
+        add_standin_vocab(w, gguf, m)
     for t in m["tensors"]:
         ne = t["ne"]  # ggml order: ne[0] = values per row
         n = int(np.prod(ne))

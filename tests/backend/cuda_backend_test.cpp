@@ -64,6 +64,13 @@ TEST_F(CudaBackendTest, MatmulEveryWeightFormat) {
     check_matmul(*cu, *ref, WeightView{f, rows, cols, data.data(), gguf_row_bytes(f, cols)},
                  std::string(wformat_name(f)).c_str());
   }
+  // A tall matrix (the LM head's shape: >= 32768 rows) takes the one-row kernel at M = 1.
+  for (WFormat f : {WFormat::GgufQ8_0, WFormat::GgufQ4_K}) {
+    const int64_t rows = 32768 + 37, cols = 256;
+    auto data = test::random_blocks(f, rows, cols, rng);
+    check_matmul(*cu, *ref, WeightView{f, rows, cols, data.data(), gguf_row_bytes(f, cols)},
+                 ("tall " + std::string(wformat_name(f))).c_str());
+  }
   for (int bits : {2, 3, 4, 5, 6, 8}) {
     test::OwnedWeight w = test::random_mlx(45, 256, bits, 64, DType::BF16, uint32_t(bits));
     check_matmul(*cu, *ref, w.view, ("mlx affine " + std::to_string(bits) + "-bit").c_str());
@@ -141,6 +148,187 @@ TEST_F(CudaBackendTest, EmbedNormRopeElementwise) {
   EXPECT_EQ(down(*cu, dy, cc.size()), cc);
 }
 
+// The fused ops (one kernel each on CUDA) against the reference backend's composed defaults.
+TEST_F(CudaBackendTest, FusedOpsMatchReference) {
+  const int rows = 3, dim = 640;
+  const auto x = randn(size_t(rows * dim), 41, 2.f), o = randn(size_t(rows * dim), 42), w = randn(size_t(dim), 43);
+  {  // norm_add: x += rms_norm(o)·w
+    std::vector<float> want = x, oh = o;
+    ref->norm_add(want.data(), oh.data(), rows, dim, w.data(), 1e-6f, ActPrecision::F32);
+    float *dx = up(*cu, x), *dox = up(*cu, o), *dw = up(*cu, w);
+    cu->norm_add(dx, dox, rows, dim, dw, 1e-6f, ActPrecision::F32);
+    EXPECT_LE(rel_err(down(*cu, dx, x.size()), want), 1e-6);
+    for (float* p : {dx, dox, dw}) cu->free(p);
+  }
+  // matmul_norm_add: a projection, then x += rms_norm(y)·w, for one row and for rows past one
+  // launch's 8.
+  {
+    std::mt19937 wrng(61);
+    const int64_t O = 640, C = 1024;
+    auto wb = test::random_blocks(WFormat::GgufQ4_K, O, C, wrng);
+    const WeightView W{WFormat::GgufQ4_K, O, C, wb.data(), gguf_row_bytes(WFormat::GgufQ4_K, C)};
+    const WeightView dW = cu->place_weight(W);
+    const auto pw = randn(size_t(O), 62);
+    float* dpw = up(*cu, pw);
+    for (int M : {1, 11}) {
+      const auto xin = randn(size_t(M) * C, uint32_t(63 + M)), res = randn(size_t(M) * O, uint32_t(64 + M), 3.f);
+      std::vector<float> want = res, ys(size_t(M) * O);
+      ref->matmul_norm_add(xin.data(), M, W, ys.data(), want.data(), pw.data(), 1e-6f, ActPrecision::F32);
+      float *dx = up(*cu, xin), *dr = up(*cu, res), *dys = cu->alloc(ys.size());
+      cu->matmul_norm_add(dx, M, dW, dys, dr, dpw, 1e-6f, ActPrecision::F32);
+      EXPECT_LE(rel_err(down(*cu, dr, want.size()), want), 2e-6) << "matmul_norm_add M=" << M;
+      for (float* p : {dx, dr, dys}) cu->free(p);
+    }
+    cu->free(dpw);
+  }
+  // norm_rope: two sequences (2 rows at position 5, 1 row at 40) of 4 heads of 256; full and
+  // partial (proportional, pairs that do not rotate) tables.
+  for (RopeSpec spec : {RopeSpec{RopeKind::Default, 10000.f, 1.f, 1.f},
+                        RopeSpec{RopeKind::Proportional, 1e6f, 0.25f, 1.f}}) {
+    const int H = 4, D = 256;
+    const RopeTable t = make_rope_table(spec, D);
+    const auto q = randn(size_t(3 * H * D), 44, 3.f), nw = randn(size_t(D), 45);
+    std::vector<AttnSeq> seqs(2);
+    seqs[0].row0 = 0, seqs[0].n = 2, seqs[0].pos0 = 5;
+    seqs[1].row0 = 2, seqs[1].n = 1, seqs[1].pos0 = 40;
+    std::vector<float> want = q;
+    ref->norm_rope(want.data(), H, D, nw.data(), 1e-6f, seqs, t, ActPrecision::F32);
+    float *dq = up(*cu, q), *dw = up(*cu, nw);
+    cu->norm_rope(dq, H, D, dw, 1e-6f, seqs, t, ActPrecision::F32);
+    EXPECT_LE(rel_err(down(*cu, dq, q.size()), want), 2e-6) << "rope kind " << int(spec.kind);
+    cu->free(dq);
+    cu->free(dw);
+  }
+  // gate_up_gelu: both gelu forms, with and without the input norm, one and several rows (past one
+  // launch's 8), a k-quant and a legacy format.
+  std::mt19937 rng(46);
+  for (WFormat f : {WFormat::GgufQ5_0, WFormat::GgufQ4_K}) {
+    const int64_t I = 80, C = 512;
+    auto gb = test::random_blocks(f, I, C, rng), ub = test::random_blocks(f, I, C, rng);
+    const WeightView G{f, I, C, gb.data(), gguf_row_bytes(f, C)}, U{f, I, C, ub.data(), gguf_row_bytes(f, C)};
+    const WeightView dG = cu->place_weight(G), dU = cu->place_weight(U);
+    const auto nw = randn(size_t(C), 48);
+    float* dnw = up(*cu, nw);
+    for (int M : {1, 5, 11}) {
+      for (bool table : {false, true}) {
+        for (bool normed : {false, true}) {
+          const auto xin = randn(size_t(M) * C, uint32_t(47 + M), 2.f);
+          std::vector<float> want(size_t(M) * I), scratch(want.size()), xn(xin.size());
+          ref->gate_up_gelu(xin.data(), M, InputNorm{normed ? nw.data() : nullptr, 1e-6f, xn.data()}, G, U, table,
+                            ActPrecision::F32, want.data(), scratch.data());
+          float *dx = up(*cu, xin), *dy = cu->alloc(want.size()), *ds = cu->alloc(want.size()),
+                *dxn = cu->alloc(xin.size());
+          cu->gate_up_gelu(dx, M, InputNorm{normed ? dnw : nullptr, 1e-6f, dxn}, dG, dU, table, ActPrecision::F32,
+                           dy, ds);
+          // The ggml table rounds gelu's input to f16: a last-bit difference in the dot can move it
+          // one f16 step, so that form gets a looser bound.
+          EXPECT_LE(rel_err(down(*cu, dy, want.size()), want), table ? 2e-3 : 2e-5)
+              << wformat_name(f) << " M=" << M << " table " << table << " normed " << normed;
+          for (float* p : {dx, dy, ds, dxn}) cu->free(p);
+        }
+      }
+    }
+    cu->free(dnw);
+  }
+  // norm_matmuls: q/k/v-like projections of one normed input, one format (one launch) and mixed
+  // formats (one launch per run of a format).
+  for (bool mixed : {false, true}) {
+    const int64_t C = 640;
+    const WFormat fv = mixed ? WFormat::GgufQ8_0 : WFormat::GgufQ5_0;
+    auto qb = test::random_blocks(WFormat::GgufQ5_0, 96, C, rng), kb = test::random_blocks(WFormat::GgufQ5_0, 32, C, rng),
+         vb = test::random_blocks(fv, 32, C, rng);
+    const WeightView Q{WFormat::GgufQ5_0, 96, C, qb.data(), gguf_row_bytes(WFormat::GgufQ5_0, C)},
+        K{WFormat::GgufQ5_0, 32, C, kb.data(), gguf_row_bytes(WFormat::GgufQ5_0, C)},
+        V{fv, 32, C, vb.data(), gguf_row_bytes(fv, C)};
+    const WeightView dQ = cu->place_weight(Q), dK = cu->place_weight(K), dV = cu->place_weight(V);
+    const auto nw = randn(size_t(C), 49);
+    float* dnw = up(*cu, nw);
+    for (int M : {1, 9}) {
+      const auto xin = randn(size_t(M) * C, uint32_t(50 + M), 2.f);
+      std::vector<float> q(size_t(M) * 96), k(size_t(M) * 32), v(size_t(M) * 32), xn(xin.size());
+      ref->norm_matmuls(xin.data(), M, InputNorm{nw.data(), 1e-6f, xn.data()},
+                        {{&Q, q.data()}, {&K, k.data()}, {&V, v.data()}}, ActPrecision::F32);
+      float *dx = up(*cu, xin), *dq = cu->alloc(q.size()), *dk = cu->alloc(k.size()), *dv = cu->alloc(v.size()),
+            *dxn = cu->alloc(xin.size());
+      cu->norm_matmuls(dx, M, InputNorm{dnw, 1e-6f, dxn}, {{&dQ, dq}, {&dK, dk}, {&dV, dv}}, ActPrecision::F32);
+      EXPECT_LE(rel_err(down(*cu, dq, q.size()), q), 2e-5) << "q M=" << M << " mixed " << mixed;
+      EXPECT_LE(rel_err(down(*cu, dk, k.size()), k), 2e-5) << "k M=" << M << " mixed " << mixed;
+      EXPECT_LE(rel_err(down(*cu, dv, v.size()), v), 2e-5) << "v M=" << M << " mixed " << mixed;
+      for (float* p : {dx, dq, dk, dv, dxn}) cu->free(p);
+    }
+    cu->free(dnw);
+  }
+}
+
+// attn_prep: q/k norms and ropes, v's norm and the cache writes of two sequences (one full cache,
+// one ring), with and without v_norm, and for a KV-shared layer (q only).
+TEST_F(CudaBackendTest, AttnPrepMatchesReference) {
+  const int H = 4, Hk = 2, D = 128, rows = 3;
+  const RopeTable t = make_rope_table(RopeSpec{RopeKind::Proportional, 1e6f, 0.25f, 1.f}, D);
+  const auto q0 = randn(size_t(rows) * H * D, 70, 2.f), k0 = randn(size_t(rows) * Hk * D, 71, 2.f),
+             v0 = randn(size_t(rows) * Hk * D, 72, 2.f), qw = randn(size_t(D), 73), kw = randn(size_t(D), 74);
+  const int cap0 = 16, cap1 = 6;  // sequence 1: window 4, a ring
+  for (bool v_norm : {false, true}) {
+    for (bool with_k : {true, false}) {
+      // Host (reference) run.
+      std::vector<float> q = q0, k = k0, v = v0, kc0(size_t(cap0) * Hk * D, 0.f), vc0 = kc0,
+                         kc1(size_t(cap1) * Hk * D, 0.f), vc1 = kc1;
+      std::vector<int32_t> p0(cap0, -1), p1(cap1, -1), dp0(cap0, -1), dp1(cap1, -1);
+      std::vector<AttnSeq> seqs(2);
+      seqs[0].row0 = 0, seqs[0].n = 2, seqs[0].pos0 = 5;
+      seqs[0].kv = KvBuffer{kc0.data(), vc0.data(), p0.data(), cap0, Hk, D, 0};
+      seqs[1].row0 = 2, seqs[1].n = 1, seqs[1].pos0 = 9;
+      seqs[1].kv = KvBuffer{kc1.data(), vc1.data(), p1.data(), cap1, Hk, D, 4};
+      ref->attn_prep(q.data(), H, with_k ? k.data() : nullptr, v.data(), Hk, D, qw.data(), kw.data(), v_norm, 1e-6f,
+                     seqs, t, ActPrecision::F32);
+      // Device run.
+      float *dq = up(*cu, q0), *dk = up(*cu, k0), *dv = up(*cu, v0), *dqw = up(*cu, qw), *dkw = up(*cu, kw);
+      float *dkc0 = up(*cu, std::vector<float>(kc0.size(), 0.f)), *dvc0 = up(*cu, std::vector<float>(kc0.size(), 0.f)),
+            *dkc1 = up(*cu, std::vector<float>(kc1.size(), 0.f)), *dvc1 = up(*cu, std::vector<float>(kc1.size(), 0.f));
+      std::vector<AttnSeq> dseqs = seqs;
+      dseqs[0].kv = KvBuffer{dkc0, dvc0, dp0.data(), cap0, Hk, D, 0};
+      dseqs[1].kv = KvBuffer{dkc1, dvc1, dp1.data(), cap1, Hk, D, 4};
+      cu->attn_prep(dq, H, with_k ? dk : nullptr, dv, Hk, D, dqw, dkw, v_norm, 1e-6f, dseqs, t, ActPrecision::F32);
+      const std::string what = std::string("v_norm ") + (v_norm ? "on" : "off") + (with_k ? "" : ", q only");
+      EXPECT_LE(rel_err(down(*cu, dq, q.size()), q), 2e-6) << what;
+      EXPECT_LE(rel_err(down(*cu, dk, k.size()), k), 2e-6) << what;
+      EXPECT_LE(rel_err(down(*cu, dv, v.size()), v), 2e-6) << what;
+      EXPECT_LE(rel_err(down(*cu, dkc0, kc0.size()), kc0), 2e-6) << what;
+      EXPECT_LE(rel_err(down(*cu, dvc0, vc0.size()), vc0), 2e-6) << what;
+      EXPECT_LE(rel_err(down(*cu, dkc1, kc1.size()), kc1), 2e-6) << what;
+      EXPECT_LE(rel_err(down(*cu, dvc1, vc1.size()), vc1), 2e-6) << what;
+      EXPECT_EQ(dp0, p0) << what;
+      EXPECT_EQ(dp1, p1) << what;
+      for (float* p : {dq, dk, dv, dqw, dkw, dkc0, dvc0, dkc1, dvc1}) cu->free(p);
+    }
+  }
+}
+
+// argmax: the first index of the largest non-NaN value, on rows with ties and NaNs.
+TEST_F(CudaBackendTest, ArgmaxFirstLargestSkippingNaN) {
+  const int rows = 3, n = 262144;
+  auto x = randn(size_t(rows) * n, 60);
+  x[size_t(0) * n + 70000] = 9.f;  // row 0: a tie, the earlier index wins
+  x[size_t(0) * n + 200000] = 9.f;
+  x[size_t(1) * n + 5] = NAN;      // row 1: NaNs are skipped
+  x[size_t(1) * n + 6] = 8.f;
+  for (int i = 0; i < n; ++i) x[size_t(2) * n + i] = NAN;  // row 2: nothing but NaN -> 0
+  x[size_t(2) * n + 7] = -INFINITY;
+  std::vector<int32_t> want(rows), got(rows);
+  int32_t* ro = ref->alloc_i32(rows);
+  ref->argmax(x.data(), rows, n, ro);
+  std::copy(ro, ro + rows, want.begin());
+  EXPECT_EQ(want, (std::vector<int32_t>{70000, 6, 7}));
+  float* dx = up(*cu, x);
+  int32_t* co = cu->alloc_i32(rows);
+  cu->argmax(dx, rows, n, co);
+  cu->to_host(reinterpret_cast<const float*>(co), rows, reinterpret_cast<float*>(got.data()));
+  EXPECT_EQ(got, want);
+  cu->free(dx);
+  cu->free(co);
+  ref->free(ro);
+}
+
 void attention_case(Backend& cu, Backend& ref, int pos0, int n, int window) {
   EXPECT_LE(rel_err(test::attention_scenario(cu, pos0, n, window), test::attention_scenario(ref, pos0, n, window)), 1e-5)
       << "pos0 " << pos0 << " n " << n << " window " << window;
@@ -151,6 +339,61 @@ TEST_F(CudaBackendTest, AttentionMatchesReference) {
   attention_case(*cu, *ref, 0, 19, 0);
   attention_case(*cu, *ref, 300, 1, 0);
   attention_case(*cu, *ref, 40, 7, 16);  // ring buffer
+  attention_case(*cu, *ref, 500, 1, 128);   // ring buffer, positions split over blocks
+  attention_case(*cu, *ref, 1000, 2, 0);    // 16 splits of the visible positions
+}
+
+// A decode loop as Model::forward runs it: each step uploads one token's q/k/v rows, ropes q and
+// k at the step's position, writes K/V into a ring cache, attends and reads the output back.
+// Returns the outputs of every step, each [4, 256].
+std::vector<std::vector<float>> decode_steps(Backend& b, int steps) {
+  const int H = 4, Hk = 1, D = 256, window = 8, cap = 12;
+  RopeSpec spec;
+  spec.theta = 10000.f;
+  const RopeTable rt = make_rope_table(spec, D);
+  float* kc = b.alloc(size_t(cap) * Hk * D);
+  float* vc = b.alloc(size_t(cap) * Hk * D);
+  std::vector<int32_t> pos(size_t(cap), -1);
+  float* q = b.alloc(size_t(H) * D);
+  float* k = b.alloc(size_t(Hk) * D);
+  float* v = b.alloc(size_t(Hk) * D);
+  float* out = b.alloc(size_t(H) * D);
+  std::vector<std::vector<float>> outs;
+  for (int p = 0; p < steps; ++p) {
+    b.begin_step();
+    const auto hq = randn(size_t(H) * D, uint32_t(100 + p)), hk = randn(size_t(Hk) * D, uint32_t(200 + p)),
+               hv = randn(size_t(Hk) * D, uint32_t(300 + p));
+    b.from_host(hq.data(), hq.size(), q);
+    b.from_host(hk.data(), hk.size(), k);
+    b.from_host(hv.data(), hv.size(), v);
+    b.rope(q, 1, H, D, p, rt, ActPrecision::F32);
+    b.rope(k, 1, Hk, D, p, rt, ActPrecision::F32);
+    AttnSeq s;
+    s.row0 = 0;
+    s.n = 1;
+    s.pos0 = p;
+    s.kv = KvBuffer{kc, vc, pos.data(), cap, Hk, D, window};
+    b.kv_write(s, k, v);
+    b.attention(q, H, {s}, 0.0625f, ActPrecision::F32, out);
+    b.end_step();
+    outs.push_back(down(b, out, size_t(H) * D));
+  }
+  for (float* p : {kc, vc, q, k, v, out}) b.free(p);
+  return outs;
+}
+
+TEST_F(CudaBackendTest, RecordedStepsReplayAtEveryPosition) {
+  const int steps = 20;  // past the ring's capacity: slots wrap
+  CudaStepCounts before, after;
+  ASSERT_TRUE(cuda_step_counts(*cu, &before));
+  const auto got = decode_steps(*cu, steps);
+  ASSERT_TRUE(cuda_step_counts(*cu, &after));
+  const auto want = decode_steps(*ref, steps);
+  for (int p = 0; p < steps; ++p) EXPECT_LE(rel_err(got[size_t(p)], want[size_t(p)]), 1e-5) << "step " << p;
+  // The first step runs directly, the second is captured, every later one replays the graph.
+  EXPECT_EQ(after.direct - before.direct, 1);
+  EXPECT_EQ(after.captured - before.captured, 1);
+  EXPECT_EQ(after.replayed - before.replayed, steps - 2);
 }
 
 }  // namespace

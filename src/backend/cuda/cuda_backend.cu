@@ -1,11 +1,17 @@
-// The CUDA backend (first version): every dense op of backend.h as a simple, correct f32 kernel
-// (cuda_kernels.cu), weights copied to device memory once at load (place_weight), activations
-// and KV caches in device memory, one device, the default stream. Not yet: bf16 activations,
-// mixture-of-experts ops (the loader refuses MoE checkpoints on this backend), fast kernels,
-// CUDA graphs. Every CUDA call is checked; a failure aborts with the call and CUDA's message.
+// The CUDA backend: every dense op of backend.h as an f32 kernel (cuda_kernels.cu), weights copied
+// to device memory once at load (place_weight), activations and KV caches in device memory, one
+// device, one stream of its own. Each forward step is recorded and, from its second sighting on,
+// replayed as a CUDA graph (cuda_step.h): a decode step is one graph launch, with no host sync
+// before the logits are read. Not yet: bf16 activations, mixture-of-experts ops (the loader
+// refuses MoE checkpoints on this backend), tuned kernels. Every CUDA call is checked; a failure
+// aborts with the call and CUDA's message.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <type_traits>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -16,6 +22,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_step.h"
 #include "backend/host_backend.h"
 #include "core/status.h"
 
@@ -42,14 +49,130 @@ cuda::DevWeight dev(const WeightView& w) {
                          w.bits, w.group_size, w.scales, w.biases, w.scale_dtype};
 }
 
+// One signature word of a launch argument (cuda_step.h): pointers by address, floats by bits.
+template <class T>
+uint64_t word(T v) {
+  if constexpr (std::is_pointer_v<T>) {
+    return reinterpret_cast<uintptr_t>(v);
+  } else if constexpr (std::is_floating_point_v<T>) {
+    const float f = float(v);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    return bits;
+  } else {
+    return uint64_t(int64_t(v));
+  }
+}
+
+// G4_CUDA_PROFILE=1: every op runs directly (no graphs), between two events; at exit, stderr gets
+// the device time per op kind (matmuls per weight shape), largest first. For finding where a step's
+// time goes; the per-op events themselves add launch gaps, so totals exceed a plain run's.
+class OpProfile {
+ public:
+  ~OpProfile() {
+    resolve();
+    std::vector<std::pair<std::string, Acc>> rows(acc_.begin(), acc_.end());
+    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+    double total = 0;
+    for (const auto& r : rows) total += r.second.ms;
+    std::fprintf(stderr, "cuda profile: %.3f ms of device time in ops\n%-34s %8s %10s %9s %6s\n", total, "op", "calls",
+                 "total ms", "us/call", "share");
+    for (const auto& [k, a] : rows)
+      std::fprintf(stderr, "%-34s %8ld %10.3f %9.2f %5.1f%%\n", k.c_str(), a.n, a.ms, 1e3 * a.ms / double(a.n),
+                   100.0 * a.ms / total);
+  }
+  template <class F>
+  void time(cudaStream_t s, std::string key, F&& f) {
+    cudaEvent_t a, b;
+    G4_CUDA(cudaEventCreate(&a));
+    G4_CUDA(cudaEventCreate(&b));
+    G4_CUDA(cudaEventRecord(a, s));
+    f();
+    G4_CUDA(cudaEventRecord(b, s));
+    pending_.push_back({std::move(key), a, b});
+    if (pending_.size() > 4096) resolve();
+  }
+  void resolve() {
+    for (Pending& p : pending_) {
+      G4_CUDA(cudaEventSynchronize(p.b));
+      float ms = 0;
+      G4_CUDA(cudaEventElapsedTime(&ms, p.a, p.b));
+      Acc& a = acc_[p.key];
+      a.ms += ms;
+      ++a.n;
+      cudaEventDestroy(p.a);
+      cudaEventDestroy(p.b);
+    }
+    pending_.clear();
+  }
+
+ private:
+  struct Pending {
+    std::string key;
+    cudaEvent_t a, b;
+  };
+  struct Acc {
+    double ms = 0;
+    long n = 0;
+  };
+  std::vector<Pending> pending_;
+  std::map<std::string, Acc> acc_;
+};
+
+const char* op_name(uint64_t op) {
+  static const char* names[] = {"?",   "copy",  "embed",   "matmul",      "rms_norm",   "rope",     "kv_write",
+                                "attention", "gelu_mul", "gelu_mul_ggml", "add", "scale", "softcap", "gather_rows",
+                                "copy_cols", "norm_add", "norm_rope", "gate_up_gelu", "norm_matmuls", "argmax", "big_matmul", "attn_prep",
+                                "matmul_norm_add"};
+  return op < sizeof(names) / sizeof(names[0]) ? names[op] : "?";
+}
+
 class CudaBackend final : public Backend {
  public:
+  CudaBackend() {
+    G4_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    rec_ = std::make_unique<cuda::StepRecorder>(stream_);
+    G4_CUDA(cudaMalloc(&counter_, sizeof(unsigned)));
+    G4_CUDA(cudaMemsetAsync(counter_, 0, sizeof(unsigned), stream_));
+    const char* env = std::getenv("G4_CUDA_PROFILE");
+    if (env && std::strcmp(env, "1") == 0) prof_ = std::make_unique<OpProfile>();
+    if (const char* skip = std::getenv("G4_CUDA_SKIP")) {  // ablation: "attention,norm_add": never launch those
+      const std::string list = std::string(",") + skip + ",";
+      for (uint64_t op = 1; op < 32; ++op)
+        if (list.find(std::string(",") + op_name(op) + ",") != std::string::npos) skip_ |= 1u << op;
+    }
+    const char* tenv = std::getenv("G4_CUDA_TIMING");
+    timing_ = tenv && std::strcmp(tenv, "1") == 0;
+    if (timing_) {
+      G4_CUDA(cudaEventCreate(&ev_[0]));
+      G4_CUDA(cudaEventCreate(&ev_[1]));
+    }
+  }
   ~CudaBackend() override {
+    if (timing_ && !t_wait_.empty()) {
+      auto med = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v.empty() ? 0.0 : 1e6 * v[v.size() / 2];
+      };
+      std::fprintf(stderr, "cuda timing: %zu steps, medians per step: host enqueue %.1f us, end_step %.1f us, "
+                           "logits wait %.1f us, host between steps %.1f us; device time of the step's work %.1f "
+                           "us\n", t_wait_.size(), med(t_enqueue_), med(t_end_), med(t_wait_), med(t_outside_),
+                   med(t_gpu_));
+    }
+    prof_.reset();
+    rec_.reset();  // waits for the stream
+    free_retired();
     for (void* p : owned_) cudaFree(p);
-    if (scratch_) cudaFree(scratch_);
+    if (partial_) cudaFree(partial_);
+    if (counters_) cudaFree(counters_);
+    cudaFree(counter_);
+    if (argmax_slots_) cudaFree(argmax_slots_);
+    if (bounce_) cudaFreeHost(bounce_);
+    cudaStreamDestroy(stream_);
   }
   std::string name() const override { return "cuda"; }
   bool supports_precision(ActPrecision P) const override { return P == ActPrecision::F32; }
+  cuda::StepRecorder::Counts step_counts() const { return rec_->counts(); }
 
   WeightView place_weight(const WeightView& w) override {
     WeightView d = w;
@@ -69,94 +192,235 @@ class CudaBackend final : public Backend {
       std::lock_guard<std::mutex> lock(mu_);
       if (!owned_.erase(p)) return;
     }
-    G4_CUDA(cudaFree(p));
+    if (rec_->active()) retired_.push_back(p);  // a logged launch may still use it
+    else G4_CUDA(cudaFree(p));
   }
   void to_host(const float* src, size_t n, float* dst) override {
-    if (n) G4_CUDA(cudaMemcpy(dst, src, n * 4, cudaMemcpyDeviceToHost));
+    rec_->flush();
+    if (!n) return;
+    if (n > bounce_n_) {  // pinned bounce buffer: a full-speed copy, then a host memcpy
+      if (bounce_) G4_CUDA(cudaFreeHost(bounce_));
+      G4_CUDA(cudaMallocHost(&bounce_, n * 4));
+      bounce_n_ = n;
+    }
+    G4_CUDA(cudaMemcpyAsync(bounce_, src, n * 4, cudaMemcpyDeviceToHost, stream_));
+    G4_CUDA(cudaStreamSynchronize(stream_));
+    std::memcpy(dst, bounce_, n * 4);
+    if (timing_) {
+      float ms = 0;
+      if (cudaEventElapsedTime(&ms, ev_[0], ev_[1]) == cudaSuccess) t_gpu_.push_back(1e-3 * ms);
+      t_wait_.push_back(seconds_since(t_mark_));
+      t_mark_ = std::chrono::steady_clock::now();
+    }
   }
   void from_host(const float* src, size_t n, float* dst) override {
-    if (n) G4_CUDA(cudaMemcpy(dst, src, n * 4, cudaMemcpyHostToDevice));
+    if (!n || rec_->stage_copy(src, n * 4, dst)) return;
+    rec_->flush();
+    G4_CUDA(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyHostToDevice, stream_));
+    G4_CUDA(cudaStreamSynchronize(stream_));  // src may go away when this returns
   }
   void copy(const float* src, size_t n, float* dst) override {
-    if (n) G4_CUDA(cudaMemcpy(dst, src, n * 4, cudaMemcpyDeviceToDevice));
+    if (!n) return;
+    launch([=](cudaStream_t s) { G4_CUDA(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToDevice, s)); }, 1, src, n,
+           dst);
   }
 
   void embed(const WeightView& E, const int32_t* ids, int n, float scale, ActPrecision P, float* out) override {
     f32_only(P);
-    cuda::embed(dev(E), ids, n, scale, out);
-    G4_CUDA_LAUNCHED();
+    const cuda::DevWeight e = dev(E);
+    launch([=](cudaStream_t s) { cuda::embed(s, e, ids, n, scale, out); }, 2, e.data, e.rows, e.cols, ids, n, scale,
+           out);
   }
   void matmul(const float* x, int M, const WeightView& W, ActPrecision P, float* y) override {
     f32_only(P);
-    cuda::matmul(x, M, dev(W), y);
-    G4_CUDA_LAUNCHED();
+    const cuda::DevWeight w = dev(W);
+    if (prof_) key_ = "matmul " + std::to_string(w.rows) + "x" + std::to_string(w.cols) + " M=" + std::to_string(M);
+    // Op 20 ("big_matmul", >= 64Ki rows: the LM head) only to tell it apart in G4_CUDA_SKIP ablations.
+    launch([=](cudaStream_t s) { cuda::matmul(s, x, M, w, y); }, w.rows >= 65536 ? 20 : 3, x, M, w.data, w.rows,
+           w.cols, y);
   }
   void rms_norm(const float* x, int rows, int dim, const float* w, float eps, ActPrecision P, float* y) override {
     f32_only(P);
-    cuda::rms_norm(x, rows, dim, w, eps, y);
-    G4_CUDA_LAUNCHED();
+    launch([=](cudaStream_t s) { cuda::rms_norm(s, x, rows, dim, w, eps, y); }, 4, x, rows, dim, w, eps, y);
   }
   void rope(float* x, int rows, int heads, int head_dim, int pos0, const RopeTable& t, ActPrecision P) override {
     f32_only(P);
-    cuda::rope(x, rows, heads, head_dim, pos0, inv_freq_on_device(t), t.position_scale);
-    G4_CUDA_LAUNCHED();
+    const float* inv = inv_freq_on_device(t);
+    const float ps = t.position_scale;
+    const cuda::Dyn p = rec_->dyn(pos0);
+    launch([=](cudaStream_t s) { cuda::rope(s, x, rows, heads, head_dim, p, inv, ps); }, 5, x, rows, heads, head_dim,
+           inv, ps);
   }
   void kv_write(const AttnSeq& s, const float* k, const float* v) override {
     const KvBuffer& kv = s.kv;
-    const int row = kv.n_kv_heads * kv.head_dim;
-    cuda::kv_write(k, v, s.row0, s.n, s.pos0, row, kv.capacity, kv.window, kv.k, kv.v);
-    G4_CUDA_LAUNCHED();
-    for (int t = 0; t < s.n; ++t) {  // positions are host bookkeeping (backend.h)
-      const int pos = s.pos0 + t;
-      const int slot = kv.window > 0 ? pos % kv.capacity : pos;
-      G4_CHECK(slot < kv.capacity);
-      kv.pos[slot] = pos;
-    }
+    const int row = kv.n_kv_heads * kv.head_dim, row0 = s.row0, n = s.n, cap = kv.capacity, win = kv.window;
+    float *kc = kv.k, *vc = kv.v;
+    const cuda::Dyn p = rec_->dyn(s.pos0);
+    launch([=](cudaStream_t st) { cuda::kv_write(st, k, v, row0, n, p, row, cap, win, kc, vc); }, 6, k, v, row0, n,
+           row, cap, win, kc, vc);
+    record_positions(s);
   }
   void attention(const float* q, int H, const std::vector<AttnSeq>& seqs, float scale, ActPrecision P,
                  float* out) override {
     f32_only(P);
-    for (const AttnSeq& s : seqs) {
-      const KvBuffer& kv = s.kv;
-      const int max_pos = kv.window > 0 ? std::min(kv.window, s.pos0 + s.n) : s.pos0 + s.n;
-      float* scratch = scratch_floats(size_t(s.n) * H * size_t(max_pos));
-      const cuda::AttnArgs a{s.row0, s.n, s.pos0, kv.k, kv.v, kv.capacity, kv.n_kv_heads, kv.head_dim, kv.window};
-      cuda::attention(q, H, a, scale, scratch, max_pos, out);
-      G4_CUDA_LAUNCHED();
+    for (const AttnSeq& sq : seqs) {
+      const KvBuffer& kv = sq.kv;
+      G4_CHECK(kv.head_dim <= 512 && "cuda attention: head_dim above 512");
+      // Splits from static bounds (capacity, window), so a recorded step replays at any position.
+      const int max_visible = kv.window > 0 ? std::min(kv.window, kv.capacity) : kv.capacity;
+      const int splits = cuda::attention_splits(sq.n, H, max_visible);
+      float* partial = splits > 1 ? partial_floats(size_t(sq.n) * H * splits * (kv.head_dim + 2)) : nullptr;
+      unsigned* counters = splits > 1 ? split_counters(size_t(sq.n) * H) : nullptr;
+      const cuda::AttnArgs a{sq.row0, sq.n, rec_->dyn(sq.pos0), kv.k, kv.v, kv.capacity, kv.n_kv_heads, kv.head_dim,
+                             kv.window};
+      launch([=](cudaStream_t s) { cuda::attention(s, q, H, a, scale, splits, partial, counters, out); }, 7, q, H,
+             a.row0, a.n, a.k, a.v, a.capacity, a.n_kv_heads, a.head_dim, a.window, scale, splits, partial, counters,
+             out);
     }
   }
   void gelu_mul(const float* gate, const float* up, size_t n, ActPrecision P, float* out) override {
     f32_only(P);
-    cuda::gelu_mul(gate, up, n, out);
-    G4_CUDA_LAUNCHED();
+    launch([=](cudaStream_t s) { cuda::gelu_mul(s, gate, up, n, out); }, 8, gate, up, n, out);
   }
   void gelu_mul_ggml(const float* gate, const float* up, size_t n, float* out) override {
-    cuda::gelu_mul_ggml(gate, up, n, gelu_table(), out);
-    G4_CUDA_LAUNCHED();
+    const uint16_t* t = gelu_table();
+    launch([=](cudaStream_t s) { cuda::gelu_mul_ggml(s, gate, up, n, t, out); }, 9, gate, up, n, t, out);
   }
   void add(const float* a, const float* b, size_t n, ActPrecision P, float* y) override {
     f32_only(P);
-    cuda::add(a, b, n, y);
-    G4_CUDA_LAUNCHED();
+    launch([=](cudaStream_t s) { cuda::add(s, a, b, n, y); }, 10, a, b, n, y);
   }
-  void scale(const float* a, float s, size_t n, ActPrecision P, float* y) override {
+  void scale(const float* a, float f, size_t n, ActPrecision P, float* y) override {
     f32_only(P);
-    cuda::scale(a, s, n, y);
-    G4_CUDA_LAUNCHED();
+    launch([=](cudaStream_t s) { cuda::scale(s, a, f, n, y); }, 11, a, f, n, y);
   }
   void softcap(float* x, size_t n, float cap, ActPrecision P) override {
     f32_only(P);
-    cuda::softcap(x, n, cap);
-    G4_CUDA_LAUNCHED();
+    launch([=](cudaStream_t s) { cuda::softcap(s, x, n, cap); }, 12, x, n, cap);
   }
   void gather_rows(const float* src, const int32_t* idx, int n, int dim, float* dst) override {
-    cuda::gather_rows(src, idx, n, dim, dst);
-    G4_CUDA_LAUNCHED();
+    launch([=](cudaStream_t s) { cuda::gather_rows(s, src, idx, n, dim, dst); }, 13, src, idx, n, dim, dst);
   }
   void copy_cols(const float* src, int rows, int src_dim, int off, int n, float* dst) override {
-    cuda::copy_cols(src, rows, src_dim, off, n, dst);
-    G4_CUDA_LAUNCHED();
+    launch([=](cudaStream_t s) { cuda::copy_cols(s, src, rows, src_dim, off, n, dst); }, 14, src, rows, src_dim, off,
+           n, dst);
   }
+  void norm_add(float* x, float* o, int rows, int dim, const float* w, float eps, ActPrecision P) override {
+    f32_only(P);
+    launch([=](cudaStream_t s) { cuda::norm_add(s, x, o, rows, dim, w, eps); }, 15, x, o, rows, dim, w, eps);
+  }
+  void norm_rope(float* x, int heads, int head_dim, const float* w, float eps, const std::vector<AttnSeq>& seqs,
+                 const RopeTable& t, ActPrecision P) override {
+    f32_only(P);
+    const float* inv = inv_freq_on_device(t);
+    const float ps = t.position_scale;
+    for (const AttnSeq& sq : seqs) {
+      float* xs = x + size_t(sq.row0) * heads * head_dim;
+      const int n = sq.n;
+      const cuda::Dyn p = rec_->dyn(sq.pos0);
+      launch([=](cudaStream_t s) { cuda::norm_rope(s, xs, n, heads, head_dim, w, eps, p, inv, ps); }, 16, xs, n, heads,
+             head_dim, w, eps, inv, ps);
+    }
+  }
+  void matmul_norm_add(const float* x, int M, const WeightView& W, float* y_scratch, float* x_resid,
+                       const float* w, float eps, ActPrecision P) override {
+    f32_only(P);
+    cuda::MatArgs a = mat_args(x, InputNorm{});
+    a.n = 1;
+    a.w[0] = dev(W);
+    a.y[0] = y_scratch;
+    a.resid = x_resid;
+    a.post_w = w;
+    a.post_eps = eps;
+    a.counter = counter_;
+    if (prof_) key_ = "matmul_norm_add " + std::to_string(W.rows) + "x" + std::to_string(W.cols) + " M=" +
+                      std::to_string(M);
+    launch([=](cudaStream_t s) { cuda::matmuls(s, a, M); }, 22, x, M, a.w[0].data, W.rows, W.cols, y_scratch, x_resid,
+           w, eps);
+  }
+  void attn_prep(float* q, int H, float* k, float* v, int Hk, int head_dim, const float* q_norm_w,
+                 const float* k_norm_w, bool v_norm, float eps, const std::vector<AttnSeq>& seqs, const RopeTable& t,
+                 ActPrecision P) override {
+    f32_only(P);
+    const float* inv = inv_freq_on_device(t);
+    for (const AttnSeq& sq : seqs) {
+      const KvBuffer& kv = sq.kv;
+      cuda::AttnPrepArgs a{};
+      a.q = q + size_t(sq.row0) * H * head_dim;
+      a.k = k ? k + size_t(sq.row0) * Hk * head_dim : nullptr;
+      a.v = k ? v + size_t(sq.row0) * Hk * head_dim : nullptr;
+      a.H = H;
+      a.Hk = k ? Hk : 0;
+      a.head_dim = head_dim;
+      a.q_norm_w = q_norm_w;
+      a.k_norm_w = k_norm_w;
+      a.v_norm = v_norm;
+      a.eps = eps;
+      a.inv_freq = inv;
+      a.position_scale = t.position_scale;
+      a.kc = kv.k;
+      a.vc = kv.v;
+      a.capacity = kv.capacity;
+      a.window = kv.window;
+      if (k) G4_CHECK(kv.n_kv_heads == Hk && kv.head_dim == head_dim);
+      a.pos0 = rec_->dyn(sq.pos0);
+      const int n = sq.n;
+      launch([=](cudaStream_t s) { cuda::attn_prep(s, a, n); }, 21, a.q, a.k, a.v, H, a.Hk, head_dim, q_norm_w,
+             k_norm_w, int(v_norm), eps, inv, t.position_scale, a.kc, a.vc, a.capacity, a.window, n);
+      if (k) record_positions(sq);
+    }
+  }
+  void norm_matmuls(const float* x, int M, const InputNorm& norm, std::initializer_list<MatOut> outs,
+                    ActPrecision P) override {
+    f32_only(P);
+    if (outs.size() == 0) return;
+    if (!norm_fits(norm, M, outs.begin()->w->cols)) {  // too wide to norm in shared memory
+      Backend::norm_matmuls(x, M, norm, outs, P);
+      return;
+    }
+    // One launch per run of consecutive weights of one format (q/k/v usually share theirs).
+    cuda::MatArgs a = mat_args(x, norm);
+    for (auto it = outs.begin(); it != outs.end(); ++it) {
+      a.w[a.n] = dev(*it->w);
+      a.y[a.n] = it->y;
+      ++a.n;
+      const auto next = it + 1;
+      if (next == outs.end() || a.n == 3 || next->w->fmt != it->w->fmt || next->w->cols != it->w->cols) {
+        launch_matmuls(a, M);
+        a.n = 0;
+      }
+    }
+  }
+  void gate_up_gelu(const float* x, int M, const InputNorm& norm, const WeightView& G, const WeightView& U,
+                    bool ggml_table, ActPrecision P, float* gate_out, float* up_scratch) override {
+    if (G.fmt != U.fmt || G.rows != U.rows || G.cols != U.cols || G.group_size != U.group_size || G.bits != U.bits ||
+        G.scale_dtype != U.scale_dtype || !norm_fits(norm, M, G.cols)) {
+      Backend::gate_up_gelu(x, M, norm, G, U, ggml_table, P, gate_out, up_scratch);  // separate launches
+      return;
+    }
+    f32_only(P);
+    cuda::MatArgs a = mat_args(x, norm);
+    a.n = 1;
+    a.w[0] = dev(G);
+    a.w2 = dev(U);
+    a.y[0] = gate_out;
+    a.table = ggml_table ? gelu_table() : nullptr;
+    if (prof_) key_ = "gate_up_gelu " + std::to_string(G.rows) + "x" + std::to_string(G.cols) + " M=" + std::to_string(M);
+    launch([=](cudaStream_t s) { cuda::gate_up_gelu(s, a, M); }, 17, x, M, a.w[0].data, a.w2.data, G.rows, G.cols,
+           a.table, gate_out, a.norm_w, a.eps);
+  }
+  void argmax(const float* x, int rows, int n, int32_t* out) override {
+    if (size_t(rows) > argmax_rows_) {  // per-row slots and counters, zero between launches
+      if (argmax_slots_) retired_.push_back(argmax_slots_);
+      G4_CUDA(cudaMalloc(&argmax_slots_, size_t(rows) * 12));
+      G4_CUDA(cudaMemsetAsync(argmax_slots_, 0, size_t(rows) * 12, stream_));
+      argmax_rows_ = size_t(rows);
+    }
+    auto* slots = static_cast<unsigned long long*>(argmax_slots_);
+    auto* counters = reinterpret_cast<unsigned*>(slots + argmax_rows_);
+    launch([=](cudaStream_t s) { cuda::argmax(s, x, rows, n, slots, counters, out); }, 19, x, rows, n, slots, out);
+  }
+  bool on_device() const override { return true; }
   void router_topk(const float*, int, int, int, const float*, ActPrecision, int32_t*, float*) override {
     G4_CHECK(false && "cuda backend: MoE routing is not implemented (the loader refuses MoE models)");
   }
@@ -164,9 +428,84 @@ class CudaBackend final : public Backend {
                    const std::vector<WeightView>&, const std::vector<WeightView>&, ActPrecision, float*) override {
     G4_CHECK(false && "cuda backend: MoE experts are not implemented (the loader refuses MoE models)");
   }
-  void sync() override { G4_CUDA(cudaDeviceSynchronize()); }
+  void sync() override {
+    rec_->flush();
+    G4_CUDA(cudaStreamSynchronize(stream_));
+    free_retired();
+  }
+  void begin_step() override {
+    if (prof_) return;  // profiled ops run one by one
+    rec_->begin();      // waits for the previous step
+    free_retired();
+    if (timing_) {
+      if (!t_wait_.empty()) t_outside_.push_back(seconds_since(t_mark_));
+      t_mark_ = std::chrono::steady_clock::now();
+    }
+  }
+  void end_step() override {
+    if (timing_) {
+      t_enqueue_.push_back(seconds_since(t_mark_));
+      t_mark_ = std::chrono::steady_clock::now();
+    }
+    if (timing_) G4_CUDA(cudaEventRecord(ev_[0], stream_));
+    rec_->end();
+    if (timing_) {
+      G4_CUDA(cudaEventRecord(ev_[1], stream_));
+      t_end_.push_back(seconds_since(t_mark_));
+      t_mark_ = std::chrono::steady_clock::now();
+    }
+  }
 
  private:
+  // Runs f on the stream now, or logs it with its signature words when a step is being recorded.
+  template <class F, class... A>
+  void launch(F f, uint64_t op, A... args) {
+    if (skip_ >> op & 1u) return;  // G4_CUDA_SKIP (timing ablations only: results are wrong)
+    if (rec_->active()) {
+      rec_->sig({op, word(args)...});
+      rec_->add([f](cudaStream_t s) {
+        f(s);
+        G4_CUDA_LAUNCHED();
+      });
+    } else if (prof_) {
+      prof_->time(stream_, key_.empty() ? op_name(op) : key_, [&] { f(stream_); });
+      G4_CUDA_LAUNCHED();
+      key_.clear();
+    } else {
+      f(stream_);
+      G4_CUDA_LAUNCHED();
+    }
+  }
+  // Whether an input norm of M rows of `cols` fits the matmul kernels' shared memory (or there is none).
+  static bool norm_fits(const InputNorm& norm, int M, int64_t cols) {
+    return !norm.w || cuda::matmul_norm_smem(M, cols) <= 40 * 1024;
+  }
+  static cuda::MatArgs mat_args(const float* x, const InputNorm& norm) {
+    cuda::MatArgs a{};
+    a.x = x;
+    a.norm_w = norm.w;
+    a.eps = norm.eps;
+    return a;
+  }
+  void launch_matmuls(const cuda::MatArgs& a, int M) {
+    if (prof_) key_ = "matmuls x" + std::to_string(a.n) + " " + std::to_string(a.w[0].rows) + "x" +
+                      std::to_string(a.w[0].cols) + " M=" + std::to_string(M);
+    const cuda::DevWeight& w0 = a.w[0];
+    const cuda::DevWeight& w1 = a.n > 1 ? a.w[1] : a.w[0];
+    const cuda::DevWeight& w2 = a.n > 2 ? a.w[2] : a.w[0];
+    launch([=](cudaStream_t s) { cuda::matmuls(s, a, M); }, 18, a.x, M, a.n, a.norm_w, a.eps, w0.data, w0.rows,
+           a.y[0], w1.data, w1.rows, a.y[a.n > 1 ? 1 : 0], w2.data, w2.rows, a.y[a.n > 2 ? 2 : 0], w0.cols);
+  }
+  // The cache slots a write fills record their positions (host bookkeeping, backend.h).
+  static void record_positions(const AttnSeq& s) {
+    const KvBuffer& kv = s.kv;
+    for (int t = 0; t < s.n; ++t) {
+      const int pos = s.pos0 + t;
+      const int slot = kv.window > 0 ? pos % kv.capacity : pos;
+      G4_CHECK(slot < kv.capacity);
+      kv.pos[slot] = pos;
+    }
+  }
   static void f32_only(ActPrecision P) {
     G4_CHECK(P == ActPrecision::F32 && "cuda backend: f32 activations only (callers check supports_precision)");
   }
@@ -178,9 +517,14 @@ class CudaBackend final : public Backend {
     return p;
   }
   void* upload(const void* host, size_t bytes) {
-    void* d = raw_alloc(std::max<size_t>(bytes, 1));
+    // 16 bytes of slack: staged matmuls copy whole 16-byte words (cuda_kernels.cu stage_rows).
+    void* d = raw_alloc(bytes + 16);
     if (bytes) G4_CUDA(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice));
     return d;
+  }
+  void free_retired() {
+    for (void* p : retired_) G4_CUDA(cudaFree(p));
+    retired_.clear();
   }
   // One device copy per RoPE table (the Model keeps its tables for its lifetime); the host
   // contents are kept beside it, so a table whose address is reused is uploaded again.
@@ -188,17 +532,15 @@ class CudaBackend final : public Backend {
     std::lock_guard<std::mutex> lock(mu_);
     RopeCopy& c = rope_[t.inv_freq.data()];
     if (c.dev && c.host == t.inv_freq) return c.dev;
-    if (c.dev && c.host.size() != t.inv_freq.size()) {
-      G4_CUDA(cudaFree(c.dev));
+    if (c.dev) {  // launches logged or in flight may still read the old table
+      retired_.push_back(c.dev);
       owned_.erase(c.dev);
       c.dev = nullptr;
     }
-    if (!c.dev) {
-      void* d = nullptr;
-      G4_CUDA(cudaMalloc(&d, std::max<size_t>(t.inv_freq.size(), 1) * 4));
-      owned_.insert(d);
-      c.dev = static_cast<float*>(d);
-    }
+    void* d = nullptr;
+    G4_CUDA(cudaMalloc(&d, std::max<size_t>(t.inv_freq.size(), 1) * 4));
+    owned_.insert(d);
+    c.dev = static_cast<float*>(d);
     G4_CUDA(cudaMemcpy(c.dev, t.inv_freq.data(), t.inv_freq.size() * 4, cudaMemcpyHostToDevice));
     c.host = t.inv_freq;
     return c.dev;
@@ -215,30 +557,73 @@ class CudaBackend final : public Backend {
     }
     return gelu_;
   }
-  // Attention scores: one buffer that only grows (kernels on the default stream run in order,
-  // so reusing it between launches is safe).
-  float* scratch_floats(size_t n) {
-    if (n > scratch_n_) {
-      if (scratch_) G4_CUDA(cudaFree(scratch_));
-      G4_CUDA(cudaMalloc(&scratch_, n * 4));
-      scratch_n_ = n;
+  // Attention partials: one buffer that only grows; a replaced one is retired, since logged
+  // launches of this step may still point at it.
+  float* partial_floats(size_t n) {
+    if (n > partial_n_) {
+      if (partial_) retired_.push_back(partial_);
+      G4_CUDA(cudaMalloc(&partial_, n * 4));
+      partial_n_ = n;
     }
-    return scratch_;
+    return partial_;
   }
 
+  // Attention's per-(row, head) split counters: zeros that the kernel leaves zero; grows like the
+  // partials; zeroed on the stream, ahead of every launch that uses it.
+  unsigned* split_counters(size_t n) {
+    if (n > counters_n_) {
+      if (counters_) retired_.push_back(counters_);
+      G4_CUDA(cudaMalloc(&counters_, n * sizeof(unsigned)));
+      G4_CUDA(cudaMemsetAsync(counters_, 0, n * sizeof(unsigned), stream_));
+      counters_n_ = n;
+    }
+    return counters_;
+  }
+
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<cuda::StepRecorder> rec_;
+  std::unique_ptr<OpProfile> prof_;  // G4_CUDA_PROFILE=1
+  // G4_CUDA_TIMING=1: host seconds per step spent logging ops, in end_step (graph launch or direct
+  // launches), waiting for the logits (the device finishing the step, plus their copy), and between
+  // the logits' arrival and the next step (the caller's own work: sampling).
+  static double seconds_since(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  }
+  bool timing_ = false;
+  uint32_t skip_ = 0;  // G4_CUDA_SKIP: op codes never launched
+  std::chrono::steady_clock::time_point t_mark_;
+  std::vector<double> t_enqueue_, t_end_, t_wait_, t_outside_, t_gpu_;
+  cudaEvent_t ev_[2] = {nullptr, nullptr};  // around the step's launch (device time of its work)
+  std::string key_;                  // the profile key of the op being launched (matmul shapes)
   std::mutex mu_;
   std::unordered_set<void*> owned_;
+  std::vector<void*> retired_;  // freed by the caller during a step: cudaFree'd after it
   struct RopeCopy {
     std::vector<float> host;
     float* dev = nullptr;
   };
   std::unordered_map<const float*, RopeCopy> rope_;
   const uint16_t* gelu_ = nullptr;
-  float* scratch_ = nullptr;
-  size_t scratch_n_ = 0;
+  float* partial_ = nullptr;
+  size_t partial_n_ = 0;
+  unsigned* counters_ = nullptr;
+  size_t counters_n_ = 0;
+  unsigned* counter_ = nullptr;  // matmul_norm_add's block counter (zero between launches)
+  void* argmax_slots_ = nullptr;  // argmax: rows 64-bit slots then rows counters
+  size_t argmax_rows_ = 0;
+  float* bounce_ = nullptr;
+  size_t bounce_n_ = 0;
 };
 
 }  // namespace
+
+bool cuda_step_counts(const Backend& be, CudaStepCounts* out) {
+  const auto* cb = dynamic_cast<const CudaBackend*>(&be);
+  if (!cb) return false;
+  const cuda::StepRecorder::Counts c = cb->step_counts();
+  *out = CudaStepCounts{c.replayed, c.captured, c.direct};
+  return true;
+}
 
 std::unique_ptr<Backend> make_cuda_backend(std::string* why) {
   int n = 0;

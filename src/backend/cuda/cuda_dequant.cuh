@@ -50,9 +50,9 @@ __host__ __device__ inline void scale_min_k4(int j, const uint8_t* q, int* sc, i
   }
 }
 
-// Element (r, c) of w as f32.
-__host__ __device__ inline float dequant(const DevWeight& w, int64_t r, int64_t c) {
-  const uint8_t* row = w.data + r * w.row_bytes;
+// Element (r, c) of w as f32, its row's bytes read from `row` (w.data + r * w.row_bytes, or a
+// copy of them; r itself only indexes MLX scales and biases).
+__host__ __device__ inline float dequant_at(const uint8_t* row, const DevWeight& w, int64_t r, int64_t c) {
   switch (w.fmt) {
     case WFormat::F32: return reinterpret_cast<const float*>(row)[c];
     case WFormat::F16: return __half2float(reinterpret_cast<const __half*>(row)[c]);
@@ -111,69 +111,69 @@ __host__ __device__ inline float dequant(const DevWeight& w, int64_t r, int64_t 
     default: return 0.f;
   }
 }
+__host__ __device__ inline float dequant(const DevWeight& w, int64_t r, int64_t c) {
+  return dequant_at(w.data + r * w.row_bytes, w, r, c);
+}
 
 // The 32 values 32u..32u+31 of row r (u: a 32-value unit; every format's blocks and sub-blocks
 // are whole units), each equal to dequant(w, r, 32u + j); block headers are read once per unit.
-__host__ __device__ inline void dequant32(const DevWeight& w, int64_t r, int64_t u, float* out) {
-  const uint8_t* row = w.data + r * w.row_bytes;
-  switch (w.fmt) {
-    case WFormat::GgufQ8_0: {
-      const uint8_t* b = row + u * 34;
-      const float d = ld_half(b);
-      for (int j = 0; j < 32; ++j) out[j] = d * float(int8_t(b[2 + j]));
-      return;
+// The format is a template argument (w.fmt == F), so `out` stays in registers when the caller
+// indexes it with constants. The row's bytes come from `row`, as in dequant_at.
+template <WFormat F>
+__device__ inline void dequant32(const uint8_t* row, const DevWeight& w, int64_t r, int64_t u, float* out) {
+  if constexpr (F == WFormat::GgufQ8_0) {
+    const uint8_t* b = row + u * 34;
+    const float d = ld_half(b);
+#pragma unroll
+    for (int j = 0; j < 32; ++j) out[j] = d * float(int8_t(b[2 + j]));
+  } else if constexpr (F == WFormat::GgufQ4_0) {
+    const uint8_t* b = row + u * 18;
+    const float d = ld_half(b);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      out[j] = d * float((b[2 + j] & 15) - 8);
+      out[j + 16] = d * float((b[2 + j] >> 4) - 8);
     }
-    case WFormat::GgufQ4_0: {
-      const uint8_t* b = row + u * 18;
-      const float d = ld_half(b);
-      for (int j = 0; j < 16; ++j) {
-        out[j] = d * float((b[2 + j] & 15) - 8);
-        out[j + 16] = d * float((b[2 + j] >> 4) - 8);
-      }
-      return;
+  } else if constexpr (F == WFormat::GgufQ5_0) {
+    const uint8_t* b = row + u * 22;
+    const float d = ld_half(b);
+    const uint32_t qh = ld_u32(b + 2);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      out[j] = d * float(((b[6 + j] & 15) | int((qh >> j) & 1u) << 4) - 16);
+      out[j + 16] = d * float(((b[6 + j] >> 4) | int((qh >> (j + 16)) & 1u) << 4) - 16);
     }
-    case WFormat::GgufQ5_0: {
-      const uint8_t* b = row + u * 22;
-      const float d = ld_half(b);
-      const uint32_t qh = ld_u32(b + 2);
-      for (int j = 0; j < 16; ++j) {
-        out[j] = d * float(((b[6 + j] & 15) | int((qh >> j) & 1u) << 4) - 16);
-        out[j + 16] = d * float(((b[6 + j] >> 4) | int((qh >> (j + 16)) & 1u) << 4) - 16);
-      }
-      return;
+  } else if constexpr (F == WFormat::GgufQ4_K || F == WFormat::GgufQ5_K) {
+    constexpr bool q5 = F == WFormat::GgufQ5_K;
+    const int s = int(u % 8);
+    const uint8_t* b = row + (u / 8) * (q5 ? 176 : 144);
+    int sc, m;
+    scale_min_k4(s, b + 4, &sc, &m);
+    const float d = ld_half(b) * float(sc), dm = ld_half(b + 2) * float(m);
+    const uint8_t* qs = b + (q5 ? 48 : 16) + 32 * (s / 2);
+    const int shift = (s & 1) * 4;
+#pragma unroll
+    for (int l = 0; l < 32; ++l) {
+      int q = (qs[l] >> shift) & 15;
+      if constexpr (q5) q |= ((b[16 + l] >> s) & 1) << 4;
+      out[l] = d * float(q) - dm;
     }
-    case WFormat::GgufQ4_K:
-    case WFormat::GgufQ5_K: {
-      const bool q5 = w.fmt == WFormat::GgufQ5_K;
-      const int s = int(u % 8);
-      const uint8_t* b = row + (u / 8) * (q5 ? 176 : 144);
-      int sc, m;
-      scale_min_k4(s, b + 4, &sc, &m);
-      const float d = ld_half(b), dmin = ld_half(b + 2);
-      const uint8_t* qs = b + (q5 ? 48 : 16) + 32 * (s / 2);
-      for (int l = 0; l < 32; ++l) {
-        int q = (s & 1) ? (qs[l] >> 4) : (qs[l] & 15);
-        if (q5) q |= ((b[16 + l] >> s) & 1) << 4;
-        out[l] = d * float(sc) * float(q) - dmin * float(m);
-      }
-      return;
+  } else if constexpr (F == WFormat::GgufQ6_K) {
+    const int t = int(u % 8), h = t / 4, s = t % 4;
+    const uint8_t* b = row + (u / 8) * 210;
+    const float d = ld_half(b + 208);
+    const uint8_t* ql = b + 64 * h + 32 * (s & 1);
+    const uint8_t* qh = b + 128 + 32 * h;
+    const int lo_shift = (s >> 1) * 4, hi_shift = 2 * s;
+    const float d0 = d * float(int8_t(b[192 + 2 * t])), d1 = d * float(int8_t(b[192 + 2 * t + 1]));
+#pragma unroll
+    for (int l = 0; l < 32; ++l) {
+      const int q = ((ql[l] >> lo_shift) & 15) | (((qh[l] >> hi_shift) & 3) << 4);
+      out[l] = (l < 16 ? d0 : d1) * float(q - 32);
     }
-    case WFormat::GgufQ6_K: {
-      const int t = int(u % 8), h = t / 4, s = t % 4;
-      const uint8_t* b = row + (u / 8) * 210;
-      const float d = ld_half(b + 208);
-      for (int l = 0; l < 32; ++l) {
-        const uint8_t lb = b[64 * h + 32 * (s & 1) + l];
-        const int lo = (s >> 1) ? (lb >> 4) : (lb & 15);
-        const int hi = (b[128 + 32 * h + l] >> (2 * s)) & 3;
-        const int8_t sc = int8_t(b[192 + 2 * t + l / 16]);
-        out[l] = d * float(sc) * float((lo | (hi << 4)) - 32);
-      }
-      return;
-    }
-    default:
-      for (int j = 0; j < 32; ++j) out[j] = dequant(w, r, 32 * u + j);
-      return;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) out[j] = dequant_at(row, w, r, 32 * u + j);
   }
 }
 

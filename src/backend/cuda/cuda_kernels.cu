@@ -15,9 +15,6 @@ constexpr int kWarp = 32;
 struct Sum {
   __device__ float operator()(float a, float b) const { return a + b; }
 };
-struct Max {
-  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
 template <class Op>
 __device__ inline float warp_reduce(float v, Op op) {
   for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -40,27 +37,37 @@ __device__ inline float block_reduce(float v, float* sh, Op op, float identity) 
   return sh[0];
 }
 __device__ inline float block_sum(float v, float* sh) { return block_reduce(v, sh, Sum{}, 0.f); }
-__device__ inline float block_max(float v, float* sh) { return block_reduce(v, sh, Max{}, -INFINITY); }
 
-// One warp per output row r, up to kMaxM activation rows per launch (the caller splits larger M).
-// kUnits (the path the backend runs when cols % 32 == 0): each lane takes whole 32-value units (a
-// block or sub-block of every format), decodes the unit once (dequant32) and dots it with the
-// activations read as float4. Otherwise lanes stride over single columns (dequant).
+// gelu_tanh(x) * up in MLX's op order (spec §2.7) / through ggml's f16 table (backend.h).
+__device__ inline float gelu_tanh_mul(float x, float up) {
+  const float c = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.f + tanhf(c)) * up;
+}
+__device__ inline float gelu_ggml_mul(float x, float up, const uint16_t* table) {
+  if (x <= -10.f) return 0.f;
+  if (x >= 10.f) return x * up;
+  const __half gv = __ushort_as_half(table[__half_as_ushort(__float2half_rn(x))]);
+  return __half2float(gv) * up;
+}
+
+// Row r of w (its bytes at `row`: global memory or a shared-memory copy) dotted with up to kMaxM
+// activation rows, this lane's share (acc[m], summed over the warp by the caller). kUnits
+// (cols % 32 == 0): each lane takes whole 32-value units (a block or sub-block of every format),
+// decodes the unit once (dequant32) and dots it with the activations read as float4. Otherwise
+// lanes stride over single columns (dequant_at). kM: the most activation rows this instance handles
+// (1 for decode keeps the accumulators, and so the registers, few).
 constexpr int kMaxM = 8;
-template <bool kUnits>
-__global__ void matmul_kernel(const float* x, int M, DevWeight w, float* y) {
-  const int64_t r = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (r >= w.rows) return;
-  float acc[kMaxM];
+template <WFormat F, bool kUnits, int kM>
+__device__ inline void row_dot(const float* x, int M, const DevWeight& w, const uint8_t* row, int64_t r, int lane,
+                               float* acc) {
 #pragma unroll
-  for (int m = 0; m < kMaxM; ++m) acc[m] = 0.f;
+  for (int m = 0; m < kM; ++m) acc[m] = 0.f;
   if constexpr (kUnits) {
     for (int64_t u = lane; u < w.cols / 32; u += kWarp) {
       float wv[32];
-      dequant32(w, r, u, wv);
+      dequant32<F>(row, w, r, u, wv);
 #pragma unroll
-      for (int m = 0; m < kMaxM; ++m) {
+      for (int m = 0; m < kM; ++m) {
         if (m >= M) break;
         const float4* xm = reinterpret_cast<const float4*>(x + int64_t(m) * w.cols + 32 * u);
         float s = 0.f;
@@ -74,18 +81,139 @@ __global__ void matmul_kernel(const float* x, int M, DevWeight w, float* y) {
     }
   } else {
     for (int64_t c = lane; c < w.cols; c += kWarp) {
-      const float wv = dequant(w, r, c);
+      const float wv = dequant_at(row, w, r, c);
 #pragma unroll
-      for (int m = 0; m < kMaxM; ++m)
+      for (int m = 0; m < kM; ++m)
         if (m < M) acc[m] += x[int64_t(m) * w.cols + c] * wv;
     }
   }
+}
+
+// Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory
+// with the whole block, 16 bytes per thread and step (coalesced).
+// Four loads are issued before their stores, so they are in flight together.
+__device__ inline void stage_rows(const uint8_t* src, uint8_t* dst, int64_t bytes) {
+  const uint4* s = reinterpret_cast<const uint4*>(src);
+  uint4* d = reinterpret_cast<uint4*>(dst);
+  const int64_t n = bytes / 16;
+  for (int64_t i0 = threadIdx.x; i0 < n; i0 += 4 * int64_t(blockDim.x)) {
+    uint4 v[4];
 #pragma unroll
-  for (int m = 0; m < kMaxM; ++m) {
-    if (m >= M) break;
-    const float s = warp_sum(acc[m]);
-    if (lane == 0) y[int64_t(m) * w.rows + r] = s;
+    for (int k = 0; k < 4; ++k)
+      if (i0 + k * blockDim.x < n) v[k] = s[i0 + k * blockDim.x];
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      if (i0 + k * blockDim.x < n) d[i0 + k * blockDim.x] = v[k];
   }
+}
+
+// One warp per output row (kMatWarps rows per block), up to kMaxM activation rows per launch (the
+// caller splits larger M). The launch covers a.n weights of one format and width (the attention's
+// q/k/v projections in one launch): blocks [first[i], first[i+1]) compute y[i] = x·w[i]ᵀ.
+// kAct: kPlain as just said; kGelu / kGeluGgml (a.n == 1) also dot row r of a.w2 (same format and
+// shape) and write gelu(x·wᵀ) * (x·w2ᵀ) (the gated MLP's first half in one launch).
+// a.norm_w: x is first RMS-normalized with that weight (every block normalizes the rows into
+// shared memory itself; a.norm_w == nullptr reads x as is).
+// kStaged: the block first copies its rows' bytes (of w and w2) into shared memory with wide
+// coalesced loads, then each warp decodes from there: the lanes' own reads, one 32-value unit
+// each, would hit every cache line many times.
+constexpr int kMatWarps = 8;
+enum Act { kPlain = 0, kGelu = 1, kGeluGgml = 2 };
+template <WFormat F, bool kUnits, int kAct, bool kStaged, int kM>
+__global__ void __launch_bounds__(kMatWarps * kWarp) matmul_kernel(MatArgs a) {
+  extern __shared__ uint4 smem[];
+  int i = 0;
+  while (i + 1 < a.n && blockIdx.x >= a.first[i + 1]) ++i;
+  const DevWeight& w = a.w[i];
+  const int64_t r0 = int64_t(blockIdx.x - a.first[i]) * kMatWarps;
+  const int64_t r = r0 + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const uint8_t* row = w.data + r * w.row_bytes;
+  const uint8_t* row2 = a.w2.data + r * a.w2.row_bytes;
+  uint8_t* sm = reinterpret_cast<uint8_t*>(smem);
+  if constexpr (kStaged) {
+    const int64_t nrows = w.rows - r0 < kMatWarps ? w.rows - r0 : kMatWarps;
+    const int64_t chunk = int64_t(kMatWarps) * w.row_bytes;
+    stage_rows(w.data + r0 * w.row_bytes, sm, (nrows * w.row_bytes + 15) / 16 * 16);
+    if constexpr (kAct != kPlain)
+      stage_rows(a.w2.data + r0 * a.w2.row_bytes, sm + chunk, (nrows * a.w2.row_bytes + 15) / 16 * 16);
+    row = sm + (r - r0) * w.row_bytes;
+    row2 = sm + chunk + (r - r0) * a.w2.row_bytes;
+    sm += chunk * (kAct != kPlain ? 2 : 1);
+  }
+  const float* x = a.x;
+  if (a.norm_w) {  // xn[m, c] = x[m, c] * inv_rms(x[m]) * norm_w[c] into shared memory (16-byte aligned)
+    float* xn = reinterpret_cast<float*>(sm);
+    __shared__ float inv[kMaxM];
+    const int warp = threadIdx.x / kWarp;
+    if (warp < a.M) {
+      float ss = 0.f;
+      for (int64_t c = lane; c < w.cols; c += kWarp) ss += a.x[warp * w.cols + c] * a.x[warp * w.cols + c];
+      ss = warp_sum(ss);
+      if (lane == 0) inv[warp] = 1.0f / sqrtf(ss / float(w.cols) + a.eps);
+    }
+    __syncthreads();
+    for (int64_t e = threadIdx.x; e < int64_t(a.M) * w.cols; e += blockDim.x)
+      xn[e] = a.x[e] * inv[e / w.cols] * a.norm_w[e % w.cols];
+    x = xn;
+  }
+  __syncthreads();
+  float* y = a.y[i];
+  if (r < w.rows) {
+    float acc[kM], acc2[kM];
+    row_dot<F, kUnits, kM>(x, a.M, w, row, r, lane, acc);
+    if constexpr (kAct != kPlain) row_dot<F, kUnits, kM>(x, a.M, a.w2, row2, r, lane, acc2);
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+      if (m >= a.M) break;
+      const float s = warp_sum(acc[m]);
+      float v = s;
+      if constexpr (kAct == kGelu) v = gelu_tanh_mul(s, warp_sum(acc2[m]));
+      if constexpr (kAct == kGeluGgml) v = gelu_ggml_mul(s, warp_sum(acc2[m]), a.table);
+      if (lane == 0) y[int64_t(m) * w.rows + r] = v;
+    }
+  }
+  if (!a.resid) return;
+  // Post-norm and residual add by the last block to finish, row by row with the whole block; each
+  // thread's loads are issued together (kPerT at a time), not one L2 round trip after another.
+  __shared__ bool last;
+  __shared__ float red[32];
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(a.counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  constexpr int kPerT = 4;
+  const int64_t n = w.rows, step = int64_t(kPerT) * blockDim.x;
+  for (int m = 0; m < a.M; ++m) {
+    const float* yr = y + int64_t(m) * n;
+    float* xr = a.resid + int64_t(m) * n;
+    float ss = 0.f;
+    for (int64_t c0 = threadIdx.x; c0 < n; c0 += step) {
+      float v[kPerT];
+#pragma unroll
+      for (int k = 0; k < kPerT; ++k) v[k] = c0 + k * blockDim.x < n ? __ldcg(yr + c0 + k * blockDim.x) : 0.f;
+#pragma unroll
+      for (int k = 0; k < kPerT; ++k) ss += v[k] * v[k];
+    }
+    ss = block_sum(ss, red);
+    const float inv = 1.0f / sqrtf(ss / float(n) + a.post_eps);
+    for (int64_t c0 = threadIdx.x; c0 < n; c0 += step) {
+      float v[kPerT], r[kPerT], g[kPerT];
+#pragma unroll
+      for (int k = 0; k < kPerT; ++k) {
+        const int64_t c = c0 + k * blockDim.x;
+        v[k] = c < n ? __ldcg(yr + c) : 0.f;
+        r[k] = c < n ? xr[c] : 0.f;
+        g[k] = c < n ? a.post_w[c] : 0.f;
+      }
+#pragma unroll
+      for (int k = 0; k < kPerT; ++k)
+        if (c0 + k * blockDim.x < n) xr[c0 + k * blockDim.x] = r[k] + v[k] * inv * g[k];
+    }
+  }
+  if (threadIdx.x == 0) *a.counter = 0u;
 }
 
 // One block per token; threads over the columns.
@@ -95,27 +223,106 @@ __global__ void embed_kernel(DevWeight e, const int32_t* ids, float scale, float
   for (int64_t c = threadIdx.x; c < e.cols; c += blockDim.x) out[i * e.cols + c] = dequant(e, id, c) * scale;
 }
 
+// 1 / sqrt(mean(x²) + eps) over x[dim], by the whole block (every thread gets it). Its barriers
+// order the block's reads of x before any write that follows. sh: 32 floats of shared memory.
+__device__ inline float inv_rms(const float* x, int dim, float eps, float* sh) {
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += x[i] * x[i];
+  ss = block_sum(ss, sh);
+  return 1.0f / sqrtf(ss / float(dim) + eps);
+}
+
 // One block per row.
 __global__ void rms_norm_kernel(const float* x, int dim, const float* w, float eps, float* y) {
   __shared__ float sh[32];
   const float* xr = x + int64_t(blockIdx.x) * dim;
   float* yr = y + int64_t(blockIdx.x) * dim;
-  float ss = 0.f;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
-  ss = block_sum(ss, sh);
-  const float inv = 1.0f / sqrtf(ss / float(dim) + eps);
+  const float inv = inv_rms(xr, dim, eps, sh);
   for (int i = threadIdx.x; i < dim; i += blockDim.x) {
     const float v = xr[i] * inv;
     yr[i] = w ? v * w[i] : v;
   }
 }
 
+// x[row] += rms_norm(o[row]) * w: one block per row (rms_norm_kernel's rounding, then the add).
+__global__ void norm_add_kernel(float* x, const float* o, int dim, const float* w, float eps) {
+  __shared__ float sh[32];
+  const float* orow = o + int64_t(blockIdx.x) * dim;
+  float* xr = x + int64_t(blockIdx.x) * dim;
+  const float inv = inv_rms(orow, dim, eps, sh);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) xr[i] = xr[i] + orow[i] * inv * w[i];
+}
+
+// One head of x [head_dim] in place, by the whole block: RMSNorm with weight w (none when w is
+// null), then half-split RoPE at position `pos` (pairs with inv_freq 0 are only normalized); the
+// result is also written to `copy` when set (a KV-cache slot). Same rounding as rms_norm_kernel
+// followed by rope_kernel. sh: 32 floats of shared memory.
+__device__ inline void norm_rope_head(float* v, int head_dim, const float* w, float eps, float pos,
+                                      const float* inv_freq, float* copy, float* sh) {
+  const int half = head_dim / 2;
+  const float inv = w ? inv_rms(v, head_dim, eps, sh) : 1.f;
+  for (int j = threadIdx.x; j < half; j += blockDim.x) {
+    float a = v[j], b = v[j + half];
+    if (w) {
+      a = a * inv * w[j];
+      b = b * inv * w[j + half];
+    }
+    if (inv_freq[j] != 0.f) {
+      float sn, cs;
+      sincosf(pos * inv_freq[j], &sn, &cs);
+      const float ra = a * cs - b * sn, rb = a * sn + b * cs;
+      a = ra;
+      b = rb;
+    }
+    v[j] = a;
+    v[j + half] = b;
+    if (copy) {
+      copy[j] = a;
+      copy[j + half] = b;
+    }
+  }
+}
+
+// Per-head RMSNorm (weight w) then RoPE, one block per (row, head).
+__global__ void norm_rope_kernel(float* x, int heads, int head_dim, const float* w, float eps, Dyn pos0,
+                                 const float* inv_freq, float position_scale) {
+  __shared__ float sh[32];
+  const int r = blockIdx.x / heads, h = blockIdx.x % heads;
+  const float pos = float(load(pos0) + r) * position_scale;
+  norm_rope_head(x + (int64_t(r) * heads + h) * head_dim, head_dim, w, eps, pos, inv_freq, nullptr, sh);
+}
+
+// A layer's attention inputs for one sequence in one launch (attn_prep): blocks (row, h) for
+// h < H norm and rope query head h; blocks (row, H + g) norm and rope key head g and write it,
+// with value head g (unweighted RMSNorm when v_norm), into the cache slot of the row's position.
+__global__ void attn_prep_kernel(AttnPrepArgs a) {
+  __shared__ float sh[32];
+  const int heads = a.H + a.Hk, r = blockIdx.x / heads, h = blockIdx.x % heads, D = a.head_dim;
+  const int p = load(a.pos0) + r;
+  const float pos = float(p) * a.position_scale;
+  if (h < a.H) {
+    norm_rope_head(a.q + (int64_t(r) * a.H + h) * D, D, a.q_norm_w, a.eps, pos, a.inv_freq, nullptr, sh);
+    return;
+  }
+  const int g = h - a.H;
+  const int64_t slot = a.window > 0 ? p % a.capacity : p;
+  const int64_t at = (slot * a.Hk + g) * D, row = (int64_t(r) * a.Hk + g) * D;
+  norm_rope_head(a.k + row, D, a.k_norm_w, a.eps, pos, a.inv_freq, a.kc + at, sh);
+  float* v = a.v + row;
+  const float inv = a.v_norm ? inv_rms(v, D, a.eps, sh) : 1.f;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    const float x = a.v_norm ? v[i] * inv : v[i];
+    v[i] = x;
+    a.vc[at + i] = x;
+  }
+}
+
 // One block per (row, head); threads over the rotating pairs (half-split layout).
-__global__ void rope_kernel(float* x, int heads, int head_dim, int pos0, const float* inv_freq,
+__global__ void rope_kernel(float* x, int heads, int head_dim, Dyn pos0, const float* inv_freq,
                             float position_scale) {
   const int r = blockIdx.x / heads, h = blockIdx.x % heads, half = head_dim / 2;
   float* v = x + (int64_t(r) * heads + h) * head_dim;
-  const float pos = float(pos0 + r) * position_scale;
+  const float pos = float(load(pos0) + r) * position_scale;
   for (int j = threadIdx.x; j < half; j += blockDim.x) {
     if (inv_freq[j] == 0.f) continue;
     float s, c;
@@ -127,9 +334,9 @@ __global__ void rope_kernel(float* x, int heads, int head_dim, int pos0, const f
 }
 
 // One block per new token; copies its K and V rows into their slots.
-__global__ void kv_write_kernel(const float* k, const float* v, int row0, int pos0, int row_len,
+__global__ void kv_write_kernel(const float* k, const float* v, int row0, Dyn pos0, int row_len,
                                 int capacity, int window, float* kc, float* vc) {
-  const int t = blockIdx.x, pos = pos0 + t;
+  const int t = blockIdx.x, pos = load(pos0) + t;
   const int64_t slot = window > 0 ? pos % capacity : pos;
   for (int i = threadIdx.x; i < row_len; i += blockDim.x) {
     kc[slot * row_len + i] = k[int64_t(row0 + t) * row_len + i];
@@ -137,72 +344,209 @@ __global__ void kv_write_kernel(const float* k, const float* v, int row0, int po
   }
 }
 
-// One block per (query row, head) of one sequence: scores over the visible positions into
-// scratch (one row of max_pos floats per block), softmax, then the weighted sum of V.
-__global__ void attention_kernel(const float* q, int H, AttnArgs a, float scale, float* scratch,
-                                 int max_pos, float* out) {
-  __shared__ float sh[32];
-  const int t = blockIdx.x / H, h = blockIdx.x % H;
-  const int pos = a.pos0 + t, D = a.head_dim, g = h / (H / a.n_kv_heads);
+// Flash-decoding attention. Grid (a.n * H, splits), kAttnWarps warps per block: block (row t,
+// head h, split) takes its share of the visible positions; warp w of it every kAttnWarps-th
+// position; lane l holds dims l, l + 32, ... (kPer of them, coalesced loads). Each warp keeps an
+// online softmax (running max m, sum l, weighted V sum); the warps merge through shared memory.
+// One split writes the normalized output; several write (acc[D], m, l) partials, and the last
+// block of each (row, head) to finish merges them.
+constexpr int kAttnWarps = 4;
+template <int kPer>
+__global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const float* q, int H, AttnArgs a, float scale,
+                                                                       float* partial, unsigned* counters, float* out) {
+  __shared__ float sh_m[kAttnWarps], sh_l[kAttnWarps];
+  __shared__ float sh_acc[kAttnWarps][kPer * kWarp];
+  const int t = blockIdx.x / H, h = blockIdx.x % H, split = blockIdx.y, S = gridDim.y;
+  const int pos = load(a.pos0) + t, D = a.head_dim, g = h / (H / a.n_kv_heads);
   const int first = a.window > 0 ? max(0, pos - a.window + 1) : 0;
-  const int n = pos - first + 1;
+  const int n = pos - first + 1, per = (n + S - 1) / S;
+  const int j0 = split * per, j1 = min(n, j0 + per);
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t row = int64_t(a.n_kv_heads) * D;
   const float* qh = q + (int64_t(a.row0 + t) * H + h) * D;
-  float* sc = scratch + int64_t(blockIdx.x) * max_pos;
-  float mx = -INFINITY;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) {
-    const int p = first + j;
-    const int64_t slot = a.window > 0 ? p % a.capacity : p;
-    const float* kr = a.k + slot * row + int64_t(g) * D;
-    float s = 0.f;
-    for (int i = 0; i < D; ++i) s += qh[i] * kr[i];
-    s *= scale;
-    sc[j] = s;
-    mx = fmaxf(mx, s);
+  float qv[kPer], acc[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int d = lane + kWarp * i;
+    qv[i] = d < D ? qh[d] : 0.f;
+    acc[i] = 0.f;
   }
-  mx = block_max(mx, sh);
-  float sum = 0.f;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) {
-    const float e = expf(sc[j] - mx);
-    sc[j] = e;
-    sum += e;
-  }
-  sum = block_sum(sum, sh);  // its barriers also order the sc writes before the reads below
-  const float inv = 1.f / sum;
-  float* o = out + (int64_t(a.row0 + t) * H + h) * D;
-  for (int i = threadIdx.x; i < D; i += blockDim.x) {
-    float acc = 0.f;
-    for (int j = 0; j < n; ++j) {
-      const int p = first + j;
-      const int64_t slot = a.window > 0 ? p % a.capacity : p;
-      acc += sc[j] * inv * a.v[slot * row + int64_t(g) * D + i];
+  // kBatch positions per warp and iteration: their K and V rows are loaded into registers first,
+  // so every load of the iteration is in flight at once (one memory latency per iteration).
+  constexpr int kBatch = kPer <= 8 ? 4 : 2;
+  float m = -INFINITY, l = 0.f;
+  for (int j = j0 + warp; j < j1; j += kAttnWarps * kBatch) {
+    float kk[kBatch][kPer], vv[kBatch][kPer];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int jj = min(j + b * kAttnWarps, j1 - 1);  // past the end: a valid row, masked below
+      const int p = first + jj;
+      const int slot = a.window > 0 ? p % a.capacity : p;
+      const float* kr = a.k + int64_t(slot) * row + int64_t(g) * D;
+      const float* vr = a.v + int64_t(slot) * row + int64_t(g) * D;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int d = lane + kWarp * i;
+        kk[b][i] = d < D ? kr[d] : 0.f;
+        vv[b][i] = d < D ? vr[d] : 0.f;
+      }
     }
-    o[i] = acc;
+    float sc[kBatch], mn = m;
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      float d = 0.f;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) d += qv[i] * kk[b][i];
+      sc[b] = d;
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      sc[b] = j + b * kAttnWarps < j1 ? warp_sum(sc[b]) * scale : -INFINITY;
+      mn = fmaxf(mn, sc[b]);
+    }
+    const float c = expf(m - mn);
+    l *= c;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) acc[i] *= c;
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const float e = expf(sc[b] - mn);  // 0 for masked positions
+      l += e;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) acc[i] += e * vv[b][i];
+    }
+    m = mn;
+  }
+  if (lane == 0) {
+    sh_m[warp] = m;
+    sh_l[warp] = l;
+  }
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) sh_acc[warp][lane + kWarp * i] = acc[i];
+  __syncthreads();
+  float M = -INFINITY;
+  for (int w = 0; w < kAttnWarps; ++w) M = fmaxf(M, sh_m[w]);
+  float f[kAttnWarps], L = 0.f;
+  for (int w = 0; w < kAttnWarps; ++w) {
+    f[w] = sh_m[w] == -INFINITY ? 0.f : expf(sh_m[w] - M);
+    L += sh_l[w] * f[w];
+  }
+  const int64_t rh = int64_t(a.row0 + t) * H + h;
+  if (S == 1) {
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+      float v = 0.f;
+      for (int w = 0; w < kAttnWarps; ++w) v += sh_acc[w][d] * f[w];
+      out[rh * D + d] = v / L;
+    }
+    return;
+  }
+  float* pp = partial + ((int64_t(blockIdx.x) * S) + split) * (D + 2);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float v = 0.f;
+    for (int w = 0; w < kAttnWarps; ++w) v += sh_acc[w][d] * f[w];
+    pp[d] = v;
+  }
+  if (threadIdx.x == 0) {
+    pp[D] = M;
+    pp[D + 1] = L;
+  }
+  // The last split block of this (row, head) to finish merges all partials (no second launch):
+  // publish this block's partial, count it, and let the block that completes the count merge.
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&counters[blockIdx.x], 1u) == unsigned(S - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // Each split's weight exp(m_s - M) / L, from the headers read in parallel (one thread each).
+  const float* p0 = partial + int64_t(blockIdx.x) * S * (D + 2);
+  __shared__ float sh_ms[32], sh_ls[32];
+  if (threadIdx.x < S) {
+    sh_ms[threadIdx.x] = __ldcg(p0 + threadIdx.x * (D + 2) + D);
+    sh_ls[threadIdx.x] = __ldcg(p0 + threadIdx.x * (D + 2) + D + 1);
+  }
+  __syncthreads();
+  float Mg = -INFINITY;
+  for (int sp = 0; sp < S; ++sp) Mg = fmaxf(Mg, sh_ms[sp]);
+  float Lg = 0.f;
+  for (int sp = 0; sp < S; ++sp)
+    if (sh_ms[sp] != -INFINITY) Lg += sh_ls[sp] * expf(sh_ms[sp] - Mg);
+  __syncthreads();
+  if (threadIdx.x < S) sh_ls[threadIdx.x] = sh_ms[threadIdx.x] == -INFINITY ? 0.f : expf(sh_ms[threadIdx.x] - Mg) / Lg;
+  __syncthreads();
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float v = 0.f;
+#pragma unroll 8
+    for (int sp = 0; sp < S; ++sp) v += __ldcg(p0 + sp * (D + 2) + d) * sh_ls[sp];
+    out[rh * D + d] = v;
+  }
+  if (threadIdx.x == 0) counters[blockIdx.x] = 0u;  // ready for the next launch (graph replays too)
+}
+
+// First index of each row's largest non-NaN value. Grid (kArgmaxBlocks, rows): each block scans a
+// strided share of its row (a thread's own earliest index wins its ties), reduces (value, index)
+// over the block, and folds it into the row's slot with one 64-bit atomicMax of an order-keeping
+// key (value bits made monotonic, high; ~index, low: equal values keep the lower index). The last
+// block of the row writes the index and clears the slot and the counter for the next launch.
+constexpr int kArgmaxBlocks = 64;
+__device__ inline void argmax_merge(float& v, int& i, float v2, int i2) {
+  if (i2 >= 0 && (i < 0 || v2 > v || (v2 == v && i2 < i))) {
+    v = v2;
+    i = i2;
+  }
+}
+__global__ void argmax_kernel(const float* x, int n, unsigned long long* slots, unsigned* counters, int32_t* out) {
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  __shared__ bool last;
+  const int rowi = blockIdx.y;
+  const float* row = x + int64_t(rowi) * n;
+  float v = -INFINITY;
+  int idx = -1;
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
+    const float e = row[j];
+    if (!isnan(e) && (idx < 0 || e > v)) {
+      v = e;
+      idx = j;
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) argmax_merge(v, idx, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, idx, o));
+  const int w = threadIdx.x / kWarp, l = threadIdx.x % kWarp, nw = blockDim.x / kWarp;
+  if (l == 0) {
+    sv[w] = v;
+    si[w] = idx;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int k = 1; k < nw; ++k) argmax_merge(v, idx, sv[k], si[k]);
+    if (idx >= 0) {
+      const unsigned bits = __float_as_uint(v);
+      const unsigned key = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+      atomicMax(slots + rowi, (static_cast<unsigned long long>(key) << 32) | unsigned(~unsigned(idx)));
+    }
+    __threadfence();
+    last = atomicAdd(counters + rowi, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (last && threadIdx.x == 0) {
+    const unsigned long long k = atomicExch(slots + rowi, 0ull);
+    out[rowi] = k == 0ull ? 0 : int32_t(~unsigned(k & 0xffffffffull));
+    counters[rowi] = 0u;
   }
 }
 
 __global__ void gelu_mul_kernel(const float* gate, const float* up, int64_t n, float* out) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const float x = gate[i];
-  const float c = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-  out[i] = 0.5f * x * (1.f + tanhf(c)) * up[i];
+  out[i] = gelu_tanh_mul(gate[i], up[i]);
 }
 
 __global__ void gelu_mul_ggml_kernel(const float* gate, const float* up, int64_t n, const uint16_t* table,
                                      float* out) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const float x = gate[i];
-  if (x <= -10.f) {
-    out[i] = 0.f;
-  } else if (x >= 10.f) {
-    out[i] = x * up[i];
-  } else {
-    const __half h = __float2half_rn(x);
-    const __half gv = __ushort_as_half(table[__half_as_ushort(h)]);
-    out[i] = __half2float(gv) * up[i];
-  }
+  out[i] = gelu_ggml_mul(gate[i], up[i], table);
 }
 
 __global__ void add_kernel(const float* a, const float* b, int64_t n, float* y) {
@@ -231,66 +575,248 @@ inline unsigned blocks_for(int64_t n, int per) { return unsigned((n + per - 1) /
 }  // namespace
 
 namespace {
-template <bool kUnits>
-void matmul_launch(const float* x, int M, const DevWeight& w, float* y) {
-  constexpr int kWarpsPerBlock = 8;
-  const unsigned grid = blocks_for(w.rows, kWarpsPerBlock);
-  for (int m0 = 0; m0 < M; m0 += kMaxM) {
-    const int mm = M - m0 < kMaxM ? M - m0 : kMaxM;
-    // y rows m0.. hold [mm, rows]: the kernel writes y[m * rows + r] from x[m * cols + c].
-    const float* xm = x + int64_t(m0) * w.cols;
-    float* ym = y + int64_t(m0) * w.rows;
-    matmul_kernel<kUnits><<<grid, kWarpsPerBlock * kWarp>>>(xm, mm, w, ym);
+// Element c of a row of format F (compile-time; Q8_0 written out, the others through dequant_at).
+template <WFormat F>
+__device__ inline float dequant_elem(const uint8_t* row, const DevWeight& w, int64_t r, int64_t c) {
+  if constexpr (F == WFormat::GgufQ8_0) {
+    const uint8_t* b = row + (c >> 5) * 34;
+    return ld_half(b) * float(int8_t(b[2 + (c & 31)]));
+  } else {
+    return dequant_at(row, w, r, c);
   }
+}
+
+// y[r] = x · w[r] for one activation row and a tall matrix (the LM head): a warp per row, lane l
+// on columns l, l + 32, ... (a 32-value unit's bytes in one coalesced load per step), four steps
+// in flight; no staging, few registers, so many warps hide the memory latency.
+constexpr int kLanesMinRows = 32768;
+template <WFormat F>
+__global__ void __launch_bounds__(kMatWarps * kWarp) gemv_lanes_kernel(const float* x, DevWeight w, float* y) {
+  const int64_t r = int64_t(blockIdx.x) * kMatWarps + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (r >= w.rows) return;
+  const uint8_t* row = w.data + r * w.row_bytes;
+  float acc = 0.f;
+  if constexpr (F == WFormat::GgufQ8_0) {
+    // Four columns per lane and step (a warp covers four 34-byte blocks): the block scale and two
+    // 16-bit loads of quants (blocks are 2-byte aligned) against one float4 of x. Six steps per
+    // iteration (768 columns: a whole 640-wide row) put all of a row's loads in flight at once.
+    constexpr int kSteps = 6;
+    for (int64_t c0 = 4 * lane; c0 < w.cols; c0 += kSteps * 4 * kWarp) {
+#pragma unroll
+      for (int k = 0; k < kSteps; ++k) {
+        const int64_t c = c0 + k * 4 * kWarp;
+        if (c < w.cols) {
+          const uint8_t* b = row + (c >> 5) * 34;
+          const int j = int(c & 31);
+          const float d = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(b)));
+          const unsigned q01 = *reinterpret_cast<const unsigned short*>(b + 2 + j);
+          const unsigned q23 = *reinterpret_cast<const unsigned short*>(b + 4 + j);
+          const float4 xv = *reinterpret_cast<const float4*>(x + c);
+          acc += d * (xv.x * float(int8_t(q01 & 0xffu)) + xv.y * float(int8_t(q01 >> 8)) +
+                      xv.z * float(int8_t(q23 & 0xffu)) + xv.w * float(int8_t(q23 >> 8)));
+        }
+      }
+    }
+  } else {
+    for (int64_t c0 = lane; c0 < w.cols; c0 += 4 * kWarp) {
+      float xv[4], wv[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int64_t c = c0 + k * kWarp;
+        xv[k] = c < w.cols ? x[c] : 0.f;
+        wv[k] = c < w.cols ? dequant_elem<F>(row, w, r, c) : 0.f;
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k) acc += xv[k] * wv[k];
+    }
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) y[r] = acc;
+}
+
+// Shared memory for a launch: staged weight rows (when `staged`) then the normed input.
+size_t matmul_smem(const MatArgs& a, int act, bool staged, int M) {
+  size_t n = 0;
+  if (staged) {
+    size_t rb = 0;
+    for (int i = 0; i < a.n; ++i) rb = rb > size_t(a.w[i].row_bytes) ? rb : size_t(a.w[i].row_bytes);
+    n += size_t(kMatWarps) * rb * (act != kPlain ? 2 : 1);
+  }
+  if (a.norm_w) n += size_t(M) * size_t(a.w[0].cols) * 4;
+  return n;
+}
+
+template <WFormat F, bool kUnits, int kAct>
+void matmul_launch(cudaStream_t s, MatArgs a, int M) {
+  unsigned blocks = 0;
+  bool aligned = true;
+  for (int i = 0; i < a.n; ++i) {
+    a.first[i] = blocks;
+    blocks += blocks_for(a.w[i].rows, kMatWarps);
+    aligned = aligned && a.w[i].row_bytes % 2 == 0 && reinterpret_cast<uintptr_t>(a.w[i].data) % 16 == 0;
+  }
+  a.first[a.n] = blocks;
+  if (kAct != kPlain) aligned = aligned && a.w2.row_bytes % 2 == 0 && reinterpret_cast<uintptr_t>(a.w2.data) % 16 == 0;
+  // Staging needs 16-byte aligned block chunks (even row sizes; cudaMalloc'd bases) that fit the
+  // default 48 KiB of shared memory beside the normed input.
+  const int m_launch = M < kMaxM ? M : kMaxM;
+  const bool staged = kUnits && aligned && matmul_smem(a, kAct, true, m_launch) <= 48 * 1024;
+  const size_t smem = matmul_smem(a, kAct, staged, m_launch);
+  const float* x = a.x;
+  float* y[3] = {a.y[0], a.y[1], a.y[2]};
+  float* resid = a.resid;
+  for (int m0 = 0; m0 < M; m0 += kMaxM) {
+    a.M = M - m0 < kMaxM ? M - m0 : kMaxM;
+    // y[i] rows m0.. hold [a.M, rows]: the kernel writes y[m * rows + r] from x[m * cols + c].
+    a.x = x + int64_t(m0) * a.w[0].cols;
+    for (int i = 0; i < a.n; ++i) a.y[i] = y[i] + int64_t(m0) * a.w[i].rows;
+    if (resid) a.resid = resid + int64_t(m0) * a.w[0].rows;
+    const dim3 grid(blocks), block(kMatWarps * kWarp);
+    if constexpr (!kUnits) {
+      matmul_kernel<F, false, kAct, false, kMaxM><<<grid, block, smem, s>>>(a);
+    } else if (a.M == 1) {
+      if (staged) matmul_kernel<F, true, kAct, true, 1><<<grid, block, smem, s>>>(a);
+      else matmul_kernel<F, true, kAct, false, 1><<<grid, block, smem, s>>>(a);
+    } else {
+      if (staged) matmul_kernel<F, true, kAct, true, kMaxM><<<grid, block, smem, s>>>(a);
+      else matmul_kernel<F, true, kAct, false, kMaxM><<<grid, block, smem, s>>>(a);
+    }
+  }
+}
+
+template <WFormat F, int kAct>
+void matmul_fmt(cudaStream_t s, const MatArgs& a, int M) {
+  if constexpr (kAct == kPlain) {
+    if (M == 1 && a.n == 1 && !a.norm_w && !a.resid && a.w[0].rows >= kLanesMinRows) {
+      gemv_lanes_kernel<F><<<blocks_for(a.w[0].rows, kMatWarps), kMatWarps * kWarp, 0, s>>>(a.x, a.w[0], a.y[0]);
+      return;
+    }
+  }
+  if (a.w[0].cols % 32 == 0) matmul_launch<F, true, kAct>(s, a, M);
+  else matmul_launch<F, false, kAct>(s, a, M);
+}
+
+template <int kAct>
+void matmul_any(cudaStream_t s, const MatArgs& a, int M) {
+  switch (a.w[0].fmt) {
+    case WFormat::F32: return matmul_fmt<WFormat::F32, kAct>(s, a, M);
+    case WFormat::F16: return matmul_fmt<WFormat::F16, kAct>(s, a, M);
+    case WFormat::BF16: return matmul_fmt<WFormat::BF16, kAct>(s, a, M);
+    case WFormat::MlxAffine: return matmul_fmt<WFormat::MlxAffine, kAct>(s, a, M);
+    case WFormat::GgufQ4_0: return matmul_fmt<WFormat::GgufQ4_0, kAct>(s, a, M);
+    case WFormat::GgufQ5_0: return matmul_fmt<WFormat::GgufQ5_0, kAct>(s, a, M);
+    case WFormat::GgufQ8_0: return matmul_fmt<WFormat::GgufQ8_0, kAct>(s, a, M);
+    case WFormat::GgufQ4_K: return matmul_fmt<WFormat::GgufQ4_K, kAct>(s, a, M);
+    case WFormat::GgufQ5_K: return matmul_fmt<WFormat::GgufQ5_K, kAct>(s, a, M);
+    case WFormat::GgufQ6_K: return matmul_fmt<WFormat::GgufQ6_K, kAct>(s, a, M);
+  }
+}
+
+template <int kPer>
+void attention_launch(cudaStream_t s, const float* q, int H, const AttnArgs& a, float scale, int splits,
+                      float* partial, unsigned* counters, float* out) {
+  attention_kernel<kPer><<<dim3(unsigned(a.n * H), unsigned(splits)), kAttnWarps * kWarp, 0, s>>>(
+      q, H, a, scale, partial, counters, out);
 }
 }  // namespace
 
-void matmul(const float* x, int M, const DevWeight& w, float* y) {
-  if (w.cols % 32 == 0) matmul_launch<true>(x, M, w, y);
-  else matmul_launch<false>(x, M, w, y);
+void matmul(cudaStream_t s, const float* x, int M, const DevWeight& w, float* y) {
+  MatArgs a{};
+  a.x = x;
+  a.n = 1;
+  a.w[0] = w;
+  a.y[0] = y;
+  a.w2 = w;
+  matmul_any<kPlain>(s, a, M);
 }
 
-void embed(const DevWeight& e, const int32_t* ids, int n, float scale, float* out) {
-  if (n > 0) embed_kernel<<<n, 256>>>(e, ids, scale, out);
+void matmuls(cudaStream_t s, MatArgs a, int M) {
+  a.w2 = a.w[0];
+  matmul_any<kPlain>(s, a, M);
 }
 
-void rms_norm(const float* x, int rows, int dim, const float* w, float eps, float* y) {
-  if (rows > 0) rms_norm_kernel<<<rows, 256>>>(x, dim, w, eps, y);
+void gate_up_gelu(cudaStream_t s, MatArgs a, int M) {
+  a.n = 1;
+  if (a.table) matmul_any<kGeluGgml>(s, a, M);
+  else matmul_any<kGelu>(s, a, M);
 }
 
-void rope(float* x, int rows, int heads, int head_dim, int pos0, const float* inv_freq, float position_scale) {
-  if (rows > 0) rope_kernel<<<rows * heads, 128>>>(x, heads, head_dim, pos0, inv_freq, position_scale);
+size_t matmul_norm_smem(int M, int64_t cols) { return size_t(M < kMaxM ? M : kMaxM) * size_t(cols) * 4; }
+
+void embed(cudaStream_t s, const DevWeight& e, const int32_t* ids, int n, float scale, float* out) {
+  if (n > 0) embed_kernel<<<n, 256, 0, s>>>(e, ids, scale, out);
 }
 
-void kv_write(const float* k, const float* v, int row0, int n, int pos0, int row_len, int capacity, int window,
-              float* kc, float* vc) {
-  if (n > 0) kv_write_kernel<<<n, 256>>>(k, v, row0, pos0, row_len, capacity, window, kc, vc);
+void rms_norm(cudaStream_t s, const float* x, int rows, int dim, const float* w, float eps, float* y) {
+  if (rows > 0) rms_norm_kernel<<<rows, 256, 0, s>>>(x, dim, w, eps, y);
 }
 
-void attention(const float* q, int H, const AttnArgs& a, float scale, float* scratch, int max_pos, float* out) {
-  if (a.n > 0) attention_kernel<<<a.n * H, 256>>>(q, H, a, scale, scratch, max_pos, out);
+void norm_add(cudaStream_t s, float* x, const float* o, int rows, int dim, const float* w, float eps) {
+  if (rows > 0) norm_add_kernel<<<rows, 256, 0, s>>>(x, o, dim, w, eps);
 }
 
-void gelu_mul(const float* gate, const float* up, size_t n, float* out) {
-  if (n) gelu_mul_kernel<<<blocks_for(int64_t(n), 256), 256>>>(gate, up, int64_t(n), out);
+void attn_prep(cudaStream_t s, const AttnPrepArgs& a, int rows) {
+  if (rows > 0) attn_prep_kernel<<<rows * (a.H + a.Hk), 128, 0, s>>>(a);
 }
-void gelu_mul_ggml(const float* gate, const float* up, size_t n, const uint16_t* table, float* out) {
-  if (n) gelu_mul_ggml_kernel<<<blocks_for(int64_t(n), 256), 256>>>(gate, up, int64_t(n), table, out);
+
+void norm_rope(cudaStream_t s, float* x, int rows, int heads, int head_dim, const float* w, float eps, Dyn pos0,
+               const float* inv_freq, float position_scale) {
+  if (rows > 0)
+    norm_rope_kernel<<<rows * heads, 128, 0, s>>>(x, heads, head_dim, w, eps, pos0, inv_freq, position_scale);
 }
-void add(const float* a, const float* b, size_t n, float* y) {
-  if (n) add_kernel<<<blocks_for(int64_t(n), 256), 256>>>(a, b, int64_t(n), y);
+
+void rope(cudaStream_t s, float* x, int rows, int heads, int head_dim, Dyn pos0, const float* inv_freq,
+          float position_scale) {
+  if (rows > 0) rope_kernel<<<rows * heads, 128, 0, s>>>(x, heads, head_dim, pos0, inv_freq, position_scale);
 }
-void scale(const float* a, float s, size_t n, float* y) {
-  if (n) scale_kernel<<<blocks_for(int64_t(n), 256), 256>>>(a, s, int64_t(n), y);
+
+void kv_write(cudaStream_t s, const float* k, const float* v, int row0, int n, Dyn pos0, int row_len, int capacity,
+              int window, float* kc, float* vc) {
+  if (n > 0) kv_write_kernel<<<n, 256, 0, s>>>(k, v, row0, pos0, row_len, capacity, window, kc, vc);
 }
-void softcap(float* x, size_t n, float cap) {
-  if (n) softcap_kernel<<<blocks_for(int64_t(n), 256), 256>>>(x, int64_t(n), cap);
+
+int attention_splits(int n, int H, int max_visible) {
+  if (n * H >= 128) return 1;  // enough blocks already
+  const int s = (max_visible + 31) / 32;
+  return s < 1 ? 1 : (s > 32 ? 32 : s);
 }
-void gather_rows(const float* src, const int32_t* idx, int n, int dim, float* dst) {
-  if (n > 0) gather_rows_kernel<<<n, 256>>>(src, idx, dim, dst);
+
+void attention(cudaStream_t s, const float* q, int H, const AttnArgs& a, float scale, int splits, float* partial,
+               unsigned* counters, float* out) {
+  if (a.n <= 0) return;
+  const int per = (a.head_dim + kWarp - 1) / kWarp;  // dims per lane
+  if (per <= 1) attention_launch<1>(s, q, H, a, scale, splits, partial, counters, out);
+  else if (per <= 2) attention_launch<2>(s, q, H, a, scale, splits, partial, counters, out);
+  else if (per <= 4) attention_launch<4>(s, q, H, a, scale, splits, partial, counters, out);
+  else if (per <= 8) attention_launch<8>(s, q, H, a, scale, splits, partial, counters, out);
+  else attention_launch<16>(s, q, H, a, scale, splits, partial, counters, out);  // head_dim <= 512 (spec)
 }
-void copy_cols(const float* src, int rows, int src_dim, int off, int n, float* dst) {
-  if (rows > 0) copy_cols_kernel<<<rows, 256>>>(src, src_dim, off, n, dst);
+
+void argmax(cudaStream_t s, const float* x, int rows, int n, unsigned long long* slots, unsigned* counters,
+            int32_t* out) {
+  if (rows > 0) argmax_kernel<<<dim3(kArgmaxBlocks, unsigned(rows)), 256, 0, s>>>(x, n, slots, counters, out);
+}
+void gelu_mul(cudaStream_t s, const float* gate, const float* up, size_t n, float* out) {
+  if (n) gelu_mul_kernel<<<blocks_for(int64_t(n), 256), 256, 0, s>>>(gate, up, int64_t(n), out);
+}
+void gelu_mul_ggml(cudaStream_t s, const float* gate, const float* up, size_t n, const uint16_t* table, float* out) {
+  if (n) gelu_mul_ggml_kernel<<<blocks_for(int64_t(n), 256), 256, 0, s>>>(gate, up, int64_t(n), table, out);
+}
+void add(cudaStream_t s, const float* a, const float* b, size_t n, float* y) {
+  if (n) add_kernel<<<blocks_for(int64_t(n), 256), 256, 0, s>>>(a, b, int64_t(n), y);
+}
+void scale(cudaStream_t s, const float* a, float f, size_t n, float* y) {
+  if (n) scale_kernel<<<blocks_for(int64_t(n), 256), 256, 0, s>>>(a, f, int64_t(n), y);
+}
+void softcap(cudaStream_t s, float* x, size_t n, float cap) {
+  if (n) softcap_kernel<<<blocks_for(int64_t(n), 256), 256, 0, s>>>(x, int64_t(n), cap);
+}
+void gather_rows(cudaStream_t s, const float* src, const int32_t* idx, int n, int dim, float* dst) {
+  if (n > 0) gather_rows_kernel<<<n, 256, 0, s>>>(src, idx, dim, dst);
+}
+void copy_cols(cudaStream_t s, const float* src, int rows, int src_dim, int off, int n, float* dst) {
+  if (rows > 0) copy_cols_kernel<<<rows, 256, 0, s>>>(src, src_dim, off, n, dst);
 }
 
 }  // namespace g4::cuda

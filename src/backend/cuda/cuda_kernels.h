@@ -1,6 +1,8 @@
 // Launchers of the CUDA backend's kernels (cuda_kernels.cu). Every pointer is device memory and
-// every shape is as in backend/backend.h; all launches go to the default stream, in order.
+// every shape is as in backend/backend.h; each launch goes to the given stream, in order.
 #pragma once
+#include <cuda_runtime.h>
+
 #include <cstddef>
 #include <cstdint>
 
@@ -8,9 +10,20 @@
 
 namespace g4::cuda {
 
+// A per-step scalar (a position): kernels read *ptr when it is set (a recorded step, whose graph
+// replays with new values, cuda_step.h), else value.
+struct Dyn {
+  int value;
+  const int32_t* ptr;
+};
+#ifdef __CUDACC__
+__device__ inline int load(const Dyn& d) { return d.ptr ? *d.ptr : d.value; }
+#endif
+
 // One sequence's attention arguments (AttnSeq with device K/V pointers).
 struct AttnArgs {
-  int row0, n, pos0;
+  int row0, n;
+  Dyn pos0;
   const float* k;
   const float* v;
   int capacity, n_kv_heads, head_dim, window;
@@ -18,20 +31,84 @@ struct AttnArgs {
 
 // y[M, w.rows] = x[M, w.cols] · Wᵀ: 32-value units per lane when w.cols % 32 == 0, else one
 // element at a time (tests compare both with the reference backend).
-void matmul(const float* x, int M, const DevWeight& w, float* y);
-void embed(const DevWeight& e, const int32_t* ids, int n, float scale, float* out);
-void rms_norm(const float* x, int rows, int dim, const float* w, float eps, float* y);
-void rope(float* x, int rows, int heads, int head_dim, int pos0, const float* inv_freq, float position_scale);
-void kv_write(const float* k, const float* v, int row0, int n, int pos0, int row_len, int capacity, int window,
-              float* kc, float* vc);
-// scratch: at least a.n * H * max_pos floats, max_pos >= the number of visible positions.
-void attention(const float* q, int H, const AttnArgs& a, float scale, float* scratch, int max_pos, float* out);
-void gelu_mul(const float* gate, const float* up, size_t n, float* out);
-void gelu_mul_ggml(const float* gate, const float* up, size_t n, const uint16_t* table, float* out);
-void add(const float* a, const float* b, size_t n, float* y);
-void scale(const float* a, float s, size_t n, float* y);
-void softcap(float* x, size_t n, float cap);
-void gather_rows(const float* src, const int32_t* idx, int n, int dim, float* dst);
-void copy_cols(const float* src, int rows, int src_dim, int off, int n, float* dst);
+void matmul(cudaStream_t s, const float* x, int M, const DevWeight& w, float* y);
+// A matmul launch's arguments: y[i][M, w[i].rows] = xn · w[i]ᵀ for i < n (1..3 weights of one
+// format and width), xn = x, or x RMS-normalized with norm_w when that is set. M, first: set by
+// the launchers.
+struct MatArgs {
+  const float* x;
+  int M;
+  int n;
+  DevWeight w[3];
+  float* y[3];
+  unsigned first[4];
+  DevWeight w2;            // gate_up_gelu: the up weight (same format and shape as w[0])
+  const uint16_t* table;   // gate_up_gelu: ggml's gelu table, or null for MLX's tanh form
+  const float* norm_w;     // null: x is used as is
+  float eps;
+  // matmul_norm_add: resid[M, w[0].rows] += rms_norm(y[0])·post_w once every block is done (the
+  // last block to finish does it; counter: a zero that the kernel leaves zero). null: no epilogue.
+  float* resid;
+  const float* post_w;
+  float post_eps;
+  unsigned* counter;
+};
+// The shared memory a normed input of M rows (at most 8 per launch) takes; launches whose norm
+// does not fit 48 KiB must norm separately.
+size_t matmul_norm_smem(int M, int64_t cols);
+// y[i] = norm(x) · w[i]ᵀ for a.n weights of one format and width, one launch per 8 rows of x;
+// with a.resid, then the post-norm and residual add of y[0] (a.n == 1).
+void matmuls(cudaStream_t s, MatArgs a, int M);
+// a.y[0][M, w[0].rows] = gelu(xn·w[0]ᵀ) * (xn·w2ᵀ) in one launch (gelu through a.table when set,
+// else MLX's tanh form), xn = norm(x) as in matmuls.
+void gate_up_gelu(cudaStream_t s, MatArgs a, int M);
+void embed(cudaStream_t s, const DevWeight& e, const int32_t* ids, int n, float scale, float* out);
+void rms_norm(cudaStream_t s, const float* x, int rows, int dim, const float* w, float eps, float* y);
+// x[rows, dim] += rms_norm(o)·w.
+void norm_add(cudaStream_t s, float* x, const float* o, int rows, int dim, const float* w, float eps);
+// Per-head rms_norm (weight w) then rope of rows at positions pos0.. (one sequence).
+void norm_rope(cudaStream_t s, float* x, int rows, int heads, int head_dim, const float* w, float eps, Dyn pos0,
+               const float* inv_freq, float position_scale);
+// One sequence's attention inputs (Backend::attn_prep): q [rows, H, D] normed (q_norm_w, or none)
+// and roped in place; k [rows, Hk, D] likewise, then k and v (normed when v_norm) written into the
+// cache slots of positions pos0.. (kc/vc [capacity, Hk, D]; ring when window > 0). Hk == 0: q only.
+struct AttnPrepArgs {
+  float *q, *k, *v;
+  int H, Hk, head_dim;
+  const float* q_norm_w;
+  const float* k_norm_w;
+  bool v_norm;
+  float eps;
+  Dyn pos0;
+  const float* inv_freq;
+  float position_scale;
+  float *kc, *vc;
+  int capacity, window;
+};
+void attn_prep(cudaStream_t s, const AttnPrepArgs& a, int rows);
+void rope(cudaStream_t s, float* x, int rows, int heads, int head_dim, Dyn pos0, const float* inv_freq,
+          float position_scale);
+void kv_write(cudaStream_t s, const float* k, const float* v, int row0, int n, Dyn pos0, int row_len, int capacity,
+              int window, float* kc, float* vc);
+// Attention of a.n query rows (flash-decoding: online softmax, no score matrix). The visible
+// positions of each (row, head) are cut into `splits` ranges run by separate blocks; with
+// splits > 1, `partial` holds a.n * H * splits * (head_dim + 2) floats and `counters` a.n * H
+// zeros (the kernel leaves them zero again).
+void attention(cudaStream_t s, const float* q, int H, const AttnArgs& a, float scale, int splits, float* partial,
+               unsigned* counters, float* out);
+// The number of position ranges attention() should use for n rows of H heads when at most
+// max_visible positions are visible (a static bound, so a recorded step stays valid).
+int attention_splits(int n, int H, int max_visible);
+// out[r] = first index of the largest non-NaN value of row r of x [rows, n] (0 for an all-NaN row).
+// slots / counters: rows zeros each (the kernel leaves them zero).
+void argmax(cudaStream_t s, const float* x, int rows, int n, unsigned long long* slots, unsigned* counters,
+            int32_t* out);
+void gelu_mul(cudaStream_t s, const float* gate, const float* up, size_t n, float* out);
+void gelu_mul_ggml(cudaStream_t s, const float* gate, const float* up, size_t n, const uint16_t* table, float* out);
+void add(cudaStream_t s, const float* a, const float* b, size_t n, float* y);
+void scale(cudaStream_t s, const float* a, float f, size_t n, float* y);
+void softcap(cudaStream_t s, float* x, size_t n, float cap);
+void gather_rows(cudaStream_t s, const float* src, const int32_t* idx, int n, int dim, float* dst);
+void copy_cols(cudaStream_t s, const float* src, int rows, int src_dim, int off, int n, float* dst);
 
 }  // namespace g4::cuda

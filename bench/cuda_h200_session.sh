@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# One call's worth of CUDA work on the lent GPU machine (see /work/.library/device): checks, then
+# speed. Run from the repository root there, with the CUDA build's binaries in build-cuda/bin and,
+# carried beside the tree (all git-ignored): .devlibs (host libraries the binaries link: httplib,
+# ssl, brotli, z), .devfix (mlx-lm fixture folders from `make fixtures`), .whl (the gguf wheel).
+#
+#   bash bench/cuda_h200_session.sh [check] [bench] [profile] [hf] [llama]
+#
+# check:   tools/cuda_device_check.py (op tests + mlx-lm fixtures, greedy through recorded graphs)
+# bench:   gemma4 bench on a synthetic starter-geometry GGUF, CUDA graphs on and off (median of 5)
+# profile: device time per op kind (G4_CUDA_PROFILE=1)
+# hf:      bench/bench_cuda_vs_hf.py (transformers peer)
+# ablate:  device time per step with each op kind left out in turn (G4_CUDA_SKIP; timings only)
+# ncu:     per-kernel device time from Nsight Compute (where the machine's runtime allows it)
+# llama:   llama.cpp's llama-bench (CUDA build carried in .devllama) on the same GGUF. Made on the
+#          workstation (the CUDA toolkit compiles there; ~30 min on 2 cores) from the llama.cpp that
+#          the pinned llama-cpp-python sdist (requirements-peer.txt) vendors:
+#            cmake -S <sdist>/vendor/llama.cpp -B /tmp/llcuda -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+#              -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release
+#            cmake --build /tmp/llcuda --target llama-bench -j2
+#            strip /tmp/llcuda/bin/llama-bench && xz -c /tmp/llcuda/bin/llama-bench > .devllama/llama-bench.xz
+#            cp /lib/x86_64-linux-gnu/libgomp.so.1 .devllama/
+# Logs go to $OUT (or /tmp/out).
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=$PWD/.devlibs:${LD_LIBRARY_PATH:-}
+export PYTHONUNBUFFERED=1
+B=build-cuda/bin
+G=/tmp/synth.gguf
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader
+[ -f $G ] || python3 tools/make_synthetic_gguf.py $G --vocab >/dev/null || exit 1
+median_bench() {  # median decode / prefill of 5 processes; extra env as args
+  for i in 1 2 3 4 5; do env "$@" timeout -s KILL 120 $B/gemma4 bench --model $G --backend cuda --prompt-tokens 128 \
+    --gen-tokens 128 --repeat 2 2>/dev/null | tail -1; done | python3 -c '
+import json,sys,statistics as s
+r=[json.loads(l) for l in sys.stdin if l.startswith("{")]
+print("prefill %.1f decode %.1f tok/s (median of %d)" % (s.median(x["prefill_tok_s"] for x in r), s.median(x["decode_tok_s"] for x in r), len(r)))'
+}
+for step in "$@"; do
+  echo "=== $step"
+  case $step in
+    check) timeout -s KILL 300 python3 tools/cuda_device_check.py --bin $B --fixtures .devfix/* 2>&1 | tee $OUT/check.log | tail -15 ;;
+    bench)
+      echo "graphs on:  $(median_bench G4_CUDA_GRAPHS=1)"
+      echo "graphs off: $(median_bench G4_CUDA_GRAPHS=0)"
+      nvidia-smi dmon -s pc -c 6 > $OUT/dmon.log 2>&1 &
+      G4_CUDA_TIMING=1 timeout -s KILL 120 $B/gemma4 bench --model $G --backend cuda --prompt-tokens 128 \
+        --gen-tokens 2000 2>&1 | grep -E "cuda timing|decode"
+      wait; cat $OUT/dmon.log ;;
+    profile) G4_CUDA_PROFILE=1 timeout -s KILL 120 $B/gemma4 bench --model $G --backend cuda --prompt-tokens 128 \
+      --gen-tokens 128 2>&1 | tee $OUT/profile.log | head -40 ;;
+    ablate)
+      for skip in none big_matmul matmul matmul_norm_add attn_prep norm_matmuls gate_up_gelu attention norm_add embed \
+                  argmax; do
+        t=$(G4_CUDA_SKIP=$skip G4_CUDA_TIMING=1 timeout -s KILL 60 $B/gemma4 bench --model $G --backend cuda \
+          --prompt-tokens 128 --gen-tokens 300 2>&1 | grep -o "device time of the step's work [0-9.]* us")
+        echo "skip $skip: $t"
+      done ;;
+    ncu) timeout -s KILL 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv $B/gemma4 bench --model $G \
+      --backend cuda --prompt-tokens 64 --gen-tokens 8 > $OUT/ncu.csv 2>$OUT/ncu.err; tail -3 $OUT/ncu.err
+      python3 - $OUT/ncu.csv <<'PY'
+import csv, sys, collections, re
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+if len(rows) < 2: sys.exit("no ncu rows")
+h = rows[0]; K, G, V = h.index("Kernel Name"), h.index("Grid Size"), h.index("Metric Value")
+acc = collections.defaultdict(lambda: [0.0, 0])
+for r in rows[1:]:
+    name = re.sub(r"\(.*", "", r[K]).split("::")[-1][:60]
+    a = acc[(name, r[G])]; a[0] += float(r[V].replace(",", "")) / 1e3; a[1] += 1
+tot = sum(a[0] for a in acc.values())
+print(f"total {tot:.1f} us over {sum(a[1] for a in acc.values())} kernels")
+for (n, g), (us, c) in sorted(acc.items(), key=lambda kv: -kv[1][0])[:25]:
+    print(f"{us:9.1f} us {c:5d}x {us / c:8.2f} us  {n} grid {g}")
+PY
+      ;;
+    hf) timeout -s KILL 300 python3 bench/bench_cuda_vs_hf.py --bin $B/gemma4 --gguf $G --gen-tokens 128 2>&1 | tail -5 ;;
+    llama)  # .devllama: llama-bench.xz (a static CUDA build, sm_90) and libgomp.so.1
+      xz -d -c .devllama/llama-bench.xz > /tmp/llama-bench && chmod +x /tmp/llama-bench
+      CUDA_LIBS=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/lib 2>/dev/null | tr '\n' ':')
+      LD_LIBRARY_PATH=$PWD/.devllama:$CUDA_LIBS$LD_LIBRARY_PATH timeout -s KILL 300 /tmp/llama-bench -m $G -p 128 \
+        -n 128 -ngl 99 -fa 0,1 -r 5 -o md 2>&1 | tee $OUT/llama.log | tail -12 ;;
+  esac
+done

@@ -1,0 +1,135 @@
+// StepRecorder (cuda_step.h): logs a step's launches and replays them as CUDA graphs.
+#include "backend/cuda/cuda_step.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace g4::cuda {
+namespace {
+
+constexpr int kMaxDyn = 4096;                 // scalars per step
+constexpr size_t kStageBytes = size_t(1) << 20;  // staged from_host bytes per step
+constexpr size_t kMaxGraphs = 16;             // recorded graphs kept (least recently used dropped)
+constexpr size_t kMaxSeen = 4096;             // remembered one-off signatures before forgetting
+
+void check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  std::fprintf(stderr, "cuda_step: CUDA error in %s: %s\n", what, cudaGetErrorString(e));
+  std::abort();
+}
+
+}  // namespace
+
+StepRecorder::StepRecorder(cudaStream_t stream) : stream_(stream) {
+  const char* env = std::getenv("G4_CUDA_GRAPHS");  // "0": never record graphs (A/B measurements)
+  graphs_enabled_ = !(env && std::strcmp(env, "0") == 0);
+  check(cudaMallocHost(&dyn_host_, kMaxDyn * sizeof(int32_t)), "cudaMallocHost(scalars)");
+  check(cudaMalloc(&dyn_dev_, kMaxDyn * sizeof(int32_t)), "cudaMalloc(scalars)");
+  check(cudaMallocHost(&stage_, kStageBytes), "cudaMallocHost(staging)");
+}
+
+StepRecorder::~StepRecorder() {
+  cudaStreamSynchronize(stream_);
+  for (Graph& g : graphs_) cudaGraphExecDestroy(g.exec);
+  cudaFreeHost(dyn_host_);
+  cudaFree(dyn_dev_);
+  cudaFreeHost(stage_);
+}
+
+void StepRecorder::reset() {
+  ops_.clear();
+  sig_.clear();
+  n_dyn_ = 0;
+  stage_used_ = 0;
+}
+
+void StepRecorder::begin() {
+  if (active_) flush();
+  // The previous step's graph may still read the pinned scalars and staging: let it finish.
+  check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(begin step)");
+  reset();
+  active_ = true;
+}
+
+Dyn StepRecorder::dyn(int value) {
+  if (!active_) return Dyn{value, nullptr};
+  if (n_dyn_ == kMaxDyn) {
+    flush();
+    return Dyn{value, nullptr};
+  }
+  dyn_host_[n_dyn_] = value;
+  sig_.push_back(0xD1D1000000000000ull | uint64_t(n_dyn_));
+  return Dyn{value, dyn_dev_ + n_dyn_++};
+}
+
+bool StepRecorder::stage_copy(const void* src, size_t n, void* dst) {
+  if (!active_ || stage_used_ + n > kStageBytes) return false;
+  uint8_t* at = stage_ + stage_used_;
+  std::memcpy(at, src, n);
+  stage_used_ += (n + 15) & ~size_t(15);
+  sig({0x57A6E000ull, reinterpret_cast<uintptr_t>(dst), uint64_t(at - stage_), uint64_t(n)});
+  add([=](cudaStream_t s) { check(cudaMemcpyAsync(dst, at, n, cudaMemcpyHostToDevice, s), "staged copy"); });
+  return true;
+}
+
+void StepRecorder::run_direct() {
+  if (n_dyn_ > 0)
+    check(cudaMemcpyAsync(dyn_dev_, dyn_host_, size_t(n_dyn_) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+          "scalar copy");
+  for (auto& op : ops_) op(stream_);
+}
+
+void StepRecorder::flush() {
+  if (!active_) return;
+  active_ = false;
+  run_direct();
+  ++counts_.direct;
+  reset();
+}
+
+uint64_t StepRecorder::hash() const {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
+  for (uint64_t w : sig_) h = (h ^ w) * 1099511628211ull;
+  return h ^ uint64_t(n_dyn_);
+}
+
+void StepRecorder::end() {
+  if (!active_) return;
+  active_ = false;
+  for (auto it = graphs_.begin(); it != graphs_.end(); ++it) {
+    if (it->sig != sig_) continue;
+    graphs_.splice(graphs_.begin(), graphs_, it);
+    check(cudaGraphLaunch(graphs_.front().exec, stream_), "cudaGraphLaunch");
+    ++counts_.replayed;
+    reset();
+    return;
+  }
+  const uint64_t h = hash();
+  if (seen_.size() > kMaxSeen) seen_.clear();
+  if (!graphs_enabled_ || ++seen_[h] < 2) {  // first sighting: a step that may never come again runs directly
+    run_direct();
+    ++counts_.direct;
+    reset();
+    return;
+  }
+  cudaGraph_t g = nullptr;
+  check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  run_direct();
+  check(cudaStreamEndCapture(stream_, &g), "cudaStreamEndCapture");
+  Graph rec;
+  rec.sig = sig_;
+  check(cudaGraphInstantiate(&rec.exec, g, 0), "cudaGraphInstantiate");
+  cudaGraphDestroy(g);
+  check(cudaGraphLaunch(rec.exec, stream_), "cudaGraphLaunch");
+  graphs_.push_front(std::move(rec));
+  if (graphs_.size() > kMaxGraphs) {
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(drop graph)");
+    cudaGraphExecDestroy(graphs_.back().exec);
+    graphs_.pop_back();
+  }
+  ++counts_.captured;
+  reset();
+}
+
+}  // namespace g4::cuda

@@ -1,0 +1,89 @@
+// Recording of one forward step's device work, replayed as a CUDA graph when the same step comes
+// again (decode: every token runs the same kernels on the same buffers, only positions differ).
+//
+// Contract (backend.h begin_step/end_step): between begin() and end() the backend does not
+// launch; each op adds a launch closure, the words that identify it (signature: op code, device
+// pointers, shapes, constant scalars) and its per-step scalars (positions) through dyn(). Scalars
+// live in a pinned host array that is copied to the device as the step's first node, so kernels
+// read them through Dyn pointers and a graph recorded at one position replays at any other.
+// Host data for from_host is staged in pinned memory at offsets fixed by the op order, so the
+// graph's copy nodes read the step's own data. end() then:
+//   - replays the graph recorded for this signature (the common decode case), or
+//   - captures the closures into a new graph when this signature was seen before (a one-off
+//     step, e.g. a prefill, is never captured), or
+//   - runs the closures directly on the stream.
+// G4_CUDA_GRAPHS=0 in the environment runs every step directly (for A/B measurements).
+// flush() runs what was logged so far directly and leaves step mode (to_host inside a step,
+// a staging overflow). Nothing of a step may be freed before the step's work finished (callers
+// free buffers only outside steps; the backend syncs before begin()).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/cuda/cuda_kernels.h"
+
+namespace g4::cuda {
+
+class StepRecorder {
+ public:
+  explicit StepRecorder(cudaStream_t stream);
+  ~StepRecorder();
+  StepRecorder(const StepRecorder&) = delete;
+  StepRecorder& operator=(const StepRecorder&) = delete;
+
+  bool active() const { return active_; }
+  void begin();
+  void end();
+  void flush();
+
+  // In a step: records `value` as the step's next scalar and returns its device slot; outside
+  // one: the value itself (Dyn with no pointer).
+  Dyn dyn(int value);
+  // Appends identifying words to the step's signature.
+  void sig(std::initializer_list<uint64_t> words) { sig_.insert(sig_.end(), words); }
+  void sig_ptr(const void* p) { sig_.push_back(reinterpret_cast<uintptr_t>(p)); }
+  // Adds one op's launch (run with the step's stream, in order, when the step ends).
+  void add(std::function<void(cudaStream_t)> launch) { ops_.push_back(std::move(launch)); }
+  // Copies n bytes of host data into the step's pinned staging area and logs the copy to dst.
+  // Returns false (nothing logged) when the staging area is full: the caller flushes and copies
+  // directly.
+  bool stage_copy(const void* src, size_t n, void* dst);
+
+  // Steps replayed from a graph / captured into one / run directly (for tests and benches).
+  struct Counts {
+    long replayed = 0, captured = 0, direct = 0;
+  };
+  Counts counts() const { return counts_; }
+
+ private:
+  struct Graph {
+    std::vector<uint64_t> sig;
+    cudaGraphExec_t exec = nullptr;
+  };
+  void run_direct();
+  void reset();
+  uint64_t hash() const;
+
+  cudaStream_t stream_;
+  bool graphs_enabled_ = true;  // G4_CUDA_GRAPHS=0 turns graphs off
+  bool active_ = false;
+  std::vector<std::function<void(cudaStream_t)>> ops_;
+  std::vector<uint64_t> sig_;
+  // Pinned scalars (host) and their device copy; pinned staging for from_host data.
+  int32_t* dyn_host_ = nullptr;
+  int32_t* dyn_dev_ = nullptr;
+  int n_dyn_ = 0;
+  uint8_t* stage_ = nullptr;
+  size_t stage_used_ = 0;
+  std::unordered_map<uint64_t, int> seen_;  // signature hash -> steps seen (capture on the 2nd)
+  std::list<Graph> graphs_;                 // most recently used first
+  Counts counts_;
+};
+
+}  // namespace g4::cuda
