@@ -10,6 +10,10 @@
 # bench:   gemma4 bench on a synthetic starter-geometry GGUF, CUDA graphs on and off (median of 5)
 # profile: device time per op kind (G4_CUDA_PROFILE=1)
 # hf:      bench/bench_cuda_vs_hf.py (transformers peer)
+# refcheck: tools/cuda_reference_check.py on the synthetic GGUF (cuda and cpu logits against the
+#          exact f32 reference backend; where cpu and cuda greedy part, the reference's verdict)
+# engine:  `gemma4 generate` (the engine: batching, device argmax) on the cpu and cuda backends
+#          with the same prompt; prints both continuations and whether they agree
 # ablate:  device time per step with each op kind left out in turn (G4_CUDA_SKIP; timings only)
 # ncu:     per-kernel device time from Nsight Compute (where the machine's runtime allows it)
 # llama:   llama.cpp's llama-bench (CUDA build carried in .devllama) on the same GGUF. Made on the
@@ -52,6 +56,14 @@ for step in "$@"; do
       wait; cat $OUT/dmon.log ;;
     profile) G4_CUDA_PROFILE=1 timeout -s KILL 120 $B/gemma4 bench --model $G --backend cuda --prompt-tokens 128 \
       --gen-tokens 128 2>&1 | tee $OUT/profile.log | head -40 ;;
+    refcheck) timeout -s KILL 300 python3 tools/cuda_reference_check.py --bin $B/gemma4 --gguf $G 2>&1 | tail -6 ;;
+    engine)
+      for be in cpu cuda; do
+        timeout -s KILL 120 $B/gemma4 generate --model $G --backend $be --max-tokens 24 "tok500 tok600 tok700 tok800" \
+          > $OUT/gen_$be.txt 2> $OUT/gen_$be.err; echo "$be: $(head -c 300 $OUT/gen_$be.txt)"; tail -1 $OUT/gen_$be.err
+      done
+      cmp -s $OUT/gen_cpu.txt $OUT/gen_cuda.txt && echo "engine: cpu and cuda continuations identical" \
+        || echo "engine: continuations differ" ;;
     ablate)
       for skip in none big_matmul matmul matmul_norm_add attn_prep norm_matmuls gate_up_gelu attention norm_add embed \
                   argmax; do

@@ -43,13 +43,14 @@ def add_standin_vocab(w, gguf, m):
     n = next(t["ne"][1] for t in m["tensors"] if t["name"] == "token_embd.weight")
     special = ["<pad>", "<eos>", "<bos>", "<unk>"]
     tokens = special + [f"<0x{b:02X}>" for b in range(256)]
-    tokens += [f"tok{i}" for i in range(len(tokens), n)]
+    tokens += [f"tok{i}" for i in range(len(tokens), n - 3)] + ["tok1", "0", "tok10"]  # one merge's pieces
     types = [3] * 3 + [2] + [6] * 256 + [1] * (n - 260)  # control, unknown, byte, normal
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
     w.add_token_scores([0.0] * n)
     w.add_token_types(types)
+    w.add_token_merges(["tok1 0"])  # our loader wants merges with a 'llama' vocabulary (llama.cpp ignores them)
     w.add_pad_token_id(0)
     w.add_eos_token_id(1)
     w.add_bos_token_id(2)

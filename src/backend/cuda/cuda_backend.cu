@@ -325,6 +325,10 @@ class CudaBackend final : public Backend {
   void matmul_norm_add(const float* x, int M, const WeightView& W, float* y_scratch, float* x_resid,
                        const float* w, float eps, ActPrecision P) override {
     f32_only(P);
+    if (M > cuda::kEpilogueMaxRows) {  // prefill: the row-parallel norm_add kernel after the matmul
+      Backend::matmul_norm_add(x, M, W, y_scratch, x_resid, w, eps, P);
+      return;
+    }
     cuda::MatArgs a = mat_args(x, InputNorm{});
     a.n = 1;
     a.w[0] = dev(W);

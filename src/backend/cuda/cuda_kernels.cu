@@ -141,36 +141,41 @@ __global__ void __launch_bounds__(kMatWarps * kWarp) matmul_kernel(MatArgs a) {
     row2 = sm + chunk + (r - r0) * a.w2.row_bytes;
     sm += chunk * (kAct != kPlain ? 2 : 1);
   }
-  const float* x = a.x;
-  if (a.norm_w) {  // xn[m, c] = x[m, c] * inv_rms(x[m]) * norm_w[c] into shared memory (16-byte aligned)
-    float* xn = reinterpret_cast<float*>(sm);
-    __shared__ float inv[kMaxM];
-    const int warp = threadIdx.x / kWarp;
-    if (warp < a.M) {
-      float ss = 0.f;
-      for (int64_t c = lane; c < w.cols; c += kWarp) ss += a.x[warp * w.cols + c] * a.x[warp * w.cols + c];
-      ss = warp_sum(ss);
-      if (lane == 0) inv[warp] = 1.0f / sqrtf(ss / float(w.cols) + a.eps);
+  // The activation rows in chunks of kM: the staged weight rows serve every chunk.
+  float* y = a.y[i];
+  for (int m0 = 0; m0 < a.M; m0 += kM) {
+    const int mc = a.M - m0 < kM ? a.M - m0 : kM;
+    const float* x = a.x + int64_t(m0) * w.cols;
+    if (a.norm_w) {  // xn[m, c] = x[m, c] * inv_rms(x[m]) * norm_w[c] into shared memory (16-byte aligned)
+      float* xn = reinterpret_cast<float*>(sm);
+      __shared__ float inv[kMaxM];
+      const int warp = threadIdx.x / kWarp;
+      __syncthreads();  // the previous chunk's warps are done reading xn
+      if (warp < mc) {
+        float ss = 0.f;
+        for (int64_t c = lane; c < w.cols; c += kWarp) ss += x[warp * w.cols + c] * x[warp * w.cols + c];
+        ss = warp_sum(ss);
+        if (lane == 0) inv[warp] = 1.0f / sqrtf(ss / float(w.cols) + a.eps);
+      }
+      __syncthreads();
+      for (int64_t e = threadIdx.x; e < int64_t(mc) * w.cols; e += blockDim.x)
+        xn[e] = x[e] * inv[e / w.cols] * a.norm_w[e % w.cols];
+      x = xn;
     }
     __syncthreads();
-    for (int64_t e = threadIdx.x; e < int64_t(a.M) * w.cols; e += blockDim.x)
-      xn[e] = a.x[e] * inv[e / w.cols] * a.norm_w[e % w.cols];
-    x = xn;
-  }
-  __syncthreads();
-  float* y = a.y[i];
-  if (r < w.rows) {
-    float acc[kM], acc2[kM];
-    row_dot<F, kUnits, kM>(x, a.M, w, row, r, lane, acc);
-    if constexpr (kAct != kPlain) row_dot<F, kUnits, kM>(x, a.M, a.w2, row2, r, lane, acc2);
+    if (r < w.rows) {
+      float acc[kM], acc2[kM];
+      row_dot<F, kUnits, kM>(x, mc, w, row, r, lane, acc);
+      if constexpr (kAct != kPlain) row_dot<F, kUnits, kM>(x, mc, a.w2, row2, r, lane, acc2);
 #pragma unroll
-    for (int m = 0; m < kM; ++m) {
-      if (m >= a.M) break;
-      const float s = warp_sum(acc[m]);
-      float v = s;
-      if constexpr (kAct == kGelu) v = gelu_tanh_mul(s, warp_sum(acc2[m]));
-      if constexpr (kAct == kGeluGgml) v = gelu_ggml_mul(s, warp_sum(acc2[m]), a.table);
-      if (lane == 0) y[int64_t(m) * w.rows + r] = v;
+      for (int m = 0; m < kM; ++m) {
+        if (m >= mc) break;
+        const float s = warp_sum(acc[m]);
+        float v = s;
+        if constexpr (kAct == kGelu) v = gelu_tanh_mul(s, warp_sum(acc2[m]));
+        if constexpr (kAct == kGeluGgml) v = gelu_ggml_mul(s, warp_sum(acc2[m]), a.table);
+        if (lane == 0) y[int64_t(m0 + m) * w.rows + r] = v;
+      }
     }
   }
   if (!a.resid) return;
@@ -663,15 +668,9 @@ void matmul_launch(cudaStream_t s, MatArgs a, int M) {
   const int m_launch = M < kMaxM ? M : kMaxM;
   const bool staged = kUnits && aligned && matmul_smem(a, kAct, true, m_launch) <= 48 * 1024;
   const size_t smem = matmul_smem(a, kAct, staged, m_launch);
-  const float* x = a.x;
-  float* y[3] = {a.y[0], a.y[1], a.y[2]};
-  float* resid = a.resid;
-  for (int m0 = 0; m0 < M; m0 += kMaxM) {
-    a.M = M - m0 < kMaxM ? M - m0 : kMaxM;
-    // y[i] rows m0.. hold [a.M, rows]: the kernel writes y[m * rows + r] from x[m * cols + c].
-    a.x = x + int64_t(m0) * a.w[0].cols;
-    for (int i = 0; i < a.n; ++i) a.y[i] = y[i] + int64_t(m0) * a.w[i].rows;
-    if (resid) a.resid = resid + int64_t(m0) * a.w[0].rows;
+  // One launch for all M rows (the kernel walks them in chunks of 8 over its staged weights).
+  a.M = M;
+  {
     const dim3 grid(blocks), block(kMatWarps * kWarp);
     if constexpr (!kUnits) {
       matmul_kernel<F, false, kAct, false, kMaxM><<<grid, block, smem, s>>>(a);

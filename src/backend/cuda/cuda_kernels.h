@@ -56,8 +56,10 @@ struct MatArgs {
 // The shared memory a normed input of M rows (at most 8 per launch) takes; launches whose norm
 // does not fit 48 KiB must norm separately.
 size_t matmul_norm_smem(int M, int64_t cols);
-// y[i] = norm(x) · w[i]ᵀ for a.n weights of one format and width, one launch per 8 rows of x;
-// with a.resid, then the post-norm and residual add of y[0] (a.n == 1).
+// y[i] = norm(x) · w[i]ᵀ for a.n weights of one format and width, one launch (the kernel walks x
+// in chunks of 8 rows); with a.resid, then the post-norm and residual add of y[0] (a.n == 1, and
+// at most kEpilogueMaxRows rows: the last block finishes them one after another).
+constexpr int kEpilogueMaxRows = 8;
 void matmuls(cudaStream_t s, MatArgs a, int M);
 // a.y[0][M, w[0].rows] = gelu(xn·w[0]ᵀ) * (xn·w2ᵀ) in one launch (gelu through a.table when set,
 // else MLX's tanh form), xn = norm(x) as in matmuls.
