@@ -14,6 +14,8 @@
 #          exact f32 reference backend; where cpu and cuda greedy part, the reference's verdict)
 # engine:  `gemma4 generate` (the engine: batching, device argmax) on the cpu and cuda backends
 #          with the same prompt; prints both continuations and whether they agree
+# serve:   `gemma4 serve --backend cuda --parallel 8` on the synthetic GGUF under bench/load_test.py
+#          (1, 4, 8 concurrent streaming clients; greedy, then sampled at temperature 0.8)
 # ablate:  device time per step with each op kind left out in turn (G4_CUDA_SKIP; timings only)
 # ncu:     per-kernel device time from Nsight Compute (where the machine's runtime allows it)
 # llama:   llama.cpp's llama-bench (CUDA build carried in .devllama) on the same GGUF. Made on the
@@ -64,6 +66,18 @@ for step in "$@"; do
       done
       cmp -s $OUT/gen_cpu.txt $OUT/gen_cuda.txt && echo "engine: cpu and cuda continuations identical" \
         || echo "engine: continuations differ" ;;
+    serve)
+      $B/gemma4 serve --model $G --backend cuda --parallel 8 --port 8091 > $OUT/serve.log 2>&1 &
+      SRV=$!
+      python3 -c 'import time, urllib.request
+for _ in range(120):
+    try: urllib.request.urlopen("http://127.0.0.1:8091/health", timeout=1); break
+    except Exception: time.sleep(0.5)'
+      for temp in 0 0.8; do
+        timeout -s KILL 200 python3 bench/load_test.py --url http://127.0.0.1:8091 --clients 1,4,8 --requests 2 \
+          --max-tokens 64 --temperature $temp 2>&1 | tail -5
+      done
+      kill $SRV; wait $SRV 2>/dev/null; tail -2 $OUT/serve.log ;;
     ablate)
       for skip in none big_matmul matmul matmul_norm_add attn_prep norm_matmuls gate_up_gelu attention norm_add embed \
                   argmax; do
