@@ -151,11 +151,11 @@ __global__ void __launch_bounds__(kMatWarps * kWarp) matmul_kernel(MatArgs a) {
       __shared__ float inv[kMaxM];
       const int warp = threadIdx.x / kWarp;
       __syncthreads();  // the previous chunk's warps are done reading xn
-      if (warp < mc) {
+      for (int m = warp; m < mc; m += kMatWarps) {
         float ss = 0.f;
-        for (int64_t c = lane; c < w.cols; c += kWarp) ss += x[warp * w.cols + c] * x[warp * w.cols + c];
+        for (int64_t c = lane; c < w.cols; c += kWarp) ss += x[m * w.cols + c] * x[m * w.cols + c];
         ss = warp_sum(ss);
-        if (lane == 0) inv[warp] = 1.0f / sqrtf(ss / float(w.cols) + a.eps);
+        if (lane == 0) inv[m] = 1.0f / sqrtf(ss / float(w.cols) + a.eps);
       }
       __syncthreads();
       for (int64_t e = threadIdx.x; e < int64_t(mc) * w.cols; e += blockDim.x)
@@ -595,9 +595,10 @@ __device__ inline float dequant_elem(const uint8_t* row, const DevWeight& w, int
 // on columns l, l + 32, ... (a 32-value unit's bytes in one coalesced load per step), four steps
 // in flight; no staging, few registers, so many warps hide the memory latency.
 constexpr int kLanesMinRows = 32768;
+constexpr int kGemvWarps = 8;
 template <WFormat F>
-__global__ void __launch_bounds__(kMatWarps * kWarp) gemv_lanes_kernel(const float* x, DevWeight w, float* y) {
-  const int64_t r = int64_t(blockIdx.x) * kMatWarps + threadIdx.x / kWarp;
+__global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_lanes_kernel(const float* x, DevWeight w, float* y) {
+  const int64_t r = int64_t(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (r >= w.rows) return;
   const uint8_t* row = w.data + r * w.row_bytes;
@@ -659,11 +660,14 @@ void matmul_launch(cudaStream_t s, MatArgs a, int M) {
   for (int i = 0; i < a.n; ++i) {
     a.first[i] = blocks;
     blocks += blocks_for(a.w[i].rows, kMatWarps);
-    aligned = aligned && a.w[i].row_bytes % 2 == 0 && reinterpret_cast<uintptr_t>(a.w[i].data) % 16 == 0;
+    aligned = aligned && (int64_t(kMatWarps) * a.w[i].row_bytes) % 16 == 0 &&
+              reinterpret_cast<uintptr_t>(a.w[i].data) % 16 == 0;
   }
   a.first[a.n] = blocks;
-  if (kAct != kPlain) aligned = aligned && a.w2.row_bytes % 2 == 0 && reinterpret_cast<uintptr_t>(a.w2.data) % 16 == 0;
-  // Staging needs 16-byte aligned block chunks (even row sizes; cudaMalloc'd bases) that fit the
+  if (kAct != kPlain)
+    aligned = aligned && (int64_t(kMatWarps) * a.w2.row_bytes) % 16 == 0 &&
+              reinterpret_cast<uintptr_t>(a.w2.data) % 16 == 0;
+  // Staging needs 16-byte aligned block chunks (kMatWarps rows; cudaMalloc'd bases) that fit the
   // default 48 KiB of shared memory beside the normed input.
   const int m_launch = M < kMaxM ? M : kMaxM;
   const bool staged = kUnits && aligned && matmul_smem(a, kAct, true, m_launch) <= 48 * 1024;
@@ -688,7 +692,7 @@ template <WFormat F, int kAct>
 void matmul_fmt(cudaStream_t s, const MatArgs& a, int M) {
   if constexpr (kAct == kPlain) {
     if (M == 1 && a.n == 1 && !a.norm_w && !a.resid && a.w[0].rows >= kLanesMinRows) {
-      gemv_lanes_kernel<F><<<blocks_for(a.w[0].rows, kMatWarps), kMatWarps * kWarp, 0, s>>>(a.x, a.w[0], a.y[0]);
+      gemv_lanes_kernel<F><<<blocks_for(a.w[0].rows, kGemvWarps), kGemvWarps * kWarp, 0, s>>>(a.x, a.w[0], a.y[0]);
       return;
     }
   }
