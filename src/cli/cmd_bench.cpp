@@ -48,18 +48,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
     }
     auto t1 = clk::now();
     if (r == 0) ttft = std::chrono::duration<double>(t1 - g_process_start).count();
-    // Greedy, as generation picks tokens: on a device backend the argmax runs there and only the
-    // id comes back (Model::forward); on the host the whole logits row is scanned.
-    const bool device_argmax = model.backend().on_device();
+    // Greedy, as generation picks tokens (greedy_step: the argmax on the device where there is one).
     int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    for (int i = 0; i < ng; ++i) {
-      if (device_argmax) {
-        model.forward({SeqInput{cache.get(), &next, 1, false}}, P.value(), nullptr, &next);
-      } else {
-        model.forward({SeqInput{cache.get(), &next, 1, false}}, P.value(), logits.data());
-        next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-      }
-    }
+    for (int i = 0; i < ng; ++i) next = greedy_step(model, *cache, next, P.value(), logits);
     auto t2 = clk::now();
     best_prefill = std::max(best_prefill, np / std::chrono::duration<double>(t1 - t0).count());
     best_decode = std::max(best_decode, ng / std::chrono::duration<double>(t2 - t1).count());

@@ -31,17 +31,11 @@ int cmd_greedy(const std::vector<std::string>& argv) {
     model.forward({SeqInput{cache.get(), ids->data() + s, n, false}}, P.value(), logits.data());
   }
   std::vector<int32_t> out;
-  const bool device_argmax = model.backend().on_device();  // only the id leaves the device
   int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
   for (int i = 0; i < steps; ++i) {
     out.push_back(next);
     if (i + 1 == steps) break;
-    if (device_argmax) {
-      model.forward({SeqInput{cache.get(), &next, 1, false}}, P.value(), nullptr, &next);
-    } else {
-      model.forward({SeqInput{cache.get(), &next, 1, false}}, P.value(), logits.data());
-      next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    }
+    next = greedy_step(model, *cache, next, P.value(), logits);
   }
   std::printf("[");
   for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? ", " : "", out[i]);

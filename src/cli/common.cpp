@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -111,6 +112,16 @@ double peak_rss_mib() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   return double(ru.ru_maxrss) / 1024.0;
+}
+
+int32_t greedy_step(Model& m, KvCache& cache, int32_t tok, ActPrecision P, std::vector<float>& logits) {
+  int32_t next = tok;
+  if (m.backend().on_device()) {
+    m.forward({SeqInput{&cache, &tok, 1, false}}, P, nullptr, &next);
+    return next;
+  }
+  m.forward({SeqInput{&cache, &tok, 1, false}}, P, logits.data());
+  return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
 }  // namespace g4::cli

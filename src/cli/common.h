@@ -29,4 +29,9 @@ int fail(const char* verb, const std::string& msg);
 // Peak resident set size of this process in MiB.
 double peak_rss_mib();
 
+// One greedy decode step: feeds `tok` to `cache` and returns the next token. On a device backend
+// the argmax runs there and only the id comes back (Model::forward); on the host the logits row
+// (kept in `logits`, [vocab]) is scanned.
+int32_t greedy_step(Model& m, KvCache& cache, int32_t tok, ActPrecision P, std::vector<float>& logits);
+
 }  // namespace g4::cli

@@ -322,20 +322,13 @@ __global__ void attn_prep_kernel(AttnPrepArgs a) {
   }
 }
 
-// One block per (row, head); threads over the rotating pairs (half-split layout).
+// One block per (row, head): RoPE alone (norm_rope_head without a weight).
 __global__ void rope_kernel(float* x, int heads, int head_dim, Dyn pos0, const float* inv_freq,
                             float position_scale) {
-  const int r = blockIdx.x / heads, h = blockIdx.x % heads, half = head_dim / 2;
-  float* v = x + (int64_t(r) * heads + h) * head_dim;
+  __shared__ float sh[32];
+  const int r = blockIdx.x / heads, h = blockIdx.x % heads;
   const float pos = float(load(pos0) + r) * position_scale;
-  for (int j = threadIdx.x; j < half; j += blockDim.x) {
-    if (inv_freq[j] == 0.f) continue;
-    float s, c;
-    sincosf(pos * inv_freq[j], &s, &c);
-    const float a = v[j], b = v[j + half];
-    v[j] = a * c - b * s;
-    v[j + half] = a * s + b * c;
-  }
+  norm_rope_head(x + (int64_t(r) * heads + h) * head_dim, head_dim, nullptr, 0.f, pos, inv_freq, nullptr, sh);
 }
 
 // One block per new token; copies its K and V rows into their slots.
@@ -580,17 +573,6 @@ inline unsigned blocks_for(int64_t n, int per) { return unsigned((n + per - 1) /
 }  // namespace
 
 namespace {
-// Element c of a row of format F (compile-time; Q8_0 written out, the others through dequant_at).
-template <WFormat F>
-__device__ inline float dequant_elem(const uint8_t* row, const DevWeight& w, int64_t r, int64_t c) {
-  if constexpr (F == WFormat::GgufQ8_0) {
-    const uint8_t* b = row + (c >> 5) * 34;
-    return ld_half(b) * float(int8_t(b[2 + (c & 31)]));
-  } else {
-    return dequant_at(row, w, r, c);
-  }
-}
-
 // y[r] = x · w[r] for one activation row and a tall matrix (the LM head): a warp per row, lane l
 // on columns l, l + 32, ... (a 32-value unit's bytes in one coalesced load per step), four steps
 // in flight; no staging, few registers, so many warps hide the memory latency.
@@ -631,7 +613,7 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_lanes_kernel(const fl
       for (int k = 0; k < 4; ++k) {
         const int64_t c = c0 + k * kWarp;
         xv[k] = c < w.cols ? x[c] : 0.f;
-        wv[k] = c < w.cols ? dequant_elem<F>(row, w, r, c) : 0.f;
+        wv[k] = c < w.cols ? dequant_at(row, w, r, c) : 0.f;
       }
 #pragma unroll
       for (int k = 0; k < 4; ++k) acc += xv[k] * wv[k];
