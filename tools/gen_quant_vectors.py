@@ -11,6 +11,17 @@ scale signs occur). Layout (little-endian):
   biases  dtype[rows, cols/group]          (mx.quantize)
   deq_f32 f32[rows, cols]   mx.dequantize with scales/biases cast to f32 (exact casts)
   deq_t   dtype[rows, cols] mx.dequantize in the scales' own dtype (omitted for f32)
+
+Also writes tests/fixtures/quant/mlx_quantize_vectors.bin: what mlx.core.quantize makes of a fixed
+f32 input (the run-time quantizer of the KV cache, quant/affine_quantize.h, must match it bit for
+bit), for every bits x group size, from the f32 input and from the input cast to bf16:
+  magic b"G4QQ0001", u32 rows, u32 cols, f32 input[rows, cols], u32 record count, then per record:
+  u32 bits, u32 group_size, u32 bf16 (1: quantized from bf16(input); scales/biases are bf16 values)
+  codes   u32[rows, cols*bits/32]
+  scales  f32[rows, cols/group]  (exact upcast when bf16)
+  biases  f32[rows, cols/group]
+Rows 0-5 are K-like activations of different scales; row 6 holds a constant group and a group
+of zeros (q0 == 0 in MLX's algorithm), row 7 mixes signs with a dominant negative value.
 Run: .venv/bin/python tools/gen_quant_vectors.py
 """
 import pathlib
@@ -51,5 +62,30 @@ def main() -> None:
     print(f"wrote {OUT} ({OUT.stat().st_size} bytes, {len(records)} records)")
 
 
+QOUT = OUT.parent / "mlx_quantize_vectors.bin"
+
+
+def main_quantize() -> None:
+    rng = np.random.default_rng(4321)
+    x = (rng.standard_normal((8, 128)) * np.array([0.01, 0.1, 1, 3, 10, 100, 1, 1])[:, None])
+    x = x.astype(np.float32)
+    x[6, :32] = 0.75
+    x[6, 32:64] = 0.0
+    x[7, 5] = -40.0
+    records = []
+    for in_bf16 in (0, 1):
+        xm = mx.array(x).astype(mx.bfloat16) if in_bf16 else mx.array(x)
+        for bits in (2, 3, 4, 5, 6, 8):
+            for g in (32, 64, 128):
+                q, sc, bi = mx.quantize(xm, group_size=g, bits=bits)
+                rec = struct.pack("<3I", bits, g, in_bf16)
+                rec += raw(q) + raw(sc.astype(mx.float32)) + raw(bi.astype(mx.float32))
+                records.append(rec)
+    QOUT.write_bytes(b"G4QQ0001" + struct.pack("<2I", *x.shape) + x.tobytes()
+                     + struct.pack("<I", len(records)) + b"".join(records))
+    print(f"wrote {QOUT} ({QOUT.stat().st_size} bytes, {len(records)} records)")
+
+
 if __name__ == "__main__":
     main()
+    main_quantize()

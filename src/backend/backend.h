@@ -34,6 +34,17 @@ RopeTable make_rope_table(const RopeSpec& spec, int head_dim);
 // backend, owned by the KV cache: the runtime reads it, kv_write records positions in it). Full layers: slot = position (capacity grows in
 // the runtime's reserve step, never in decode). Sliding layers: a ring with
 // capacity >= window + max_chunk - 1, slot = position % capacity, so memory is bounded by the window.
+//
+// Quantized KV (quant.bits > 0; backends with supports_kv_quant()): k and v are null and each
+// slot's K and V rows are MLX affine codes instead (quant/affine_quantize.h, along head_dim):
+// kq / vq [capacity, n_kv_heads, head_dim * bits / 8] bytes, ks / kb / vs / vb [capacity,
+// n_kv_heads, head_dim / group_size] f32 scales and biases. k_view()/v_view() read them as
+// MlxAffine matrices of capacity * n_kv_heads rows (row = slot * n_kv_heads + head).
+struct KvQuant {
+  int bits = 0;              // 0: f32 rows; else 2..8 (affine_quant_supported)
+  int group_size = 64;       // divides head_dim
+  bool bf16_params = false;  // scales and biases rounded to bf16 (MLX keeps the activations' dtype)
+};
 struct KvBuffer {
   float* k = nullptr;
   float* v = nullptr;
@@ -42,6 +53,24 @@ struct KvBuffer {
   int n_kv_heads = 0;
   int head_dim = 0;
   int window = 0;  // 0: full attention
+  KvQuant quant;
+  uint8_t* kq = nullptr;
+  uint8_t* vq = nullptr;
+  float *ks = nullptr, *kb = nullptr, *vs = nullptr, *vb = nullptr;
+
+  bool quantized() const { return quant.bits > 0; }
+  size_t row_floats() const { return size_t(n_kv_heads) * size_t(head_dim); }
+  // Quantized: bytes of codes / number of scales per slot.
+  size_t row_code_bytes() const { return row_floats() * size_t(quant.bits) / 8; }
+  size_t row_groups() const { return row_floats() / size_t(quant.group_size); }
+  WeightView k_view() const { return quant_view(kq, ks, kb); }
+  WeightView v_view() const { return quant_view(vq, vs, vb); }
+
+ private:
+  WeightView quant_view(const uint8_t* codes, const float* s, const float* b) const {
+    return mlx_affine_view(codes, int64_t(capacity) * n_kv_heads, head_dim, quant.bits,
+                           quant.group_size, s, b, DType::F32);
+  }
 };
 
 // One sequence's slice of a batched attention call.
@@ -101,7 +130,7 @@ class Backend {
   virtual void rope(float* x, int rows, int heads, int head_dim, int pos0, const RopeTable& t,
                     ActPrecision P) = 0;
   // Writes k/v [n, n_kv_heads, head_dim] (rows row0..row0+n of the batch buffers) into the cache
-  // slots of positions pos0..pos0+n-1.
+  // slots of positions pos0..pos0+n-1 (quantized buffers: as affine_quantize codes of each row).
   virtual void kv_write(const AttnSeq& s, const float* k, const float* v) = 0;
   // Causal (and windowed when kv.window > 0) attention for each sequence, scale `scale`, GQA:
   // q [rows, H, D] -> out [rows, H, D]. Query at position p sees cached keys at positions
@@ -178,6 +207,8 @@ class Backend {
   virtual void argmax(const float* x, int rows, int n, int32_t* out);
   // Whether buffers live in device memory (callers then prefer argmax to reading whole logits).
   virtual bool on_device() const { return false; }
+  // Whether kv_write and attention take quantized KV buffers (KvBuffer::quant.bits > 0).
+  virtual bool supports_kv_quant() const { return false; }
 
   // Finishes outstanding work (no-op on the CPU).
   virtual void sync() {}

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "quant/affine_quantize.h"
 #include "quant/matmul.h"
 
 namespace g4 {
@@ -165,15 +166,33 @@ void HostBackend::rope(float* x, int rows, int heads, int head_dim, int pos0, co
 
 void HostBackend::kv_write(const AttnSeq& s, const float* k, const float* v) {
   const KvBuffer& kv = s.kv;
-  const size_t row = size_t(kv.n_kv_heads) * kv.head_dim;
+  const size_t row = kv.row_floats();
   for (int t = 0; t < s.n; ++t) {
     const int pos = s.pos0 + t;
     const int slot = kv.window > 0 ? pos % kv.capacity : pos;
     G4_CHECK(slot < kv.capacity);
-    std::memcpy(kv.k + slot * row, k + size_t(s.row0 + t) * row, row * 4);
-    std::memcpy(kv.v + slot * row, v + size_t(s.row0 + t) * row, row * 4);
+    const float* ks = k + size_t(s.row0 + t) * row;
+    const float* vs = v + size_t(s.row0 + t) * row;
+    if (kv.quantized()) {
+      const KvQuant& q = kv.quant;
+      const size_t cb = kv.row_code_bytes(), ng = kv.row_groups();
+      affine_quantize(ks, row, q.bits, q.group_size, q.bf16_params, kv.kq + slot * cb, kv.ks + slot * ng,
+                      kv.kb + slot * ng);
+      affine_quantize(vs, row, q.bits, q.group_size, q.bf16_params, kv.vq + slot * cb, kv.vs + slot * ng,
+                      kv.vb + slot * ng);
+    } else {
+      std::memcpy(kv.k + slot * row, ks, row * 4);
+      std::memcpy(kv.v + slot * row, vs, row * 4);
+    }
     kv.pos[slot] = pos;
   }
+}
+
+const float* kv_head_row(const KvBuffer& kv, bool value, int slot, int g, float* buf) {
+  const int64_t r = int64_t(slot) * kv.n_kv_heads + g;
+  if (!kv.quantized()) return (value ? kv.v : kv.k) + r * kv.head_dim;
+  dequant_row(value ? kv.v_view() : kv.k_view(), r, buf);
+  return buf;
 }
 
 // exp() as MLX's CPU kernels compute it (Cephes-style: 2^round(x·log2 e) times a degree-6
@@ -202,15 +221,15 @@ static float mlx_exp(float x0) {
 void HostBackend::attend_one(const float* q, const KvBuffer& kv, int g, int pos, float scale,
                              ActPrecision P, float* scores, float* out) {
   const int D = kv.head_dim;
-  const size_t row = size_t(kv.n_kv_heads) * D;
   const int first = kv.window > 0 ? std::max(0, pos - kv.window + 1) : 0;
   const int n = pos - first + 1;
+  std::vector<float> deq(kv.quantized() ? size_t(D) : 0);
   float mx = -INFINITY;
   for (int j = 0; j < n; ++j) {
     const int p = first + j;
     const int slot = kv.window > 0 ? p % kv.capacity : p;
     G4_CHECK(kv.pos[slot] == p);
-    const float* kr = kv.k + slot * row + size_t(g) * D;
+    const float* kr = kv_head_row(kv, false, slot, g, deq.data());
     float s = 0.f;
     for (int i = 0; i < D; ++i) s += q[i] * kr[i];
     s = rnd(s * scale, P);
@@ -228,7 +247,7 @@ void HostBackend::attend_one(const float* q, const KvBuffer& kv, int g, int pos,
     const int p = first + j;
     const int slot = kv.window > 0 ? p % kv.capacity : p;
     const float pj = rnd(scores[j] * inv, P);
-    const float* vr = kv.v + slot * row + size_t(g) * D;
+    const float* vr = kv_head_row(kv, true, slot, g, deq.data());
     for (int i = 0; i < D; ++i) out[i] += pj * vr[i];
   }
   for (int i = 0; i < D; ++i) out[i] = rnd(out[i], P);

@@ -28,6 +28,11 @@ void dequant_row_mlx_bf16(const WeightView& W, int64_t r, float* out);
 // f16 bit pattern h, computed as llama.cpp's build computes it.
 const std::vector<uint16_t>& ggml_gelu_f16_table();
 
+// Head g of the K (value=false) or V row held in `slot`: a pointer into the f32 cache, or, for a
+// quantized cache, that row dequantized exactly (dequant_row: scale*q + bias in f32, as MLX's
+// quantized matmul sees it) into buf [head_dim].
+const float* kv_head_row(const KvBuffer& kv, bool value, int slot, int g, float* buf);
+
 // Rounds p[0, n) to bf16 in place when P == BF16.
 void round_activations(float* p, size_t n, ActPrecision P);
 inline float rnd(float x, ActPrecision P) { return P == ActPrecision::BF16 ? round_bf16(x) : x; }
@@ -50,6 +55,7 @@ class HostBackend : public Backend {
   void rope(float* x, int rows, int heads, int head_dim, int pos0, const RopeTable& t,
             ActPrecision P) override;
   void kv_write(const AttnSeq& s, const float* k, const float* v) override;
+  bool supports_kv_quant() const override { return true; }
   void attention(const float* q, int H, const std::vector<AttnSeq>& seqs, float scale,
                  ActPrecision P, float* out) override;
   void gelu_mul(const float* gate, const float* up, size_t n, ActPrecision P, float* out) override;

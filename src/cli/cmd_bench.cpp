@@ -1,7 +1,9 @@
 // gemma4 bench --model DIR [--prompt-tokens 128] [--gen-tokens 64] [--threads N] [--dtype f32|bf16]
 //              [--chunk 512] [--repeat 1] [--batch-invariant on|off] (on: the kernels serve runs)
+//              [--kv-bits N [--kv-group-size G] [--quantized-kv-start T]]
 // Measures prefill tok/s, decode tok/s (greedy, no stop), time to first token from process start,
-// and peak memory. Prints a human summary on stderr and one JSON line on stdout.
+// peak memory and the KV cache's bytes at the end. Prints a human summary on stderr and one JSON
+// line on stdout.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -28,6 +30,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   Model& model = *m.value();
   auto P = parse_precision(a.get("--dtype", "f32"), model);  // the engine's precision
   if (!P) return fail("bench", P.message());
+  if (Status ks = apply_kv_flags(a, model, P.value()); !ks) return fail("bench", ks.message());
   const int V = model.config().vocab;
   // A fixed pseudo-random prompt of ordinary token ids (no specials).
   std::vector<int32_t> prompt(static_cast<size_t>(np));
@@ -39,6 +42,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   prompt[0] = model.config().bos_id;
   std::vector<float> logits(static_cast<size_t>(V));
   double best_prefill = 0, best_decode = 0, ttft = 0;
+  size_t kv_bytes = 0;
   for (int r = 0; r < repeat; ++r) {
     auto cache = model.new_cache();
     auto t0 = clk::now();
@@ -54,12 +58,13 @@ int cmd_bench(const std::vector<std::string>& argv) {
     auto t2 = clk::now();
     best_prefill = std::max(best_prefill, np / std::chrono::duration<double>(t1 - t0).count());
     best_decode = std::max(best_decode, ng / std::chrono::duration<double>(t2 - t1).count());
+    kv_bytes = cache->bytes();
   }
-  std::fprintf(stderr, "prefill %.1f tok/s, decode %.1f tok/s, ttft %.3f s, peak %.0f MiB (%d threads)\n",
-               best_prefill, best_decode, ttft, peak_rss_mib(), num_threads());
+  std::fprintf(stderr, "prefill %.1f tok/s, decode %.1f tok/s, ttft %.3f s, peak %.0f MiB, KV cache %.1f MiB (%d threads)\n",
+               best_prefill, best_decode, ttft, peak_rss_mib(), double(kv_bytes) / (1 << 20), num_threads());
   std::printf("{\"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f, \"ttft_s\": %.4f, \"peak_rss_mb\": %.1f, "
-              "\"threads\": %d, \"prompt_tokens\": %d, \"gen_tokens\": %d}\n",
-              best_prefill, best_decode, ttft, peak_rss_mib(), num_threads(), np, ng);
+              "\"threads\": %d, \"prompt_tokens\": %d, \"gen_tokens\": %d, \"kv_bytes\": %zu}\n",
+              best_prefill, best_decode, ttft, peak_rss_mib(), num_threads(), np, ng, kv_bytes);
   return 0;
 }
 

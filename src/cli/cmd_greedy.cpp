@@ -1,4 +1,5 @@
 // gemma4 greedy --model DIR --ids 2,105,... --steps N [--dtype f32|bf16] [--chunk N]
+//               [--kv-bits N [--kv-group-size G] [--quantized-kv-start T]]
 // Greedy (argmax) continuation of a token sequence; prints the generated ids as a JSON list.
 // Stops only after N steps (no stop tokens): a checking tool, not a chat.
 #include <algorithm>
@@ -20,6 +21,7 @@ int cmd_greedy(const std::vector<std::string>& argv) {
   Model& model = *m.value();
   auto P = parse_precision(a.get("--dtype"), model);
   if (!P) return fail("greedy", P.message());
+  if (Status ks = apply_kv_flags(a, model, P.value()); !ks) return fail("greedy", ks.message());
   const int V = model.config().vocab;
   const int L = int(ids->size());
   int chunk = a.has("--chunk") ? std::atoi(a.get("--chunk").c_str()) : 512;

@@ -62,14 +62,23 @@ std::string mib(uint64_t b) {
 
 // K+V elements cached for `context` tokens (mlx-lm make_cache: only layers < first_kv_shared own a
 // cache; sliding layers keep at most `window` tokens).
-uint64_t kv_elements(const ModelConfig& c, int64_t context) {
+// full_only: only the full-attention layers (those --kv-bits quantizes).
+uint64_t kv_elements(const ModelConfig& c, int64_t context, bool full_only = false) {
   uint64_t n = 0;
   for (const LayerSpec& L : c.layers) {
-    if (L.kv_source >= 0) continue;
+    if (L.kv_source >= 0 || (full_only && L.kind == AttnKind::Sliding)) continue;
     int64_t tokens = L.kind == AttnKind::Sliding && L.window > 0 ? std::min<int64_t>(context, L.window) : context;
     n += uint64_t(tokens) * uint64_t(L.n_kv_heads) * uint64_t(L.head_dim) * 2;  // K and V
   }
   return n;
+}
+
+// The engine's cache bytes with --kv-bits `bits` (0: f32 rows) and group 64: full layers as codes
+// plus f32 scale and bias per group, sliding layers f32 (model/kv_cache.h).
+uint64_t engine_kv_bytes(const ModelConfig& c, int64_t context, int bits) {
+  const uint64_t all = kv_elements(c, context), full = kv_elements(c, context, true);
+  if (bits == 0) return all * 4;
+  return (all - full) * 4 + full * uint64_t(bits) / 8 + full / 64 * 8;
 }
 
 int cmd_info(const std::vector<std::string>& argv) {
@@ -189,7 +198,9 @@ int cmd_info(const std::vector<std::string>& argv) {
     j["modules"] = jmods;
     j["weight_bytes"] = matrix_bytes + vector_bytes;
     j["context"] = context;
-    j["kv_cache_bytes"] = {{"f32", kv * 4}, {"bf16", kv * 2}};
+    j["kv_cache_bytes"] = {{"f32", kv * 4}, {"bf16", kv * 2},
+                           {"kv_bits_8", engine_kv_bytes(c, context, 8)},
+                           {"kv_bits_4", engine_kv_bytes(c, context, 4)}};
     std::printf("%s\n", j.dump(1).c_str());
     return 0;
   }
@@ -243,6 +254,9 @@ int cmd_info(const std::vector<std::string>& argv) {
   std::printf("kv cache for %lld tokens: f32 %s, bf16 %s (%.1f KiB bf16 per token before the window cap)\n",
               (long long)context, mib(kv * 4).c_str(), mib(kv * 2).c_str(),
               double(kv_elements(c, 1)) * 2 / 1024.0);
+  std::printf("  with --kv-bits 8: %s, --kv-bits 4: %s (full-attention layers quantized, group 64; "
+              "sliding windows stay f32)\n",
+              mib(engine_kv_bytes(c, context, 8)).c_str(), mib(engine_kv_bytes(c, context, 4)).c_str());
   return 0;
 }
 

@@ -1,6 +1,7 @@
 // gemma4 logits --model DIR --ids 2,105,... --out FILE.npy [--dtype f32|bf16] [--chunk N]
 // Scores a token sequence: float32 logits [L, V] for every position, written as .npy.
 // --chunk N runs the prompt as consecutive chunks of N tokens (1 = token-by-token decode).
+// --kv-bits N [--kv-group-size G] [--quantized-kv-start T]: quantized KV cache (cli/common.h).
 // --tap-dir DIR writes every named intermediate (embed, attn_residual.L, layer_out.L) of the
 // first chunk as DIR/<name>[.<layer>].npy, for layer-by-layer comparison with a reference dump.
 #include <cstdio>
@@ -22,6 +23,7 @@ int cmd_logits(const std::vector<std::string>& argv) {
   Model& model = *m.value();
   auto P = parse_precision(a.get("--dtype"), model);
   if (!P) return fail("logits", P.message());
+  if (Status ks = apply_kv_flags(a, model, P.value()); !ks) return fail("logits", ks.message());
   const int V = model.config().vocab;
   for (int32_t id : ids.value())
     if (id >= V) return fail("logits", "token id " + std::to_string(id) + " is outside the vocabulary");

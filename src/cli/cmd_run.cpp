@@ -4,7 +4,8 @@
 // run: with a PROMPT, one streamed answer; without, an interactive multi-turn chat (history
 // kept; /reset clears it, /exit or Ctrl-D leaves; Ctrl-C stops the current answer, not the
 // program). Flags: --system TEXT, --thinking on|off, --max-tokens, sampling flags
-// (cli/text_args.h), --seed, --threads, --backend, --context N, --chat-template FILE. A model without a chat template
+// (cli/text_args.h), --seed, --threads, --backend, --context N, --chat-template FILE,
+// --kv-bits N [--kv-group-size G --quantized-kv-start T] (cli/common.h). A model without a chat template
 // (a base model) is said to be one, and its prompts are completed as raw text instead.
 // Load progress goes to stderr, and so do the prompt / decode speeds after each answer.
 #include <unistd.h>
@@ -53,6 +54,7 @@ Result<Session> open_session(const Args& a) {
   }
   G4_ASSIGN_OR_RETURN(s.text, parse_text_args(a, s.b.model->config()));
   EngineOptions eo;
+  G4_TRY(apply_kv_flags(a, *s.b.model, eo.precision));
   eo.parallel = 1;
   eo.max_context = std::atoi(a.get("--context", "8192").c_str());
   if (eo.max_context <= 0) return err("--context must be positive");

@@ -2,6 +2,7 @@
 //              [--max-queue N] [--context N] [--max-tokens N] [--chat-template FILE]
 //              [--threads N] [--backend cpu|reference|ggml|cuda] [--model-id NAME] [--batch-invariant on|off]
 //              [--prefix-cache-mb N (default 256; 0 disables)] [--no-prefix-cache]
+//              [--kv-bits N [--kv-group-size G] [--quantized-kv-start T]] (quantized KV cache)
 // OpenAI- and Anthropic-compatible HTTP server. Loopback by default. Prints load progress, then
 // "ready: http://HOST:PORT" once the model is loaded. SIGINT/SIGTERM drain running requests and exit.
 #include <csignal>
@@ -21,16 +22,6 @@ std::atomic<int> g_signal{0};
 void on_signal(int s) { g_signal.store(s); }
 
 void progress(const std::string& m) { std::fprintf(stderr, "[gemma4 serve] %s\n", m.c_str()); }
-
-Result<int> int_flag(const Args& a, const char* name, int def, int lo, int hi) {
-  if (!a.has(name)) return def;
-  char* end = nullptr;
-  const std::string v = a.get(name);
-  long n = std::strtol(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || n < lo || n > hi)
-    return err("%s: expected an integer in [%d, %d], got '%s'", name, lo, hi, v.c_str());
-  return int(n);
-}
 
 int cmd_serve(const std::vector<std::string>& argv) {
   Args a = parse_args(argv, {"--no-prefix-cache"});
@@ -61,6 +52,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
     if (!ct) return fail("serve", ct.message());
     b.value().chat_template = std::move(ct).value();
   }
+  if (Status ks = apply_kv_flags(a, *b.value().model, EngineOptions{}.precision); !ks) return fail("serve", ks.message());
   if (!b.value().chat_template)
     progress("note: the model has no chat template (a base model): /v1/chat/completions and "
              "/v1/messages answer 400; /v1/completions works. Pass --chat-template FILE to chat.");

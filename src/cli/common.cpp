@@ -66,6 +66,27 @@ Status apply_process_flags(const Args& a, bool batch_invariant_default) {
   return {};
 }
 
+Result<int> int_flag(const Args& a, const char* name, int def, int lo, int hi) {
+  if (!a.has(name)) return def;
+  char* end = nullptr;
+  const std::string v = a.get(name);
+  long n = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || n < lo || n > hi)
+    return err("%s: expected an integer in [%d, %d], got '%s'", name, lo, hi, v.c_str());
+  return int(n);
+}
+
+Status apply_kv_flags(const Args& a, Model& m, ActPrecision P) {
+  KvCacheOptions o;
+  G4_ASSIGN_OR_RETURN(o.quant.bits, int_flag(a, "--kv-bits", 0, 0, 8));
+  G4_ASSIGN_OR_RETURN(o.quant.group_size, int_flag(a, "--kv-group-size", 64, 1, 1 << 20));
+  G4_ASSIGN_OR_RETURN(o.quantized_start, int_flag(a, "--quantized-kv-start", 5000, 0, 1 << 30));
+  o.quant.bf16_params = P == ActPrecision::BF16;
+  if (o.quant.bits == 0 && (a.has("--kv-group-size") || a.has("--quantized-kv-start")))
+    return err("--kv-group-size and --quantized-kv-start need --kv-bits");
+  return m.set_kv_options(o);
+}
+
 Result<std::unique_ptr<Model>> load_model_from_args(const Args& a, bool quiet) {
   G4_TRY(apply_process_flags(a));
   std::string path = a.get("--model");

@@ -4,9 +4,32 @@
 #include <cstring>
 #include <vector>
 
+#include "quant/affine_quantize.h"
+
 namespace g4 {
 
-KvCache::KvCache(const ModelConfig& cfg, Backend& be) : cfg_(cfg), be_(be) {
+Status validate_kv_options(const KvCacheOptions& opt, const ModelConfig& cfg, const Backend& be) {
+  if (opt.quantized_start < 0) return err("--quantized-kv-start must be >= 0, got %d", opt.quantized_start);
+  const KvQuant& q = opt.quant;
+  if (q.bits == 0) return Status::ok();
+  if (!affine_quant_supported(q.bits, 64))
+    return err("--kv-bits: expected 2, 3, 4, 5, 6 or 8, got %d", q.bits);
+  if (!affine_quant_supported(q.bits, q.group_size))
+    return err("--kv-group-size: expected 32, 64 or 128, got %d", q.group_size);
+  if (!be.supports_kv_quant())
+    return err("--kv-bits: backend '%s' has no quantized KV cache (use --backend cpu or reference)",
+               be.name().c_str());
+  for (size_t i = 0; i < cfg.layers.size(); ++i) {
+    const LayerSpec& ls = cfg.layers[i];
+    if (ls.kv_source >= 0 || ls.kind == AttnKind::Sliding) continue;
+    if (ls.head_dim % q.group_size != 0)
+      return err("--kv-group-size %d does not divide the head_dim %d of layer %zu", q.group_size,
+                 ls.head_dim, i);
+  }
+  return Status::ok();
+}
+
+KvCache::KvCache(const ModelConfig& cfg, Backend& be, KvCacheOptions opt) : cfg_(cfg), be_(be), opt_(opt) {
   buf_.resize(cfg.layers.size());
   for (size_t i = 0; i < cfg.layers.size(); ++i) {
     const LayerSpec& ls = cfg.layers[i];
@@ -18,40 +41,81 @@ KvCache::KvCache(const ModelConfig& cfg, Backend& be) : cfg_(cfg), be_(be) {
 }
 
 KvCache::~KvCache() {
-  for (KvBuffer& b : buf_) {
-    be_.free(b.k);
-    be_.free(b.v);
-    delete[] b.pos;
+  for (KvBuffer& b : buf_) release(b);
+}
+
+namespace {
+// Backend buffers are allocated in floats; code rows are whole floats (head_dim % 32 == 0).
+size_t floats_for_bytes(size_t bytes) { return (bytes + 3) / 4; }
+}  // namespace
+
+void KvCache::allocate(KvBuffer& b, int cap) {
+  b.capacity = cap;
+  const size_t n = size_t(cap);
+  if (b.quantized()) {
+    b.kq = reinterpret_cast<uint8_t*>(be_.alloc(floats_for_bytes(n * b.row_code_bytes())));
+    b.vq = reinterpret_cast<uint8_t*>(be_.alloc(floats_for_bytes(n * b.row_code_bytes())));
+    for (float** p : {&b.ks, &b.kb, &b.vs, &b.vb}) *p = be_.alloc(n * b.row_groups());
+  } else {
+    b.k = be_.alloc(n * b.row_floats());
+    b.v = be_.alloc(n * b.row_floats());
   }
+  b.pos = new int32_t[n];
+  std::fill(b.pos, b.pos + n, -1);
+}
+
+void KvCache::release(KvBuffer& b) {
+  for (void* p : {static_cast<void*>(b.k), static_cast<void*>(b.v), static_cast<void*>(b.kq),
+                  static_cast<void*>(b.vq), static_cast<void*>(b.ks), static_cast<void*>(b.kb),
+                  static_cast<void*>(b.vs), static_cast<void*>(b.vb)})
+    be_.free(p);
+  delete[] b.pos;
+  b.k = b.v = b.ks = b.kb = b.vs = b.vb = nullptr;
+  b.kq = b.vq = nullptr;
+  b.pos = nullptr;
+  b.capacity = 0;
+}
+
+void KvCache::copy_slots(const KvBuffer& from, int s, KvBuffer& to, int d, int count) {
+  const size_t c = size_t(count);
+  if (from.quantized()) {
+    const size_t cw = from.row_code_bytes() / 4, ng = from.row_groups();
+    auto words = [](uint8_t* p) { return reinterpret_cast<float*>(p); };
+    be_.copy(words(from.kq) + size_t(s) * cw, c * cw, words(to.kq) + size_t(d) * cw);
+    be_.copy(words(from.vq) + size_t(s) * cw, c * cw, words(to.vq) + size_t(d) * cw);
+    be_.copy(from.ks + size_t(s) * ng, c * ng, to.ks + size_t(d) * ng);
+    be_.copy(from.kb + size_t(s) * ng, c * ng, to.kb + size_t(d) * ng);
+    be_.copy(from.vs + size_t(s) * ng, c * ng, to.vs + size_t(d) * ng);
+    be_.copy(from.vb + size_t(s) * ng, c * ng, to.vb + size_t(d) * ng);
+  } else {
+    const size_t row = from.row_floats();
+    be_.copy(from.k + size_t(s) * row, c * row, to.k + size_t(d) * row);
+    be_.copy(from.v + size_t(s) * row, c * row, to.v + size_t(d) * row);
+  }
+  std::copy(from.pos + s, from.pos + s + count, to.pos + d);
 }
 
 void KvCache::grow(int li, int cap) {
   KvBuffer& b = buf_[size_t(li)];
-  const size_t row = size_t(b.n_kv_heads) * b.head_dim;
   KvBuffer nb = b;
-  nb.capacity = cap;
-  nb.k = be_.alloc(size_t(cap) * row);
-  nb.v = be_.alloc(size_t(cap) * row);
-  nb.pos = new int32_t[size_t(cap)];
-  std::fill(nb.pos, nb.pos + cap, -1);
-  // Slots move (rings re-slot by position); K/V rows are copied in backend memory.
-  for (int s = 0; s < b.capacity; ++s) {
-    const int p = b.pos[s];
-    if (p < 0) continue;
-    const int ns = nb.window > 0 ? p % cap : p;
-    be_.copy(b.k + size_t(s) * row, row, nb.k + size_t(ns) * row);
-    be_.copy(b.v + size_t(s) * row, row, nb.v + size_t(ns) * row);
-    nb.pos[ns] = p;
+  allocate(nb, cap);
+  // K/V rows are copied in backend memory: full layers keep slot = position (one copy), rings
+  // re-slot by position.
+  if (b.window == 0) {
+    if (b.capacity > 0) copy_slots(b, 0, nb, 0, b.capacity);
+  } else {
+    for (int s = 0; s < b.capacity; ++s) {
+      const int p = b.pos[s];
+      if (p >= 0) copy_slots(b, s, nb, p % cap, 1);
+    }
   }
-  be_.free(b.k);
-  be_.free(b.v);
-  delete[] b.pos;
+  release(b);
   b = nb;
 }
 
 void KvCache::reserve(int n_new) {
   for (size_t i = 0; i < buf_.size(); ++i) {
-    if (cfg_.layers[i].kv_source >= 0) continue;
+    if (!owns(i)) continue;
     KvBuffer& b = buf_[i];
     int need;
     if (b.window > 0) {
@@ -66,10 +130,38 @@ void KvCache::reserve(int n_new) {
   }
 }
 
+void KvCache::advance(int n) {
+  size_ += n;
+  if (opt_.quant.bits > 0 && !quantized_ && size_ >= opt_.quantized_start) quantize_full_layers();
+}
+
+// mlx-lm KVCache.to_quantized: every cached row of the full layers through mx.quantize. Full
+// layers hold position p in slot p, so the first size_ slots are the rows to convert.
+void KvCache::quantize_full_layers() {
+  for (size_t i = 0; i < buf_.size(); ++i) {
+    KvBuffer& b = buf_[i];
+    if (!owns(i) || b.window > 0 || b.quantized()) continue;
+    KvBuffer nb = b;
+    nb.k = nb.v = nullptr;
+    nb.quant = opt_.quant;
+    allocate(nb, std::max(b.capacity, 1));
+    AttnSeq all;
+    all.row0 = 0;
+    all.n = size_;
+    all.pos0 = 0;
+    all.kv = nb;
+    if (size_ > 0) be_.kv_write(all, b.k, b.v);
+    release(b);
+    b = nb;
+  }
+  be_.sync();
+  quantized_ = true;
+}
+
 bool KvCache::truncate(int n) {
   if (n >= size_) return n == size_;
   for (size_t i = 0; i < buf_.size(); ++i) {
-    if (cfg_.layers[i].kv_source >= 0) continue;
+    if (!owns(i)) continue;
     KvBuffer& b = buf_[i];
     if (b.window > 0) {
       // The ring must still hold the window before position n.
@@ -89,30 +181,27 @@ bool KvCache::truncate(int n) {
 
 void KvCache::copy_from(const KvCache& o) {
   for (size_t i = 0; i < buf_.size(); ++i) {
-    if (cfg_.layers[i].kv_source >= 0) continue;
+    if (!owns(i)) continue;
     const KvBuffer& src = o.buf_[i];
     KvBuffer& b = buf_[i];
-    if (b.capacity != src.capacity) {
-      be_.free(b.k);
-      be_.free(b.v);
-      delete[] b.pos;
-      const size_t row = size_t(b.n_kv_heads) * b.head_dim;
-      b.capacity = src.capacity;
-      b.k = be_.alloc(size_t(b.capacity) * row);
-      b.v = be_.alloc(size_t(b.capacity) * row);
-      b.pos = new int32_t[size_t(b.capacity)];
+    if (b.capacity != src.capacity || b.quant.bits != src.quant.bits) {
+      release(b);
+      b.quant = src.quant;
+      allocate(b, src.capacity);
     }
-    const size_t row = size_t(b.n_kv_heads) * b.head_dim;
-    be_.copy(src.k, size_t(b.capacity) * row, b.k);
-    be_.copy(src.v, size_t(b.capacity) * row, b.v);
-    std::copy(src.pos, src.pos + b.capacity, b.pos);
+    if (b.capacity > 0) copy_slots(src, 0, b, 0, b.capacity);
   }
   size_ = o.size_;
+  quantized_ = o.quantized_;
 }
 
 size_t KvCache::bytes() const {
   size_t t = 0;
-  for (const KvBuffer& b : buf_) t += size_t(b.capacity) * (2 * size_t(b.n_kv_heads) * b.head_dim * 4 + 4);
+  for (const KvBuffer& b : buf_) {
+    const size_t per_slot = b.quantized() ? 2 * (b.row_code_bytes() + 2 * 4 * b.row_groups())
+                                          : 2 * b.row_floats() * 4;
+    t += size_t(b.capacity) * (per_slot + 4);
+  }
   return t;
 }
 

@@ -1,17 +1,36 @@
 // Per-sequence KV caches: one KvBuffer per layer that owns its KV (KV-shared layers read their
 // donor's). Full layers grow by doubling (outside the decode step); sliding layers are rings whose
 // capacity is window + largest chunk - 1, so their memory is bounded by the window.
+//
+// Quantized KV (KvCacheOptions::quant.bits > 0), mlx-lm's `--kv-bits` semantics: once the cache
+// holds `quantized_start` tokens or more after a forward step (mlx-lm maybe_quantize_kv_cache,
+// checked after every model call), the full-attention layers' K and V are converted to MLX affine
+// codes (backend.h KvBuffer; mlx-lm QuantizedKVCache), and every later token is quantized as it is
+// written. Sliding-window rings keep f32 rows: their memory is bounded by the window, and mlx-lm
+// 0.32.2 cannot quantize them either (RotatingKVCache.to_quantized raises NotImplementedError).
+// KV-shared layers read their donor's cache, quantized or not.
 #pragma once
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/status.h"
 #include "model/config.h"
 
 namespace g4 {
 
+struct KvCacheOptions {
+  KvQuant quant;             // bits 0: f32 caches
+  int quantized_start = 0;   // tokens before the full layers' KV is quantized (mlx-lm: 5000)
+};
+
+// Whether `opt` can run for this model on this backend: bits / group size MLX supports, a group
+// that divides every full-attention layer's head_dim, a backend that takes quantized KV. The
+// message names the flag (--kv-bits / --kv-group-size) and what is wrong.
+Status validate_kv_options(const KvCacheOptions& opt, const ModelConfig& cfg, const Backend& be);
+
 class KvCache {
  public:
-  KvCache(const ModelConfig& cfg, Backend& be);
+  KvCache(const ModelConfig& cfg, Backend& be, KvCacheOptions opt = {});
   ~KvCache();
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
@@ -20,23 +39,36 @@ class KvCache {
   void reserve(int n_new);
   // Number of tokens already in the cache (= next position).
   int size() const { return size_; }
-  // Called by the model after a forward pass consumed n tokens.
-  void advance(int n) { size_ += n; }
+  // Called by the model after a forward pass consumed n tokens; quantizes the full layers when
+  // the cache reaches the options' quantized_start.
+  void advance(int n);
   // Forgets everything after the first n tokens (n <= size). Sliding layers keep only the
   // positions still in their ring; rolling back past those is refused (returns false).
   bool truncate(int n);
-  // Copies the full state of `other` (same config) into this cache.
+  // Copies the full state of `other` (same config and options) into this cache.
   void copy_from(const KvCache& other);
 
   const KvBuffer& layer(int i) const { return buf_[size_t(i)]; }
+  // Whether the full layers hold quantized KV now.
+  bool quantized() const { return quantized_; }
   size_t bytes() const;
 
  private:
+  bool owns(size_t layer) const { return cfg_.layers[layer].kv_source < 0; }
+  // Allocates storage for `capacity` slots in b's format (quantized or f32), positions empty.
+  void allocate(KvBuffer& b, int capacity);
+  void release(KvBuffer& b);
+  // Copies slots [s, s+count) of `from` into slots [d, d+count) of `to` (same format).
+  void copy_slots(const KvBuffer& from, int s, KvBuffer& to, int d, int count);
   void grow(int layer, int capacity);
+  void quantize_full_layers();
+
   const ModelConfig& cfg_;
   Backend& be_;
+  KvCacheOptions opt_;
   std::vector<KvBuffer> buf_;  // indexed by layer; empty (capacity 0) for KV-shared layers
   int size_ = 0;
+  bool quantized_ = false;
 };
 
 }  // namespace g4

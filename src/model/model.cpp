@@ -24,6 +24,12 @@ Model::Model(ModelConfig cfg, ModelWeights w, std::shared_ptr<const WeightSource
 
 Model::~Model() = default;  // buffers are owned (and freed) by the backend
 
+Status Model::set_kv_options(const KvCacheOptions& opt) {
+  G4_TRY(validate_kv_options(opt, cfg_, *be_));
+  kv_opt_ = opt;
+  return Status::ok();
+}
+
 int Model::logit_rows(const std::vector<SeqInput>& batch) {
   int n = 0;
   for (const SeqInput& s : batch) n += s.all_logits ? s.n : 1;

@@ -32,7 +32,12 @@ class Model {
   const ModelConfig& config() const { return cfg_; }
   const ModelWeights& weights() const { return w_; }
   Backend& backend() { return *be_; }
-  std::unique_ptr<KvCache> new_cache() { return std::make_unique<KvCache>(cfg_, *be_); }
+  // A new, empty cache for one sequence, with the options of set_kv_options.
+  std::unique_ptr<KvCache> new_cache() { return std::make_unique<KvCache>(cfg_, *be_, kv_opt_); }
+  // Options of the caches new_cache makes from now on (quantized KV); checked first
+  // (validate_kv_options), nothing changes on error.
+  Status set_kv_options(const KvCacheOptions& opt);
+  const KvCacheOptions& kv_options() const { return kv_opt_; }
 
   // Runs one batched step. Reserves cache room, computes, and advances every cache by its n.
   // logits (host memory, or null) receives, in input order, [n, vocab] rows for all_logits inputs
@@ -61,6 +66,7 @@ class Model {
   std::unique_ptr<Backend> be_;
   std::vector<RopeTable> rope_;        // per layer
   std::unique_ptr<Scratch> s_;
+  KvCacheOptions kv_opt_;
   Tap tap_;
 };
 

@@ -19,6 +19,19 @@ inline std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.f) {
   return v;
 }
 
+// An f32 KV buffer over the given memory (pos: host bookkeeping).
+inline KvBuffer f32_kv(float* k, float* v, int32_t* pos, int capacity, int n_kv_heads, int head_dim, int window) {
+  KvBuffer b;
+  b.k = k;
+  b.v = v;
+  b.pos = pos;
+  b.capacity = capacity;
+  b.n_kv_heads = n_kv_heads;
+  b.head_dim = head_dim;
+  b.window = window;
+  return b;
+}
+
 // A backend copy of host data / a host copy of backend data.
 inline float* upload(Backend& be, const std::vector<float>& h) {
   float* d = be.alloc(h.size());
@@ -63,7 +76,7 @@ inline std::vector<float> attention_scenario(Backend& b, int pos0, int n, int wi
   float* dq = upload(b, q);
   float* dout = b.alloc(q.size());
   AttnSeq s;
-  s.kv = KvBuffer{k, v, pos.data(), cap, Hk, D, window};
+  s.kv = f32_kv(k, v, pos.data(), cap, Hk, D, window);
   for (int p = 0; p < pos0 + n; ++p) {
     AttnSeq one = s;
     one.row0 = p;

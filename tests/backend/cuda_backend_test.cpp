@@ -276,9 +276,9 @@ TEST_F(CudaBackendTest, AttnPrepMatchesReference) {
       std::vector<int32_t> p0(cap0, -1), p1(cap1, -1), dp0(cap0, -1), dp1(cap1, -1);
       std::vector<AttnSeq> seqs(2);
       seqs[0].row0 = 0, seqs[0].n = 2, seqs[0].pos0 = 5;
-      seqs[0].kv = KvBuffer{kc0.data(), vc0.data(), p0.data(), cap0, Hk, D, 0};
+      seqs[0].kv = test::f32_kv(kc0.data(), vc0.data(), p0.data(), cap0, Hk, D, 0);
       seqs[1].row0 = 2, seqs[1].n = 1, seqs[1].pos0 = 9;
-      seqs[1].kv = KvBuffer{kc1.data(), vc1.data(), p1.data(), cap1, Hk, D, 4};
+      seqs[1].kv = test::f32_kv(kc1.data(), vc1.data(), p1.data(), cap1, Hk, D, 4);
       ref->attn_prep(q.data(), H, with_k ? k.data() : nullptr, v.data(), Hk, D, qw.data(), kw.data(), v_norm, 1e-6f,
                      seqs, t, ActPrecision::F32);
       // Device run.
@@ -286,8 +286,8 @@ TEST_F(CudaBackendTest, AttnPrepMatchesReference) {
       float *dkc0 = up(*cu, std::vector<float>(kc0.size(), 0.f)), *dvc0 = up(*cu, std::vector<float>(kc0.size(), 0.f)),
             *dkc1 = up(*cu, std::vector<float>(kc1.size(), 0.f)), *dvc1 = up(*cu, std::vector<float>(kc1.size(), 0.f));
       std::vector<AttnSeq> dseqs = seqs;
-      dseqs[0].kv = KvBuffer{dkc0, dvc0, dp0.data(), cap0, Hk, D, 0};
-      dseqs[1].kv = KvBuffer{dkc1, dvc1, dp1.data(), cap1, Hk, D, 4};
+      dseqs[0].kv = test::f32_kv(dkc0, dvc0, dp0.data(), cap0, Hk, D, 0);
+      dseqs[1].kv = test::f32_kv(dkc1, dvc1, dp1.data(), cap1, Hk, D, 4);
       cu->attn_prep(dq, H, with_k ? dk : nullptr, dv, Hk, D, dqw, dkw, v_norm, 1e-6f, dseqs, t, ActPrecision::F32);
       const std::string what = std::string("v_norm ") + (v_norm ? "on" : "off") + (with_k ? "" : ", q only");
       EXPECT_LE(rel_err(down(*cu, dq, q.size()), q), 2e-6) << what;
@@ -372,7 +372,7 @@ std::vector<std::vector<float>> decode_steps(Backend& b, int steps) {
     s.row0 = 0;
     s.n = 1;
     s.pos0 = p;
-    s.kv = KvBuffer{kc, vc, pos.data(), cap, Hk, D, window};
+    s.kv = test::f32_kv(kc, vc, pos.data(), cap, Hk, D, window);
     b.kv_write(s, k, v);
     b.attention(q, H, {s}, 0.0625f, ActPrecision::F32, out);
     b.end_step();

@@ -88,7 +88,11 @@ def test_info_matches_mlx_lm(name, gemma4_bin, parity_fixtures):
     elems = sum(min(ctx, L["window"]) * L["kv_heads"] * L["head_dim"] * 2 if L["window"] else
                 ctx * L["kv_heads"] * L["head_dim"] * 2
                 for L in ref["layers"] if L["kv_source"] < 0)
-    assert info["kv_cache_bytes"] == {"f32": 4 * elems, "bf16": 2 * elems}
+    full = sum(ctx * L["kv_heads"] * L["head_dim"] * 2
+               for L in ref["layers"] if L["kv_source"] < 0 and not L["window"])
+    # --kv-bits b (group 64): full layers as b-bit codes + f32 scale and bias per 64; windows f32
+    kvq = {f"kv_bits_{b}": 4 * (elems - full) + full * b // 8 + full // 64 * 8 for b in (8, 4)}
+    assert info["kv_cache_bytes"] == {"f32": 4 * elems, "bf16": 2 * elems, **kvq}
 
 
 # Config variants (no weights): `gemma4 info --config-only --json` against the model mlx-lm builds

@@ -509,3 +509,29 @@ def test_queue_full_429_and_queued_clients_equal_alone(gemma4_bin):
         assert s.health()["active"] + s.health()["queued"] == 0
     finally:
         s.close()
+
+
+def test_quantized_kv_cache_serves_like_the_cli(gemma4_bin):
+    """--kv-bits 4 with the conversion 8 tokens in (mid-prompt for these prompts' second half):
+    batched requests equal lone ones, and the server's greedy text equals `gemma4 generate` with
+    the same cache options and kernels. A bad --kv-bits stops the server with a clear message."""
+    kv = ["--kv-bits", "4", "--quantized-kv-start", "8"]
+    s = Server(gemma4_bin, "--parallel", "4", *kv)
+    try:
+        c = oai(s)
+        prompts = ["The history of Rome", "def fibonacci(n):", "My favourite food is", "In 1969, astronauts"]
+        reqs = [dict(model="m", prompt=p, max_tokens=20, temperature=0) for p in prompts]
+        alone = [c.completions.create(**r).choices[0].text for r in reqs]
+        with cf.ThreadPoolExecutor(4) as ex:
+            together = list(ex.map(lambda r: c.completions.create(**r).choices[0].text, reqs))
+        assert together == alone
+    finally:
+        s.close()
+    r = subprocess.run([str(gemma4_bin), "generate", "--model", str(STARTER), prompts[0],
+                        "--max-tokens", "20", "--temp", "0", "--threads", "2",
+                        "--batch-invariant", "on", *kv], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.rstrip("\n") == prompts[0] + alone[0]
+    bad = subprocess.run([str(gemma4_bin), "serve", "--model", str(STARTER), "--port", "0",
+                          "--kv-bits", "7"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "--kv-bits: expected 2, 3, 4, 5, 6 or 8" in bad.stderr

@@ -13,7 +13,7 @@ namespace g4::cpu {
 // Attention of the `group` query heads that share KV head g, for one query row at position pos
 // (HostBackend::attend_one for each of those heads, with K and V rows loaded once per group).
 // q: [group, D] (consecutive heads), out: [group, D]. scratch: >= group * (window or pos+1)
-// floats, 64-byte aligned not required.
+// floats, 64-byte aligned not required. Quantized caches: rows dequantized as kv_head_row does.
 void attend_group_avx512(const float* q, int group, const KvBuffer& kv, int g, int pos, float scale,
                          float* scratch, float* out);
 

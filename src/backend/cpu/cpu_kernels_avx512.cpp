@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "backend/cpu/cpu_kernels.h"
 #include "core/status.h"
+#include "quant/matmul_internal.h"
 
 namespace g4::cpu {
 namespace {
@@ -67,12 +69,21 @@ void attend_group_avx512(const float* q, int group, const KvBuffer& kv, int g, i
   const size_t row = size_t(kv.n_kv_heads) * D;
   const int first = kv.window > 0 ? std::max(0, pos - kv.window + 1) : 0;
   const int n = pos - first + 1;
+  // A quantized cache's rows are dequantized one at a time (exactly: dequant_row) into deq.
+  const bool quant = kv.quantized();
+  const WeightView kview = quant ? kv.k_view() : WeightView{}, vview = quant ? kv.v_view() : WeightView{};
+  thread_local std::vector<float> deq;
+  if (quant && deq.size() < size_t(D)) deq.resize(size_t(D));
   // Scores s[h, j] = (q_h · k_j) * scale, each K row read once for the whole group.
   for (int j = 0; j < n; ++j) {
     const int p = first + j;
     const int slot = kv.window > 0 ? p % kv.capacity : p;
     G4_CHECK(kv.pos[slot] == p);
     const float* kr = kv.k + slot * row + size_t(g) * D;
+    if (quant) {
+      detail::dequant_row_avx512(kview, int64_t(slot) * kv.n_kv_heads + g, deq.data());
+      kr = deq.data();
+    }
     for (int h = 0; h < group; ++h) scratch[size_t(h) * n + j] = dot(q + size_t(h) * D, kr, D) * scale;
   }
   // Softmax per head (max-subtracted exp, 1/sum folded into the probabilities).
@@ -94,6 +105,21 @@ void attend_group_avx512(const float* q, int group, const KvBuffer& kv, int g, i
       const __mmask16 m = tail_mask(size_t(n - j));
       _mm512_mask_storeu_ps(s + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + j), inv));
     }
+  }
+  if (quant) {  // out_h = Σ_j p[h, j] v_j with each V row dequantized once, out in memory
+    for (int h = 0; h < group; ++h) std::fill(out + size_t(h) * D, out + size_t(h + 1) * D, 0.f);
+    for (int j = 0; j < n; ++j) {
+      const int p = first + j;
+      const int slot = kv.window > 0 ? p % kv.capacity : p;
+      detail::dequant_row_avx512(vview, int64_t(slot) * kv.n_kv_heads + g, deq.data());
+      for (int h = 0; h < group; ++h) {
+        const __m512 pj = _mm512_set1_ps(scratch[size_t(h) * n + j]);
+        float* o = out + size_t(h) * D;
+        for (int c = 0; c < D; c += 16)
+          _mm512_storeu_ps(o + c, _mm512_fmadd_ps(pj, _mm512_loadu_ps(deq.data() + c), _mm512_loadu_ps(o + c)));
+      }
+    }
+    return;
   }
   // out_h = Σ_j p[h, j] v_j, 128 output floats (8 accumulators) at a time.
   for (int h = 0; h < group; ++h) {

@@ -48,6 +48,9 @@ class GgmlBackend final : public HostBackend {
     ggml_ops::rope_neox(x, rows, heads, head_dim, pos0, s.theta, freq_scale);
   }
 
+  // llama.cpp parity mode: its f32 KV cache only (MLX-style quantized KV is not llama.cpp's).
+  bool supports_kv_quant() const override { return false; }
+
   void attention(const float* q, int H, const std::vector<AttnSeq>& seqs, float scale,
                  ActPrecision P, float* out) override {
     bool ok = P == ActPrecision::F32;
