@@ -4,7 +4,7 @@
 # carried beside the tree (all git-ignored): .devlibs (host libraries the binaries link: httplib,
 # ssl, brotli, z), .devfix (mlx-lm fixture folders from `make fixtures`), .whl (the gguf wheel).
 #
-#   bash bench/cuda_h200_session.sh [check] [bench] [profile] [hf] [llama]
+#   bash bench/cuda_h200_session.sh [check] [bench] [kvbench] [profile] [hf] [llama]
 #
 # check:   tools/cuda_device_check.py (op tests + mlx-lm fixtures, greedy through recorded graphs)
 # bench:   gemma4 bench on a synthetic starter-geometry GGUF, CUDA graphs on and off (median of 5)
@@ -16,6 +16,7 @@
 #          with the same prompt; prints both continuations and whether they agree
 # serve:   `gemma4 serve --backend cuda --parallel 8` on the synthetic GGUF under bench/load_test.py
 #          (1, 4, 8 concurrent streaming clients; greedy, then sampled at temperature 0.8)
+# kvbench: decode after a 4096-token prompt with the KV cache f32, --kv-bits 8 and 4 (speed, bytes)
 # ablate:  device time per step with each op kind left out in turn (G4_CUDA_SKIP; timings only)
 # ncu:     per-kernel device time from Nsight Compute (where the machine's runtime allows it)
 # llama:   llama.cpp's llama-bench (CUDA build carried in .devllama) on the same GGUF. Made on the
@@ -56,6 +57,11 @@ for step in "$@"; do
       G4_CUDA_TIMING=1 timeout -s KILL 120 $B/gemma4 bench --model $G --backend cuda --prompt-tokens 128 \
         --gen-tokens 2000 2>&1 | grep -E "cuda timing|decode"
       wait; cat $OUT/dmon.log ;;
+    kvbench)
+      for kv in "" "--kv-bits 8 --quantized-kv-start 0" "--kv-bits 4 --quantized-kv-start 0"; do
+        echo "kv [${kv:-f32}]: $(timeout -s KILL 120 $B/gemma4 bench --model $G --backend cuda --prompt-tokens 4096 \
+          --gen-tokens 256 --repeat 2 $kv 2>/dev/null | tail -1)"
+      done ;;
     profile) G4_CUDA_PROFILE=1 timeout -s KILL 120 $B/gemma4 bench --model $G --backend cuda --prompt-tokens 128 \
       --gen-tokens 128 2>&1 | tee $OUT/profile.log | head -40 ;;
     refcheck) timeout -s KILL 300 python3 tools/cuda_reference_check.py --bin $B/gemma4 --gguf $G 2>&1 | tail -6 ;;

@@ -6,13 +6,17 @@ Runs, with a CUDA build of the binaries (cmake -DG4_CUDA=ON):
   2. for every mlx-lm fixture directory given (tests/fixtures/generated/<name>, as made by
      `make fixtures`): `gemma4 logits --backend cuda --dtype f32` against mlx-lm's f32 logits in
      oracle.npz (max |Δ|, and the cpu backend's max |Δ| for scale), and `gemma4 greedy --backend
-     cuda` against mlx-lm's greedy ids.
+     cuda` against mlx-lm's greedy ids;
+  3. where a fixture has kvquant.npz (tools/make_kvquant_oracle.py): `gemma4 logits --backend cuda`
+     with each recorded quantized-KV schedule against mlx-lm's logits, with the bound of
+     tests/python/test_kvquant.py (max(1e-3, 3 x mlx-lm's own rounding sensitivity)).
 Prints one line per check and a summary table last; exits 1 if any check fails.
 
     python3 tools/cuda_device_check.py --bin build-cuda/bin --fixtures DIR [DIR ...]
 """
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -63,6 +67,19 @@ def main():
         ok &= good
         rows.append((fx.name, f"max|d| cuda {d_cuda:.2e} (cpu {d_cpu:.2e}), greedy {'same' if seq == greedy else 'DIFF'}",
                      "pass" if good else "FAIL"))
+        kvq = fx / "kvquant.npz"
+        if kvq.exists():
+            with np.load(kvq) as z, tempfile.TemporaryDirectory() as tmp:
+                for case in sorted({k[: -len("_ids")] for k in z.files if k.endswith("_ids")}):
+                    bits, group, start, chunk = (int(x) for x in re.fullmatch(r"b(\d+)g(\d+)s(\d+)c(\d+)", case).groups())
+                    run([b / "gemma4", "logits", "--model", fx, "--ids", ",".join(map(str, z[case + "_ids"])),
+                         "--dtype", "f32", "--backend", "cuda", "--chunk", chunk, "--kv-bits", bits,
+                         "--kv-group-size", group, "--quantized-kv-start", start, "--out", f"{tmp}/q.npy"])
+                    d = float(np.abs(np.load(f"{tmp}/q.npy") - z[case + "_f32"]).max())
+                    tol = max(1e-3, 3 * float(z[case + "_sens_f32"]))
+                    ok &= d <= tol
+                    rows.append((f"{fx.name} kv {case}", f"max|d| cuda {d:.2e} (bound {tol:.1e})",
+                                 "pass" if d <= tol else "FAIL"))
     print(f"{'check':24s} {'result':60s} verdict")
     for r in rows:
         print(f"{r[0]:24s} {r[1]:60s} {r[2]}")

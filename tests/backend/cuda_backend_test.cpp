@@ -15,6 +15,7 @@
 #include "../quant/quant_test_util.h"
 #include "backend/backend.h"
 #include "backend_test_util.h"
+#include "model/kv_cache.h"
 
 namespace g4 {
 namespace {
@@ -394,6 +395,147 @@ TEST_F(CudaBackendTest, RecordedStepsReplayAtEveryPosition) {
   EXPECT_EQ(after.direct - before.direct, 1);
   EXPECT_EQ(after.captured - before.captured, 1);
   EXPECT_EQ(after.replayed - before.replayed, steps - 2);
+}
+
+// Quantized KV caches (model/kv_cache.h) on the device against the same cache on the reference
+// backend: identical rows give identical codes, scales and biases (the same quantizer
+// arithmetic), and attention over them agrees, directly and inside recorded (replayed) steps.
+ModelConfig sliding_and_full(int Hk, int D) {
+  ModelConfig c;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  LayerSpec s;
+  s.kind = AttnKind::Sliding;
+  s.window = 6;
+  s.n_kv_heads = Hk;
+  s.head_dim = D;
+  LayerSpec f = s;
+  f.kind = AttnKind::Full;
+  f.window = 0;
+  c.layers = {s, f};
+  return c;
+}
+
+// Writes rows [from, to) of k/v (backend buffers of `total` rows) into both layers of `c`, `chunk`
+// rows per call, as Model::forward does (reserve, kv_write, advance); steps > 0 brackets each call
+// as a recorded step.
+void feed_cache(Backend& be, KvCache& c, const float* k, const float* v, int from, int to, int chunk, bool steps) {
+  for (int p = from; p < to; p += chunk) {
+    const int n = std::min(chunk, to - p);
+    c.reserve(n);
+    if (steps) be.begin_step();
+    for (int l = 0; l < 2; ++l) {
+      AttnSeq s;
+      s.row0 = p;
+      s.n = n;
+      s.pos0 = p;
+      s.kv = c.layer(l);
+      be.kv_write(s, k, v);
+    }
+    if (steps) be.end_step();
+    c.advance(n);
+  }
+}
+
+std::vector<uint8_t> bytes_of(Backend& be, const uint8_t* p, size_t n) {
+  std::vector<uint8_t> h(n);
+  be.to_host(reinterpret_cast<const float*>(p), n / 4, reinterpret_cast<float*>(h.data()));
+  return h;
+}
+
+TEST_F(CudaBackendTest, QuantizedKvCacheMatchesReference) {
+  for (int bits : {3, 4, 8}) {
+    for (int D : {128, 256}) {
+      SCOPED_TRACE("bits " + std::to_string(bits) + " head_dim " + std::to_string(D));
+      const int Hk = 2, H = 4, total = 40;
+      const ModelConfig cfg = sliding_and_full(Hk, D);
+      KvCacheOptions opt;
+      opt.quant = KvQuant{bits, 64, bits == 4};  // bf16 scales once
+      opt.quantized_start = 9;
+      const auto k = randn(size_t(total) * Hk * D, uint32_t(80 + bits), 2.f);
+      const auto v = randn(size_t(total) * Hk * D, uint32_t(81 + bits), 2.f);
+      const auto q = randn(size_t(H) * D, uint32_t(82 + bits));
+      KvCache rc(cfg, *ref, opt), cc(cfg, *cu, opt);
+      feed_cache(*ref, rc, k.data(), v.data(), 0, total, 7, false);
+      float *dk = up(*cu, k), *dv = up(*cu, v), *dq = up(*cu, q);
+      feed_cache(*cu, cc, dk, dv, 0, 7, 7, false);           // f32, converted at 14 >= 9 ...
+      feed_cache(*cu, cc, dk, dv, 7, 14, 7, false);          // ... on the device (kv_write)
+      feed_cache(*cu, cc, dk, dv, 14, total, 1, true);       // decode steps, recorded and replayed
+      ASSERT_TRUE(rc.quantized() && cc.quantized());
+      const KvBuffer &rf = rc.layer(1), &cf = cc.layer(1);
+      ASSERT_EQ(rf.capacity, cf.capacity);
+      const size_t used = size_t(total);
+      EXPECT_EQ(bytes_of(*cu, cf.kq, used * cf.row_code_bytes()),
+                std::vector<uint8_t>(rf.kq, rf.kq + used * rf.row_code_bytes()));
+      EXPECT_EQ(bytes_of(*cu, cf.vq, used * cf.row_code_bytes()),
+                std::vector<uint8_t>(rf.vq, rf.vq + used * rf.row_code_bytes()));
+      EXPECT_EQ(down(*cu, cf.ks, used * cf.row_groups()), std::vector<float>(rf.ks, rf.ks + used * rf.row_groups()));
+      EXPECT_EQ(down(*cu, cf.vb, used * cf.row_groups()), std::vector<float>(rf.vb, rf.vb + used * rf.row_groups()));
+      // Attention of one query at the last position over each layer (ring f32, full quantized).
+      for (int l = 0; l < 2; ++l) {
+        AttnSeq s;
+        s.row0 = 0;
+        s.n = 1;
+        s.pos0 = total - 1;
+        s.kv = rc.layer(l);
+        std::vector<float> want(size_t(H) * D);
+        ref->attention(q.data(), H, {s}, 0.0625f, ActPrecision::F32, want.data());
+        s.kv = cc.layer(l);
+        float* dout = cu->alloc(want.size());
+        cu->attention(dq, H, {s}, 0.0625f, ActPrecision::F32, dout);
+        EXPECT_LE(rel_err(down(*cu, dout, want.size()), want), 1e-5) << "layer " << l;
+        cu->free(dout);
+      }
+      for (float* p : {dk, dv, dq}) cu->free(p);
+    }
+  }
+}
+
+// attn_prep writing into a quantized cache: its K/V are computed on the device (norm, rope), so a
+// value within rounding of a quantizer boundary may take the other code; attention over the two
+// caches agrees to what one such code moves.
+TEST_F(CudaBackendTest, AttnPrepIntoQuantizedCache) {
+  const int H = 4, Hk = 2, D = 256, rows = 5;
+  const RopeTable t = make_rope_table(RopeSpec{RopeKind::Proportional, 1e6f, 0.25f, 1.f}, D);
+  const ModelConfig cfg = sliding_and_full(Hk, D);
+  KvCacheOptions opt;
+  opt.quant = KvQuant{4, 64, false};
+  opt.quantized_start = 0;
+  const auto q0 = randn(size_t(rows) * H * D, 90, 2.f), k0 = randn(size_t(rows) * Hk * D, 91, 2.f),
+             v0 = randn(size_t(rows) * Hk * D, 92, 2.f), qw = randn(size_t(D), 93), kw = randn(size_t(D), 94);
+  KvCache rc(cfg, *ref, opt), cc(cfg, *cu, opt);
+  // Two rows first (converted after that call), then three more through attn_prep.
+  feed_cache(*ref, rc, k0.data(), v0.data(), 0, 2, 2, false);
+  float *dk0 = up(*cu, k0), *dv0 = up(*cu, v0);
+  feed_cache(*cu, cc, dk0, dv0, 0, 2, 2, false);
+  ASSERT_TRUE(rc.quantized() && cc.quantized());
+  rc.reserve(3);
+  cc.reserve(3);
+  std::vector<float> q(q0.begin() + 2 * H * D, q0.end()), k(k0.begin() + 2 * Hk * D, k0.end()),
+      v(v0.begin() + 2 * Hk * D, v0.end());
+  float *dq = up(*cu, q), *dk = up(*cu, k), *dv = up(*cu, v), *dqw = up(*cu, qw), *dkw = up(*cu, kw);
+  AttnSeq s;
+  s.row0 = 0;
+  s.n = 3;
+  s.pos0 = 2;
+  s.kv = rc.layer(1);
+  ref->attn_prep(q.data(), H, k.data(), v.data(), Hk, D, qw.data(), kw.data(), true, 1e-6f, {s}, t, ActPrecision::F32);
+  std::vector<float> want(q.size());
+  ref->attention(q.data(), H, {s}, 0.0625f, ActPrecision::F32, want.data());
+  s.kv = cc.layer(1);
+  cu->attn_prep(dq, H, dk, dv, Hk, D, dqw, dkw, true, 1e-6f, {s}, t, ActPrecision::F32);
+  float* dout = cu->alloc(want.size());
+  cu->attention(dq, H, {s}, 0.0625f, ActPrecision::F32, dout);
+  EXPECT_LE(rel_err(down(*cu, dq, q.size()), q), 2e-6);
+  EXPECT_LE(rel_err(down(*cu, dout, want.size()), want), 1e-3);
+  // Nearly every code is the same.
+  const KvBuffer &rf = rc.layer(1), &cf = cc.layer(1);
+  const size_t nb = 5 * rf.row_code_bytes();
+  const auto got = bytes_of(*cu, cf.kq, nb);
+  size_t differ = 0;
+  for (size_t i = 0; i < nb; ++i) differ += got[i] != rf.kq[i];
+  EXPECT_LE(differ, nb / 100) << differ << " of " << nb << " code bytes differ";
+  for (float* p : {dk0, dv0, dq, dk, dv, dqw, dkw, dout}) cu->free(p);
 }
 
 }  // namespace

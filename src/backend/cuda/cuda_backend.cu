@@ -251,13 +251,16 @@ class CudaBackend final : public Backend {
     launch([=](cudaStream_t s) { cuda::rope(s, x, rows, heads, head_dim, p, inv, ps); }, 5, x, rows, heads, head_dim,
            inv, ps);
   }
+  bool supports_kv_quant() const override { return true; }
   void kv_write(const AttnSeq& s, const float* k, const float* v) override {
     const KvBuffer& kv = s.kv;
-    const int row = kv.n_kv_heads * kv.head_dim, row0 = s.row0, n = s.n, cap = kv.capacity, win = kv.window;
+    const int hk = kv.n_kv_heads, hd = kv.head_dim, row0 = s.row0, n = s.n, cap = kv.capacity, win = kv.window;
     float *kc = kv.k, *vc = kv.v;
+    const cuda::KvQuantArgs q = quant_args(kv);
     const cuda::Dyn p = rec_->dyn(s.pos0);
-    launch([=](cudaStream_t st) { cuda::kv_write(st, k, v, row0, n, p, row, cap, win, kc, vc); }, 6, k, v, row0, n,
-           row, cap, win, kc, vc);
+    launch([=](cudaStream_t st) { cuda::kv_write(st, k, v, row0, n, p, hk, hd, cap, win, kc, vc, q); }, 6, k, v,
+           row0, n, hk, hd, cap, win, kc, vc, q.bits, q.group, int(q.bf16_params), q.kq, q.vq, q.ks, q.kb, q.vs,
+           q.vb);
     record_positions(s);
   }
   void attention(const float* q, int H, const std::vector<AttnSeq>& seqs, float scale, ActPrecision P,
@@ -272,10 +275,11 @@ class CudaBackend final : public Backend {
       float* partial = splits > 1 ? partial_floats(size_t(sq.n) * H * splits * (kv.head_dim + 2)) : nullptr;
       unsigned* counters = splits > 1 ? split_counters(size_t(sq.n) * H) : nullptr;
       const cuda::AttnArgs a{sq.row0, sq.n, rec_->dyn(sq.pos0), kv.k, kv.v, kv.capacity, kv.n_kv_heads, kv.head_dim,
-                             kv.window};
+                             kv.window, quant_args(kv)};
+      const cuda::KvQuantArgs& qa = a.quant;
       launch([=](cudaStream_t s) { cuda::attention(s, q, H, a, scale, splits, partial, counters, out); }, 7, q, H,
              a.row0, a.n, a.k, a.v, a.capacity, a.n_kv_heads, a.head_dim, a.window, scale, splits, partial, counters,
-             out);
+             out, qa.bits, qa.group, qa.kq, qa.vq, qa.ks, qa.kb, qa.vs, qa.vb);
     }
   }
   void gelu_mul(const float* gate, const float* up, size_t n, ActPrecision P, float* out) override {
@@ -366,11 +370,15 @@ class CudaBackend final : public Backend {
       a.vc = kv.v;
       a.capacity = kv.capacity;
       a.window = kv.window;
+      a.quant = quant_args(kv);
       if (k) G4_CHECK(kv.n_kv_heads == Hk && kv.head_dim == head_dim);
+      if (k && a.quant.bits) G4_CHECK(head_dim <= 512 && head_dim % a.quant.group == 0);
       a.pos0 = rec_->dyn(sq.pos0);
       const int n = sq.n;
+      const cuda::KvQuantArgs& qa = a.quant;
       launch([=](cudaStream_t s) { cuda::attn_prep(s, a, n); }, 21, a.q, a.k, a.v, H, a.Hk, head_dim, q_norm_w,
-             k_norm_w, int(v_norm), eps, inv, t.position_scale, a.kc, a.vc, a.capacity, a.window, n);
+             k_norm_w, int(v_norm), eps, inv, t.position_scale, a.kc, a.vc, a.capacity, a.window, n, qa.bits, qa.group,
+             int(qa.bf16_params), qa.kq, qa.vq, qa.ks, qa.kb, qa.vs, qa.vb);
       if (k) record_positions(sq);
     }
   }
@@ -499,6 +507,22 @@ class CudaBackend final : public Backend {
     const cuda::DevWeight& w2 = a.n > 2 ? a.w[2] : a.w[0];
     launch([=](cudaStream_t s) { cuda::matmuls(s, a, M); }, 18, a.x, M, a.n, a.norm_w, a.eps, w0.data, w0.rows,
            a.y[0], w1.data, w1.rows, a.y[a.n > 1 ? 1 : 0], w2.data, w2.rows, a.y[a.n > 2 ? 2 : 0], w0.cols);
+  }
+  // A KV buffer's quantized storage as the kernels take it (bits 0: f32 rows).
+  static cuda::KvQuantArgs quant_args(const KvBuffer& kv) {
+    cuda::KvQuantArgs q;
+    if (!kv.quantized()) return q;
+    q.bits = kv.quant.bits;
+    q.group = kv.quant.group_size;
+    q.group_shift = q.group == 32 ? 5 : q.group == 64 ? 6 : 7;  // validate_kv_options: 32, 64 or 128
+    q.bf16_params = kv.quant.bf16_params;
+    q.kq = kv.kq;
+    q.vq = kv.vq;
+    q.ks = kv.ks;
+    q.kb = kv.kb;
+    q.vs = kv.vs;
+    q.vb = kv.vb;
+    return q;
   }
   // The cache slots a write fills record their positions (host bookkeeping, backend.h).
   static void record_positions(const AttnSeq& s) {

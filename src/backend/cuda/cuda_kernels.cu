@@ -312,13 +312,21 @@ __global__ void attn_prep_kernel(AttnPrepArgs a) {
   const int g = h - a.H;
   const int64_t slot = a.window > 0 ? p % a.capacity : p;
   const int64_t at = (slot * a.Hk + g) * D, row = (int64_t(r) * a.Hk + g) * D;
-  norm_rope_head(a.k + row, D, a.k_norm_w, a.eps, pos, a.inv_freq, a.kc + at, sh);
+  const KvQuantArgs& qa = a.quant;
+  norm_rope_head(a.k + row, D, a.k_norm_w, a.eps, pos, a.inv_freq, qa.bits ? nullptr : a.kc + at, sh);
   float* v = a.v + row;
   const float inv = a.v_norm ? inv_rms(v, D, a.eps, sh) : 1.f;
   for (int i = threadIdx.x; i < D; i += blockDim.x) {
     const float x = a.v_norm ? v[i] * inv : v[i];
     v[i] = x;
-    a.vc[at + i] = x;
+    if (!qa.bits) a.vc[at + i] = x;
+  }
+  if (qa.bits) {  // the normed, roped K head and the V head (in place above) into the cache's codes
+    __shared__ uint8_t codes[512];
+    __syncthreads();
+    const int64_t hr = slot * a.Hk + g;
+    kv_quantize_head(a.k + row, D, qa.bits, qa.group, qa.bf16_params, hr, qa.kq, qa.ks, qa.kb, codes);
+    kv_quantize_head(v, D, qa.bits, qa.group, qa.bf16_params, hr, qa.vq, qa.vs, qa.vb, codes);
   }
 }
 
@@ -331,14 +339,25 @@ __global__ void rope_kernel(float* x, int heads, int head_dim, Dyn pos0, const f
   norm_rope_head(x + (int64_t(r) * heads + h) * head_dim, head_dim, nullptr, 0.f, pos, inv_freq, nullptr, sh);
 }
 
-// One block per new token; copies its K and V rows into their slots.
-__global__ void kv_write_kernel(const float* k, const float* v, int row0, Dyn pos0, int row_len,
-                                int capacity, int window, float* kc, float* vc) {
-  const int t = blockIdx.x, pos = load(pos0) + t;
+// One block per new token; copies its K and V rows into their slots (or quantizes them there).
+__global__ void kv_write_kernel(const float* k, const float* v, int row0, Dyn pos0, int n_kv_heads, int head_dim,
+                                int capacity, int window, float* kc, float* vc, KvQuantArgs qa) {
+  const int t = blockIdx.x, pos = load(pos0) + t, row_len = n_kv_heads * head_dim;
   const int64_t slot = window > 0 ? pos % capacity : pos;
+  const float* kr = k + int64_t(row0 + t) * row_len;
+  const float* vr = v + int64_t(row0 + t) * row_len;
+  if (qa.bits) {
+    __shared__ uint8_t codes[512];
+    for (int g = 0; g < n_kv_heads; ++g) {
+      const int64_t hr = slot * n_kv_heads + g;
+      kv_quantize_head(kr + g * head_dim, head_dim, qa.bits, qa.group, qa.bf16_params, hr, qa.kq, qa.ks, qa.kb, codes);
+      kv_quantize_head(vr + g * head_dim, head_dim, qa.bits, qa.group, qa.bf16_params, hr, qa.vq, qa.vs, qa.vb, codes);
+    }
+    return;
+  }
   for (int i = threadIdx.x; i < row_len; i += blockDim.x) {
-    kc[slot * row_len + i] = k[int64_t(row0 + t) * row_len + i];
-    vc[slot * row_len + i] = v[int64_t(row0 + t) * row_len + i];
+    kc[slot * row_len + i] = kr[i];
+    vc[slot * row_len + i] = vr[i];
   }
 }
 
@@ -349,7 +368,7 @@ __global__ void kv_write_kernel(const float* k, const float* v, int row0, Dyn po
 // One split writes the normalized output; several write (acc[D], m, l) partials, and the last
 // block of each (row, head) to finish merges them.
 constexpr int kAttnWarps = 4;
-template <int kPer>
+template <int kPer, bool kQuant>
 __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const float* q, int H, AttnArgs a, float scale,
                                                                        float* partial, unsigned* counters, float* out) {
   __shared__ float sh_m[kAttnWarps], sh_l[kAttnWarps];
@@ -380,13 +399,24 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const flo
       const int jj = min(j + b * kAttnWarps, j1 - 1);  // past the end: a valid row, masked below
       const int p = first + jj;
       const int slot = a.window > 0 ? p % a.capacity : p;
-      const float* kr = a.k + int64_t(slot) * row + int64_t(g) * D;
-      const float* vr = a.v + int64_t(slot) * row + int64_t(g) * D;
+      if constexpr (kQuant) {  // a quantized cache: dequantize this lane's elements
+        const KvQuantArgs& qa = a.quant;
+        const int64_t hr = int64_t(slot) * a.n_kv_heads + g;
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) {
-        const int d = lane + kWarp * i;
-        kk[b][i] = d < D ? kr[d] : 0.f;
-        vv[b][i] = d < D ? vr[d] : 0.f;
+        for (int i = 0; i < kPer; ++i) {
+          const int d = lane + kWarp * i;
+          kk[b][i] = d < D ? kv_dequant(qa.kq, qa.ks, qa.kb, qa, hr, D, d) : 0.f;
+          vv[b][i] = d < D ? kv_dequant(qa.vq, qa.vs, qa.vb, qa, hr, D, d) : 0.f;
+        }
+      } else {
+        const float* kr = a.k + int64_t(slot) * row + int64_t(g) * D;
+        const float* vr = a.v + int64_t(slot) * row + int64_t(g) * D;
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) {
+          const int d = lane + kWarp * i;
+          kk[b][i] = d < D ? kr[d] : 0.f;
+          vv[b][i] = d < D ? vr[d] : 0.f;
+        }
       }
     }
     float sc[kBatch], mn = m;
@@ -701,8 +731,9 @@ void matmul_any(cudaStream_t s, const MatArgs& a, int M) {
 template <int kPer>
 void attention_launch(cudaStream_t s, const float* q, int H, const AttnArgs& a, float scale, int splits,
                       float* partial, unsigned* counters, float* out) {
-  attention_kernel<kPer><<<dim3(unsigned(a.n * H), unsigned(splits)), kAttnWarps * kWarp, 0, s>>>(
-      q, H, a, scale, partial, counters, out);
+  const dim3 grid(unsigned(a.n * H), unsigned(splits));
+  if (a.quant.bits) attention_kernel<kPer, true><<<grid, kAttnWarps * kWarp, 0, s>>>(q, H, a, scale, partial, counters, out);
+  else attention_kernel<kPer, false><<<grid, kAttnWarps * kWarp, 0, s>>>(q, H, a, scale, partial, counters, out);
 }
 }  // namespace
 
@@ -756,9 +787,10 @@ void rope(cudaStream_t s, float* x, int rows, int heads, int head_dim, Dyn pos0,
   if (rows > 0) rope_kernel<<<rows * heads, 128, 0, s>>>(x, heads, head_dim, pos0, inv_freq, position_scale);
 }
 
-void kv_write(cudaStream_t s, const float* k, const float* v, int row0, int n, Dyn pos0, int row_len, int capacity,
-              int window, float* kc, float* vc) {
-  if (n > 0) kv_write_kernel<<<n, 256, 0, s>>>(k, v, row0, pos0, row_len, capacity, window, kc, vc);
+void kv_write(cudaStream_t s, const float* k, const float* v, int row0, int n, Dyn pos0, int n_kv_heads, int head_dim,
+              int capacity, int window, float* kc, float* vc, const KvQuantArgs& quant) {
+  if (n > 0)
+    kv_write_kernel<<<n, 256, 0, s>>>(k, v, row0, pos0, n_kv_heads, head_dim, capacity, window, kc, vc, quant);
 }
 
 int attention_splits(int n, int H, int max_visible) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_dequant.cuh"
+#include "backend/cuda/cuda_kv_quant.cuh"
 
 namespace g4::cuda {
 
@@ -20,13 +21,15 @@ struct Dyn {
 __device__ inline int load(const Dyn& d) { return d.ptr ? *d.ptr : d.value; }
 #endif
 
-// One sequence's attention arguments (AttnSeq with device K/V pointers).
+// One sequence's attention arguments (AttnSeq with device K/V pointers; quant.bits > 0: k and v
+// are null and the rows are read from quant's codes).
 struct AttnArgs {
   int row0, n;
   Dyn pos0;
   const float* k;
   const float* v;
   int capacity, n_kv_heads, head_dim, window;
+  KvQuantArgs quant;
 };
 
 // y[M, w.rows] = x[M, w.cols] · Wᵀ: 32-value units per lane when w.cols % 32 == 0, else one
@@ -73,7 +76,8 @@ void norm_rope(cudaStream_t s, float* x, int rows, int heads, int head_dim, cons
                const float* inv_freq, float position_scale);
 // One sequence's attention inputs (Backend::attn_prep): q [rows, H, D] normed (q_norm_w, or none)
 // and roped in place; k [rows, Hk, D] likewise, then k and v (normed when v_norm) written into the
-// cache slots of positions pos0.. (kc/vc [capacity, Hk, D]; ring when window > 0). Hk == 0: q only.
+// cache slots of positions pos0.. (kc/vc [capacity, Hk, D]; ring when window > 0; quant.bits > 0:
+// quantized into quant's rows instead, kc/vc unused). Hk == 0: q only.
 struct AttnPrepArgs {
   float *q, *k, *v;
   int H, Hk, head_dim;
@@ -86,12 +90,15 @@ struct AttnPrepArgs {
   float position_scale;
   float *kc, *vc;
   int capacity, window;
+  KvQuantArgs quant;
 };
 void attn_prep(cudaStream_t s, const AttnPrepArgs& a, int rows);
 void rope(cudaStream_t s, float* x, int rows, int heads, int head_dim, Dyn pos0, const float* inv_freq,
           float position_scale);
-void kv_write(cudaStream_t s, const float* k, const float* v, int row0, int n, Dyn pos0, int row_len, int capacity,
-              int window, float* kc, float* vc);
+// k/v rows row0..row0+n-1 [Hk * head_dim each] into the cache slots of positions pos0.. (kc/vc,
+// or quantized into quant's rows when quant.bits > 0).
+void kv_write(cudaStream_t s, const float* k, const float* v, int row0, int n, Dyn pos0, int n_kv_heads, int head_dim,
+              int capacity, int window, float* kc, float* vc, const KvQuantArgs& quant);
 // Attention of a.n query rows (flash-decoding: online softmax, no score matrix). The visible
 // positions of each (row, head) are cut into `splits` ranges run by separate blocks; with
 // splits > 1, `partial` holds a.n * H * splits * (head_dim + 2) floats and `counters` a.n * H
