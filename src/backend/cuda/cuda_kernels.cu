@@ -363,7 +363,8 @@ __global__ void kv_write_kernel(const float* k, const float* v, int row0, Dyn po
 
 // Flash-decoding attention. Grid (a.n * H, splits), kAttnWarps warps per block: block (row t,
 // head h, split) takes its share of the visible positions; warp w of it every kAttnWarps-th
-// position; lane l holds dims l, l + 32, ... (kPer of them, coalesced loads). Each warp keeps an
+// position; lane l holds dims l, l + 32, ... (kPer of them, coalesced loads; a quantized cache:
+// dims l*kPer .. l*kPer+kPer-1, whose codes are contiguous words of one group). Each warp keeps an
 // online softmax (running max m, sum l, weighted V sum); the warps merge through shared memory.
 // One split writes the normalized output; several write (acc[D], m, l) partials, and the last
 // block of each (row, head) to finish merges them.
@@ -381,10 +382,11 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const flo
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t row = int64_t(a.n_kv_heads) * D;
   const float* qh = q + (int64_t(a.row0 + t) * H + h) * D;
+  auto dim = [lane](int i) { return kQuant ? lane * kPer + i : lane + kWarp * i; };
   float qv[kPer], acc[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
-    const int d = lane + kWarp * i;
+    const int d = dim(i);
     qv[i] = d < D ? qh[d] : 0.f;
     acc[i] = 0.f;
   }
@@ -399,15 +401,10 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const flo
       const int jj = min(j + b * kAttnWarps, j1 - 1);  // past the end: a valid row, masked below
       const int p = first + jj;
       const int slot = a.window > 0 ? p % a.capacity : p;
-      if constexpr (kQuant) {  // a quantized cache: dequantize this lane's elements
-        const KvQuantArgs& qa = a.quant;
+      if constexpr (kQuant) {  // a quantized cache: this lane's kPer contiguous values of the row
         const int64_t hr = int64_t(slot) * a.n_kv_heads + g;
-#pragma unroll
-        for (int i = 0; i < kPer; ++i) {
-          const int d = lane + kWarp * i;
-          kk[b][i] = d < D ? kv_dequant(qa.kq, qa.ks, qa.kb, qa, hr, D, d) : 0.f;
-          vv[b][i] = d < D ? kv_dequant(qa.vq, qa.vs, qa.vb, qa, hr, D, d) : 0.f;
-        }
+        kv_dequant_run<kPer>(a.quant.kq, a.quant.ks, a.quant.kb, a.quant, hr, D, lane * kPer, kk[b]);
+        kv_dequant_run<kPer>(a.quant.vq, a.quant.vs, a.quant.vb, a.quant, hr, D, lane * kPer, vv[b]);
       } else {
         const float* kr = a.k + int64_t(slot) * row + int64_t(g) * D;
         const float* vr = a.v + int64_t(slot) * row + int64_t(g) * D;
@@ -450,7 +447,7 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const flo
     sh_l[warp] = l;
   }
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) sh_acc[warp][lane + kWarp * i] = acc[i];
+  for (int i = 0; i < kPer; ++i) sh_acc[warp][dim(i)] = acc[i];
   __syncthreads();
   float M = -INFINITY;
   for (int w = 0; w < kAttnWarps; ++w) M = fmaxf(M, sh_m[w]);

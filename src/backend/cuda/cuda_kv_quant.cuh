@@ -1,6 +1,6 @@
 // Quantized KV rows on the device (backend.h KvBuffer::quant): the MLX affine quantization of
-// quant/affine_quantize.h, one head row at a time by a whole block, and the per-element
-// dequantization the attention kernel reads them with. Same arithmetic as the host: every step
+// quant/affine_quantize.h, one head row at a time by a whole block, and the dequantization of a
+// lane's contiguous run of values that the attention kernel reads them with. Same arithmetic as the host: every step
 // rounded on its own (no fused multiply-add), IEEE division, rint, so equal inputs give equal
 // codes, scales and biases.
 #pragma once
@@ -26,19 +26,50 @@ struct KvQuantArgs {
 };
 
 #ifdef __CUDACC__
-// Element d of head row r (D values per row): scale*q + bias, rounded twice as dequant_row does.
-// Rows start on whole bytes (D * bits is a multiple of 8) and groups divide D, so only the row's
-// base is 64-bit arithmetic.
-__device__ inline float kv_dequant(const uint8_t* codes, const float* s, const float* b, const KvQuantArgs& qa,
-                                   int64_t r, int D, int d) {
-  const int bit = d * qa.bits;
-  const uint8_t* p = codes + r * (D * qa.bits / 8) + (bit >> 3);
-  const int sh = bit & 7;
-  uint32_t v = p[0];
-  if (sh + qa.bits > 8) v |= uint32_t(p[1]) << 8;
-  const uint32_t q = (v >> sh) & ((1u << qa.bits) - 1u);
-  const int64_t gi = r * (D >> qa.group_shift) + (d >> qa.group_shift);
-  return __fadd_rn(__fmul_rn(s[gi], float(q)), b[gi]);
+// Values d0 .. d0+N-1 of head row r into out[N] (d0 + N <= D, d0 a multiple of N, N <= 32 and a
+// power of two, so they lie in one group): one scale and bias; codes read as whole 32-bit words
+// when 4- and 8-bit runs fill them, byte by byte otherwise. scale*q + bias rounded twice, as
+// dequant_row computes it on the host.
+template <int N>
+__device__ inline void kv_dequant_run(const uint8_t* codes, const float* s, const float* b, const KvQuantArgs& qa,
+                                      int64_t r, int D, int d0, float* out) {
+  if (d0 >= D) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = 0.f;
+    return;
+  }
+  const int64_t gi = r * (D >> qa.group_shift) + (d0 >> qa.group_shift);
+  const float sc = s[gi], bi = b[gi];
+  const uint8_t* row = codes + r * (D * qa.bits / 8);
+  uint32_t c[N];
+  if (qa.bits == 4 && N % 8 == 0) {
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(row + d0 / 2);
+#pragma unroll
+    for (int j = 0; j < N / 8; ++j) {
+      const uint32_t v = w[j];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) c[8 * j + k] = (v >> (4 * k)) & 15u;
+    }
+  } else if (qa.bits == 8 && N % 4 == 0) {
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(row + d0);
+#pragma unroll
+    for (int j = 0; j < N / 4; ++j) {
+      const uint32_t v = w[j];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) c[4 * j + k] = (v >> (8 * k)) & 255u;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int bit = (d0 + i) * qa.bits, sh = bit & 7;
+      const uint8_t* p = row + (bit >> 3);
+      uint32_t v = p[0];
+      if (sh + qa.bits > 8) v |= uint32_t(p[1]) << 8;
+      c[i] = (v >> sh) & ((1u << qa.bits) - 1u);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[i] = __fadd_rn(__fmul_rn(sc, float(c[i])), bi);
 }
 
 // Quantizes x[0, D) (written by this block before a __syncthreads, or read-only input) into head
