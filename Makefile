@@ -49,11 +49,12 @@ build-cuda: $(STAMPS)/apt
 starter-model: $(STAMPS)/venv
 	@$(PY) tools/starter_model.py
 
-# Tiny random Gemma 4 checkpoints + reference logits (also with a quantized KV cache), made by
-# mlx-lm itself.
+# Tiny random Gemma 4 checkpoints + reference logits (also with a quantized KV cache and with LoRA
+# adapters), made by mlx-lm itself.
 fixtures: $(STAMPS)/venv
 	$(PY) tools/make_fixtures.py --out $(FIXTURES)
 	$(PY) tools/make_kvquant_oracle.py --fixtures $(FIXTURES)
+	$(PY) tools/make_lora_oracle.py --fixtures $(FIXTURES)
 
 # Loader tests under AddressSanitizer + UBSan.
 test-asan: $(STAMPS)/apt

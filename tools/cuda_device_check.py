@@ -9,7 +9,9 @@ Runs, with a CUDA build of the binaries (cmake -DG4_CUDA=ON):
      cuda` against mlx-lm's greedy ids;
   3. where a fixture has kvquant.npz (tools/make_kvquant_oracle.py): `gemma4 logits --backend cuda`
      with each recorded quantized-KV schedule against mlx-lm's logits, with the bound of
-     tests/python/test_kvquant.py (max(1e-3, 3 x mlx-lm's own rounding sensitivity)).
+     tests/python/test_kvquant.py (max(1e-3, 3 x mlx-lm's own rounding sensitivity));
+  4. where a fixture has a sibling FIXTURE-lora (tools/make_lora_oracle.py): `gemma4 logits
+     --backend cuda --adapter-path` against mlx-lm's logits with that adapter (1e-3).
 Prints one line per check and a summary table last; exits 1 if any check fails.
 
     python3 tools/cuda_device_check.py --bin build-cuda/bin --fixtures DIR [DIR ...]
@@ -48,6 +50,8 @@ def main():
     ok &= passed
     for fx in a.fixtures:
         fx = Path(fx)
+        if fx.name.endswith("-lora"):  # an adapter beside its fixture (step 4), not a fixture
+            continue
         with np.load(fx / "oracle.npz") as z:
             ids = [int(i) for i in z["prompt_ids"]]
             want = z["logits_f32"]
@@ -80,6 +84,15 @@ def main():
                     ok &= d <= tol
                     rows.append((f"{fx.name} kv {case}", f"max|d| cuda {d:.2e} (bound {tol:.1e})",
                                  "pass" if d <= tol else "FAIL"))
+        lora = fx.parent / f"{fx.name}-lora"
+        if (lora / "oracle.npz").exists():
+            with np.load(lora / "oracle.npz") as z, tempfile.TemporaryDirectory() as tmp:
+                run([b / "gemma4", "logits", "--model", fx, "--adapter-path", lora, "--ids",
+                     ",".join(map(str, z["ids"])), "--dtype", "f32", "--backend", "cuda", "--chunk", 4,
+                     "--out", f"{tmp}/l.npy"])
+                d = float(np.abs(np.load(f"{tmp}/l.npy") - z["f32_chunk4"]).max())
+            ok &= d <= LOGIT_TOL
+            rows.append((f"{fx.name} lora", f"max|d| cuda {d:.2e}", "pass" if d <= LOGIT_TOL else "FAIL"))
     print(f"{'check':24s} {'result':60s} verdict")
     for r in rows:
         print(f"{r[0]:24s} {r[1]:60s} {r[2]}")

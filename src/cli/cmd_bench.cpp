@@ -30,7 +30,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   Model& model = *m.value();
   auto P = parse_precision(a.get("--dtype", "f32"), model);  // the engine's precision
   if (!P) return fail("bench", P.message());
-  if (Status ks = apply_kv_flags(a, model, P.value()); !ks) return fail("bench", ks.message());
+  if (Status ks = apply_model_flags(a, model, P.value()); !ks) return fail("bench", ks.message());
   const int V = model.config().vocab;
   // A fixed pseudo-random prompt of ordinary token ids (no specials).
   std::vector<int32_t> prompt(static_cast<size_t>(np));

@@ -21,7 +21,7 @@ int cmd_greedy(const std::vector<std::string>& argv) {
   Model& model = *m.value();
   auto P = parse_precision(a.get("--dtype"), model);
   if (!P) return fail("greedy", P.message());
-  if (Status ks = apply_kv_flags(a, model, P.value()); !ks) return fail("greedy", ks.message());
+  if (Status ks = apply_model_flags(a, model, P.value()); !ks) return fail("greedy", ks.message());
   const int V = model.config().vocab;
   const int L = int(ids->size());
   int chunk = a.has("--chunk") ? std::atoi(a.get("--chunk").c_str()) : 512;

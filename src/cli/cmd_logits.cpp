@@ -23,7 +23,7 @@ int cmd_logits(const std::vector<std::string>& argv) {
   Model& model = *m.value();
   auto P = parse_precision(a.get("--dtype"), model);
   if (!P) return fail("logits", P.message());
-  if (Status ks = apply_kv_flags(a, model, P.value()); !ks) return fail("logits", ks.message());
+  if (Status ks = apply_model_flags(a, model, P.value()); !ks) return fail("logits", ks.message());
   const int V = model.config().vocab;
   for (int32_t id : ids.value())
     if (id >= V) return fail("logits", "token id " + std::to_string(id) + " is outside the vocabulary");

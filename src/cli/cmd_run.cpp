@@ -54,7 +54,7 @@ Result<Session> open_session(const Args& a) {
   }
   G4_ASSIGN_OR_RETURN(s.text, parse_text_args(a, s.b.model->config()));
   EngineOptions eo;
-  G4_TRY(apply_kv_flags(a, *s.b.model, eo.precision));
+  G4_TRY(apply_model_flags(a, *s.b.model, eo.precision));
   eo.parallel = 1;
   eo.max_context = std::atoi(a.get("--context", "8192").c_str());
   if (eo.max_context <= 0) return err("--context must be positive");

@@ -52,7 +52,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
     if (!ct) return fail("serve", ct.message());
     b.value().chat_template = std::move(ct).value();
   }
-  if (Status ks = apply_kv_flags(a, *b.value().model, EngineOptions{}.precision); !ks) return fail("serve", ks.message());
+  if (Status ks = apply_model_flags(a, *b.value().model, EngineOptions{}.precision); !ks) return fail("serve", ks.message());
   if (!b.value().chat_template)
     progress("note: the model has no chat template (a base model): /v1/chat/completions and "
              "/v1/messages answer 400; /v1/completions works. Pass --chat-template FILE to chat.");

@@ -76,7 +76,7 @@ Result<int> int_flag(const Args& a, const char* name, int def, int lo, int hi) {
   return int(n);
 }
 
-Status apply_kv_flags(const Args& a, Model& m, ActPrecision P) {
+Status apply_model_flags(const Args& a, Model& m, ActPrecision P) {
   KvCacheOptions o;
   G4_ASSIGN_OR_RETURN(o.quant.bits, int_flag(a, "--kv-bits", 0, 0, 8));
   G4_ASSIGN_OR_RETURN(o.quant.group_size, int_flag(a, "--kv-group-size", 64, 1, 1 << 20));
@@ -84,7 +84,12 @@ Status apply_kv_flags(const Args& a, Model& m, ActPrecision P) {
   o.quant.bf16_params = P == ActPrecision::BF16;
   if (o.quant.bits == 0 && (a.has("--kv-group-size") || a.has("--quantized-kv-start")))
     return err("--kv-group-size and --quantized-kv-start need --kv-bits");
-  return m.set_kv_options(o);
+  G4_TRY(m.set_kv_options(o));
+  if (a.has("--adapter-path")) {
+    G4_ASSIGN_OR_RETURN(auto ad, load_lora_adapter(a.get("--adapter-path"), m.config(), m.backend()));
+    m.set_adapter(std::move(ad));
+  }
+  return Status::ok();
 }
 
 Result<std::unique_ptr<Model>> load_model_from_args(const Args& a, bool quiet) {

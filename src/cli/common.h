@@ -21,10 +21,12 @@ Result<ActPrecision> parse_precision(const std::string& s, Model& model);
 Status apply_process_flags(const Args& a, bool batch_invariant_default = false);
 // An integer flag in [lo, hi] (def when absent); the error names the flag.
 Result<int> int_flag(const Args& a, const char* name, int def, int lo, int hi);
-// --kv-bits N (2..8; absent: f32 KV), --kv-group-size G (32|64|128, default 64) and
-// --quantized-kv-start T (default 5000, mlx-lm's): the quantized KV cache of the caches `m` makes
-// from now on (model/kv_cache.h), with scales in bf16 when the activations are (P).
-Status apply_kv_flags(const Args& a, Model& m, ActPrecision P);
+// Options applied to a loaded model:
+//   --kv-bits N (2..8; absent: f32 KV), --kv-group-size G (32|64|128, default 64) and
+//   --quantized-kv-start T (default 5000, mlx-lm's): the quantized KV cache of the caches `m`
+//   makes from now on (model/kv_cache.h), with scales in bf16 when the activations are (P);
+//   --adapter-path DIR: a LoRA adapter in mlx-lm's format (model/lora.h).
+Status apply_model_flags(const Args& a, Model& m, ActPrecision P);
 // Loads --model (or the default starter model) on --backend, after apply_process_flags.
 // Prints load progress on stderr unless quiet.
 Result<std::unique_ptr<Model>> load_model_from_args(const Args& a, bool quiet = false);

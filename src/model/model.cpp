@@ -12,6 +12,8 @@ struct Model::Scratch {
   float *o = nullptr, *gate = nullptr, *up = nullptr, *f = nullptr, *h1 = nullptr, *h2 = nullptr;
   float *ple = nullptr, *ple_tok = nullptr, *ple_l = nullptr, *pg = nullptr;
   float *scores = nullptr, *rw = nullptr, *last = nullptr, *logits = nullptr;
+  float *lora_t = nullptr, *lora_z = nullptr;  // [rows, rank], [rows, widest adapted output]
+  int lora_rows = 0;
   int32_t *ids = nullptr, *ridx = nullptr, *last_idx = nullptr, *argmax = nullptr;
 };
 
@@ -23,6 +25,24 @@ Model::Model(ModelConfig cfg, ModelWeights w, std::shared_ptr<const WeightSource
 }
 
 Model::~Model() = default;  // buffers are owned (and freed) by the backend
+
+void Model::set_adapter(std::unique_ptr<LoraAdapter> a) {
+  lora_ = std::move(a);
+  be_->free(s_->lora_t);
+  be_->free(s_->lora_z);
+  s_->lora_t = s_->lora_z = nullptr;
+  s_->lora_rows = 0;
+}
+
+void Model::lora_add(const LoraDelta* d, const float* x, int M, ActPrecision P, float* y) {
+  if (!d) return;
+  Scratch& S = *s_;
+  const size_t n = size_t(M) * size_t(d->b.rows);
+  be_->matmul(x, M, d->a, ActPrecision::F32, S.lora_t);  // f32 products, as MLX promotes them
+  be_->matmul(S.lora_t, M, d->b, ActPrecision::F32, S.lora_z);
+  be_->scale(S.lora_z, d->scale, n, P, S.lora_z);  // (scale * z).astype(x.dtype)
+  be_->add(y, S.lora_z, n, P, y);
+}
 
 Status Model::set_kv_options(const KvCacheOptions& opt) {
   G4_TRY(validate_kv_options(opt, cfg_, *be_));
@@ -64,6 +84,13 @@ void Model::ensure_scratch(int rows, int lrows) {
     s.ids = be.alloc_i32(R);
     s.ridx = be.alloc_i32(R * std::max(1, cfg_.top_k_experts));
     s.rows = rows;
+  }
+  if (lora_ && rows > s.lora_rows) {
+    be_->free(s.lora_t);
+    be_->free(s.lora_z);
+    s.lora_t = be_->alloc(size_t(rows) * size_t(lora_->rank));
+    s.lora_z = be_->alloc(size_t(rows) * size_t(lora_->max_out));
+    s.lora_rows = rows;
   }
   if (lrows > s.logit_rows) {
     be_->free(s.last); be_->free(s.logits); be_->free(s.last_idx); be_->free(s.argmax);
@@ -144,10 +171,20 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
     // --- attention block (§2.4) ---
     // q (and k, v when the layer owns its KV) from the normed input.
     const bool own_kv = ls.kv_source < 0;
-    const InputNorm in_norm{lw.input_ln.data, cfg_.rms_eps, S.xn};
-    if (!own_kv) be.norm_matmuls(S.x, R, in_norm, {{&lw.q, S.q}}, P);
-    else if (ls.k_eq_v) be.norm_matmuls(S.x, R, in_norm, {{&lw.q, S.q}, {&lw.k, S.k}}, P);
-    else be.norm_matmuls(S.x, R, in_norm, {{&lw.q, S.q}, {&lw.k, S.k}, {&lw.v, S.v}}, P);
+    const LayerLora* ll = lora_ ? &lora_->layers[size_t(l)] : nullptr;
+    // With an adapter on q/k/v the normed input is materialized (the adapter reads it too).
+    const bool lora_qkv = ll && (ll->q || ll->k || ll->v);
+    if (lora_qkv) be.rms_norm(S.x, R, d, lw.input_ln.data, cfg_.rms_eps, P, S.xn);
+    const float* qkv_in = lora_qkv ? S.xn : S.x;
+    const InputNorm in_norm = lora_qkv ? InputNorm{} : InputNorm{lw.input_ln.data, cfg_.rms_eps, S.xn};
+    if (!own_kv) be.norm_matmuls(qkv_in, R, in_norm, {{&lw.q, S.q}}, P);
+    else if (ls.k_eq_v) be.norm_matmuls(qkv_in, R, in_norm, {{&lw.q, S.q}, {&lw.k, S.k}}, P);
+    else be.norm_matmuls(qkv_in, R, in_norm, {{&lw.q, S.q}, {&lw.k, S.k}, {&lw.v, S.v}}, P);
+    if (lora_qkv) {
+      lora_add(ll->q, S.xn, R, P, S.q);
+      if (own_kv) lora_add(ll->k, S.xn, R, P, S.k);
+      if (own_kv && !ls.k_eq_v) lora_add(ll->v, S.xn, R, P, S.v);
+    }
     for (size_t i = 0; i < batch.size(); ++i) seqs[i].kv = batch[i].cache->layer(kv_layer);
     if (own_kv && ls.k_eq_v) be.copy_cols(S.k, R, Hk * D, 0, Hk * D, S.v);  // V = raw K projection (before k_norm)
     if (!tap_) {  // norms, ropes and the cache writes in one op
@@ -171,28 +208,41 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
     if (ls.kv_source < 0) tap("v_normed", l, S.v, size_t(R) * Hk * D);
     be.attention(S.q, H, seqs, cfg_.query_scale, P, S.att);
     tap("attn", l, S.att, size_t(R) * H * D);
-    be.matmul_norm_add(S.att, R, lw.o, S.o, S.x, lw.post_attn_ln.data, cfg_.rms_eps, P);
+    if (ll && ll->o) {
+      be.matmul(S.att, R, lw.o, P, S.o);
+      lora_add(ll->o, S.att, R, P, S.o);
+      be.norm_add(S.x, S.o, R, d, lw.post_attn_ln.data, cfg_.rms_eps, P);
+    } else {
+      be.matmul_norm_add(S.att, R, lw.o, S.o, S.x, lw.post_attn_ln.data, cfg_.rms_eps, P);
+    }
     tap("attn_residual", l, S.x, Rd);
 
     // --- feed-forward block (§2.7, §2.8) ---
     const size_t RI = size_t(R) * ls.mlp_width;
-    if (!tap_) {
+    const bool lora_gate_up = ll && (ll->gate || ll->up);
+    if (!tap_ && !lora_gate_up) {
       be.gate_up_gelu(S.x, R, InputNorm{lw.pre_ffw_ln.data, cfg_.rms_eps, S.xn}, lw.gate, lw.up,
                       cfg_.gelu == GeluImpl::GgmlF16Table, P, S.gate, S.up);
-    } else {  // the taps want the normed input, gate and up on their own
+    } else {  // the taps (and an adapter) want the normed input, gate and up on their own
       be.rms_norm(S.x, R, d, lw.pre_ffw_ln.data, cfg_.rms_eps, P, S.xn);
       be.matmul(S.xn, R, lw.gate, P, S.gate);
       be.matmul(S.xn, R, lw.up, P, S.up);
+      if (ll) {
+        lora_add(ll->gate, S.xn, R, P, S.gate);
+        lora_add(ll->up, S.xn, R, P, S.up);
+      }
       tap("mlp_in", l, S.xn, Rd);
       tap("mlp_gate", l, S.gate, RI);
       tap("mlp_up", l, S.up, RI);
       gelu_mul(S.gate, S.up, RI, P, S.gate);
     }
     tap("mlp_act", l, S.gate, RI);
-    if (!ls.moe && !tap_) {  // down projection, post-norm and residual add in one op
+    const bool lora_down = ll && ll->down;
+    if (!ls.moe && !tap_ && !lora_down) {  // down projection, post-norm and residual add in one op
       be.matmul_norm_add(S.gate, R, lw.down, S.f, S.x, lw.post_ffw_ln.data, cfg_.rms_eps, P);
     } else {
       be.matmul(S.gate, R, lw.down, P, S.f);
+      if (lora_down) lora_add(ll->down, S.gate, R, P, S.f);
       tap("mlp_out", l, S.f, Rd);
     }
     if (ls.moe) {
@@ -210,14 +260,21 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
       be.rms_norm(S.h2, R, d, lw.post_ffw_ln2.data, cfg_.rms_eps, P, S.h2);
       be.add(S.h1, S.h2, Rd, P, S.f);
     }
-    if (ls.moe || tap_) be.norm_add(S.x, S.f, R, d, lw.post_ffw_ln.data, cfg_.rms_eps, P);
+    if (ls.moe || tap_ || lora_down) be.norm_add(S.x, S.f, R, d, lw.post_ffw_ln.data, cfg_.rms_eps, P);
 
     // --- per-layer input (§2.9) ---
     if (Pw > 0) {
       be.copy_cols(S.ple, R, N * Pw, l * Pw, Pw, S.ple_l);
       be.matmul(S.x, R, lw.ple_gate, P, S.pg);
+      if (ll) lora_add(ll->ple_gate, S.x, R, P, S.pg);
       gelu_mul(S.pg, S.ple_l, size_t(R) * Pw, P, S.pg);
-      be.matmul_norm_add(S.pg, R, lw.ple_proj, S.o, S.x, lw.post_ple_ln.data, cfg_.rms_eps, P);
+      if (ll && ll->ple_proj) {
+        be.matmul(S.pg, R, lw.ple_proj, P, S.o);
+        lora_add(ll->ple_proj, S.pg, R, P, S.o);
+        be.norm_add(S.x, S.o, R, d, lw.post_ple_ln.data, cfg_.rms_eps, P);
+      } else {
+        be.matmul_norm_add(S.pg, R, lw.ple_proj, S.o, S.x, lw.post_ple_ln.data, cfg_.rms_eps, P);
+      }
     }
     if (lw.layer_scalar != 1.f) be.scale(S.x, T(lw.layer_scalar), Rd, P, S.x);
     tap("layer_out", l, S.x, Rd);

@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "model/config.h"
 #include "model/kv_cache.h"
+#include "model/lora.h"
 #include "model/weights.h"
 
 namespace g4 {
@@ -38,6 +39,9 @@ class Model {
   // (validate_kv_options), nothing changes on error.
   Status set_kv_options(const KvCacheOptions& opt);
   const KvCacheOptions& kv_options() const { return kv_opt_; }
+  // A LoRA adapter applied from the next forward on (null: none); see model/lora.h.
+  void set_adapter(std::unique_ptr<LoraAdapter> a);
+  const LoraAdapter* adapter() const { return lora_.get(); }
 
   // Runs one batched step. Reserves cache room, computes, and advances every cache by its n.
   // logits (host memory, or null) receives, in input order, [n, vocab] rows for all_logits inputs
@@ -57,6 +61,8 @@ class Model {
   struct Scratch;
   void ensure_scratch(int rows, int logit_rows);
   void tap(const char* name, int layer, const float* p, size_t n);
+  // y[M, d.b.rows] += the adapter delta of x (lora.h); nothing when d is null.
+  void lora_add(const LoraDelta* d, const float* x, int M, ActPrecision P, float* y);
   // gelu_tanh(gate) * up the way cfg_.gelu says (the ggml table only with f32 activations).
   void gelu_mul(const float* gate, const float* up, size_t n, ActPrecision P, float* out);
 
@@ -67,6 +73,7 @@ class Model {
   std::vector<RopeTable> rope_;        // per layer
   std::unique_ptr<Scratch> s_;
   KvCacheOptions kv_opt_;
+  std::unique_ptr<LoraAdapter> lora_;
   Tap tap_;
 };
 

@@ -1,0 +1,57 @@
+// LoRA adapters in mlx-lm's format (what `mlx_lm.lora` writes: adapter_config.json with
+// fine_tune_type, num_layers and lora_parameters {rank, scale, dropout}, and adapters.safetensors
+// with one lora_a [in, r] and lora_b [r, out] per adapted module), applied at inference as
+// mlx-lm's LoRALinear does:
+//   y = W·x + (scale * ((x · lora_a) · lora_b)).astype(x.dtype)
+// the two small products in f32 (MLX promotes the bf16 input against the f32 adapter), the scaled
+// sum rounded to the activation precision, then added. The base weights stay as they are (packed,
+// quantized or not); the adapter's matrices are f32 backend weights.
+//
+// Modules an adapter may hold, per layer: self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj,
+// per_layer_input_gate, per_layer_projection (mlx-lm's default keys on the dense models). Errors
+// (one line, naming the file and tensor): DoRA or full fine-tunes, missing files or fields,
+// tensors of other modules (MoE router or experts, embeddings), a module the model does not have
+// (v_proj of a K=V layer, k/v of a KV-shared layer), a lora_a without its lora_b, wrong shapes or
+// dtypes, ranks that differ from the config's.
+#pragma once
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "model/config.h"
+
+namespace g4 {
+
+// One adapted module: delta(x) = scale * (x · Aᵀ) · Bᵀ.
+struct LoraDelta {
+  WeightView a;  // F32 [r, in] = lora_aᵀ (backend weight)
+  WeightView b;  // F32 [out, r] = lora_bᵀ
+  float scale = 1.f;
+};
+
+// The adapted modules of one layer (null: no adapter on that module).
+struct LayerLora {
+  const LoraDelta *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
+  const LoraDelta *gate = nullptr, *up = nullptr, *down = nullptr;
+  const LoraDelta *ple_gate = nullptr, *ple_proj = nullptr;
+};
+
+struct LoraAdapter {
+  std::string path;
+  int rank = 0;
+  float scale = 0.f;
+  int num_layers = 0;     // adapter_config.json's num_layers (informational)
+  int modules = 0;        // adapted modules
+  int max_out = 0;        // widest adapted output (scratch size)
+  std::vector<LayerLora> layers;  // one per model layer
+  std::deque<LoraDelta> deltas;   // stable storage behind the LayerLora pointers
+  std::vector<std::vector<float>> host;  // the transposed f32 matrices the host views point into
+};
+
+// Reads the adapter directory `dir` for a model of config `cfg`, placing its matrices on `be`.
+Result<std::unique_ptr<LoraAdapter>> load_lora_adapter(const std::string& dir, const ModelConfig& cfg, Backend& be);
+
+}  // namespace g4
