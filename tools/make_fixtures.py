@@ -314,18 +314,7 @@ def prompt_ids(variant: str, attempt: int = 0) -> list:
     return [2, 105] + [int(x) for x in rest]
 
 
-def full_logits(model, ids, chunk=None) -> np.ndarray:
-    """Logits of every prompt position with a fresh mlx-lm cache (make_cache): one forward over
-    the whole prompt, or consecutive forwards of `chunk` tokens sharing the cache."""
-    cache = model.make_cache()
-    step = chunk or len(ids)
-    outs = []
-    for i in range(0, len(ids), step):
-        o = model(mx.array(ids[i:i + step], dtype=mx.int32)[None], cache=cache)
-        o = o[0].astype(mx.float32)
-        mx.eval(o)
-        outs.append(np.array(o))
-    return np.concatenate(outs, axis=0)
+full_logits = oc.chunked_logits
 
 
 def greedy(model, ids, steps):

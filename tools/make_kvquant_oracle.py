@@ -30,12 +30,11 @@ Two deviations from stock mlx-lm 0.32.2, which cannot run a quantized cache on G
     mx.fast.scaled_dot_product_attention (an error); here they go to mlx-lm's own
     quantized_scaled_dot_product_attention with the donor's bits and group size.
 Both are exactly what the engine implements (src/model/kv_cache.h).
-Skips work when every output exists and the stamp (this script + mlx / mlx-lm versions) matches.
+Skips work when every output exists and the stamp (this script, the fixtures' stamp, mlx / mlx-lm
+versions) matches.
 """
 from __future__ import annotations
 
-import argparse
-import hashlib
 import sys
 import time
 from pathlib import Path
@@ -46,7 +45,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import oracle_common as oc  # noqa: E402
 
 import mlx.core as mx  # noqa: E402
-import mlx_lm  # noqa: E402
 from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
 import mlx_lm.models.gemma4_text as g4t  # noqa: E402
 from mlx_lm.models.base import quantized_scaled_dot_product_attention  # noqa: E402
@@ -80,18 +78,14 @@ g4t.scaled_dot_product_attention = _sdpa
 
 def run_schedule(model, ids, bits, group, start, chunk):
     _active.update(bits=bits, group=group)
-    cache = model.make_cache()
-    outs = []
-    for i in range(0, len(ids), chunk):
-        o = model(mx.array(ids[i:i + chunk], dtype=mx.int32)[None], cache=cache)
-        o = o[0].astype(mx.float32)
-        mx.eval(o)
-        outs.append(np.array(o))
+
+    def quantize(cache):  # maybe_quantize_kv_cache, full-attention caches only (see above)
         if bits:
             for e, c in enumerate(cache):
                 if isinstance(c, KVCache) and c.offset >= start:
                     cache[e] = c.to_quantized(group_size=group, bits=bits)
-    return np.concatenate(outs, axis=0)
+
+    return oc.chunked_logits(model, ids, chunk, after_call=quantize)
 
 
 def sensitivity(model, ids, spec, ref) -> float:
@@ -106,23 +100,10 @@ def sensitivity(model, ids, spec, ref) -> float:
     return worst
 
 
-def stamp_value() -> str:
-    h = hashlib.sha256(Path(__file__).read_bytes())
-    h.update(f"mlx={mx.__version__} mlx_lm={mlx_lm.__version__}".encode())
-    return h.hexdigest()
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--fixtures", required=True, type=Path)
-    ap.add_argument("--force", action="store_true")
-    args = ap.parse_args()
-    mx.set_default_device(mx.cpu)
-    stamp = stamp_value()
-    # The fixtures' own stamp is part of ours: regenerated checkpoints need new references.
-    base = (args.fixtures / ".stamp").read_text().strip() if (args.fixtures / ".stamp").exists() else ""
+    args = oc.derived_args(__doc__)
+    want = oc.derived_stamp(Path(__file__), args.fixtures)
     stamp_file = args.fixtures / ".stamp-kvquant"
-    want = stamp + " " + base
     done = all((args.fixtures / f / "kvquant.npz").exists() for f in FIXTURES)
     if not args.force and done and stamp_file.exists() and stamp_file.read_text().strip() == want:
         print(f"kvquant oracle: up to date ({len(FIXTURES)} fixtures)")

@@ -21,8 +21,6 @@ mlx-lm versions) matches.
 """
 from __future__ import annotations
 
-import argparse
-import hashlib
 import json
 import sys
 import time
@@ -34,8 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import oracle_common as oc  # noqa: E402
 
 import mlx.core as mx  # noqa: E402
-import mlx_lm  # noqa: E402
-from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
+from mlx.utils import tree_flatten  # noqa: E402
 from mlx_lm.tuner.utils import linear_to_lora_layers, load_adapters  # noqa: E402
 
 # (fixture, num_layers, rank, scale, seed)
@@ -46,15 +43,7 @@ CASES = [
 ]
 
 
-def logits(model, ids, chunk=None) -> np.ndarray:
-    cache = model.make_cache()
-    step = chunk or len(ids)
-    outs = []
-    for i in range(0, len(ids), step):
-        o = model(mx.array(ids[i:i + step], dtype=mx.int32)[None], cache=cache)[0].astype(mx.float32)
-        mx.eval(o)
-        outs.append(np.array(o))
-    return np.concatenate(outs, axis=0)
+logits = oc.chunked_logits
 
 
 def make_adapter(fdir: Path, out: Path, num_layers: int, rank: int, scale: float, seed: int):
@@ -75,21 +64,9 @@ def make_adapter(fdir: Path, out: Path, num_layers: int, rank: int, scale: float
     return sorted(new)
 
 
-def stamp_value(fixtures: Path) -> str:
-    h = hashlib.sha256(Path(__file__).read_bytes())
-    h.update(f"mlx={mx.__version__} mlx_lm={mlx_lm.__version__}".encode())
-    st = fixtures / ".stamp"
-    h.update(st.read_bytes() if st.exists() else b"")
-    return h.hexdigest()
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--fixtures", required=True, type=Path)
-    ap.add_argument("--force", action="store_true")
-    args = ap.parse_args()
-    mx.set_default_device(mx.cpu)
-    stamp = stamp_value(args.fixtures)
+    args = oc.derived_args(__doc__)
+    stamp = oc.derived_stamp(Path(__file__), args.fixtures)
     stamp_file = args.fixtures / ".stamp-lora"
     done = all((args.fixtures / f"{c[0]}-lora" / "oracle.npz").exists() for c in CASES)
     if not args.force and done and stamp_file.exists() and stamp_file.read_text().strip() == stamp:

@@ -151,3 +151,44 @@ def load(path: Path):
     """mlx-lm's own loader (sanitize, quantization block, strict weight check)."""
     model, config = mlu.load_model(Path(path))
     return model, config
+
+
+def chunked_logits(model, ids, chunk=None, after_call=None) -> np.ndarray:
+    """Logits [L, V] (f32) of every position of `ids` with a fresh mlx-lm cache (make_cache): one
+    forward over all ids, or consecutive forwards of `chunk` tokens sharing the cache;
+    after_call(cache), when given, runs after every forward (it may replace cache entries)."""
+    cache = model.make_cache()
+    step = chunk or len(ids)
+    outs = []
+    for i in range(0, len(ids), step):
+        o = model(mx.array(ids[i:i + step], dtype=mx.int32)[None], cache=cache)
+        o = o[0].astype(mx.float32)
+        mx.eval(o)
+        outs.append(np.array(o))
+        if after_call:
+            after_call(cache)
+    return np.concatenate(outs, axis=0)
+
+
+def derived_stamp(script: Path, fixtures: Path) -> str:
+    """The stamp of a script that derives references from the fixtures in `fixtures`: its own
+    text, the mlx / mlx-lm versions and the fixtures' stamp (regenerated checkpoints need new
+    references)."""
+    import hashlib
+    import mlx_lm
+    h = hashlib.sha256(Path(script).read_bytes())
+    h.update(f"mlx={mx.__version__} mlx_lm={mlx_lm.__version__}".encode())
+    st = Path(fixtures) / ".stamp"
+    h.update(st.read_bytes() if st.exists() else b"")
+    return h.hexdigest()
+
+
+def derived_args(doc: str):
+    """--fixtures DIR [--force], the command line of the scripts that derive references."""
+    import argparse
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--fixtures", required=True, type=Path)
+    ap.add_argument("--force", action="store_true", help="regenerate even if the stamp matches")
+    args = ap.parse_args()
+    mx.set_default_device(mx.cpu)
+    return args

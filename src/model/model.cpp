@@ -44,6 +44,16 @@ void Model::lora_add(const LoraDelta* d, const float* x, int M, ActPrecision P, 
   be_->add(y, S.lora_z, n, P, y);
 }
 
+void Model::matmul_norm_add(const float* x, int M, const WeightView& W, const LoraDelta* lora, float* y_scratch,
+                            const float* norm_w, ActPrecision P) {
+  Backend& be = *be_;
+  float* resid = s_->x;
+  if (!lora) return be.matmul_norm_add(x, M, W, y_scratch, resid, norm_w, cfg_.rms_eps, P);
+  be.matmul(x, M, W, P, y_scratch);
+  lora_add(lora, x, M, P, y_scratch);
+  be.norm_add(resid, y_scratch, M, cfg_.hidden, norm_w, cfg_.rms_eps, P);
+}
+
 Status Model::set_kv_options(const KvCacheOptions& opt) {
   G4_TRY(validate_kv_options(opt, cfg_, *be_));
   kv_opt_ = opt;
@@ -208,13 +218,7 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
     if (ls.kv_source < 0) tap("v_normed", l, S.v, size_t(R) * Hk * D);
     be.attention(S.q, H, seqs, cfg_.query_scale, P, S.att);
     tap("attn", l, S.att, size_t(R) * H * D);
-    if (ll && ll->o) {
-      be.matmul(S.att, R, lw.o, P, S.o);
-      lora_add(ll->o, S.att, R, P, S.o);
-      be.norm_add(S.x, S.o, R, d, lw.post_attn_ln.data, cfg_.rms_eps, P);
-    } else {
-      be.matmul_norm_add(S.att, R, lw.o, S.o, S.x, lw.post_attn_ln.data, cfg_.rms_eps, P);
-    }
+    matmul_norm_add(S.att, R, lw.o, ll ? ll->o : nullptr, S.o, lw.post_attn_ln.data, P);
     tap("attn_residual", l, S.x, Rd);
 
     // --- feed-forward block (§2.7, §2.8) ---
@@ -268,13 +272,7 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
       be.matmul(S.x, R, lw.ple_gate, P, S.pg);
       if (ll) lora_add(ll->ple_gate, S.x, R, P, S.pg);
       gelu_mul(S.pg, S.ple_l, size_t(R) * Pw, P, S.pg);
-      if (ll && ll->ple_proj) {
-        be.matmul(S.pg, R, lw.ple_proj, P, S.o);
-        lora_add(ll->ple_proj, S.pg, R, P, S.o);
-        be.norm_add(S.x, S.o, R, d, lw.post_ple_ln.data, cfg_.rms_eps, P);
-      } else {
-        be.matmul_norm_add(S.pg, R, lw.ple_proj, S.o, S.x, lw.post_ple_ln.data, cfg_.rms_eps, P);
-      }
+      matmul_norm_add(S.pg, R, lw.ple_proj, ll ? ll->ple_proj : nullptr, S.o, lw.post_ple_ln.data, P);
     }
     if (lw.layer_scalar != 1.f) be.scale(S.x, T(lw.layer_scalar), Rd, P, S.x);
     tap("layer_out", l, S.x, Rd);

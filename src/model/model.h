@@ -63,6 +63,10 @@ class Model {
   void tap(const char* name, int layer, const float* p, size_t n);
   // y[M, d.b.rows] += the adapter delta of x (lora.h); nothing when d is null.
   void lora_add(const LoraDelta* d, const float* x, int M, ActPrecision P, float* y);
+  // The residual stream (scratch x) += rms_norm(x·Wᵀ + adapter delta)·norm_w: Backend::matmul_norm_add,
+  // which fuses it, without an adapter (lora null); y_scratch [M, W.rows].
+  void matmul_norm_add(const float* x, int M, const WeightView& W, const LoraDelta* lora, float* y_scratch,
+                       const float* norm_w, ActPrecision P);
   // gelu_tanh(gate) * up the way cfg_.gelu says (the ggml table only with f32 activations).
   void gelu_mul(const float* gate, const float* up, size_t n, ActPrecision P, float* out);
 

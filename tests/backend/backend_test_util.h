@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "model/kv_cache.h"
 
 namespace g4::test {
 
@@ -30,6 +31,46 @@ inline KvBuffer f32_kv(float* k, float* v, int32_t* pos, int capacity, int n_kv_
   b.head_dim = head_dim;
   b.window = window;
   return b;
+}
+
+// A two-layer config for KV-cache tests: a sliding layer (window `window`) then a full layer,
+// Hk KV heads of head_dim D, 4 query heads.
+inline ModelConfig sliding_and_full(int Hk, int D, int window) {
+  ModelConfig c;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  LayerSpec s;
+  s.kind = AttnKind::Sliding;
+  s.window = window;
+  s.n_kv_heads = Hk;
+  s.head_dim = D;
+  LayerSpec f = s;
+  f.kind = AttnKind::Full;
+  f.window = 0;
+  c.layers = {s, f};
+  return c;
+}
+
+// Writes rows [from, to) of k/v (backend buffers, row r = position r) into both layers of `c`,
+// `chunk` rows per call, as Model::forward does (reserve, kv_write, advance); `steps` brackets
+// each call as a recorded step (begin_step / end_step).
+inline void feed_cache(Backend& be, KvCache& c, const float* k, const float* v, int from, int to, int chunk,
+                       bool steps = false) {
+  for (int p = from; p < to; p += chunk) {
+    const int n = std::min(chunk, to - p);
+    c.reserve(n);
+    if (steps) be.begin_step();
+    for (int l = 0; l < 2; ++l) {
+      AttnSeq s;
+      s.row0 = p;
+      s.n = n;
+      s.pos0 = p;
+      s.kv = c.layer(l);
+      be.kv_write(s, k, v);
+    }
+    if (steps) be.end_step();
+    c.advance(n);
+  }
 }
 
 // A backend copy of host data / a host copy of backend data.

@@ -15,7 +15,6 @@
 #include "../quant/quant_test_util.h"
 #include "backend/backend.h"
 #include "backend_test_util.h"
-#include "model/kv_cache.h"
 
 namespace g4 {
 namespace {
@@ -400,43 +399,7 @@ TEST_F(CudaBackendTest, RecordedStepsReplayAtEveryPosition) {
 // Quantized KV caches (model/kv_cache.h) on the device against the same cache on the reference
 // backend: identical rows give identical codes, scales and biases (the same quantizer
 // arithmetic), and attention over them agrees, directly and inside recorded (replayed) steps.
-ModelConfig sliding_and_full(int Hk, int D) {
-  ModelConfig c;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  LayerSpec s;
-  s.kind = AttnKind::Sliding;
-  s.window = 6;
-  s.n_kv_heads = Hk;
-  s.head_dim = D;
-  LayerSpec f = s;
-  f.kind = AttnKind::Full;
-  f.window = 0;
-  c.layers = {s, f};
-  return c;
-}
-
-// Writes rows [from, to) of k/v (backend buffers of `total` rows) into both layers of `c`, `chunk`
-// rows per call, as Model::forward does (reserve, kv_write, advance); steps > 0 brackets each call
-// as a recorded step.
-void feed_cache(Backend& be, KvCache& c, const float* k, const float* v, int from, int to, int chunk, bool steps) {
-  for (int p = from; p < to; p += chunk) {
-    const int n = std::min(chunk, to - p);
-    c.reserve(n);
-    if (steps) be.begin_step();
-    for (int l = 0; l < 2; ++l) {
-      AttnSeq s;
-      s.row0 = p;
-      s.n = n;
-      s.pos0 = p;
-      s.kv = c.layer(l);
-      be.kv_write(s, k, v);
-    }
-    if (steps) be.end_step();
-    c.advance(n);
-  }
-}
-
+using test::feed_cache;
 std::vector<uint8_t> bytes_of(Backend& be, const uint8_t* p, size_t n) {
   std::vector<uint8_t> h(n);
   be.to_host(reinterpret_cast<const float*>(p), n / 4, reinterpret_cast<float*>(h.data()));
@@ -448,7 +411,7 @@ TEST_F(CudaBackendTest, QuantizedKvCacheMatchesReference) {
     for (int D : {128, 256}) {
       SCOPED_TRACE("bits " + std::to_string(bits) + " head_dim " + std::to_string(D));
       const int Hk = 2, H = 4, total = 40;
-      const ModelConfig cfg = sliding_and_full(Hk, D);
+      const ModelConfig cfg = test::sliding_and_full(Hk, D, 6);
       KvCacheOptions opt;
       opt.quant = KvQuant{bits, 64, bits == 4};  // bf16 scales once
       opt.quantized_start = 9;
@@ -497,7 +460,7 @@ TEST_F(CudaBackendTest, QuantizedKvCacheMatchesReference) {
 TEST_F(CudaBackendTest, AttnPrepIntoQuantizedCache) {
   const int H = 4, Hk = 2, D = 256, rows = 5;
   const RopeTable t = make_rope_table(RopeSpec{RopeKind::Proportional, 1e6f, 0.25f, 1.f}, D);
-  const ModelConfig cfg = sliding_and_full(Hk, D);
+  const ModelConfig cfg = test::sliding_and_full(Hk, D, 6);
   KvCacheOptions opt;
   opt.quant = KvQuant{4, 64, false};
   opt.quantized_start = 0;

@@ -113,40 +113,12 @@ TEST(KvQuant, AttentionIsAttentionOverDequantizedRows) {
   }
 }
 
-// A two-layer model config: a sliding layer (window 4) and a full layer, 2 KV heads of 128.
-ModelConfig two_layers() {
-  ModelConfig c;
-  c.n_layers = 2;
-  c.n_heads = kH;
-  LayerSpec s;
-  s.kind = AttnKind::Sliding;
-  s.window = 4;
-  s.n_kv_heads = kHk;
-  s.head_dim = kD;
-  LayerSpec f = s;
-  f.kind = AttnKind::Full;
-  f.window = 0;
-  c.layers = {s, f};
-  return c;
-}
+ModelConfig two_layers() { return test::sliding_and_full(kHk, kD, 4); }
 
-// Feeds positions [from, to) into both layers of `c`, as Model::forward does (reserve, kv_write,
-// advance), one chunk of `chunk` tokens at a time.
-void feed(Backend& be, KvCache& c, const std::vector<float>& k, const std::vector<float>& v,
-          int from, int to, int chunk) {
-  for (int p = from; p < to; p += chunk) {
-    const int n = std::min(chunk, to - p);
-    c.reserve(n);
-    for (int l = 0; l < 2; ++l) {
-      AttnSeq s;
-      s.row0 = p;
-      s.n = n;
-      s.pos0 = p;
-      s.kv = c.layer(l);
-      be.kv_write(s, k.data(), v.data());
-    }
-    c.advance(n);
-  }
+// feed_cache over host vectors (host backends' buffers are host memory).
+void feed(Backend& be, KvCache& c, const std::vector<float>& k, const std::vector<float>& v, int from, int to,
+          int chunk) {
+  test::feed_cache(be, c, k.data(), v.data(), from, to, chunk);
 }
 
 std::vector<float> attend_last(Backend& be, const KvCache& c, const std::vector<float>& q) {
