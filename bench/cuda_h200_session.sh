@@ -15,7 +15,8 @@
 # engine:  `gemma4 generate` (the engine: batching, device argmax) on the cpu and cuda backends
 #          with the same prompt; prints both continuations and whether they agree
 # serve:   `gemma4 serve --backend cuda --parallel 8` on the synthetic GGUF under bench/load_test.py
-#          (1, 4, 8 concurrent streaming clients; greedy, then sampled at temperature 0.8)
+#          (1, 4, 8 concurrent streaming clients; greedy, sampled at temperature 0.8, and with top_k 64,
+#          which samples from the device's top-k instead of copying the logits)
 # kvbench: decode after a 4096-token prompt with the KV cache f32, --kv-bits 8 and 4 (speed, bytes)
 # ablate:  device time per step with each op kind left out in turn (G4_CUDA_SKIP; timings only)
 # ncu:     per-kernel device time from Nsight Compute (where the machine's runtime allows it)
@@ -79,9 +80,10 @@ for step in "$@"; do
 for _ in range(120):
     try: urllib.request.urlopen("http://127.0.0.1:8091/health", timeout=1); break
     except Exception: time.sleep(0.5)'
-      for temp in 0 0.8; do
+      for args in "--temperature 0" "--temperature 0.8" "--temperature 0.8 --top-k 64"; do
+        echo "load_test $args"
         timeout -s KILL 200 python3 bench/load_test.py --url http://127.0.0.1:8091 --clients 1,4,8 --requests 2 \
-          --max-tokens 64 --temperature $temp 2>&1 | tail -5
+          --max-tokens 64 $args 2>&1 | tail -5
       done
       kill $SRV; wait $SRV 2>/dev/null; tail -2 $OUT/serve.log ;;
     ablate)

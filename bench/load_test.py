@@ -37,6 +37,8 @@ def one_request(host, port, args, i, key):
         body = {"prompt": f"Once upon a time, robot number {i}"}
     body.update(max_tokens=args.max_tokens, temperature=args.temperature, seed=i, stream=True,
                 stream_options={"include_usage": True})
+    if args.top_k:
+        body["top_k"] = args.top_k
     h = {"Content-Type": "application/json"}
     if key:
         h["Authorization"] = f"Bearer {key}"
@@ -122,6 +124,7 @@ def main():
     ap.add_argument("--requests", type=int, default=2, help="requests per client")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--temperature", type=float, default=0.8)
+    ap.add_argument("--top-k", type=int, default=0, help="send top_k (0: leave it out)")
     ap.add_argument("--endpoint", choices=["chat", "completions"], default="completions")
     ap.add_argument("--api-key", default=os.environ.get("GEMMA4_API_KEY", ""))
     ap.add_argument("--json", help="also write the results here")

@@ -205,6 +205,12 @@ class Backend {
   // without moving the logits off the device); out: a backend buffer (alloc_i32). The default
   // copies the rows to the host.
   virtual void argmax(const float* x, int rows, int n, int32_t* out);
+  // For each row of x [rows, n]: its k largest values (k <= n; equal values at the k-th: the lowest
+  // indices) as vals / idx [rows, k] in no particular order, and lse [rows] = log Σ exp(x) over the
+  // row (NaN entries count as -inf). Backend buffers. What sampling with a top-k bound needs
+  // (Sampler::sample_top), without moving the logits off the device. The default copies the rows
+  // to the host.
+  virtual void top_k(const float* x, int rows, int n, int k, float* vals, int32_t* idx, float* lse);
   // Whether buffers live in device memory (callers then prefer argmax to reading whole logits).
   virtual bool on_device() const { return false; }
   // Whether kv_write and attention take quantized KV buffers (KvBuffer::quant.bits > 0).

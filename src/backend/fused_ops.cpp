@@ -1,8 +1,9 @@
 // The fused ops' defaults (backend.h): the same ops, one after the other, as the model ran them
-// before the fused forms existed, so host backends compute exactly what they did; and argmax's
-// host fallback.
+// before the fused forms existed, so host backends compute exactly what they did; and the host
+// fallbacks of argmax and top_k.
 #include "backend/backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -84,6 +85,36 @@ void Backend::argmax(const float* x, int rows, int n, int32_t* out) {
     ids[size_t(r)] = best < 0 ? 0 : best;
   }
   from_host(reinterpret_cast<const float*>(ids.data()), ids.size(), reinterpret_cast<float*>(out));
+}
+
+void Backend::top_k(const float* x, int rows, int n, int k, float* vals, int32_t* idx, float* lse) {
+  std::vector<float> h(size_t(rows) * size_t(n));
+  to_host(x, h.size(), h.data());
+  std::vector<float> v(size_t(rows) * size_t(k));
+  std::vector<float> l(static_cast<size_t>(rows));
+  std::vector<int32_t> ids(size_t(rows) * size_t(k));
+  std::vector<int32_t> order(static_cast<size_t>(n));
+  for (int r = 0; r < rows; ++r) {
+    const float* row = h.data() + size_t(r) * size_t(n);
+    auto key = [row](int32_t i) { return std::isnan(row[i]) ? -INFINITY : row[i]; };
+    for (int i = 0; i < n; ++i) order[size_t(i)] = i;
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+      return key(a) != key(b) ? key(a) > key(b) : a < b;
+    });
+    double m = -INFINITY;
+    for (int i = 0; i < n; ++i) m = std::max(m, double(key(i)));
+    double sum = 0;
+    if (std::isfinite(m))
+      for (int i = 0; i < n; ++i) sum += std::exp(double(key(i)) - m);
+    l[size_t(r)] = std::isfinite(m) ? float(m + std::log(sum)) : float(m);
+    for (int j = 0; j < k; ++j) {
+      ids[size_t(r) * k + j] = order[size_t(j)];
+      v[size_t(r) * k + j] = row[order[size_t(j)]];
+    }
+  }
+  from_host(v.data(), v.size(), vals);
+  from_host(reinterpret_cast<const float*>(ids.data()), ids.size(), reinterpret_cast<float*>(idx));
+  from_host(l.data(), l.size(), lse);
 }
 
 }  // namespace g4

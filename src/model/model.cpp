@@ -13,6 +13,9 @@ struct Model::Scratch {
   float *ple = nullptr, *ple_tok = nullptr, *ple_l = nullptr, *pg = nullptr;
   float *scores = nullptr, *rw = nullptr, *last = nullptr, *logits = nullptr;
   float *lora_t = nullptr, *lora_z = nullptr;  // [rows, rank], [rows, widest adapted output]
+  float *tk_vals = nullptr, *tk_lse = nullptr;  // top_k outputs [logit_rows, k_cap], [logit_rows]
+  int32_t* tk_ids = nullptr;
+  int tk_rows = 0, tk_k = 0;
   int lora_rows = 0;
   int32_t *ids = nullptr, *ridx = nullptr, *last_idx = nullptr, *argmax = nullptr;
 };
@@ -124,7 +127,8 @@ void Model::gelu_mul(const float* gate, const float* up, size_t n, ActPrecision 
   else be_->gelu_mul(gate, up, n, P, out);
 }
 
-void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* logits_out, int32_t* argmax_out) {
+void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* logits_out, int32_t* argmax_out,
+                    const TopK* topk) {
   Backend& be = *be_;
   const int d = cfg_.hidden, H = cfg_.n_heads, N = cfg_.n_layers, Pw = cfg_.ple_width;
   auto T = [P](double c) { return P == ActPrecision::BF16 ? round_bf16(float(c)) : float(c); };
@@ -136,6 +140,15 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
   ensure_scratch(R, LR);
   Scratch& S = *s_;
   for (const SeqInput& s : batch) s.cache->reserve(s.n);
+  if (topk && (LR > S.tk_rows || topk->k > S.tk_k)) {
+    for (void* p : {static_cast<void*>(S.tk_vals), static_cast<void*>(S.tk_lse), static_cast<void*>(S.tk_ids)})
+      be.free(p);
+    S.tk_rows = std::max(LR, S.tk_rows);
+    S.tk_k = std::max(topk->k, S.tk_k);
+    S.tk_vals = be.alloc(size_t(S.tk_rows) * S.tk_k);
+    S.tk_ids = be.alloc_i32(size_t(S.tk_rows) * S.tk_k);
+    S.tk_lse = be.alloc(size_t(S.tk_rows));
+  }
   be.begin_step();  // no allocation from here to end_step (backend.h)
   {
     std::vector<int32_t> ids;
@@ -296,10 +309,16 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
   be.matmul(S.last, LR, w_.lm_head, P, S.logits);
   if (cfg_.final_softcap > 0) be.softcap(S.logits, size_t(LR) * cfg_.vocab, cfg_.final_softcap, P);
   if (argmax_out) be.argmax(S.logits, LR, cfg_.vocab, S.argmax);
+  if (topk) be.top_k(S.logits, LR, cfg_.vocab, topk->k, S.tk_vals, S.tk_ids, S.tk_lse);
   be.end_step();
   if (logits_out) be.to_host(S.logits, size_t(LR) * cfg_.vocab, logits_out);
   if (argmax_out)
     be.to_host(reinterpret_cast<const float*>(S.argmax), size_t(LR), reinterpret_cast<float*>(argmax_out));
+  if (topk) {
+    be.to_host(S.tk_vals, size_t(LR) * topk->k, topk->vals);
+    be.to_host(reinterpret_cast<const float*>(S.tk_ids), size_t(LR) * topk->k, reinterpret_cast<float*>(topk->ids));
+    be.to_host(S.tk_lse, size_t(LR), topk->lse);
+  }
   for (const SeqInput& s : batch) s.cache->advance(s.n);
 }
 

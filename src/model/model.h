@@ -48,7 +48,17 @@ class Model {
   // and one [vocab] row otherwise; argmax (host, or null) the index of each such row's largest
   // logit, computed where the logits are (Backend::argmax), so greedy decoding on a device copies
   // one id per row instead of the logits.
-  void forward(const std::vector<SeqInput>& batch, ActPrecision P, float* logits, int32_t* argmax = nullptr);
+  // topk (or null): each logit row's k largest values and ids and its log-sum-exp (Backend::top_k),
+  // into host arrays vals / ids [rows, k] and lse [rows]: sampling with a top-k bound copies these
+  // instead of the logits.
+  struct TopK {
+    int k = 0;
+    float* vals = nullptr;
+    int32_t* ids = nullptr;
+    float* lse = nullptr;
+  };
+  void forward(const std::vector<SeqInput>& batch, ActPrecision P, float* logits, int32_t* argmax = nullptr,
+               const TopK* topk = nullptr);
 
   // Number of logit rows forward() writes for this batch.
   static int logit_rows(const std::vector<SeqInput>& batch);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <string>
 
 namespace g4 {
 
@@ -39,6 +41,8 @@ Engine::Engine(Model& model, EngineOptions opt)
   opt_.prefill_chunk = std::max(1, opt_.prefill_chunk);
   for (int i = 0; i < opt_.parallel; ++i) slots_.push_back(std::make_unique<Slot>());
   logits_.resize(size_t(opt_.parallel) * model_.config().vocab);
+  const char* dt = std::getenv("G4_DEVICE_TOPK");  // 0: always copy the logits (for comparisons)
+  device_topk_enabled_ = !(dt && std::string(dt) == "0");
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -200,15 +204,34 @@ void Engine::step() {
   // On a device backend, a batch whose every sampler is plain greedy takes the argmax there and
   // copies one id per sequence instead of the logits (host backends keep the sampler's own
   // argmax of the logprobs, which mlx-lm's greedy is checked against).
+  const int V = model_.config().vocab;
   bool device_greedy = model_.backend().on_device();
   for (Slot* s : in_batch) device_greedy = device_greedy && plain_greedy(s->sampler->params());
+  // A batch whose sequences all sample under a top-k bound (or greedily) copies each row's top k
+  // and log-sum-exp instead of the logits (Sampler::sample_top).
+  bool device_topk = model_.backend().on_device() && !device_greedy && device_topk_enabled_;
+  int K = 1;
+  for (Slot* s : in_batch) {
+    const SamplingParams& sp = s->sampler->params();
+    device_topk = device_topk && (plain_greedy(sp) || Sampler::top_k_sampleable(sp, V));
+    if (Sampler::top_k_sampleable(sp, V)) K = std::max(K, sp.top_k);
+  }
   greedy_ids_.resize(batch.size());
   const auto tf = clk::now();
-  if (device_greedy) model_.forward(batch, opt_.precision, nullptr, greedy_ids_.data());
-  else model_.forward(batch, opt_.precision, logits_.data());
+  Model::TopK tk;
+  if (device_greedy) {
+    model_.forward(batch, opt_.precision, nullptr, greedy_ids_.data());
+  } else if (device_topk) {
+    topk_vals_.resize(batch.size() * size_t(K));
+    topk_ids_.resize(batch.size() * size_t(K));
+    topk_lse_.resize(batch.size());
+    tk = Model::TopK{K, topk_vals_.data(), topk_ids_.data(), topk_lse_.data()};
+    model_.forward(batch, opt_.precision, nullptr, nullptr, &tk);
+  } else {
+    model_.forward(batch, opt_.precision, logits_.data());
+  }
   const auto tf2 = clk::now();
 
-  const int V = model_.config().vocab;
   for (size_t i = 0; i < in_batch.size(); ++i) {
     Slot& s = *in_batch[i];
     const auto& prompt = s.req->spec.prompt;
@@ -223,7 +246,23 @@ void Engine::step() {
     } else {
       s.fed.push_back(s.pending);
     }
-    const int32_t tok = device_greedy ? greedy_ids_[i] : s.sampler->sample(logits_.data() + i * size_t(V), s.history);
+    int32_t tok;
+    if (device_greedy) {
+      tok = greedy_ids_[i];
+    } else if (device_topk) {
+      const float* v = topk_vals_.data() + i * size_t(K);
+      const int32_t* ids = topk_ids_.data() + i * size_t(K);
+      if (plain_greedy(s.sampler->params())) {  // the largest value, lowest id among ties
+        int best = 0;
+        for (int j = 1; j < K; ++j)
+          if (v[j] > v[best] || (v[j] == v[best] && ids[j] < ids[best])) best = j;
+        tok = ids[best];
+      } else {
+        tok = s.sampler->sample_top(v, ids, K, topk_lse_[i]);
+      }
+    } else {
+      tok = s.sampler->sample(logits_.data() + i * size_t(V), s.history);
+    }
     s.history.push_back(tok);
     s.pending = tok;
     ++s.generated;

@@ -101,6 +101,9 @@ class Engine {
   EngineStats stats_;
   std::vector<float> logits_;
   std::vector<int32_t> greedy_ids_;  // argmax ids of a batch sampled on the device (plain greedy)
+  std::vector<float> topk_vals_, topk_lse_;  // a device top-k batch's candidates (Model::TopK)
+  std::vector<int32_t> topk_ids_;
+  bool device_topk_enabled_ = true;  // G4_DEVICE_TOPK=0 turns the top-k path off
   std::thread thread_;
 };
 

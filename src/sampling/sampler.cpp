@@ -491,7 +491,7 @@ int Sampler::draw(const float* lp, float max_lp) {
     }
     return last < 0 ? argmax(lp, V_) : last;
   }
-  if (cand_.empty()) return argmax(lp, V_);
+  if (cand_.empty()) return lp ? argmax(lp, V_) : 0;
   float m = kNegInf;
   for (auto& c : cand_) m = std::max(m, c.first);
   scratch_.resize(cand_.size());
@@ -508,7 +508,29 @@ int Sampler::draw(const float* lp, float max_lp) {
     c += scratch_[j];
     if (u < c) return cand_[j].second;
   }
-  return last < 0 ? argmax(lp, V_) : cand_[last].second;
+  return last < 0 ? (lp ? argmax(lp, V_) : cand_[0].second) : cand_[last].second;
+}
+
+bool Sampler::top_k_sampleable(const SamplingParams& p, int V) {
+  return p.temperature > 0 && p.top_k > 0 && p.top_k <= kMaxTopK && p.top_k < V && p.xtc_probability <= 0 &&
+         (p.repetition_penalty == 0 || p.repetition_penalty == 1) && p.presence_penalty == 0 &&
+         p.frequency_penalty == 0 && p.logit_bias.empty();
+}
+
+int Sampler::sample_top(const float* vals, const int32_t* ids, int n, float lse) {
+  G4_CHECK(top_k_sampleable(p_, V_) && n >= p_.top_k);
+  cand_.resize(size_t(n));
+  for (int i = 0; i < n; ++i) cand_[size_t(i)] = {vals[i] - lse, ids[i]};  // logprobs
+  std::sort(cand_.begin(), cand_.end(), DescByValue{});
+  cand_.resize(size_t(p_.top_k));  // select_top's k best, lowest id among ties
+  sorted_ = true;
+  all_alive_ = false;
+  total_mass_ = 1.f;  // the whole row's mass of logprobs
+  const float max_lp = cand_[0].first;
+  if (!std::isfinite(max_lp)) return cand_[0].second;
+  if (p_.top_p > 0 && p_.top_p < 1) cut_top_p(/*complete=*/true);
+  if (p_.min_p != 0) min_p(nullptr, max_lp);  // on the sorted candidates: lp is not read
+  return draw(nullptr, max_lp);
 }
 
 int Sampler::sample(float* logits, std::span<const int> history) {

@@ -110,6 +110,18 @@ class Sampler {
   // as `logprobs`, usable for logprob reporting. Returns the sampled token id.
   int sample(float* logits, std::span<const int> history);
 
+  // The most candidates sample_top() takes (the device's top-k width).
+  static constexpr int kMaxTopK = 256;
+  // Whether sample_top() draws from the same distribution as sample() for these parameters:
+  // temperature > 0, 0 < top_k <= kMaxTopK (< vocab), and nothing that needs the whole row
+  // (penalties, logit bias, XTC).
+  static bool top_k_sampleable(const SamplingParams& p, int vocab_size);
+  // sample() for top_k_sampleable parameters from the row's n >= top_k largest logits (vals / ids,
+  // any order; equal values: the lower ids are the ones kept) and the log-sum-exp of the whole row:
+  // the same top_k -> top_p -> min_p -> draw path and the same RNG draws, so the same seed gives
+  // the same token as sample() up to the rounding of lse (computed where the logits are).
+  int sample_top(const float* vals, const int32_t* ids, int n, float lse);
+
   // Surviving (token, logprob) candidates of the last non-greedy sample() after all filters,
   // sorted by descending logprob when a filter sorted them (for tests and debugging).
   const std::vector<std::pair<float, int>>& last_candidates() const { return cand_; }

@@ -329,6 +329,38 @@ TEST_F(CudaBackendTest, ArgmaxFirstLargestSkippingNaN) {
   ref->free(ro);
 }
 
+// top_k: the same entries (ids; values follow) and log-sum-exp as the host default, on rows with
+// a tie across the k-th value and NaNs, for k from 1 to 256.
+TEST_F(CudaBackendTest, TopKMatchesReference) {
+  const int rows = 3, n = 262144;
+  auto x = randn(size_t(rows) * n, 61, 3.f);
+  for (int i = 0; i < 300; ++i) x[size_t(1) * n + 1000 + 7 * i] = 11.f;  // row 1: a 300-way tie at the top
+  for (int i = 0; i < 1000; ++i) x[size_t(2) * n + 3 * i] = NAN;          // row 2: NaNs
+  for (int k : {1, 64, 256}) {
+    std::vector<float> rv(size_t(rows) * k), rl(rows);
+    std::vector<int32_t> ri(size_t(rows) * k);
+    ref->top_k(x.data(), rows, n, k, rv.data(), ri.data(), rl.data());
+    float* dx = up(*cu, x);
+    float* dv = cu->alloc(rv.size());
+    int32_t* di = cu->alloc_i32(ri.size());
+    float* dl = cu->alloc(rows);
+    cu->top_k(dx, rows, n, k, dv, di, dl);
+    std::vector<int32_t> gi(ri.size());
+    cu->to_host(reinterpret_cast<const float*>(di), gi.size(), reinterpret_cast<float*>(gi.data()));
+    const auto gv = down(*cu, dv, rv.size()), gl = down(*cu, dl, rows);
+    for (int r = 0; r < rows; ++r) {
+      std::vector<int32_t> a(ri.begin() + r * k, ri.begin() + (r + 1) * k), b(gi.begin() + r * k, gi.begin() + (r + 1) * k);
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      EXPECT_EQ(b, a) << "k " << k << " row " << r;
+      EXPECT_NEAR(gl[size_t(r)], rl[size_t(r)], 1e-4f * std::max(1.f, std::fabs(rl[size_t(r)]))) << "row " << r;
+      for (int j = 0; j < k; ++j) EXPECT_EQ(gv[size_t(r * k + j)], x[size_t(r) * n + size_t(gi[size_t(r * k + j)])]);
+    }
+    for (void* p : {static_cast<void*>(dx), static_cast<void*>(dv), static_cast<void*>(di), static_cast<void*>(dl)})
+      cu->free(p);
+  }
+}
+
 void attention_case(Backend& cu, Backend& ref, int pos0, int n, int window) {
   EXPECT_LE(rel_err(test::attention_scenario(cu, pos0, n, window), test::attention_scenario(ref, pos0, n, window)), 1e-5)
       << "pos0 " << pos0 << " n " << n << " window " << window;

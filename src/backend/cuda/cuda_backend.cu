@@ -123,7 +123,7 @@ const char* op_name(uint64_t op) {
   static const char* names[] = {"?",   "copy",  "embed",   "matmul",      "rms_norm",   "rope",     "kv_write",
                                 "attention", "gelu_mul", "gelu_mul_ggml", "add", "scale", "softcap", "gather_rows",
                                 "copy_cols", "norm_add", "norm_rope", "gate_up_gelu", "norm_matmuls", "argmax", "big_matmul", "attn_prep",
-                                "matmul_norm_add"};
+                                "matmul_norm_add", "top_k"};
   return op < sizeof(names) / sizeof(names[0]) ? names[op] : "?";
 }
 
@@ -420,6 +420,10 @@ class CudaBackend final : public Backend {
     if (prof_) key_ = "gate_up_gelu " + std::to_string(G.rows) + "x" + std::to_string(G.cols) + " M=" + std::to_string(M);
     launch([=](cudaStream_t s) { cuda::gate_up_gelu(s, a, M); }, 17, x, M, a.w[0].data, a.w2.data, G.rows, G.cols,
            a.table, gate_out, a.norm_w, a.eps);
+  }
+  void top_k(const float* x, int rows, int n, int k, float* vals, int32_t* idx, float* lse) override {
+    G4_CHECK(k > 0 && k <= n && k <= 1024);
+    launch([=](cudaStream_t s) { cuda::top_k(s, x, rows, n, k, vals, idx, lse); }, 23, x, rows, n, k, vals, idx, lse);
   }
   void argmax(const float* x, int rows, int n, int32_t* out) override {
     if (size_t(rows) > argmax_rows_) {  // per-row slots and counters, zero between launches

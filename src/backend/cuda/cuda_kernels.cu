@@ -509,6 +509,113 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const flo
   if (threadIdx.x == 0) counters[blockIdx.x] = 0u;  // ready for the next launch (graph replays too)
 }
 
+// Backend::top_k, one block of kTopKThreads per row; every pass reads the row with coalesced
+// strided loads. Values become order-keeping 32-bit keys (NaN the smallest); a radix select (four
+// passes of 8-bit digits, a shared histogram each) finds the k-th largest key T, how many entries
+// equal to T belong to the top k, and how many equal T in all. A last pass writes every entry above
+// T (slots by an atomic counter) and the entries equal to T: all of them when all are needed (the
+// usual case: no tie at the k-th value), else the lowest-indexed ones, ranked chunk by chunk in
+// index order (ballots within a warp, warp offsets through shared memory). The row's log-sum-exp
+// comes from a max and a sum reduction.
+constexpr int kTopKThreads = 1024;
+__device__ inline uint32_t order_key(float x) {
+  if (isnan(x)) return 0u;
+  const uint32_t u = __float_as_uint(x);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+struct Max {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+__global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* x, int n, int k, float* vals,
+                                                              int32_t* idx, float* lse) {
+  __shared__ unsigned hist[256];
+  __shared__ unsigned sh_warp[kTopKThreads / 32];
+  __shared__ float sh[32];
+  __shared__ uint32_t sh_prefix;
+  __shared__ int sh_left, sh_eq_total;
+  __shared__ unsigned sh_above, sh_eq;
+  const float* row = x + int64_t(blockIdx.x) * n;
+  const int B = blockDim.x;
+  // log-sum-exp (NaN as -inf)
+  float m = -INFINITY;
+  for (int i = threadIdx.x; i < n; i += B)
+    if (!isnan(row[i])) m = fmaxf(m, row[i]);
+  m = block_reduce(m, sh, Max{}, -INFINITY);
+  float e = 0.f;
+  if (m > -INFINITY)
+    for (int i = threadIdx.x; i < n; i += B)
+      if (!isnan(row[i])) e += expf(row[i] - m);
+  e = block_sum(e, sh);
+  if (threadIdx.x == 0) {
+    lse[blockIdx.x] = m > -INFINITY ? m + logf(e) : m;
+    sh_prefix = 0u;
+    sh_left = k;  // entries still to take at or below the current prefix
+    sh_above = 0u;
+    sh_eq = 0u;
+  }
+  uint32_t mask = 0u;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = threadIdx.x; b < 256; b += B) hist[b] = 0u;
+    __syncthreads();
+    const uint32_t prefix = sh_prefix;
+    for (int i = threadIdx.x; i < n; i += B) {
+      const uint32_t key = order_key(row[i]);
+      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int left = sh_left, d = 255;
+      for (; d > 0; --d) {
+        if (int(hist[d]) >= left) break;
+        left -= int(hist[d]);
+      }
+      sh_prefix = prefix | (uint32_t(d) << shift);
+      sh_left = left;
+      sh_eq_total = int(hist[d]);  // after the last pass: the entries equal to T
+    }
+    mask |= 255u << shift;
+    __syncthreads();
+  }
+  const uint32_t T = sh_prefix;
+  const int need_eq = sh_left, above_total = k - need_eq;
+  const bool all_eq = sh_eq_total == need_eq;
+  float* vo = vals + int64_t(blockIdx.x) * k;
+  int32_t* io = idx + int64_t(blockIdx.x) * k;
+  for (int i = threadIdx.x; i < n; i += B) {
+    const uint32_t key = order_key(row[i]);
+    unsigned slot = 0xffffffffu;
+    if (key > T) slot = atomicAdd(&sh_above, 1u);
+    else if (key == T && all_eq) slot = unsigned(above_total) + atomicAdd(&sh_eq, 1u);
+    if (slot != 0xffffffffu) {
+      vo[slot] = row[i];
+      io[slot] = i;
+    }
+  }
+  if (all_eq) return;
+  // More entries equal T than the top k holds: the lowest indices, chunk by chunk in index order.
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = B / 32;
+  int taken = 0;  // uniform across the block
+  for (int c0 = 0; c0 < n && taken < need_eq; c0 += B) {
+    const int i = c0 + threadIdx.x;
+    const bool eq = i < n && order_key(row[i]) == T;
+    const unsigned ballot = __ballot_sync(0xffffffffu, eq);
+    if (lane == 0) sh_warp[w] = __popc(ballot);
+    __syncthreads();
+    int before = 0, total = 0;
+    for (int j = 0; j < nw; ++j) {
+      before += j < w ? int(sh_warp[j]) : 0;
+      total += int(sh_warp[j]);
+    }
+    const int rank = taken + before + __popc(ballot & ((1u << lane) - 1u));
+    if (eq && rank < need_eq) {
+      vo[above_total + rank] = row[i];
+      io[above_total + rank] = i;
+    }
+    taken += total;
+    __syncthreads();
+  }
+}
+
 // First index of each row's largest non-NaN value. Grid (kArgmaxBlocks, rows): each block scans a
 // strided share of its row (a thread's own earliest index wins its ties), reduces (value, index)
 // over the block, and folds it into the row's slot with one 64-bit atomicMax of an order-keeping
@@ -810,6 +917,9 @@ void attention(cudaStream_t s, const float* q, int H, const AttnArgs& a, float s
 void argmax(cudaStream_t s, const float* x, int rows, int n, unsigned long long* slots, unsigned* counters,
             int32_t* out) {
   if (rows > 0) argmax_kernel<<<dim3(kArgmaxBlocks, unsigned(rows)), 256, 0, s>>>(x, n, slots, counters, out);
+}
+void top_k(cudaStream_t s, const float* x, int rows, int n, int k, float* vals, int32_t* idx, float* lse) {
+  if (rows > 0 && k > 0) top_k_kernel<<<rows, kTopKThreads, 0, s>>>(x, n, k, vals, idx, lse);
 }
 void gelu_mul(cudaStream_t s, const float* gate, const float* up, size_t n, float* out) {
   if (n) gelu_mul_kernel<<<blocks_for(int64_t(n), 256), 256, 0, s>>>(gate, up, int64_t(n), out);

@@ -112,6 +112,9 @@ int attention_splits(int n, int H, int max_visible);
 // slots / counters: rows zeros each (the kernel leaves them zero).
 void argmax(cudaStream_t s, const float* x, int rows, int n, unsigned long long* slots, unsigned* counters,
             int32_t* out);
+// Backend::top_k: per row of x [rows, n], the k (<= 1024, <= n) largest values (ties: lowest
+// indices) into vals / idx [rows, k], unordered, and lse [rows]. One block per row.
+void top_k(cudaStream_t s, const float* x, int rows, int n, int k, float* vals, int32_t* idx, float* lse);
 void gelu_mul(cudaStream_t s, const float* gate, const float* up, size_t n, float* out);
 void gelu_mul_ggml(cudaStream_t s, const float* gate, const float* up, size_t n, const uint16_t* table, float* out);
 void add(cudaStream_t s, const float* a, const float* b, size_t n, float* y);
