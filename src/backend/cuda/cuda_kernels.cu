@@ -510,7 +510,7 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const flo
 }
 
 // Backend::top_k, one block of kTopKThreads per row; every pass reads the row with coalesced
-// strided loads. Values become order-keeping 32-bit keys (NaN the smallest); a radix select (four
+// strided loads (blockDim.x a multiple of 32: the histogram passes use whole-warp intrinsics). Values become order-keeping 32-bit keys (NaN the smallest); a radix select (four
 // passes of 8-bit digits, a shared histogram each) finds the k-th largest key T, how many entries
 // equal to T belong to the top k, and how many equal T in all. A last pass writes every entry above
 // T (slots by an atomic counter) and the entries equal to T: all of them when all are needed (the
@@ -526,6 +526,27 @@ __device__ inline uint32_t order_key(float x) {
 struct Max {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
+// One pass of this thread over the row: f(i, x[i], valid) for i = threadIdx.x + j * blockDim.x with
+// kRowUnroll loads issued before any is used (one block per row is latency-bound otherwise). Every
+// thread makes the same calls, valid == false past the end, so warp intrinsics in f see whole warps.
+constexpr int kRowUnroll = 8;
+template <class F>
+__device__ inline void row_pass(const float* row, int n, F f) {
+  const int B = blockDim.x;
+  for (int base = 0; base < n; base += kRowUnroll * B) {
+    float v[kRowUnroll];
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+      const int i = base + u * B + int(threadIdx.x);
+      v[u] = i < n ? row[i] : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+      const int i = base + u * B + int(threadIdx.x);
+      f(i, v[u], i < n);
+    }
+  }
+}
 __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* x, int n, int k, float* vals,
                                                               int32_t* idx, float* lse) {
   __shared__ unsigned hist[256];
@@ -538,13 +559,15 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* x, int
   const int B = blockDim.x;
   // log-sum-exp (NaN as -inf)
   float m = -INFINITY;
-  for (int i = threadIdx.x; i < n; i += B)
-    if (!isnan(row[i])) m = fmaxf(m, row[i]);
+  row_pass(row, n, [&](int, float v, bool ok) {
+    if (ok && !isnan(v)) m = fmaxf(m, v);
+  });
   m = block_reduce(m, sh, Max{}, -INFINITY);
   float e = 0.f;
   if (m > -INFINITY)
-    for (int i = threadIdx.x; i < n; i += B)
-      if (!isnan(row[i])) e += expf(row[i] - m);
+    row_pass(row, n, [&](int, float v, bool ok) {
+      if (ok && !isnan(v)) e += expf(v - m);
+    });
   e = block_sum(e, sh);
   if (threadIdx.x == 0) {
     lse[blockIdx.x] = m > -INFINITY ? m + logf(e) : m;
@@ -558,10 +581,17 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* x, int
     for (int b = threadIdx.x; b < 256; b += B) hist[b] = 0u;
     __syncthreads();
     const uint32_t prefix = sh_prefix;
-    for (int i = threadIdx.x; i < n; i += B) {
-      const uint32_t key = order_key(row[i]);
-      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
-    }
+    // Logits crowd into a few bins: lanes of a warp that share a bin add once, through their leader
+    // (one shared atomic per bin and warp instead of one per entry).
+    row_pass(row, n, [&](int, float v, bool ok) {
+      unsigned bin = 256u;  // none
+      if (ok) {
+        const uint32_t key = order_key(v);
+        if ((key & mask) == prefix) bin = (key >> shift) & 255u;
+      }
+      const unsigned peers = __match_any_sync(0xffffffffu, bin);
+      if (bin != 256u && int(threadIdx.x % 32) == __ffs(peers) - 1) atomicAdd(&hist[bin], unsigned(__popc(peers)));
+    });
     __syncthreads();
     if (threadIdx.x == 0) {
       int left = sh_left, d = 255;
@@ -581,16 +611,17 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* x, int
   const bool all_eq = sh_eq_total == need_eq;
   float* vo = vals + int64_t(blockIdx.x) * k;
   int32_t* io = idx + int64_t(blockIdx.x) * k;
-  for (int i = threadIdx.x; i < n; i += B) {
-    const uint32_t key = order_key(row[i]);
+  row_pass(row, n, [&](int i, float v, bool ok) {
+    if (!ok) return;
+    const uint32_t key = order_key(v);
     unsigned slot = 0xffffffffu;
     if (key > T) slot = atomicAdd(&sh_above, 1u);
     else if (key == T && all_eq) slot = unsigned(above_total) + atomicAdd(&sh_eq, 1u);
     if (slot != 0xffffffffu) {
-      vo[slot] = row[i];
+      vo[slot] = v;
       io[slot] = i;
     }
-  }
+  });
   if (all_eq) return;
   // More entries equal T than the top k holds: the lowest indices, chunk by chunk in index order.
   const int lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = B / 32;
