@@ -223,7 +223,8 @@ void HostBackend::attend_one(const float* q, const KvBuffer& kv, int g, int pos,
   const int D = kv.head_dim;
   const int first = kv.window > 0 ? std::max(0, pos - kv.window + 1) : 0;
   const int n = pos - first + 1;
-  std::vector<float> deq(kv.quantized() ? size_t(D) : 0);
+  thread_local std::vector<float> deq;  // a dequantized row of a quantized cache
+  if (kv.quantized() && deq.size() < size_t(D)) deq.resize(size_t(D));
   float mx = -INFINITY;
   for (int j = 0; j < n; ++j) {
     const int p = first + j;

@@ -69,7 +69,7 @@ int Model::logit_rows(const std::vector<SeqInput>& batch) {
   return n;
 }
 
-void Model::ensure_scratch(int rows, int lrows) {
+void Model::ensure_scratch(int rows, int lrows, int top_k) {
   Scratch& s = *s_;
   if (rows > s.rows) {
     Backend& be = *be_;
@@ -105,6 +105,15 @@ void Model::ensure_scratch(int rows, int lrows) {
     s.lora_z = be_->alloc(size_t(rows) * size_t(lora_->max_out));
     s.lora_rows = rows;
   }
+  if (top_k > 0 && (lrows > s.tk_rows || top_k > s.tk_k)) {
+    for (void* p : {static_cast<void*>(s.tk_vals), static_cast<void*>(s.tk_lse), static_cast<void*>(s.tk_ids)})
+      be_->free(p);
+    s.tk_rows = std::max(lrows, s.tk_rows);
+    s.tk_k = std::max(top_k, s.tk_k);
+    s.tk_vals = be_->alloc(size_t(s.tk_rows) * s.tk_k);
+    s.tk_ids = be_->alloc_i32(size_t(s.tk_rows) * s.tk_k);
+    s.tk_lse = be_->alloc(size_t(s.tk_rows));
+  }
   if (lrows > s.logit_rows) {
     be_->free(s.last); be_->free(s.logits); be_->free(s.last_idx); be_->free(s.argmax);
     s.last = be_->alloc(size_t(lrows) * cfg_.hidden);
@@ -137,18 +146,9 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
   int R = 0;
   for (const SeqInput& s : batch) R += s.n;
   const int LR = logit_rows(batch);
-  ensure_scratch(R, LR);
+  ensure_scratch(R, LR, topk ? topk->k : 0);
   Scratch& S = *s_;
   for (const SeqInput& s : batch) s.cache->reserve(s.n);
-  if (topk && (LR > S.tk_rows || topk->k > S.tk_k)) {
-    for (void* p : {static_cast<void*>(S.tk_vals), static_cast<void*>(S.tk_lse), static_cast<void*>(S.tk_ids)})
-      be.free(p);
-    S.tk_rows = std::max(LR, S.tk_rows);
-    S.tk_k = std::max(topk->k, S.tk_k);
-    S.tk_vals = be.alloc(size_t(S.tk_rows) * S.tk_k);
-    S.tk_ids = be.alloc_i32(size_t(S.tk_rows) * S.tk_k);
-    S.tk_lse = be.alloc(size_t(S.tk_rows));
-  }
   be.begin_step();  // no allocation from here to end_step (backend.h)
   {
     std::vector<int32_t> ids;
@@ -254,12 +254,11 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
       gelu_mul(S.gate, S.up, RI, P, S.gate);
     }
     tap("mlp_act", l, S.gate, RI);
-    const bool lora_down = ll && ll->down;
-    if (!ls.moe && !tap_ && !lora_down) {  // down projection, post-norm and residual add in one op
-      be.matmul_norm_add(S.gate, R, lw.down, S.f, S.x, lw.post_ffw_ln.data, cfg_.rms_eps, P);
+    if (!ls.moe && !tap_) {  // down projection, post-norm and residual add
+      matmul_norm_add(S.gate, R, lw.down, ll ? ll->down : nullptr, S.f, lw.post_ffw_ln.data, P);
     } else {
       be.matmul(S.gate, R, lw.down, P, S.f);
-      if (lora_down) lora_add(ll->down, S.gate, R, P, S.f);
+      if (ll) lora_add(ll->down, S.gate, R, P, S.f);
       tap("mlp_out", l, S.f, Rd);
     }
     if (ls.moe) {
@@ -277,7 +276,7 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
       be.rms_norm(S.h2, R, d, lw.post_ffw_ln2.data, cfg_.rms_eps, P, S.h2);
       be.add(S.h1, S.h2, Rd, P, S.f);
     }
-    if (ls.moe || tap_ || lora_down) be.norm_add(S.x, S.f, R, d, lw.post_ffw_ln.data, cfg_.rms_eps, P);
+    if (ls.moe || tap_) be.norm_add(S.x, S.f, R, d, lw.post_ffw_ln.data, cfg_.rms_eps, P);
 
     // --- per-layer input (§2.9) ---
     if (Pw > 0) {

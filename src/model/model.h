@@ -69,7 +69,7 @@ class Model {
 
  private:
   struct Scratch;
-  void ensure_scratch(int rows, int logit_rows);
+  void ensure_scratch(int rows, int logit_rows, int top_k = 0);
   void tap(const char* name, int layer, const float* p, size_t n);
   // y[M, d.b.rows] += the adapter delta of x (lora.h); nothing when d is null.
   void lora_add(const LoraDelta* d, const float* x, int M, ActPrecision P, float* y);

@@ -513,8 +513,7 @@ int Sampler::draw(const float* lp, float max_lp) {
 
 bool Sampler::top_k_sampleable(const SamplingParams& p, int V) {
   return p.temperature > 0 && p.top_k > 0 && p.top_k <= kMaxTopK && p.top_k < V && p.xtc_probability <= 0 &&
-         (p.repetition_penalty == 0 || p.repetition_penalty == 1) && p.presence_penalty == 0 &&
-         p.frequency_penalty == 0 && p.logit_bias.empty();
+         !has_logits_processors(p);
 }
 
 int Sampler::sample_top(const float* vals, const int32_t* ids, int n, float lse) {

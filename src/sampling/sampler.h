@@ -51,12 +51,15 @@ struct SamplingParams {
   bool has_seed = false;  // false -> seeded from std::random_device
 };
 
-// Whether sampling with p is the logits' argmax: greedy with no logits processor that could
-// change the order (penalties, biases).
-inline bool plain_greedy(const SamplingParams& p) {
-  return p.temperature <= 0 && (p.repetition_penalty == 0 || p.repetition_penalty == 1) &&
-         p.presence_penalty == 0 && p.frequency_penalty == 0 && p.logit_bias.empty();
+// Whether any logits processor (penalties, biases) is active, i.e. sampling needs the history and
+// may reorder the logits.
+inline bool has_logits_processors(const SamplingParams& p) {
+  return !(p.repetition_penalty == 0 || p.repetition_penalty == 1) || p.presence_penalty != 0 ||
+         p.frequency_penalty != 0 || !p.logit_bias.empty();
 }
+// Whether sampling with p is the logits' argmax: greedy with no logits processor that could
+// change the order.
+inline bool plain_greedy(const SamplingParams& p) { return p.temperature <= 0 && !has_logits_processors(p); }
 
 // The mlx-lm argument checks (ValueError there), as one-line errors naming the field.
 Status validate(const SamplingParams& p, int vocab_size);
