@@ -28,11 +28,12 @@ $(STAMPS)/apt: deps/apt.txt
 	@touch $@
 
 # Python virtual environment with the pinned packages (requirements.txt).
-$(STAMPS)/venv: requirements.txt $(STAMPS)/apt
+$(STAMPS)/venv: requirements.txt requirements-nodeps.txt $(STAMPS)/apt
 	@mkdir -p $(STAMPS)
 	@test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -r requirements-nodeps.txt
 	@touch $@
 
 build: $(STAMPS)/apt
@@ -55,6 +56,7 @@ fixtures: $(STAMPS)/venv
 	$(PY) tools/make_fixtures.py --out $(FIXTURES)
 	$(PY) tools/make_kvquant_oracle.py --fixtures $(FIXTURES)
 	$(PY) tools/make_lora_oracle.py --fixtures $(FIXTURES)
+	$(PY) tools/make_mtp_oracle.py --fixtures $(FIXTURES)
 
 # Loader tests under AddressSanitizer + UBSan.
 test-asan: $(STAMPS)/apt

@@ -5,7 +5,8 @@
 // kept; /reset clears it, /exit or Ctrl-D leaves; Ctrl-C stops the current answer, not the
 // program). Flags: --system TEXT, --thinking on|off, --max-tokens, sampling flags
 // (cli/text_args.h), --seed, --threads, --backend, --context N, --chat-template FILE,
-// --kv-bits N [--kv-group-size G --quantized-kv-start T] (cli/common.h). A model without a chat template
+// --kv-bits N [--kv-group-size G --quantized-kv-start T], --adapter-path DIR,
+// --draft-model DIR [--draft-tokens N] (speculative decoding; cli/common.h). A model without a chat template
 // (a base model) is said to be one, and its prompts are completed as raw text instead.
 // Load progress goes to stderr, and so do the prompt / decode speeds after each answer.
 #include <unistd.h>
@@ -82,6 +83,7 @@ std::string answer(Session& s, std::vector<int32_t> prompt, bool chat, bool reas
   std::string visible;
   bool in_reasoning = false;
   g_interrupt.store(false);
+  const EngineStats before = s.engine->stats();
   auto res = run_generation(*s.engine, spec, stream, [&](const TextEvent& e) {
     if (e.kind == TextEvent::kReasoning) {
       if (!in_reasoning && s.color) std::fputs("\x1b[2m", stdout);
@@ -105,12 +107,21 @@ std::string answer(Session& s, std::vector<int32_t> prompt, bool chat, bool reas
     return visible;
   }
   const int computed = res.prompt_tokens - res.cached_tokens;
-  std::fprintf(stderr, "[gemma4] prompt: %d tokens (%d cached), %.1f tok/s | decode: %d tokens, %.1f tok/s%s\n",
+  const EngineStats after = s.engine->stats();
+  std::string drafts;
+  if (after.draft_rounds > before.draft_rounds) {
+    const auto rounds = after.draft_rounds - before.draft_rounds;
+    const auto drafted = after.drafted_tokens - before.drafted_tokens;
+    const auto accepted = after.accepted_tokens - before.accepted_tokens;
+    drafts = " | drafts: " + std::to_string(accepted) + " of " + std::to_string(drafted) + " accepted in " +
+             std::to_string(rounds) + " rounds";
+  }
+  std::fprintf(stderr, "[gemma4] prompt: %d tokens (%d cached), %.1f tok/s | decode: %d tokens, %.1f tok/s%s%s\n",
                res.prompt_tokens, res.cached_tokens,
                res.prefill_seconds > 0 ? computed / res.prefill_seconds : 0.0, res.completion_tokens,
                res.decode_seconds > 0 && res.completion_tokens > 1
                    ? (res.completion_tokens - 1) / res.decode_seconds : 0.0,
-               res.reason == FinishReason::Cancelled ? " (stopped)" : "");
+               drafts.c_str(), res.reason == FinishReason::Cancelled ? " (stopped)" : "");
   return visible;
 }
 

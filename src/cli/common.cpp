@@ -10,6 +10,7 @@
 
 #include "core/mapped_file.h"
 #include "core/thread_pool.h"
+#include "model/drafter.h"
 #include "quant/matmul.h"
 
 namespace g4::cli {
@@ -60,6 +61,8 @@ Status apply_process_flags(const Args& a, bool batch_invariant_default) {
     if (!r) return err("--weights: expected auto, mmap or copy, got '%s'", a.get("--weights").c_str());
     set_weight_residency(*r);
   }
+  // A drafter's verification rows must be computed as a lone decode row would be (engine.h).
+  batch_invariant_default = batch_invariant_default || a.has("--draft-model");
   const std::string bi = a.get("--batch-invariant", batch_invariant_default ? "on" : "off");
   if (bi != "on" && bi != "off") return err("--batch-invariant: expected on or off, got '%s'", bi.c_str());
   set_batch_invariant(bi == "on");
@@ -88,6 +91,14 @@ Status apply_model_flags(const Args& a, Model& m, ActPrecision P) {
   if (a.has("--adapter-path")) {
     G4_ASSIGN_OR_RETURN(auto ad, load_lora_adapter(a.get("--adapter-path"), m.config(), m.backend()));
     m.set_adapter(std::move(ad));
+  }
+  if (a.has("--draft-model")) {
+    G4_ASSIGN_OR_RETURN(auto dr, Drafter::load(a.get("--draft-model"), m.config(), m.weights(), m.backend()));
+    G4_ASSIGN_OR_RETURN(int n, int_flag(a, "--draft-tokens", dr->config().block_size - 1, 1, 64));
+    dr->set_draft_tokens(n);
+    m.set_drafter(std::move(dr));
+  } else if (a.has("--draft-tokens")) {
+    return err("--draft-tokens needs --draft-model");
   }
   return Status::ok();
 }

@@ -25,7 +25,10 @@ Result<int> int_flag(const Args& a, const char* name, int def, int lo, int hi);
 //   --kv-bits N (2..8; absent: f32 KV), --kv-group-size G (32|64|128, default 64) and
 //   --quantized-kv-start T (default 5000, mlx-lm's): the quantized KV cache of the caches `m`
 //   makes from now on (model/kv_cache.h), with scales in bf16 when the activations are (P);
-//   --adapter-path DIR: a LoRA adapter in mlx-lm's format (model/lora.h).
+//   --adapter-path DIR: a LoRA adapter in mlx-lm's format (model/lora.h);
+//   --draft-model DIR [--draft-tokens N]: a Gemma 4 assistant drafter (model/drafter.h) with N
+//   drafts per round (default: its block_size - 1), for speculative decoding in the engine
+//   (--batch-invariant then defaults to on, so the output equals decoding without it).
 Status apply_model_flags(const Args& a, Model& m, ActPrecision P);
 // Loads --model (or the default starter model) on --backend, after apply_process_flags.
 // Prints load progress on stderr unless quiet.

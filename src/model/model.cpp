@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/drafter.h"
+
 namespace g4 {
 
 // Activation buffers sized for the largest batch seen so far (allocated outside the decode step).
@@ -28,6 +30,10 @@ Model::Model(ModelConfig cfg, ModelWeights w, std::shared_ptr<const WeightSource
 }
 
 Model::~Model() = default;  // buffers are owned (and freed) by the backend
+
+void Model::set_drafter(std::unique_ptr<Drafter> d) { drafter_ = std::move(d); }
+
+const float* Model::normed_rows() const { return s_->last; }
 
 void Model::set_adapter(std::unique_ptr<LoraAdapter> a) {
   lora_ = std::move(a);

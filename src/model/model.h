@@ -16,6 +16,8 @@
 
 namespace g4 {
 
+class Drafter;
+
 // One sequence's part of a batched forward call: `n` new tokens appended to `cache`.
 struct SeqInput {
   KvCache* cache = nullptr;
@@ -42,6 +44,9 @@ class Model {
   // A LoRA adapter applied from the next forward on (null: none); see model/lora.h.
   void set_adapter(std::unique_ptr<LoraAdapter> a);
   const LoraAdapter* adapter() const { return lora_.get(); }
+  // A drafter for speculative decoding (model/drafter.h; runtime/engine.h uses it), or null.
+  void set_drafter(std::unique_ptr<Drafter> d);
+  Drafter* drafter() const { return drafter_.get(); }
 
   // Runs one batched step. Reserves cache room, computes, and advances every cache by its n.
   // logits (host memory, or null) receives, in input order, [n, vocab] rows for all_logits inputs
@@ -59,6 +64,10 @@ class Model {
   };
   void forward(const std::vector<SeqInput>& batch, ActPrecision P, float* logits, int32_t* argmax = nullptr,
                const TopK* topk = nullptr);
+
+  // After forward(): the final-normed hidden states of its logit rows (the LM head's input),
+  // [logit_rows, hidden] in the same order, a backend buffer valid until the next forward.
+  const float* normed_rows() const;
 
   // Number of logit rows forward() writes for this batch.
   static int logit_rows(const std::vector<SeqInput>& batch);
@@ -89,6 +98,7 @@ class Model {
   KvCacheOptions kv_opt_;
   std::unique_ptr<LoraAdapter> lora_;
   Tap tap_;
+  std::unique_ptr<Drafter> drafter_;  // last: it frees its buffers through be_
 };
 
 // Opens a model and loads it on the named backend (make_backend's names). `path` is a directory

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "model/drafter.h"
+
 namespace g4 {
 
 const char* finish_reason_name(FinishReason r) {
@@ -33,6 +35,8 @@ struct Engine::Slot {
   int generated = 0;
   int cached = 0;
   int32_t pending = -1;                  // sampled token not yet fed
+  float* hidden = nullptr;               // drafter input: final-normed hidden of the last fed token
+  bool has_hidden = false;               //   (backend buffer [hidden]), set by the step that sampled `pending`
 };
 
 Engine::Engine(Model& model, EngineOptions opt)
@@ -46,7 +50,10 @@ Engine::Engine(Model& model, EngineOptions opt)
   thread_ = std::thread([this] { loop(); });
 }
 
-Engine::~Engine() { shutdown(false); }
+Engine::~Engine() {
+  shutdown(false);
+  for (auto& s : slots_) model_.backend().free(s->hidden);
+}
 
 Result<uint64_t> Engine::submit(GenerationSpec spec, EventFn on_event) {
   const int V = model_.config().vocab;
@@ -115,6 +122,7 @@ void Engine::finish(Slot& s, FinishReason r, const std::string& error) {
     prefix_.insert(std::move(s.fed), std::move(s.cache));
   }
   s.cache.reset();
+  s.has_hidden = false;
   s.fed.clear();
   s.history.clear();
   s.sampler.reset();
@@ -201,35 +209,15 @@ void Engine::step() {
     in_batch.push_back(&s);
   }
   if (batch.empty()) return;
-  // On a device backend, a batch whose every sampler is plain greedy takes the argmax there and
-  // copies one id per sequence instead of the logits (host backends keep the sampler's own
-  // argmax of the logprobs, which mlx-lm's greedy is checked against).
-  const int V = model_.config().vocab;
-  bool device_greedy = model_.backend().on_device();
-  for (Slot* s : in_batch) device_greedy = device_greedy && plain_greedy(s->sampler->params());
-  // A batch whose sequences all sample under a top-k bound (or greedily) copies each row's top k
-  // and log-sum-exp instead of the logits (Sampler::sample_top).
-  bool device_topk = model_.backend().on_device() && !device_greedy && device_topk_enabled_;
-  int K = 1;
-  for (Slot* s : in_batch) {
-    const SamplingParams& sp = s->sampler->params();
-    device_topk = device_topk && (plain_greedy(sp) || Sampler::top_k_sampleable(sp, V));
-    if (Sampler::top_k_sampleable(sp, V)) K = std::max(K, sp.top_k);
+  Drafter* dr = model_.drafter();
+  if (dr && in_batch.size() == 1 && batch[0].n == 1 && in_batch[0]->has_hidden &&
+      in_batch[0]->req->spec.max_tokens - in_batch[0]->generated >= 1) {
+    speculative_step(*in_batch[0], t0);
+    return;
   }
-  greedy_ids_.resize(batch.size());
+  const SampleMode mode = sample_mode(in_batch);
   const auto tf = clk::now();
-  Model::TopK tk;
-  if (device_greedy) {
-    model_.forward(batch, opt_.precision, nullptr, greedy_ids_.data());
-  } else if (device_topk) {
-    topk_vals_.resize(batch.size() * size_t(K));
-    topk_ids_.resize(batch.size() * size_t(K));
-    topk_lse_.resize(batch.size());
-    tk = Model::TopK{K, topk_vals_.data(), topk_ids_.data(), topk_lse_.data()};
-    model_.forward(batch, opt_.precision, nullptr, nullptr, &tk);
-  } else {
-    model_.forward(batch, opt_.precision, logits_.data());
-  }
+  run_forward(batch, mode);
   const auto tf2 = clk::now();
 
   for (size_t i = 0; i < in_batch.size(); ++i) {
@@ -246,50 +234,161 @@ void Engine::step() {
     } else {
       s.fed.push_back(s.pending);
     }
-    int32_t tok;
-    if (device_greedy) {
-      tok = greedy_ids_[i];
-    } else if (device_topk) {
-      const float* v = topk_vals_.data() + i * size_t(K);
-      const int32_t* ids = topk_ids_.data() + i * size_t(K);
-      if (plain_greedy(s.sampler->params())) {  // the largest value, lowest id among ties
-        int best = 0;
-        for (int j = 1; j < K; ++j)
-          if (v[j] > v[best] || (v[j] == v[best] && ids[j] < ids[best])) best = j;
-        tok = ids[best];
-      } else {
-        tok = s.sampler->sample_top(v, ids, K, topk_lse_[i]);
-      }
-    } else {
-      tok = s.sampler->sample(logits_.data() + i * size_t(V), s.history);
-    }
-    s.history.push_back(tok);
-    s.pending = tok;
-    ++s.generated;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      ++stats_.generated_tokens;
-    }
-    const auto& stops = s.req->spec.stop_ids;
-    const bool is_stop = std::find(stops.begin(), stops.end(), tok) != stops.end();
-    const bool at_limit = s.generated >= s.req->spec.max_tokens;
-    TokenEvent ev;
-    ev.token = tok;
-    ev.prompt_tokens = int(prompt.size());
-    ev.cached_tokens = s.cached;
-    ev.completion_tokens = s.generated;
-    s.req->on_event(ev);
-    if (is_stop) {
-      finish(s, FinishReason::Stop);
-    } else if (at_limit) {
-      finish(s, FinishReason::Length);
-    }
+    if (dr) keep_hidden(s, int(i));
+    emit(s, sample_row(s, mode, i));
   }
+  record_step(t0, tf, tf2);
+}
+
+void Engine::record_step(clk::time_point t0, clk::time_point tf, clk::time_point tf2) {
   const auto t1 = clk::now();
   std::lock_guard<std::mutex> lk(mu_);
   ++stats_.steps;
   stats_.forward_seconds += std::chrono::duration<double>(tf2 - tf).count();
   stats_.step_seconds += std::chrono::duration<double>(t1 - t0).count();
+}
+
+Engine::SampleMode Engine::sample_mode(const std::vector<Slot*>& slots) const {
+  // On a device backend, a batch whose every sampler is plain greedy takes the argmax there and
+  // copies one id per row instead of the logits (host backends keep the sampler's own argmax of
+  // the logprobs, which mlx-lm's greedy is checked against).
+  const int V = model_.config().vocab;
+  SampleMode m;
+  bool greedy = model_.backend().on_device();
+  for (const Slot* s : slots) greedy = greedy && plain_greedy(s->sampler->params());
+  if (greedy) {
+    m.kind = SampleMode::DeviceGreedy;
+    return m;
+  }
+  // A batch whose sequences all sample under a top-k bound (or greedily) copies each row's top k
+  // and log-sum-exp instead of the logits (Sampler::sample_top).
+  bool topk = model_.backend().on_device() && device_topk_enabled_;
+  for (const Slot* s : slots) {
+    const SamplingParams& sp = s->sampler->params();
+    topk = topk && (plain_greedy(sp) || Sampler::top_k_sampleable(sp, V));
+    if (Sampler::top_k_sampleable(sp, V)) m.k = std::max(m.k, sp.top_k);
+  }
+  m.kind = topk ? SampleMode::DeviceTopK : SampleMode::HostLogits;
+  return m;
+}
+
+void Engine::run_forward(const std::vector<SeqInput>& batch, const SampleMode& mode) {
+  const size_t rows = size_t(Model::logit_rows(batch));
+  if (mode.kind == SampleMode::DeviceGreedy) {
+    greedy_ids_.resize(rows);
+    model_.forward(batch, opt_.precision, nullptr, greedy_ids_.data());
+  } else if (mode.kind == SampleMode::DeviceTopK) {
+    topk_vals_.resize(rows * size_t(mode.k));
+    topk_ids_.resize(rows * size_t(mode.k));
+    topk_lse_.resize(rows);
+    Model::TopK tk{mode.k, topk_vals_.data(), topk_ids_.data(), topk_lse_.data()};
+    model_.forward(batch, opt_.precision, nullptr, nullptr, &tk);
+  } else {
+    logits_.resize(std::max(logits_.size(), rows * size_t(model_.config().vocab)));
+    model_.forward(batch, opt_.precision, logits_.data());
+  }
+}
+
+int32_t Engine::sample_row(Slot& s, const SampleMode& mode, size_t row) {
+  int32_t tok;
+  if (mode.kind == SampleMode::DeviceGreedy) {
+    tok = greedy_ids_[row];
+  } else if (mode.kind == SampleMode::DeviceTopK) {
+    const int K = mode.k;
+    const float* v = topk_vals_.data() + row * size_t(K);
+    const int32_t* ids = topk_ids_.data() + row * size_t(K);
+    if (plain_greedy(s.sampler->params())) {  // the largest value, lowest id among ties
+      int best = 0;
+      for (int j = 1; j < K; ++j)
+        if (v[j] > v[best] || (v[j] == v[best] && ids[j] < ids[best])) best = j;
+      tok = ids[best];
+    } else {
+      tok = s.sampler->sample_top(v, ids, K, topk_lse_[row]);
+    }
+  } else {
+    tok = s.sampler->sample(logits_.data() + row * size_t(model_.config().vocab), s.history);
+  }
+  s.history.push_back(tok);
+  return tok;
+}
+
+bool Engine::emit(Slot& s, int32_t tok) {
+  s.pending = tok;
+  ++s.generated;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++stats_.generated_tokens;
+  }
+  const auto& stops = s.req->spec.stop_ids;
+  const bool is_stop = std::find(stops.begin(), stops.end(), tok) != stops.end();
+  const bool at_limit = s.generated >= s.req->spec.max_tokens;
+  TokenEvent ev;
+  ev.token = tok;
+  ev.prompt_tokens = int(s.req->spec.prompt.size());
+  ev.cached_tokens = s.cached;
+  ev.completion_tokens = s.generated;
+  s.req->on_event(ev);
+  if (is_stop) {
+    finish(s, FinishReason::Stop);
+  } else if (at_limit) {
+    finish(s, FinishReason::Length);
+  }
+  return is_stop || at_limit;
+}
+
+void Engine::keep_hidden(Slot& s, int row) {
+  const int d = model_.config().hidden;
+  if (!s.hidden) s.hidden = model_.backend().alloc(size_t(d));
+  model_.backend().copy(model_.normed_rows() + size_t(row) * d, size_t(d), s.hidden);
+  s.has_hidden = true;
+}
+
+void Engine::speculative_step(Slot& s, clk::time_point t0) {
+  // One round (mlx-vlm _mtp_rounds, HF assisted generation): the drafter proposes up to
+  // block_size - 1 tokens after the pending one; the target runs the pending token and the drafts
+  // in one forward with logits for every row; row j's token is sampled exactly as a plain decode
+  // step would sample it (same sampler, same RNG draws, in order), and the round stops at the
+  // first row whose token differs from the draft that follows it. Every emitted token is the
+  // target's own, so the output is the one decoding without a drafter gives (with row-exact
+  // kernels: --batch-invariant on); the KV of rejected drafts is dropped.
+  Drafter& dr = *model_.drafter();
+  const int budget = s.req->spec.max_tokens - s.generated;  // tokens this request may still emit
+  const int n_draft = std::max(0, std::min(dr.draft_tokens(), budget - 1));
+  std::vector<int32_t> tokens(size_t(1 + n_draft));
+  tokens[0] = s.pending;
+  if (n_draft > 0) dr.draft(*s.cache, s.hidden, s.pending, n_draft, opt_.precision, tokens.data() + 1);
+  const int n0 = s.cache->size();
+  std::vector<SeqInput> batch{SeqInput{s.cache.get(), tokens.data(), 1 + n_draft, true}};
+  std::vector<Slot*> one{&s};
+  const SampleMode mode = sample_mode(one);
+  const auto tf = clk::now();
+  run_forward(batch, mode);
+  const auto tf2 = clk::now();
+  // Accept while the target's token equals the next draft.
+  std::vector<int32_t> out;
+  for (int j = 0; j <= n_draft; ++j) {
+    const int32_t tok = sample_row(s, mode, size_t(j));
+    out.push_back(tok);
+    const auto& stops = s.req->spec.stop_ids;
+    if (j == n_draft || tok != tokens[size_t(j + 1)] || std::find(stops.begin(), stops.end(), tok) != stops.end())
+      break;
+  }
+  const int kept = int(out.size());  // the pending token and the accepted drafts have valid KV
+  if (!s.cache->truncate(n0 + kept)) {  // reserve() keeps the window: cannot fail
+    finish(s, FinishReason::Error, "internal error: KV cache rollback failed");
+    return;
+  }
+  s.fed.insert(s.fed.end(), tokens.begin(), tokens.begin() + kept);
+  keep_hidden(s, kept - 1);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++stats_.draft_rounds;
+    stats_.drafted_tokens += uint64_t(n_draft);
+    stats_.accepted_tokens += uint64_t(kept - 1);
+  }
+  for (int32_t tok : out)
+    if (emit(s, tok)) break;
+  record_step(t0, tf, tf2);
 }
 
 void Engine::loop() {

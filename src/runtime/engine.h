@@ -7,6 +7,7 @@
 // is the caller's business; a caller that sees a stop string calls cancel().
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -58,6 +59,8 @@ struct EngineStats {
   uint64_t requests_total = 0, requests_finished = 0, requests_rejected = 0;
   uint64_t prompt_tokens = 0, cached_tokens = 0, generated_tokens = 0;
   uint64_t steps = 0;
+  // Speculative decoding (a drafter on the model): rounds run, tokens drafted, drafts accepted.
+  uint64_t draft_rounds = 0, drafted_tokens = 0, accepted_tokens = 0;
   double forward_seconds = 0, step_seconds = 0;  // step = forward + scheduling + sampling
   int active = 0, queued = 0;
 };
@@ -83,9 +86,28 @@ class Engine {
  private:
   struct Request;
   struct Slot;
+  using clk = std::chrono::steady_clock;
+  // How a step's tokens are sampled: argmax on the device, from the device's top k, or from the
+  // logits copied to the host.
+  struct SampleMode {
+    enum Kind { DeviceGreedy, DeviceTopK, HostLogits } kind = HostLogits;
+    int k = 1;  // DeviceTopK: candidates per row
+  };
   void loop();
   void admit();
   void step();
+  // With a drafter on the model and one sequence decoding: one draft-and-verify round.
+  void speculative_step(Slot& s, clk::time_point t0);
+  SampleMode sample_mode(const std::vector<Slot*>& slots) const;
+  // Model::forward for `batch`, its outputs into the buffers `mode` reads.
+  void run_forward(const std::vector<SeqInput>& batch, const SampleMode& mode);
+  // The token of logit row `row` for s (appended to its history).
+  int32_t sample_row(Slot& s, const SampleMode& mode, size_t row);
+  // Reports `tok` as s's next token; finishes s at a stop token or its max_tokens (returns true).
+  bool emit(Slot& s, int32_t tok);
+  // Copies logit row `row`'s final-normed hidden state into s.hidden (the drafter's input).
+  void keep_hidden(Slot& s, int row);
+  void record_step(clk::time_point t0, clk::time_point tf, clk::time_point tf2);
   void finish(Slot& s, FinishReason r, const std::string& error = "");
 
   Model& model_;
