@@ -57,6 +57,7 @@ fixtures: $(STAMPS)/venv
 	$(PY) tools/make_kvquant_oracle.py --fixtures $(FIXTURES)
 	$(PY) tools/make_lora_oracle.py --fixtures $(FIXTURES)
 	$(PY) tools/make_mtp_oracle.py --fixtures $(FIXTURES)
+	$(PY) tools/make_vision_oracle.py --fixtures $(FIXTURES)
 
 # Loader tests under AddressSanitizer + UBSan.
 test-asan: $(STAMPS)/apt

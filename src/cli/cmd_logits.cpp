@@ -2,12 +2,17 @@
 // Scores a token sequence: float32 logits [L, V] for every position, written as .npy.
 // --chunk N runs the prompt as consecutive chunks of N tokens (1 = token-by-token decode).
 // --kv-bits N [--kv-group-size G] [--quantized-kv-start T]: quantized KV cache (cli/common.h).
+// --image F1[,F2...] [--max-soft-tokens N]: image features for the ids' image tokens, in order (the
+// ids already hold boi + soft × image + eoi per image; `gemma4 vision` prints the soft count).
 // --tap-dir DIR writes every named intermediate (embed, attn_residual.L, layer_out.L) of the
 // first chunk as DIR/<name>[.<layer>].npy, for layer-by-layer comparison with a reference dump.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
 #include "cli/common.h"
+#include "vision/image.h"
+#include "vision/vision_encoder.h"
 
 namespace g4::cli {
 namespace {
@@ -38,10 +43,38 @@ int cmd_logits(const std::vector<std::string>& argv) {
       (void)write_npy(f, data, 1, n);
     });
   }
+  std::vector<float> soft;
+  if (a.has("--image")) {
+    auto enc = VisionEncoder::load(a.get("--model"), model.backend());
+    if (!enc) return fail("logits", enc.message());
+    auto mst = int_flag(a, "--max-soft-tokens", 0, 0, 1120);
+    if (!mst) return fail("logits", mst.message());
+    std::string list = a.get("--image");
+    for (size_t b = 0; b <= list.size();) {
+      size_t e = list.find(',', b);
+      if (e == std::string::npos) e = list.size();
+      const std::string file = list.substr(b, e - b);
+      b = e + 1;
+      auto img = load_image_file(file);
+      if (!img) return fail("logits", img.message());
+      auto g = enc.value()->patches(img.value(), mst.value());
+      if (!g) return fail("logits", file + ": " + g.message());
+      auto f = enc.value()->encode(g.value());
+      if (!f) return fail("logits", file + ": " + f.message());
+      soft.insert(soft.end(), f->begin(), f->end());
+    }
+    const size_t k = size_t(std::count(ids->begin(), ids->end(), model.config().image_token));
+    if (k * size_t(model.config().hidden) != soft.size())
+      return fail("logits", "the ids hold " + std::to_string(k) + " image tokens but the images give " +
+                                std::to_string(soft.size() / size_t(model.config().hidden)));
+  }
   auto cache = model.new_cache();
   for (int s = 0; s < L; s += chunk) {
     const int n = std::min(chunk, L - s);
     SeqInput in{cache.get(), ids->data() + s, n, true};
+    if (!soft.empty())
+      in.soft = soft.data() + size_t(std::count(ids->begin(), ids->begin() + s, model.config().image_token)) *
+                                  size_t(model.config().hidden);
     model.forward({in}, P.value(), logits.data() + size_t(s) * V);
   }
   Status st = write_npy(out, logits.data(), size_t(L), size_t(V));

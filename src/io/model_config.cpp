@@ -470,6 +470,9 @@ Result<LoadedConfig> parse_config(std::string_view config_json, std::string_view
   };
   G4_ASSIGN_OR_RETURN(c.bos_id, id_field("bos_token_id", 2));
   G4_ASSIGN_OR_RETURN(c.pad_id, id_field("pad_token_id", 0));
+  if (out.multimodal) {
+    G4_ASSIGN_OR_RETURN(c.image_token, id_field("image_token_id", 258880));
+  }
   c.eos_ids = {1};
   for (const json* o : {&text, &top}) {  // top-level wins
     auto it = o->find("eos_token_id");

@@ -26,8 +26,15 @@ WFormat float_format(DType t) {
 
 }  // namespace
 
+std::optional<std::string> vision_tensor_name(std::string_view s) {
+  if (s.substr(0, 6) == "model.") s = s.substr(6);
+  for (std::string_view p : {"vision_tower.", "embed_vision."})
+    if (s.substr(0, p.size()) == p) return std::string(s);
+  return std::nullopt;
+}
+
 Result<std::unique_ptr<SafetensorsSource>> SafetensorsSource::create(std::shared_ptr<TensorStore> store,
-                                                                     QuantConfig quant) {
+                                                                     QuantConfig quant, TensorSet set) {
   std::unique_ptr<SafetensorsSource> s(new SafetensorsSource());
   s->store_ = std::move(store);
   s->quant_ = std::move(quant);
@@ -39,7 +46,7 @@ Result<std::unique_ptr<SafetensorsSource>> SafetensorsSource::create(std::shared
     return Status::ok();
   };
   for (const auto& [name, t] : s->store_->all()) {
-    auto c = canonical_name(name);
+    auto c = set == TensorSet::Text ? canonical_name(name) : vision_tensor_name(name);
     if (!c) continue;
     if (ends_with(*c, ".experts.gate_up_proj")) {  // HF fused experts [E, 2I, d]
       std::string base = c->substr(0, c->size() - std::strlen(".gate_up_proj"));

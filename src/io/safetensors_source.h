@@ -14,6 +14,7 @@
 // b = 32 * weight.shape[-1] / in) and must agree with an explicit config entry.
 #pragma once
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 
@@ -23,10 +24,19 @@
 
 namespace g4 {
 
+// Which tensors a source serves: the text model (canonical_name), or the vision tower and its
+// embedder (vision_tensor_name: "vision_tower.*" and "embed_vision.*", with any "model." prefix
+// removed).
+enum class TensorSet { Text, Vision };
+
+// "vision_tower.X" / "embed_vision.X" for those tensors (with or without "model."), else nullopt.
+std::optional<std::string> vision_tensor_name(std::string_view stored);
+
 class SafetensorsSource final : public WeightSource {
  public:
   // Errors: two stored tensors mapping to one canonical name.
-  static Result<std::unique_ptr<SafetensorsSource>> create(std::shared_ptr<TensorStore> store, QuantConfig quant);
+  static Result<std::unique_ptr<SafetensorsSource>> create(std::shared_ptr<TensorStore> store, QuantConfig quant,
+                                                           TensorSet set = TensorSet::Text);
 
   bool has(std::string_view canonical) const override;
   Result<WeightView> matrix(std::string_view module, int64_t rows, int64_t cols) const override;

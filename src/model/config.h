@@ -83,6 +83,8 @@ struct ModelConfig {
   std::vector<int> eos_ids;
   int bos_id = 2;
   int pad_id = 0;
+  // The image soft-token id of a multimodal checkpoint (image_token_id; -1: text-only config).
+  int image_token = -1;
 
   // Sampling defaults from generation_config.json, when present (<0 / 0 = absent).
   float gen_temperature = -1.f;

@@ -159,13 +159,26 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
   {
     std::vector<int32_t> ids;
     ids.reserve(size_t(R));
-    for (const SeqInput& s : batch) ids.insert(ids.end(), s.tokens, s.tokens + s.n);
+    for (const SeqInput& s : batch) {
+      for (int t = 0; t < s.n; ++t)
+        ids.push_back(s.soft && s.tokens[t] == cfg_.image_token ? cfg_.pad_id : s.tokens[t]);
+    }
     be.from_host(reinterpret_cast<const float*>(ids.data()), size_t(R), reinterpret_cast<float*>(S.ids));
   }
   const size_t Rd = size_t(R) * d;
 
-  // §2.1 embedding: h0 = E[ids] * T(sqrt(d)).
+  // §2.1 embedding: h0 = E[ids] * T(sqrt(d)); image rows take their features (§8.4).
   be.embed(w_.embed, S.ids, R, T(std::sqrt(double(d))), P, S.x);
+  for (size_t i = 0, row = 0; i < batch.size(); row += size_t(batch[i].n), ++i) {
+    const SeqInput& s = batch[i];
+    if (!s.soft) continue;
+    const float* f = s.soft;
+    for (int t = 0; t < s.n; ++t) {
+      if (s.tokens[t] != cfg_.image_token) continue;
+      be.from_host(f, size_t(d), S.x + (row + size_t(t)) * d);
+      f += d;
+    }
+  }
   tap("embed", -1, S.x, Rd);
 
   // §2.2 per-layer inputs: ((rmsnorm(h0 @ Wmp^T * d^-.5) + Eple[ids] * sqrt(P)) * 2^-.5.

@@ -24,6 +24,10 @@ struct SeqInput {
   const int32_t* tokens = nullptr;
   int n = 0;
   bool all_logits = false;  // logits for every new token (scoring) or only the last one
+  // Image features (host [k, hidden], k = the number of tokens equal to config().image_token
+  // among these n), or null. Those rows take these vectors instead of their embedding, as they
+  // are (spec §8.4: not scaled by √d), and look up the pad id's per-layer input.
+  const float* soft = nullptr;
 };
 
 class Model {

@@ -65,6 +65,14 @@ Result<uint64_t> Engine::submit(GenerationSpec spec, EventFn on_event) {
   if (need > opt_.max_context)
     return err("prompt (%zu tokens) + max_tokens (%d) exceeds the context limit of %d tokens",
                spec.prompt.size(), spec.max_tokens, opt_.max_context);
+  {
+    const int img = model_.config().image_token;
+    const size_t k = size_t(std::count(spec.prompt.begin(), spec.prompt.end(), img));
+    if (k * size_t(model_.config().hidden) != spec.soft.size())
+      return err(k && spec.soft.empty() ? "the prompt has %zu image tokens but no image was given"
+                                        : "the prompt has %zu image tokens but the image features hold %zu",
+                 k, spec.soft.size() / size_t(model_.config().hidden));
+  }
   Status sv = validate(spec.sampling, V);
   if (!sv) return Error{sv.message()};
   std::lock_guard<std::mutex> lk(mu_);
@@ -118,7 +126,8 @@ void Engine::finish(Slot& s, FinishReason r, const std::string& error) {
   std::shared_ptr<Request> req = std::move(s.req);
   // Free the slot first, so that whoever sees the final event also sees the slot free.
   // Keep the KV of a cleanly consumed sequence for later prefixes.
-  if (r != FinishReason::Error && s.cache && s.cache->size() == int(s.fed.size()) && !s.fed.empty()) {
+  if (r != FinishReason::Error && s.cache && s.cache->size() == int(s.fed.size()) && !s.fed.empty() &&
+      req->spec.soft.empty()) {
     prefix_.insert(std::move(s.fed), std::move(s.cache));
   }
   s.cache.reset();
@@ -149,7 +158,7 @@ void Engine::admit() {
     s.req = r;
     s.cache = model_.new_cache();
     s.sampler = std::make_unique<Sampler>(r->spec.sampling, model_.config().vocab);
-    s.cached = prefix_.lookup(r->spec.prompt, *s.cache);
+    s.cached = r->spec.soft.empty() ? prefix_.lookup(r->spec.prompt, *s.cache) : 0;
     s.consumed = s.cached;
     s.fed.assign(r->spec.prompt.begin(), r->spec.prompt.begin() + s.cached);
     s.generated = 0;
@@ -201,6 +210,10 @@ void Engine::step() {
     if (s.consumed < int(prompt.size())) {
       in.n = std::min(opt_.prefill_chunk, int(prompt.size()) - s.consumed);
       in.tokens = prompt.data() + s.consumed;
+      if (!s.req->spec.soft.empty()) {  // the features of this chunk's image tokens come next
+        const auto before = std::count(prompt.begin(), prompt.begin() + s.consumed, model_.config().image_token);
+        in.soft = s.req->spec.soft.data() + size_t(before) * size_t(model_.config().hidden);
+      }
     } else {
       in.n = 1;
       in.tokens = &s.pending;

@@ -30,6 +30,10 @@ struct GenerationSpec {
   SamplingParams sampling;
   int max_tokens = 256;            // generated tokens, stop token included
   std::vector<int32_t> stop_ids;   // generation ends when one is sampled (it is reported)
+  // Image features for the prompt's image tokens (Model config().image_token), host
+  // [k, hidden] in prompt order (vision/vision_encoder.h). Such prompts bypass the prefix cache
+  // (its key is the token ids alone).
+  std::vector<float> soft;
 };
 
 enum class FinishReason { None, Stop, Length, Cancelled, Error };

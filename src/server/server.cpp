@@ -86,6 +86,9 @@ std::string Server::metrics_text() {
   line("gemma4_active_sequences", "gauge", "Sequences being decoded.", double(s.active));
   line("gemma4_engine_steps_total", "counter", "Batched forward steps.", double(s.steps));
   line("gemma4_engine_forward_seconds_total", "counter", "Time spent in forward passes.", s.forward_seconds);
+  line("gemma4_draft_rounds_total", "counter", "Speculative rounds (draft and verify) run.", double(s.draft_rounds));
+  line("gemma4_draft_tokens_total", "counter", "Tokens proposed by the drafter.", double(s.drafted_tokens));
+  line("gemma4_draft_tokens_accepted_total", "counter", "Drafted tokens the model accepted.", double(s.accepted_tokens));
   line("gemma4_engine_step_seconds_total", "counter", "Time spent in steps (forward + scheduling + sampling).", s.step_seconds);
   line("gemma4_generation_tokens_per_second", "gauge", "Generated tokens per second of engine step time.",
        s.step_seconds > 0 ? double(s.generated_tokens) / s.step_seconds : 0.0);

@@ -20,6 +20,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -535,3 +536,45 @@ def test_quantized_kv_cache_serves_like_the_cli(gemma4_bin):
     bad = subprocess.run([str(gemma4_bin), "serve", "--model", str(STARTER), "--port", "0",
                           "--kv-bits", "7"], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "--kv-bits: expected 2, 3, 4, 5, 6 or 8" in bad.stderr
+
+
+@pytest.fixture(scope="module")
+def starter_drafter(tmp_path_factory):
+    """A random Gemma 4 assistant drafter sized for the starter model (hidden 640, head 256,
+    window 512): its drafts are noise, which exercises rounds and roll-backs end to end."""
+    d = tmp_path_factory.mktemp("drafter")
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_random_drafter.py"), "--out", str(d),
+                    "--backbone", "640", "--vocab", "262144", "--head-dim", "256", "--window", "512"],
+                   check=True, capture_output=True, timeout=300)
+    return d
+
+
+def test_speculative_decoding_serves_like_the_cli(gemma4_bin, starter_drafter, tmp_path):
+    """--draft-model: lone requests run draft-and-verify rounds (/metrics counts them), concurrent
+    ones decode together; either way the text equals `gemma4 generate` WITHOUT a drafter (same
+    kernels). A drafter that does not fit the model stops the server with a clear message."""
+    s = Server(gemma4_bin, "--parallel", "2", "--draft-model", str(starter_drafter))
+    try:
+        c = oai(s)
+        prompts = ["The history of Rome", "def fibonacci(n):", "My favourite food is", "In 1969, astronauts"]
+        reqs = [dict(model="m", prompt=p, max_tokens=20, temperature=0) for p in prompts]
+        alone = [c.completions.create(**r).choices[0].text for r in reqs]
+        rounds = s.metric("gemma4_draft_rounds_total")
+        assert rounds >= 4 * 5, rounds  # up to 4 tokens per round, 20 tokens per request
+        with cf.ThreadPoolExecutor(2) as ex:
+            together = list(ex.map(lambda r: c.completions.create(**r).choices[0].text, reqs))
+        assert together == alone
+    finally:
+        s.close()
+    r = subprocess.run([str(gemma4_bin), "generate", "--model", str(STARTER), prompts[1],
+                        "--max-tokens", "20", "--temp", "0", "--threads", "2", "--batch-invariant", "on"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.rstrip("\n") == prompts[1] + alone[1]
+    cfg = json.loads((starter_drafter / "config.json").read_text())
+    cfg["backbone_hidden_size"] = 128
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "model.safetensors").symlink_to(starter_drafter / "model.safetensors")
+    bad = subprocess.run([str(gemma4_bin), "serve", "--model", str(STARTER), "--port", "0", "--draft-model",
+                          str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "backbone_hidden_size = 128 but the target model's hidden size is 640" in bad.stderr

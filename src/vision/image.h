@@ -1,0 +1,36 @@
+// Images for the vision encoder: decoding (PNG, JPEG, GIF, BMP, TGA, PSD, HDR, PNM through
+// stb_image, Debian's libstb) into 8-bit RGB, and Pillow's bicubic resize reproduced exactly.
+//
+// Why by hand: HF's Gemma4ImageProcessor resizes with PIL (Image.resize, BICUBIC), whose 8-bit
+// path uses its own fixed-point kernels; no maintained C/C++ library reproduces them bit for bit,
+// and a different resampler changes pixels by up to several levels. This is Pillow's
+// Resample.c algorithm (antialiased separable convolution, a = -0.5 cubic, coefficients in 22-bit
+// fixed point, horizontal pass first, each pass rounded and clipped to 8 bits), checked against
+// Pillow itself (tests/python/test_vision.py).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace g4 {
+
+struct RgbImage {
+  int width = 0, height = 0;
+  std::vector<uint8_t> rgb;  // [height, width, 3], row-major
+};
+
+// Largest accepted side (pixels); larger images are refused rather than allocated.
+constexpr int kMaxImageSide = 16384;
+
+// Decodes an image file's bytes; alpha is dropped and grey expanded to RGB (PIL convert("RGB")
+// for the formats without a palette; palette images are expanded by stb the same way).
+// `label` names the source in errors.
+Result<RgbImage> decode_image(const std::string& bytes, const std::string& label);
+Result<RgbImage> load_image_file(const std::string& path);
+
+// Pillow Image.resize((width, height), Image.BICUBIC) of an RGB image, exactly.
+RgbImage resize_bicubic(const RgbImage& in, int width, int height);
+
+}  // namespace g4

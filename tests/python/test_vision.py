@@ -1,0 +1,133 @@
+"""Image input (vision/): preprocessing against HF's Gemma4ImageProcessorPil, the vision encoder and
+image-conditioned logits against mlx-vlm's own gemma4 model.
+
+tools/make_vision_oracle.py builds two tiny image+text checkpoints with mlx-vlm 0.7.10's gemma4
+Model (clipped linears as E2B/E4B; standardize as 26B/31B; E-style causal text model), PNG images
+that need down- and up-scaling, and records HF's pixel values and positions, mlx-vlm's pooled
+encoder output and text-space features, and logits of a prompt holding two images.
+
+Bounds (f32): pixel values identical (Pillow's bicubic resize is reproduced bit for bit); pooled
+output within VISION_TOL (measured 4.6e-5), features within VISION_TOL (measured 8.3e-6), logits
+within LOGIT_TOL (measured 9.5e-5), on the reference and cpu backends, in one forward and in
+chunks of 7 tokens.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+CASES = ["clipped", "standardize"]
+IMAGES = ["wide", "tall", "small"]
+VISION_TOL = 5e-4
+LOGIT_TOL = 1e-3
+
+
+@pytest.fixture(scope="session")
+def vision_fixtures(parity_fixtures, repo_root):
+    r = subprocess.run([sys.executable, str(repo_root / "tools" / "make_vision_oracle.py"),
+                        "--fixtures", str(parity_fixtures)], capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        pytest.fail(f"make_vision_oracle.py failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    return parity_fixtures / "vision"
+
+
+def _run(bin_, *args, ok=True):
+    r = subprocess.run([str(bin_), *map(str, args)], capture_output=True, text=True, timeout=300)
+    if ok:
+        assert r.returncode == 0, f"{args}\n{r.stderr[-2000:]}"
+    return r
+
+
+def _vision(bin_, model, image, tmp_path, budget=70, backend="cpu"):
+    r = _run(bin_, "vision", "--model", model, "--image", image, "--max-soft-tokens", budget, "--backend", backend,
+             "--pixels-out", tmp_path / "px.npy", "--positions-out", tmp_path / "pos.npy",
+             "--pooled-out", tmp_path / "pool.npy", "--features-out", tmp_path / "ft.npy")
+    info = json.loads(r.stdout)
+    return info, {k: np.load(tmp_path / f"{k}.npy") for k in ("px", "pos", "pool", "ft")}
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("case", CASES)
+def test_encoder_matches_mlx_vlm(gemma4_bin, vision_fixtures, parity_report, tmp_path, case, backend):
+    d = vision_fixtures / case
+    z = np.load(d / "oracle.npz")
+    for im in IMAGES:
+        info, got = _vision(gemma4_bin, d, d / f"{im}.png", tmp_path, backend=backend)
+        assert got["px"].shape == z[f"{im}_pixels"].shape
+        assert np.array_equal(got["px"], z[f"{im}_pixels"]), f"{im}: pixels differ from HF's"
+        assert np.array_equal(got["pos"].astype(np.int32), z[f"{im}_positions"])
+        assert info["soft_tokens"] == z[f"{im}_features"].shape[0]
+        dp = float(np.abs(got["pool"] - z[f"{im}_pooled"]).max())
+        df = float(np.abs(got["ft"] - z[f"{im}_features"]).max())
+        parity_report.append({"fixture": f"vision/{case}", "check": f"encoder {im} {backend}",
+                              "ok": dp <= VISION_TOL and df <= VISION_TOL, "maxdiff": f"pooled {dp:.2e} features {df:.2e}"})
+        assert dp <= VISION_TOL and df <= VISION_TOL, f"{im}: pooled {dp:.2e}, features {df:.2e}"
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("case", CASES)
+def test_logits_with_images_match_mlx_vlm(gemma4_bin, vision_fixtures, parity_report, tmp_path, case, backend):
+    d = vision_fixtures / case
+    z = np.load(d / "oracle.npz")
+    ids = ",".join(map(str, z["ids"]))
+    base = ["logits", "--model", d, "--ids", ids, "--max-soft-tokens", 70, "--dtype", "f32", "--backend", backend,
+            "--out", tmp_path / "l.npy"]
+    for chunk in (None, 7):
+        extra = ["--chunk", chunk] if chunk else []
+        _run(gemma4_bin, *base, "--image", f"{d / 'wide.png'},{d / 'small.png'}", *extra)
+        diff = float(np.abs(np.load(tmp_path / "l.npy") - z["logits"]).max())
+        parity_report.append({"fixture": f"vision/{case}", "check": f"image logits {backend} chunk {chunk}",
+                              "ok": diff <= LOGIT_TOL, "maxdiff": f"{diff:.2e}"})
+        assert diff <= LOGIT_TOL, f"chunk {chunk}: max|Δlogit| {diff:.2e}"
+    # The images matter: wide2.png (as many soft tokens, other content) in the first slot moves the
+    # logits after it by far more than the bound, and ours follow.
+    _run(gemma4_bin, *base, "--image", f"{d / 'wide2.png'},{d / 'small.png'}")
+    diff2 = float(np.abs(np.load(tmp_path / "l.npy") - z["logits_wide2"]).max())
+    moved = float(np.abs(z["logits_wide2"] - z["logits"]).max())
+    assert diff2 <= LOGIT_TOL and moved > 100 * LOGIT_TOL, (diff2, moved)
+
+
+def test_resize_matches_pillow_on_many_sizes(gemma4_bin, vision_fixtures, tmp_path):
+    """Pillow's BICUBIC resize through HF's processor, reproduced exactly: random content, sizes
+    that scale down by up to 10x, up by up to 6x, odd sizes and both budgets' rounding."""
+    from PIL import Image
+    from transformers.models.gemma4 import Gemma4ImageProcessorPil
+    rng = np.random.default_rng(7)
+    d = vision_fixtures / "clipped"
+    for (h, w), budget in [((1000, 700), 70), ((33, 47), 70), ((480, 640), 140), ((97, 1021), 70), ((256, 256), 70),
+                           ((150, 149), 140)]:
+        arr = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+        arr[: h // 2] = np.minimum(255, arr[: h // 2] // 4 + np.arange(w, dtype=np.uint8)[None, :, None] % 200)
+        f = tmp_path / f"img{h}x{w}.png"
+        Image.fromarray(arr).save(f)
+        p = Gemma4ImageProcessorPil(max_soft_tokens=budget)(images=[Image.open(f)], return_tensors="np")
+        n = int((p["image_position_ids"][0][:, 0] >= 0).sum())
+        want = p["pixel_values"][0][:n]
+        r = _run(gemma4_bin, "vision", "--model", d, "--image", f, "--max-soft-tokens", budget,
+                 "--pixels-out", tmp_path / "px.npy", ok=False)
+        if r.returncode != 0:  # the tiny position table (64) cannot hold very wide grids
+            assert "the position table holds 64" in r.stderr
+            continue
+        got = np.load(tmp_path / "px.npy")
+        assert got.shape == want.shape, (h, w)
+        assert np.array_equal(got, want), f"{h}x{w}: max diff {np.abs(got - want).max()}"
+
+
+def test_bad_images_are_refused(gemma4_bin, vision_fixtures, tmp_path):
+    d = vision_fixtures / "clipped"
+    junk = tmp_path / "junk.png"
+    junk.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 20)
+    r = _run(gemma4_bin, "vision", "--model", d, "--image", junk, ok=False)
+    assert r.returncode == 1 and "junk.png" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = _run(gemma4_bin, "vision", "--model", d, "--image", d / "thin.png", "--max-soft-tokens", 70, ok=False)
+    assert r.returncode == 1 and "the position table holds 64" in r.stderr
+    r = _run(gemma4_bin, "vision", "--model", d, "--image", d / "wide.png", "--max-soft-tokens", 100, ok=False)
+    assert r.returncode == 1 and "must be one of 70, 140, 280, 560, 1120" in r.stderr
+    z = np.load(d / "oracle.npz")
+    r = _run(gemma4_bin, "logits", "--model", d, "--ids", ",".join(map(str, z["ids"])), "--image", d / "wide.png",
+             "--max-soft-tokens", 70, "--out", tmp_path / "l.npy", ok=False)
+    assert r.returncode == 1 and "image tokens but the images give" in r.stderr

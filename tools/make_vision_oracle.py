@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Tiny Gemma 4 image+text checkpoints made and run by mlx-vlm's own gemma4 model, with images and
+HF's own image preprocessing, for the vision-input tests.
+
+Usage: tools/make_vision_oracle.py --fixtures tests/fixtures/generated [--force]
+
+Writes vision/<case>/ (under the fixtures directory, apart from the text fixtures the model tests
+enumerate): config.json (model_type gemma4 with text_config and vision_config, image / boi / eoi
+token ids inside the tiny vocabulary), model.safetensors (mlx-vlm's names: language_model.model.*,
+vision_tower.*, embed_vision.*; f32, seeded random), images (PNG) and oracle.npz:
+  <image>_pixels     f32 [patches, 768]   HF Gemma4ImageProcessorPil's pixel_values (real patches)
+  <image>_positions  i32 [patches, 2]     its image_position_ids (x, y)
+  <image>_pooled     f32 [soft, d_v]      mlx-vlm vision_tower output (pooled, ·√d_v, standardized)
+  <image>_features   f32 [soft, d_text]   mlx-vlm embed_vision(vision_tower(...))
+  ids                i32 [L]              a prompt: text, boi, soft × image, eoi for each image, text
+  logits             f32 [L, V]           mlx-vlm Model(ids, pixel_values, image_position_ids)
+  logits_wide2       f32 [L, V]           the same with wide2.png (same size, other content) first
+  max_soft_tokens    i32                  the processor's budget
+The text model is the E-style fixture's architecture (PLE, KV sharing; causal, as E2B/E4B).
+Cases: clipped linears (E2B/E4B style) and standardize (26B/31B style).
+"""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import sys
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import oracle_common as oc  # noqa: E402
+
+import mlx.core as mx  # noqa: E402
+from mlx.utils import tree_flatten  # noqa: E402
+
+
+def import_mlx_vlm_gemma4():
+    """mlx-vlm's gemma4 model package without mlx_vlm/__init__.py (see make_mtp_oracle.py)."""
+    spec = importlib.util.find_spec("mlx_vlm")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("make_vision_oracle.py: mlx-vlm is not installed (requirements-nodeps.txt)")
+    root = Path(list(spec.submodule_search_locations)[0])
+    for name in ("mlx_vlm", "mlx_vlm.models"):
+        if name not in sys.modules:
+            m = types.ModuleType(name)
+            m.__path__ = [str(root.joinpath(*name.split(".")[1:]))]
+            sys.modules[name] = m
+    from mlx_vlm.models.gemma4 import gemma4 as g
+    from mlx_vlm.models.gemma4.config import ModelConfig, TextConfig, VisionConfig
+    return g.Model, ModelConfig, TextConfig, VisionConfig
+
+
+IMAGE_TOKEN, BOI, EOI = 500, 501, 502
+MAX_SOFT = 70
+
+# (name, vision_config overrides, seed)
+CASES = [
+    ("clipped", {"use_clipped_linears": True, "standardize": False}, 41),
+    ("standardize", {"use_clipped_linears": False, "standardize": True, "num_key_value_heads": 1}, 42),
+]
+
+
+def text_config(fixtures: Path) -> dict:
+    cfg = json.loads((fixtures / "estyle-q4g64" / "config.json").read_text())
+    tc = copy.deepcopy(cfg["text_config"])
+    tc.pop("quantization", None)
+    tc.pop("quantization_config", None)
+    return tc
+
+
+def vision_config(over: dict) -> dict:
+    vc = {"model_type": "gemma4_vision", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+          "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16, "patch_size": 16,
+          "pooling_kernel_size": 3, "position_embedding_size": 64, "default_output_length": MAX_SOFT,
+          "rms_norm_eps": 1e-6, "rope_parameters": {"rope_theta": 100.0, "rope_type": "default"}}
+    vc.update(over)
+    return vc
+
+
+def images(rng: np.random.Generator):
+    """Synthetic RGB images with structure (gradients, blocks, noise) in sizes that need both
+    down- and up-scaling and a thin one that hits the processor's 0-side rule."""
+    out = {}
+    for name, (h, w) in {"wide": (181, 343), "tall": (412, 97), "small": (40, 61), "thin": (20, 900),
+                         "wide2": (181, 343)}.items():
+        y, x = np.mgrid[0:h, 0:w]
+        img = np.stack([(x * 255 // max(w - 1, 1)), (y * 255 // max(h - 1, 1)), ((x // 7 + y // 5) % 2) * 200], -1)
+        img = img + rng.integers(0, 40, size=img.shape)
+        if name == "wide2":  # the same size as "wide", other content: as many soft tokens
+            img = img[::-1, ::-1] // 2 + 60
+        out[name] = np.clip(img, 0, 255).astype(np.uint8)
+    return out
+
+
+def random_weights(model, rng):
+    """oc.random_params for every tensor; the ClippableLinear bounds (0-d) clip part of the
+    activations: inputs to [-2, 2], outputs to [-1.5, 1.5]."""
+    bound = {"input_min": -2.0, "input_max": 2.0, "output_min": -1.5, "output_max": 1.5}
+    params = {name: mx.array(bound[name.rsplit(".", 1)[1]], dtype=mx.float32)
+              for name, p in tree_flatten(model.parameters()) if p.ndim == 0}
+    params.update(oc.random_params(_WithoutScalars(model), rng))
+    return params
+
+
+class _WithoutScalars:
+    """model.parameters() without the 0-d clip bounds (oc.random_params shapes by the last dim)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def parameters(self):
+        from mlx.utils import tree_unflatten
+        return tree_unflatten([(k, v) for k, v in tree_flatten(self.model.parameters()) if v.ndim > 0])
+
+
+def main() -> int:
+    args = oc.derived_args(__doc__)
+    stamp = oc.derived_stamp(Path(__file__), args.fixtures)
+    root = args.fixtures / "vision"
+    stamp_file = root / ".stamp"
+    done = all((root / c[0] / "oracle.npz").exists() for c in CASES)
+    if not args.force and done and stamp_file.exists() and stamp_file.read_text().strip() == stamp:
+        print(f"vision oracle: up to date ({len(CASES)} cases)")
+        return 0
+    Model, ModelConfig, TextConfig, VisionConfig = import_mlx_vlm_gemma4()
+    from PIL import Image
+    from transformers.models.gemma4 import Gemma4ImageProcessorPil
+    proc = Gemma4ImageProcessorPil(max_soft_tokens=MAX_SOFT)
+    t0 = time.time()
+    for name, over, seed in CASES:
+        rng = np.random.default_rng(seed)
+        tc, vc = text_config(args.fixtures), vision_config(over)
+        cfg = {"model_type": "gemma4", "text_config": tc, "vision_config": vc, "audio_config": None,
+               "vocab_size": tc["vocab_size"], "image_token_id": IMAGE_TOKEN, "boi_token_id": BOI,
+               "eoi_token_id": EOI, "vision_soft_tokens_per_image": MAX_SOFT, "tie_word_embeddings": True,
+               "eos_token_id": [1]}
+        mcfg = ModelConfig(text_config=TextConfig.from_dict(tc), vision_config=VisionConfig.from_dict(vc),
+                           image_token_id=IMAGE_TOKEN, boi_token_id=BOI, eoi_token_id=EOI,
+                           vocab_size=tc["vocab_size"])
+        model = Model(mcfg)
+        params = random_weights(model, rng)
+        model.load_weights(list(params.items()))
+        out = root / name
+        out.mkdir(parents=True, exist_ok=True)
+        mx.save_safetensors(str(out / "model.safetensors"), params)
+        (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        rec = {"max_soft_tokens": np.int32(MAX_SOFT)}
+        ids = [2, 17, 33]
+        pixels_all, pos_all = [], []
+        for iname, arr in images(rng).items():
+            Image.fromarray(arr).save(out / f"{iname}.png")
+            pim = Image.open(out / f"{iname}.png")
+            p = proc(images=[pim], return_tensors="np")
+            pv, pos = p["pixel_values"][0], p["image_position_ids"][0]
+            n_real = int((pos[:, 0] >= 0).sum())
+            rec[f"{iname}_pixels"] = pv[:n_real].astype(np.float32)
+            rec[f"{iname}_positions"] = pos[:n_real].astype(np.int32)
+            pooled = model.vision_tower(mx.array(pv[None]), mx.array(pos[None]))
+            feats = model.embed_vision(pooled)
+            rec[f"{iname}_pooled"] = np.array(pooled[0].astype(mx.float32))
+            rec[f"{iname}_features"] = np.array(feats[0].astype(mx.float32))
+            if iname in ("wide", "small"):  # the prompt holds these two
+                soft = int(p["num_soft_tokens_per_image"][0])
+                assert soft == rec[f"{iname}_features"].shape[0]
+                ids += [BOI] + [IMAGE_TOKEN] * soft + [EOI, 40 + len(pixels_all)]
+                pixels_all.append(pv)
+                pos_all.append(pos)
+        ids += [45, 46]
+
+        def run(pixels, positions):
+            lg = model(mx.array(ids, dtype=mx.int32)[None], pixel_values=[mx.array(x) for x in pixels],
+                       image_position_ids=[mx.array(x) for x in positions])
+            return np.array(getattr(lg, "logits", lg)[0].astype(mx.float32))
+        rec["ids"] = np.array(ids, dtype=np.int32)
+        rec["logits"] = run(pixels_all, pos_all)
+        p2 = proc(images=[Image.open(out / "wide2.png")], return_tensors="np")
+        rec["logits_wide2"] = run([p2["pixel_values"][0], pixels_all[1]], [p2["image_position_ids"][0], pos_all[1]])
+        np.savez(out / "oracle.npz", **rec)
+        print(f"  {name:12s} {len(ids)} prompt tokens, soft tokens per image "
+              f"{[rec[k].shape[0] for k in rec if k.endswith('_features')]}", flush=True)
+    stamp_file.write_text(stamp + "\n")
+    print(f"vision oracle: {len(CASES)} cases in {time.time() - t0:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
