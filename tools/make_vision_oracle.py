@@ -15,6 +15,13 @@ vision_tower.*, embed_vision.*; f32, seeded random), images (PNG) and oracle.npz
   ids                i32 [L]              a prompt: text, boi, soft × image, eoi for each image, text
   logits             f32 [L, V]           mlx-vlm Model(ids, pixel_values, image_position_ids)
   logits_wide2       f32 [L, V]           the same with wide2.png (same size, other content) first
+The "clipped" case is also a chat model: tokenizer.json (a tiny Gemma-style BPE vocabulary:
+bytes, characters and the Gemma 4 special tokens, made with the tokenizers library), the official
+Gemma 4 chat template, and in oracle.npz:
+  chat_ids           i32 [C]              the template's rendering (transformers' renderer) of one
+                                          user turn holding wide.png and CHAT_TEXT, tokenized, with
+                                          the image token expanded to boi + soft × image + eoi
+  chat_greedy        i32 [<= 10]          mlx-vlm's greedy continuation (stops at <eos> / <turn|>)
   max_soft_tokens    i32                  the processor's budget
 The text model is the E-style fixture's architecture (PLE, KV sharing; causal, as E2B/E4B).
 Cases: clipped linears (E2B/E4B style) and standardize (26B/31B style).
@@ -55,6 +62,11 @@ def import_mlx_vlm_gemma4():
 
 
 IMAGE_TOKEN, BOI, EOI = 500, 501, 502
+# Special tokens of the tiny chat vocabulary (ids 500...): the Gemma 4 names the template writes.
+SPECIALS = ["<|image|>", "<|image>", "<image|>", "<|turn>", "<turn|>", "<|channel>", "<channel|>",
+            "<|tool_call>", "<tool_call|>", "<|\"|>", "<|think|>", "<mask>"]
+CHAT_TEXT = "What is in this picture?"
+CHAT_STEPS = 10
 MAX_SOFT = 70
 
 # (name, vision_config overrides, seed)
@@ -117,6 +129,53 @@ class _WithoutScalars:
         return tree_unflatten([(k, v) for k, v in tree_flatten(self.model.parameters()) if v.ndim > 0])
 
 
+def write_chat_files(out: Path, vocab_size: int) -> None:
+    """tokenizer.json / tokenizer_config.json / chat_template.jinja for the tiny vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, AddedToken
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3}
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    for ch in "\u2581abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,?!:;'-_()\n":
+        vocab.setdefault(ch, len(vocab))
+    while len(vocab) < IMAGE_TOKEN:
+        vocab[f"<unused{len(vocab)}>"] = len(vocab)
+    for t in SPECIALS:
+        vocab[t] = len(vocab)
+    assert len(vocab) <= vocab_size
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=True, fuse_unk=False))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in
+                            ["<pad>", "<eos>", "<bos>", "<unk>"] + SPECIALS])
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"}) + "\n")
+    tpl = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "templates" / "gemma4.jinja"
+    (out / "chat_template.jinja").write_text(tpl.read_text())
+
+
+def chat_oracle(model, out: Path, proc, pv, pos, soft: int):
+    """The rendered, tokenized, expanded chat prompt with wide.png and mlx-vlm's greedy reply."""
+    import make_template_corpus as corpus
+    from tokenizers import Tokenizer
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": CHAT_TEXT}]}]
+    text = corpus.reference_render((out / "chat_template.jinja").read_text(), msgs, None, False, True)
+    raw = Tokenizer.from_file(str(out / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+    ids = []
+    for t in raw:
+        ids += [BOI] + [IMAGE_TOKEN] * soft + [EOI] if t == IMAGE_TOKEN else [t]
+    stops = {1, IMAGE_TOKEN + SPECIALS.index("<turn|>")}
+    reply = []
+    for _ in range(CHAT_STEPS):
+        lg = model(mx.array(ids + reply, dtype=mx.int32)[None], pixel_values=[mx.array(pv)],
+                   image_position_ids=[mx.array(pos)])
+        t = int(mx.argmax(getattr(lg, "logits", lg)[0, -1]).item())
+        reply.append(t)
+        if t in stops:
+            break
+    return np.array(ids, dtype=np.int32), np.array(reply, dtype=np.int32)
+
+
 def main() -> int:
     args = oc.derived_args(__doc__)
     stamp = oc.derived_stamp(Path(__file__), args.fixtures)
@@ -177,6 +236,10 @@ def main() -> int:
             return np.array(getattr(lg, "logits", lg)[0].astype(mx.float32))
         rec["ids"] = np.array(ids, dtype=np.int32)
         rec["logits"] = run(pixels_all, pos_all)
+        if name == "clipped":
+            write_chat_files(out, tc["vocab_size"])
+            rec["chat_ids"], rec["chat_greedy"] = chat_oracle(model, out, proc, pixels_all[0], pos_all[0],
+                                                              rec["wide_features"].shape[0])
         p2 = proc(images=[Image.open(out / "wide2.png")], return_tensors="np")
         rec["logits_wide2"] = run([p2["pixel_values"][0], pixels_all[1]], [p2["image_position_ids"][0], pos_all[1]])
         np.savez(out / "oracle.npz", **rec)

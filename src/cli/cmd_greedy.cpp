@@ -1,5 +1,5 @@
 // gemma4 greedy --model DIR --ids 2,105,... --steps N [--dtype f32|bf16] [--chunk N]
-//               [--kv-bits N [--kv-group-size G] [--quantized-kv-start T]]
+//               [--kv-bits N [--kv-group-size G] [--quantized-kv-start T]] [--image F1[,F2] --max-soft-tokens N]
 // Greedy (argmax) continuation of a token sequence; prints the generated ids as a JSON list.
 // Stops only after N steps (no stop tokens): a checking tool, not a chat.
 #include <algorithm>
@@ -26,11 +26,15 @@ int cmd_greedy(const std::vector<std::string>& argv) {
   const int L = int(ids->size());
   int chunk = a.has("--chunk") ? std::atoi(a.get("--chunk").c_str()) : 512;
   if (chunk <= 0) return fail("greedy", "--chunk must be positive");
+  auto soft = image_features_from_args(a, model, ids.value());
+  if (!soft) return fail("greedy", soft.message());
   std::vector<float> logits(static_cast<size_t>(V));
   auto cache = model.new_cache();
   for (int s = 0; s < L; s += chunk) {
     const int n = std::min(chunk, L - s);
-    model.forward({SeqInput{cache.get(), ids->data() + s, n, false}}, P.value(), logits.data());
+    SeqInput in{cache.get(), ids->data() + s, n, false};
+    in.soft = soft_at(soft.value(), *ids, s, model.config());
+    model.forward({in}, P.value(), logits.data());
   }
   std::vector<int32_t> out;
   int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());

@@ -11,8 +11,6 @@
 #include <cstdlib>
 
 #include "cli/common.h"
-#include "vision/image.h"
-#include "vision/vision_encoder.h"
 
 namespace g4::cli {
 namespace {
@@ -43,38 +41,13 @@ int cmd_logits(const std::vector<std::string>& argv) {
       (void)write_npy(f, data, 1, n);
     });
   }
-  std::vector<float> soft;
-  if (a.has("--image")) {
-    auto enc = VisionEncoder::load(a.get("--model"), model.backend());
-    if (!enc) return fail("logits", enc.message());
-    auto mst = int_flag(a, "--max-soft-tokens", 0, 0, 1120);
-    if (!mst) return fail("logits", mst.message());
-    std::string list = a.get("--image");
-    for (size_t b = 0; b <= list.size();) {
-      size_t e = list.find(',', b);
-      if (e == std::string::npos) e = list.size();
-      const std::string file = list.substr(b, e - b);
-      b = e + 1;
-      auto img = load_image_file(file);
-      if (!img) return fail("logits", img.message());
-      auto g = enc.value()->patches(img.value(), mst.value());
-      if (!g) return fail("logits", file + ": " + g.message());
-      auto f = enc.value()->encode(g.value());
-      if (!f) return fail("logits", file + ": " + f.message());
-      soft.insert(soft.end(), f->begin(), f->end());
-    }
-    const size_t k = size_t(std::count(ids->begin(), ids->end(), model.config().image_token));
-    if (k * size_t(model.config().hidden) != soft.size())
-      return fail("logits", "the ids hold " + std::to_string(k) + " image tokens but the images give " +
-                                std::to_string(soft.size() / size_t(model.config().hidden)));
-  }
+  auto soft = image_features_from_args(a, model, ids.value());
+  if (!soft) return fail("logits", soft.message());
   auto cache = model.new_cache();
   for (int s = 0; s < L; s += chunk) {
     const int n = std::min(chunk, L - s);
     SeqInput in{cache.get(), ids->data() + s, n, true};
-    if (!soft.empty())
-      in.soft = soft.data() + size_t(std::count(ids->begin(), ids->begin() + s, model.config().image_token)) *
-                                  size_t(model.config().hidden);
+    in.soft = soft_at(soft.value(), *ids, s, model.config());
     model.forward({in}, P.value(), logits.data() + size_t(s) * V);
   }
   Status st = write_npy(out, logits.data(), size_t(L), size_t(V));

@@ -6,12 +6,14 @@
 // program). Flags: --system TEXT, --thinking on|off, --max-tokens, sampling flags
 // (cli/text_args.h), --seed, --threads, --backend, --context N, --chat-template FILE,
 // --kv-bits N [--kv-group-size G --quantized-kv-start T], --adapter-path DIR,
-// --draft-model DIR [--draft-tokens N] (speculative decoding; cli/common.h). A model without a chat template
+// --draft-model DIR [--draft-tokens N] (speculative decoding; cli/common.h); --image F1[,F2...]
+// [--max-soft-tokens N] (images with the first message, for checkpoints with a vision encoder). A model without a chat template
 // (a base model) is said to be one, and its prompts are completed as raw text instead.
 // Load progress goes to stderr, and so do the prompt / decode speeds after each answer.
 #include <unistd.h>
 
 #include <csignal>
+#include <fstream>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -21,6 +23,7 @@
 #include "core/thread_pool.h"
 #include "runtime/bundle.h"
 #include "runtime/generate.h"
+#include "runtime/image_prompt.h"
 
 namespace g4::cli {
 namespace {
@@ -68,9 +71,16 @@ Result<Session> open_session(const Args& a) {
 }
 
 // Streams one completion of `prompt` ids; prints the text; returns the visible answer text.
-std::string answer(Session& s, std::vector<int32_t> prompt, bool chat, bool reasoning_open) {
+std::string answer(Session& s, std::vector<int32_t> prompt, bool chat, bool reasoning_open,
+                   const std::vector<ImageInput>& images = {}, int max_soft_tokens = 0) {
   GenerationSpec spec;
   spec.prompt = std::move(prompt);
+  if (!images.empty()) {
+    if (Status st = attach_images(*s.b.vision, *s.engine, images, max_soft_tokens, spec); !st) {
+      std::fprintf(stderr, "gemma4: %s\n", st.message().c_str());
+      return "";
+    }
+  }
   spec.sampling = s.text.sampling;
   spec.max_tokens = s.text.max_tokens;
   spec.stop_ids = s.b.stop_ids;
@@ -149,6 +159,27 @@ int cmd_run(const std::vector<std::string>& argv) {
     std::fprintf(stderr, "[gemma4] note: %s has no chat template: it is a base (pre-trained) model, "
                  "so prompts are completed as raw text instead of answered as a chat.\n",
                  s.b.name.c_str());
+  // --image F1[,F2...]: the images go with the first message and stay in the history.
+  std::vector<ImageInput> images;
+  if (a.has("--image")) {
+    if (!s.b.vision) return fail("run", s.b.name + " has no vision encoder: --image needs a Gemma 4 checkpoint with one");
+    if (!chat) return fail("run", "--image needs a chat model (this one has no chat template)");
+    const std::string list = a.get("--image");
+    for (size_t b = 0; b <= list.size();) {
+      size_t e = list.find(',', b);
+      if (e == std::string::npos) e = list.size();
+      ImageInput im;
+      im.label = list.substr(b, e - b);
+      b = e + 1;
+      std::ifstream f(im.label, std::ios::binary);
+      if (!f) return fail("run", im.label + ": cannot open image");
+      im.bytes.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+      images.push_back(std::move(im));
+    }
+  }
+  auto mst = int_flag(a, "--max-soft-tokens", 0, 0, 1120);
+  if (!mst) return fail("run", mst.message());
+  bool images_sent = false;
   nlohmann::ordered_json history = nlohmann::ordered_json::array();
   const std::string system = a.get("--system");
   auto reset = [&] {
@@ -162,14 +193,23 @@ int cmd_run(const std::vector<std::string>& argv) {
       answer(s, encode_raw_prompt(s.b, prompt), false, false);
       return 0;
     }
-    history.push_back({{"role", "user"}, {"content", user}});
+    if (!images.empty() && !images_sent) {
+      nlohmann::ordered_json parts = nlohmann::ordered_json::array();
+      for (size_t i = 0; i < images.size(); ++i) parts.push_back({{"type", "image"}});
+      parts.push_back({{"type", "text"}, {"text", user}});
+      history.push_back({{"role", "user"}, {"content", parts}});
+      images_sent = true;
+    } else {
+      history.push_back({{"role", "user"}, {"content", user}});
+    }
     bool open = false;
     auto ids = chat_prompt(s, history, thinking, &open);
     if (!ids) {
       history.erase(history.end() - 1);
       return fail("run", ids.message());
     }
-    std::string reply = answer(s, ids.value(), true, open);
+    std::string reply = answer(s, ids.value(), true, open, images_sent ? images : std::vector<ImageInput>{},
+                               mst.value());
     history.push_back({{"role", "assistant"}, {"content", reply}});
     return 0;
   };
@@ -197,6 +237,7 @@ int cmd_run(const std::vector<std::string>& argv) {
     if (line == "/exit" || line == "/quit") return 0;
     if (line == "/reset") {
       reset();
+      images_sent = false;
       std::fprintf(stderr, "[gemma4] history cleared\n");
       continue;
     }

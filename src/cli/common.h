@@ -33,6 +33,13 @@ Status apply_model_flags(const Args& a, Model& m, ActPrecision P);
 // Loads --model (or the default starter model) on --backend, after apply_process_flags.
 // Prints load progress on stderr unless quiet.
 Result<std::unique_ptr<Model>> load_model_from_args(const Args& a, bool quiet = false);
+// --image F1[,F2...] [--max-soft-tokens N] for the checking verbs: the images' text-space
+// features (vision/vision_encoder.h, loaded from --model) for the image tokens of `ids`, in order
+// ([k, hidden]); empty without --image. Errors name the file, or give both counts when the ids
+// hold a different number of image tokens.
+Result<std::vector<float>> image_features_from_args(const Args& a, Model& m, const std::vector<int32_t>& ids);
+// The features of ids[from...]'s image tokens within `soft` (SeqInput::soft), or null when empty.
+const float* soft_at(const std::vector<float>& soft, const std::vector<int32_t>& ids, int from, const ModelConfig& c);
 // Writes a float32 [rows, cols] array as a NumPy .npy file.
 Status write_npy(const std::string& path, const float* data, size_t rows, size_t cols);
 // Prints "gemma4 <verb>: <msg>" to stderr and returns 1.

@@ -55,6 +55,10 @@ Result<ModelBundle> load_bundle(const std::string& path_in, const std::string& b
   if (tok.vocab_size() > b.model->config().vocab)
     return err("%s: tokenizer has %d tokens but the model's vocabulary is %d", path.c_str(),
                tok.vocab_size(), b.model->config().vocab);
+  if (om.format == "safetensors") {
+    G4_ASSIGN_OR_RETURN(b.vision, VisionEncoder::load_if_present(om.path, b.model->backend()));
+    if (b.vision) say("vision encoder: " + std::to_string(b.vision->config().layers) + " layers");
+  }
   return b;
 }
 

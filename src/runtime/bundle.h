@@ -10,6 +10,7 @@
 #include "model/model.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
+#include "vision/vision_encoder.h"
 
 namespace g4 {
 
@@ -22,6 +23,9 @@ struct ModelBundle {
   std::string path;                           // what was loaded
   std::string format;                         // "safetensors" | "gguf"
   std::string name;                           // a display name (directory or file name)
+  // The vision encoder when the checkpoint has one (gemma4 config with vision_config and the
+  // tower's weights), else null. Declared after `model`: it runs on the model's backend.
+  std::unique_ptr<VisionEncoder> vision;
 };
 
 // Loads model + tokenizer + chat template from `path` (empty: the default starter model).

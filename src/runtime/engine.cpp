@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <future>
 #include <string>
 
 #include "model/drafter.h"
@@ -96,6 +97,22 @@ void Engine::cancel(uint64_t id) {
   std::lock_guard<std::mutex> lk(mu_);
   cancels_.push_back(id);
   cv_.notify_all();
+}
+
+Status Engine::run_exclusive(const std::function<void()>& fn) {
+  auto done = std::make_shared<std::promise<void>>();
+  auto fut = done->get_future();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stop_) return err("engine is shutting down");
+    tasks_.push_back([&fn, done] {
+      fn();
+      done->set_value();
+    });
+    cv_.notify_all();
+  }
+  fut.wait();
+  return Status::ok();
 }
 
 void Engine::shutdown(bool drain) {
@@ -411,13 +428,25 @@ void Engine::loop() {
       auto idle = [&] {
         bool active = false;
         for (auto& s : slots_) active |= bool(s->req);
-        return !active && queue_.empty() && cancels_.empty();
+        return !active && queue_.empty() && cancels_.empty() && tasks_.empty();
       };
       cv_.wait(lk, [&] { return stop_ || !idle(); });
       if (stop_ && (!drain_ || idle())) break;
     }
+    for (;;) {  // run_exclusive work first, between steps
+      std::function<void()> task;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (tasks_.empty()) break;
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
     step();
   }
+  for (auto& t : tasks_) t();  // whoever waits in run_exclusive is released
+  tasks_.clear();
   // Anything left is cancelled.
   for (auto& sp : slots_)
     if (sp->req) finish(*sp, FinishReason::Cancelled);

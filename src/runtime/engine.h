@@ -83,6 +83,10 @@ class Engine {
   // Cancels a queued or running request; its final event has reason Cancelled. Safe to call
   // from any thread, also from inside the event callback, and for finished ids (no-op).
   void cancel(uint64_t id);
+  // Runs fn on the engine thread between two steps and returns when it has run (work that uses
+  // the model's backend, such as encoding images, must not run beside a step). Error when the
+  // engine is shutting down.
+  Status run_exclusive(const std::function<void()>& fn);
   // Stops the engine thread. drain=true lets running and queued requests finish first.
   void shutdown(bool drain);
   EngineStats stats() const;
@@ -122,6 +126,7 @@ class Engine {
   std::deque<std::shared_ptr<Request>> queue_;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<uint64_t> cancels_;
+  std::deque<std::function<void()>> tasks_;  // run_exclusive's work, run by the engine thread
   uint64_t next_id_ = 1;
   bool stop_ = false, drain_ = false;
   EngineStats stats_;

@@ -1,9 +1,10 @@
 // Anthropic Messages API: POST /v1/messages (streaming with its event sequence, and not),
-// text / tool_use / tool_result / thinking blocks, translated to and from the chat template's
+// text / image (base64) / tool_use / tool_result / thinking blocks, translated to and from the chat template's
 // OpenAI-style messages.
 #include <chrono>
 
 #include "server/context.h"
+#include "server/data_url.h"
 #include "server/live_generation.h"
 
 namespace g4::server {
@@ -37,7 +38,7 @@ std::optional<ApiError> block_text(const ojson& c, const std::string& where, std
   return std::nullopt;
 }
 
-std::optional<ApiError> to_template_messages(const ojson& body, ojson& out) {
+std::optional<ApiError> to_template_messages(const ojson& body, ojson& out, std::vector<ImageInput>& images) {
   out = ojson::array();
   if (auto s = body.find("system"); s != body.end() && !s->is_null()) {
     std::string text;
@@ -64,13 +65,28 @@ std::optional<ApiError> to_template_messages(const ojson& body, ojson& out) {
     if (!c.is_array()) return bad(where + ".content", "content must be a string or an array of blocks");
     std::string text, thinking;
     ojson calls = ojson::array();
+    ojson parts = ojson::array();  // text and image parts, when a user message holds images
     for (const auto& b : c) {
       const std::string t = str_of(b, "type");
       if (t == "text") {
         if (!b.contains("text") || !b["text"].is_string()) return bad(where + ".content", "text blocks need 'text'");
         text += b["text"].get<std::string>();
-      } else if (t == "image" || t == "document") {
-        return bad(where + ".content", "image input is not supported by this server yet");
+      } else if (t == "image" && role == "user") {
+        // {"type": "image", "source": {"type": "base64", "media_type": ..., "data": ...}}
+        const std::string pw = where + ".content[" + std::to_string(&b - &c[0]) + "]";
+        const ojson src = b.value("source", ojson());
+        if (!src.is_object() || str_of(src, "type") != "base64" || !src.contains("data") || !src["data"].is_string())
+          return bad(pw, str_of(src, "type") == "url"
+                             ? "remote image URLs are not fetched by this server; send the image as base64"
+                             : pw + " needs source {type: base64, media_type, data}");
+        auto bytes = base64_decode(src["data"].get<std::string>());
+        if (!bytes) return bad(pw, pw + ": the base64 data is invalid");
+        images.push_back(ImageInput{std::move(*bytes), pw});
+        if (!text.empty()) parts.push_back({{"type", "text"}, {"text", text}});
+        text.clear();
+        parts.push_back({{"type", "image"}});
+      } else if (t == "document" || t == "image") {
+        return bad(where + ".content", "'" + t + "' blocks are not supported here");
       } else if (t == "thinking" && role == "assistant") {
         thinking += str_of(b, "thinking");
       } else if (t == "redacted_thinking") {
@@ -94,6 +110,9 @@ std::optional<ApiError> to_template_messages(const ojson& body, ojson& out) {
       if (!thinking.empty()) a["reasoning_content"] = thinking;
       if (!calls.empty()) a["tool_calls"] = calls;
       out.push_back(a);
+    } else if (!parts.empty()) {
+      if (!text.empty()) parts.push_back({{"type", "text"}, {"text", text}});
+      out.push_back({{"role", "user"}, {"content", parts}});
     } else if (!text.empty()) {
       out.push_back({{"role", "user"}, {"content", text}});
     }
@@ -130,7 +149,7 @@ bool read_request(Context& ctx, const httplib::Request& hreq, TextRequest& r, Ap
   r.stream = st.value_or(false);
   if (auto t = body.find("thinking"); t != body.end() && t->is_object())
     r.thinking = str_of(*t, "type") == "enabled";
-  if (auto err = to_template_messages(body, r.messages)) return e = *err, false;
+  if (auto err = to_template_messages(body, r.messages, r.images)) return e = *err, false;
   if (auto t = body.find("tools"); t != body.end() && !t->is_null()) {
     if (!t->is_array()) return e = bad("tools", "'tools' must be an array"), false;
     r.tools = ojson::array();

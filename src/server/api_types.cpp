@@ -1,5 +1,7 @@
 #include "server/api_types.h"
 
+#include "server/data_url.h"
+
 #include <cmath>
 
 namespace g4::server {
@@ -109,7 +111,7 @@ std::optional<ApiError> read_openai_sampling(const ojson& body, int vocab, TextR
   return std::nullopt;
 }
 
-std::optional<ApiError> normalize_openai_messages(const ojson& messages, ojson& out) {
+std::optional<ApiError> normalize_openai_messages(const ojson& messages, ojson& out, std::vector<ImageInput>& images) {
   if (!messages.is_array() || messages.empty())
     return bad("messages", "'messages' must be a non-empty array");
   out = ojson::array();
@@ -127,7 +129,11 @@ std::optional<ApiError> normalize_openai_messages(const ojson& messages, ojson& 
     if (content != m.end() && !content->is_null()) {
       if (content->is_array()) {
         std::string text;
-        for (const auto& part : *content) {
+        ojson parts = ojson::array();  // for the template when images are interleaved
+        bool any_image = false;
+        for (size_t j = 0; j < content->size(); ++j) {
+          const ojson& part = (*content)[j];
+          const std::string pw = where + ".content[" + std::to_string(j) + "]";
           if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
             return bad(where + ".content", where + ".content parts must be objects with a 'type'");
           const std::string t = part["type"].get<std::string>();
@@ -135,13 +141,27 @@ std::optional<ApiError> normalize_openai_messages(const ojson& messages, ojson& 
             if (!part.contains("text") || !part["text"].is_string())
               return bad(where + ".content", "text parts need a string 'text'");
             text += part["text"].get<std::string>();
+            parts.push_back({{"type", "text"}, {"text", part["text"]}});
           } else if (t == "image_url" || t == "image" || t == "input_image") {
-            return bad(where + ".content", "image input is not supported by this server yet");
+            if (r != "user") return bad(pw, "images are only accepted in user messages");
+            // {"image_url": {"url": ...}} (chat completions), {"image_url": "..."} (responses).
+            const ojson* u = nullptr;
+            for (const char* k : {"image_url", "image", "url"})
+              if (part.contains(k)) { u = &part[k]; break; }
+            if (u && u->is_object() && u->contains("url")) u = &(*u)["url"];
+            if (!u || !u->is_string()) return bad(pw, pw + " needs image_url.url (a data: URL)");
+            std::string why;
+            auto bytes = decode_data_url(u->get<std::string>(), &why);
+            if (!bytes) return bad(pw, pw + ": " + why);
+            images.push_back(ImageInput{std::move(*bytes), pw});
+            parts.push_back({{"type", "image"}});
+            any_image = true;
           } else {
             return bad(where + ".content", "unsupported content part type '" + t + "'");
           }
         }
-        nm["content"] = text;
+        if (any_image) nm["content"] = parts;
+        else nm["content"] = text;
       } else if (!content->is_string()) {
         return bad(where + ".content", where + ".content must be a string or an array of parts");
       }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "runtime/engine.h"
+#include "runtime/image_prompt.h"
 
 namespace g4::server {
 
@@ -34,6 +35,9 @@ struct TextRequest {
   int max_tokens = 0;  // 0: server default
   SamplingParams sampling;
   std::vector<std::string> stop;
+  // Images of chat messages, in prompt order (each also left as a {"type": "image"} part in
+  // `messages`, which the chat template writes as the image token).
+  std::vector<ImageInput> images;
 };
 
 // Field readers that produce ApiErrors naming the field. `where` is the JSON path prefix.
@@ -48,9 +52,10 @@ std::optional<ApiError> read_bool(const ojson& body, const char* key, std::optio
 std::optional<ApiError> read_openai_sampling(const ojson& body, int vocab, TextRequest& r);
 
 // Checks and normalizes OpenAI-style messages for the chat template: roles, string or
-// content-part bodies (image parts are refused until vision exists), assistant tool_calls whose
-// JSON-string arguments are parsed into objects, tool results.
-std::optional<ApiError> normalize_openai_messages(const ojson& messages, ojson& out);
+// content-part bodies, assistant tool_calls whose JSON-string arguments are parsed into objects,
+// tool results. Image parts (image_url / input_image with a base64 data: URL) become
+// {"type": "image"} parts and their bytes are appended to `images`; remote URLs are refused.
+std::optional<ApiError> normalize_openai_messages(const ojson& messages, ojson& out, std::vector<ImageInput>& images);
 // Validates an OpenAI `tools` array ({type: function, function: {name, description, parameters}}).
 std::optional<ApiError> normalize_openai_tools(const ojson& tools, ojson& out);
 

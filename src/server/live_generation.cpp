@@ -36,6 +36,13 @@ std::variant<std::shared_ptr<LiveGeneration>, ApiError> LiveGeneration::start(
   std::shared_ptr<LiveGeneration> g(new LiveGeneration(engine, b, to));
   GenerationSpec spec;
   spec.prompt = std::move(prompt);
+  if (!req.images.empty()) {
+    if (!b.vision)
+      return ApiError{400, "invalid_request_error", "this model has no vision encoder: image input is not available",
+                      "messages"};
+    if (Status st = attach_images(*b.vision, engine, req.images, 0, spec); !st)
+      return ApiError{400, "invalid_request_error", st.message(), "messages"};
+  }
   spec.sampling = req.sampling;
   spec.max_tokens = req.max_tokens > 0 ? req.max_tokens : default_max_tokens;
   // Leave room for the prompt when the client did not ask for a length.

@@ -43,7 +43,7 @@ bool read_request(Context& ctx, const httplib::Request& hreq, bool chat, TextReq
       e = {400, "invalid_request_error", "'messages' is required", "messages"};
       return false;
     }
-    if (auto err = normalize_openai_messages(body["messages"], r.messages)) {
+    if (auto err = normalize_openai_messages(body["messages"], r.messages, r.images)) {
       e = *err;
       return false;
     }

@@ -1,16 +1,94 @@
 #include "vision/image.h"
 
+#include <jpeglib.h>
 #include <stb/stb_image.h>
 
 #include <algorithm>
 #include <cmath>
+#include <csetjmp>
+#include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 namespace g4 {
 
+namespace {
+
+// libjpeg errors longjmp back here instead of exiting the process.
+struct JpegError {
+  jpeg_error_mgr mgr;
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+void jpeg_error_exit(j_common_ptr cinfo) {
+  auto* e = reinterpret_cast<JpegError*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, e->message);
+  std::longjmp(e->jump, 1);
+}
+
+// JPEG through libjpeg(-turbo) with its defaults (ISLOW DCT, fancy upsampling), as Pillow decodes
+// it; nullopt for CMYK / YCCK files, which go to stb_image instead.
+std::optional<Result<RgbImage>> decode_jpeg(const std::string& bytes, const std::string& label) {
+  jpeg_decompress_struct cinfo;
+  JpegError jerr;
+  cinfo.err = jpeg_std_error(&jerr.mgr);
+  jerr.mgr.error_exit = jpeg_error_exit;
+  jerr.mgr.output_message = [](j_common_ptr) {};  // warnings (corrupt data recovered) stay quiet
+  RgbImage img;
+  if (setjmp(jerr.jump)) {
+    jpeg_destroy_decompress(&cinfo);
+    return Result<RgbImage>(err("%s: cannot decode JPEG (%s)", label.c_str(), jerr.message));
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<unsigned long>(bytes.size()));
+  jpeg_read_header(&cinfo, TRUE);
+  if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
+    jpeg_destroy_decompress(&cinfo);
+    return std::nullopt;
+  }
+  if (cinfo.image_width == 0 || cinfo.image_height == 0 || cinfo.image_width > unsigned(kMaxImageSide) ||
+      cinfo.image_height > unsigned(kMaxImageSide)) {
+    const unsigned w = cinfo.image_width, h = cinfo.image_height;
+    jpeg_destroy_decompress(&cinfo);
+    return Result<RgbImage>(
+        err("%s: image is %ux%u; each side must be 1..%d pixels", label.c_str(), w, h, kMaxImageSide));
+  }
+  cinfo.out_color_space = JCS_RGB;
+  jpeg_start_decompress(&cinfo);
+  img.width = int(cinfo.output_width);
+  img.height = int(cinfo.output_height);
+  img.rgb.resize(size_t(img.width) * img.height * 3);
+  while (cinfo.output_scanline < cinfo.output_height) {
+    JSAMPROW row = img.rgb.data() + size_t(cinfo.output_scanline) * img.width * 3;
+    jpeg_read_scanlines(&cinfo, &row, 1);
+  }
+  jpeg_finish_decompress(&cinfo);
+  jpeg_destroy_decompress(&cinfo);
+  return Result<RgbImage>(std::move(img));
+}
+
+// HF convert_to_rgb composites transparency onto white with Pillow's Image.alpha_composite; this is
+// its integer arithmetic (AlphaComposite.c, 7 extra bits) for an opaque white background.
+uint8_t over_white(uint32_t v, uint32_t a) {
+  if (a == 0) return 255;
+  constexpr uint32_t kBits = 7;
+  const uint32_t blend = 255 * (255 - a);
+  const uint32_t outa255 = a * 255 + blend;
+  const uint32_t coef1 = a * 255 * 255 * (1u << kBits) / outa255;
+  const uint32_t coef2 = 255 * (1u << kBits) - coef1;
+  const uint32_t t = v * coef1 + 255 * coef2 + (0x80u << kBits);
+  return uint8_t((((t >> 8) + t) >> 8) >> kBits);
+}
+
+}  // namespace
+
 Result<RgbImage> decode_image(const std::string& bytes, const std::string& label) {
   if (bytes.empty()) return err("%s: empty image", label.c_str());
+  if (bytes.size() >= 3 && uint8_t(bytes[0]) == 0xFF && uint8_t(bytes[1]) == 0xD8 && uint8_t(bytes[2]) == 0xFF) {
+    if (auto r = decode_jpeg(bytes, label)) return std::move(*r);
+  }
   if (bytes.size() > size_t(INT32_MAX)) return err("%s: image file too large", label.c_str());
   const auto* p = reinterpret_cast<const stbi_uc*>(bytes.data());
   int w = 0, h = 0, comp = 0;
@@ -18,12 +96,17 @@ Result<RgbImage> decode_image(const std::string& bytes, const std::string& label
     return err("%s: not a decodable image (%s)", label.c_str(), stbi_failure_reason());
   if (w <= 0 || h <= 0 || w > kMaxImageSide || h > kMaxImageSide)
     return err("%s: image is %dx%d; each side must be 1..%d pixels", label.c_str(), w, h, kMaxImageSide);
-  stbi_uc* data = stbi_load_from_memory(p, int(bytes.size()), &w, &h, &comp, 3);
+  stbi_uc* data = stbi_load_from_memory(p, int(bytes.size()), &w, &h, &comp, 4);
   if (!data) return err("%s: cannot decode image (%s)", label.c_str(), stbi_failure_reason());
   RgbImage img;
   img.width = w;
   img.height = h;
-  img.rgb.assign(data, data + size_t(w) * size_t(h) * 3);
+  img.rgb.resize(size_t(w) * size_t(h) * 3);
+  const bool alpha = comp == 2 || comp == 4;  // alpha channel or a transparent palette entry
+  for (size_t i = 0; i < size_t(w) * size_t(h); ++i) {
+    const stbi_uc* px = data + 4 * i;
+    for (int c = 0; c < 3; ++c) img.rgb[3 * i + size_t(c)] = alpha ? over_white(px[c], px[3]) : px[c];
+  }
   stbi_image_free(data);
   return img;
 }

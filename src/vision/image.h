@@ -1,5 +1,6 @@
-// Images for the vision encoder: decoding (PNG, JPEG, GIF, BMP, TGA, PSD, HDR, PNM through
-// stb_image, Debian's libstb) into 8-bit RGB, and Pillow's bicubic resize reproduced exactly.
+// Images for the vision encoder: decoding into 8-bit RGB (JPEG through libjpeg-turbo with the
+// settings Pillow uses, so the pixels are Pillow's; PNG, GIF, BMP, TGA, PSD, HDR, PNM and CMYK
+// JPEGs through stb_image, Debian's libstb), and Pillow's bicubic resize reproduced exactly.
 //
 // Why by hand: HF's Gemma4ImageProcessor resizes with PIL (Image.resize, BICUBIC), whose 8-bit
 // path uses its own fixed-point kernels; no maintained C/C++ library reproduces them bit for bit,
@@ -24,8 +25,9 @@ struct RgbImage {
 // Largest accepted side (pixels); larger images are refused rather than allocated.
 constexpr int kMaxImageSide = 16384;
 
-// Decodes an image file's bytes; alpha is dropped and grey expanded to RGB (PIL convert("RGB")
-// for the formats without a palette; palette images are expanded by stb the same way).
+// Decodes an image file's bytes into RGB as HF's processors do (convert_to_rgb): grey and
+// palettes expanded, transparency (an alpha channel or a transparent palette entry) composited
+// onto white with Pillow's arithmetic.
 // `label` names the source in errors.
 Result<RgbImage> decode_image(const std::string& bytes, const std::string& label);
 Result<RgbImage> load_image_file(const std::string& path);

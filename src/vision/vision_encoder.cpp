@@ -57,6 +57,8 @@ Result<VisionConfig> parse_vision_config(const std::string& text, const std::str
   if (c.head_dim % 4) return err("%s: vision_config.head_dim must be a multiple of 4 (2-D RoPE)", file.c_str());
   const json& tc = top.contains("text_config") && top["text_config"].is_object() ? top["text_config"] : top;
   c.text_hidden = tc.value("hidden_size", 0);
+  auto bi = tc.find("use_bidirectional_attention");
+  c.text_bidirectional_images = bi != tc.end() && bi->is_string() && bi->get<std::string>() == "vision";
   if (c.text_hidden <= 0) return err("%s: text_config.hidden_size is missing", file.c_str());
   return c;
 }
@@ -181,6 +183,13 @@ float* VisionEncoder::vec(const std::vector<float>& v) {
   be_.from_host(v.data(), v.size(), p);
   owned_.push_back(p);
   return p;
+}
+
+Status VisionEncoder::usable_for_prompts() const {
+  if (cfg_.text_bidirectional_images)
+    return err("image input for this model is not supported yet: its text model attends bidirectionally within each "
+               "image (use_bidirectional_attention = \"vision\", the 12B/26B/31B models); E2B/E4B are supported");
+  return Status::ok();
 }
 
 Result<PatchGrid> VisionEncoder::patches(const RgbImage& img, int max_soft_tokens) const {

@@ -313,7 +313,7 @@ MALFORMED = [
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}, "messages[0].content"),
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}, "messages"),  # no vision
     ("/v1/chat/completions", {"messages": MSGS, "temperature": "hot"}, "temperature"),
     ("/v1/chat/completions", {"messages": MSGS, "temperature": 1e9}, "temperature"),
     ("/v1/chat/completions", {"messages": MSGS, "top_p": 1.5}, "top_p"),
@@ -578,3 +578,16 @@ def test_speculative_decoding_serves_like_the_cli(gemma4_bin, starter_drafter, t
     bad = subprocess.run([str(gemma4_bin), "serve", "--model", str(STARTER), "--port", "0", "--draft-model",
                           str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "backbone_hidden_size = 128 but the target model's hidden size is 640" in bad.stderr
+
+
+def test_image_on_a_text_only_model_is_a_400(srv):
+    """The starter model has no vision encoder: a valid image is refused with a clear 400."""
+    import base64
+    png = base64.b64encode(bytes.fromhex(
+        "89504e470d0a1a0a0000000d4948445200000001000000010802000000907753de0000000c4944415408d763f8"
+        "cfc0000003010100c9fe92ef0000000049454e44ae426082")).decode()
+    msgs = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + png}},
+                                         {"type": "text", "text": "hi"}]}]
+    st, out = srv.raw("POST", "/v1/chat/completions", {"model": "m", "messages": msgs, "max_tokens": 2})
+    assert st == 400 and "no vision encoder" in out["error"]["message"], out
+    assert srv.health()["status"] == "ok"

@@ -131,3 +131,134 @@ def test_bad_images_are_refused(gemma4_bin, vision_fixtures, tmp_path):
     r = _run(gemma4_bin, "logits", "--model", d, "--ids", ",".join(map(str, z["ids"])), "--image", d / "wide.png",
              "--max-soft-tokens", 70, "--out", tmp_path / "l.npy", ok=False)
     assert r.returncode == 1 and "image tokens but the images give" in r.stderr
+
+
+def test_chat_with_an_image_matches_mlx_vlm(gemma4_bin, vision_fixtures, tmp_path):
+    """The chat path end to end on the tiny chat-capable fixture: the official template writes the
+    image token, the engine expands it and encodes the image, and the greedy reply equals
+    mlx-vlm's (ids through `greedy --image`, text through `run --image`)."""
+    d = vision_fixtures / "clipped"
+    z = np.load(d / "oracle.npz")
+    r = _run(gemma4_bin, "greedy", "--model", d, "--ids", ",".join(map(str, z["chat_ids"])), "--image",
+             d / "wide.png", "--max-soft-tokens", 70, "--steps", len(z["chat_greedy"]), "--dtype", "f32")
+    assert json.loads(r.stdout) == z["chat_greedy"].tolist()
+    from tokenizers import Tokenizer
+    want = Tokenizer.from_file(str(d / "tokenizer.json")).decode(
+        [t for t in z["chat_greedy"].tolist() if t not in (1, 504)], skip_special_tokens=False)
+    r = _run(gemma4_bin, "run", "--model", d, "--image", d / "wide.png", "--max-tokens", len(z["chat_greedy"]),
+             "--temp", "0", "--threads", 2, "What is in this picture?")
+    assert r.stdout.rstrip("\n") == want
+    assert f"prompt: {len(z['chat_ids'])} tokens" in r.stderr
+
+
+class _Server:
+    def __init__(self, binary, *args):
+        import re
+        self.proc = subprocess.Popen([str(binary), "serve", "--port", "0", "--threads", "2", *map(str, args)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        m = re.match(r"ready: (http://[\d.]+:\d+)", line)
+        if not m:
+            self.proc.kill()
+            raise RuntimeError("server did not start: " + line + self.proc.stderr.read()[-2000:])
+        self.url = m.group(1)
+
+    def post(self, path, body):
+        import urllib.request
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def close(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def test_server_accepts_images(gemma4_bin, vision_fixtures):
+    """OpenAI image_url parts (base64 data: URLs) and Anthropic base64 image blocks reach the
+    model: the replies equal `run --image`; bad images are 400s that name the part, and the server
+    keeps serving."""
+    import base64
+    d = vision_fixtures / "clipped"
+    z = np.load(d / "oracle.npz")
+    n = len(z["chat_greedy"])
+    b64 = base64.b64encode((d / "wide.png").read_bytes()).decode()
+    want = _run(gemma4_bin, "run", "--model", d, "--image", d / "wide.png", "--max-tokens", n, "--temp", "0",
+                "--threads", 2, "What is in this picture?").stdout.rstrip("\n")
+    s = _Server(gemma4_bin, "--model", d)
+    try:
+        msg = [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64," + b64}},
+            {"type": "text", "text": "What is in this picture?"}]}]
+        st, r = s.post("/v1/chat/completions", {"model": "m", "messages": msg, "max_tokens": n, "temperature": 0})
+        assert st == 200, r
+        assert r["choices"][0]["message"]["content"] == want
+        assert r["usage"]["prompt_tokens"] == len(z["chat_ids"])
+        st, r = s.post("/v1/messages", {"model": "m", "max_tokens": n, "temperature": 0, "messages": [
+            {"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}},
+                {"type": "text", "text": "What is in this picture?"}]}]})
+        assert st == 200, r
+        assert "".join(b.get("text", "") for b in r["content"]) == want
+        for url, needle in [("https://example.com/cat.png", "remote image URLs are not fetched"),
+                            ("data:image/png;base64,@@@", "base64 payload is invalid"),
+                            ("data:image/png;base64," + base64.b64encode(b"not an image").decode(),
+                             "messages[0].content[0]")]:
+            bad = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                {"type": "text", "text": "hi"}]}]
+            st, r = s.post("/v1/chat/completions", {"model": "m", "messages": bad, "max_tokens": 2})
+            assert st == 400 and needle in r["error"]["message"], (url, r)
+        st, r = s.post("/v1/chat/completions", {"model": "m", "messages": msg, "max_tokens": n, "temperature": 0})
+        assert st == 200 and r["choices"][0]["message"]["content"] == want
+    finally:
+        s.close()
+
+
+def test_decoding_matches_pillow(gemma4_bin, vision_fixtures, tmp_path):
+    """Pixels identical to HF's processor (Pillow decoding + convert("RGB")) for JPEG (baseline,
+    progressive, 4:4:4 / 4:2:2 / 4:2:0 chroma, grey) through libjpeg-turbo, and for PNG in RGBA,
+    palette and grey modes and GIF through stb_image."""
+    from PIL import Image
+    from transformers.models.gemma4 import Gemma4ImageProcessorPil
+    d = vision_fixtures / "clipped"
+    base = Image.open(d / "wide.png").convert("RGB")
+    cases = []
+    for q, sub, prog in [(95, 0, False), (75, 2, False), (50, 1, True)]:
+        for mode in ("RGB", "L"):
+            f = tmp_path / f"q{q}s{sub}{mode}.jpg"
+            base.convert(mode).save(f, quality=q, subsampling=sub, progressive=prog)
+            cases.append(f)
+    rgba = base.convert("RGBA")
+    rgba.putalpha(128)
+    for name, im in [("rgba.png", rgba), ("pal.png", base.convert("P")), ("grey.png", base.convert("L")),
+                     ("anim.gif", base.convert("P"))]:
+        im.save(tmp_path / name)
+        cases.append(tmp_path / name)
+    proc = Gemma4ImageProcessorPil(max_soft_tokens=70)
+    for f in cases:
+        p = proc(images=[Image.open(f)], return_tensors="np")
+        n = int((p["image_position_ids"][0][:, 0] >= 0).sum())
+        _run(gemma4_bin, "vision", "--model", d, "--image", f, "--max-soft-tokens", 70, "--pixels-out", tmp_path / "px.npy")
+        got = np.load(tmp_path / "px.npy")
+        assert np.array_equal(got, p["pixel_values"][0][:n]), f"{f.name}: {np.abs(got - p['pixel_values'][0][:n]).max()}"
+
+
+def test_bidirectional_image_models_are_refused(gemma4_bin, vision_fixtures, tmp_path):
+    """12B/26B/31B attend bidirectionally within an image (not implemented): prompts with images
+    are refused with a message saying so, rather than run with the wrong mask."""
+    import shutil
+    d = tmp_path / "bidi"
+    shutil.copytree(vision_fixtures / "clipped", d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["text_config"]["use_bidirectional_attention"] = "vision"
+    (d / "config.json").write_text(json.dumps(cfg))
+    z = np.load(d / "oracle.npz")
+    r = _run(gemma4_bin, "greedy", "--model", d, "--ids", ",".join(map(str, z["chat_ids"])), "--image", d / "wide.png",
+             "--steps", 2, ok=False)
+    assert r.returncode == 1 and "attends bidirectionally within each image" in r.stderr
+    r = _run(gemma4_bin, "run", "--model", d, "--image", d / "wide.png", "--max-tokens", 2, "hi", ok=False)
+    assert "attends bidirectionally within each image" in r.stderr
