@@ -50,7 +50,8 @@ print("prefill %.1f decode %.1f tok/s (median of %d)" % (s.median(x["prefill_tok
 for step in "$@"; do
   echo "=== $step"
   case $step in
-    check) timeout -s KILL 300 python3 tools/cuda_device_check.py --bin $B --fixtures .devfix/* 2>&1 | tee $OUT/check.log | tail -15 ;;
+    check) timeout -s KILL 300 python3 tools/cuda_device_check.py --bin $B --fixtures .devfix/* \
+             --vision .devfix/vision/* 2>&1 | tee $OUT/check.log | tail -22 ;;
     bench)
       echo "graphs on:  $(median_bench G4_CUDA_GRAPHS=1)"
       echo "graphs off: $(median_bench G4_CUDA_GRAPHS=0)"

@@ -11,7 +11,12 @@ Runs, with a CUDA build of the binaries (cmake -DG4_CUDA=ON):
      with each recorded quantized-KV schedule against mlx-lm's logits, with the bound of
      tests/python/test_kvquant.py (max(1e-3, 3 x mlx-lm's own rounding sensitivity));
   4. where a fixture has a sibling FIXTURE-lora (tools/make_lora_oracle.py): `gemma4 logits
-     --backend cuda --adapter-path` against mlx-lm's logits with that adapter (1e-3).
+     --backend cuda --adapter-path` against mlx-lm's logits with that adapter (1e-3);
+  5. where the fixtures' folder has drafters/FIXTURE-drafter* (tools/make_mtp_oracle.py): `gemma4
+     draft --backend cuda` drafts and logits against mlx-vlm's (2e-3), and speculative greedy
+     decoding round by round;
+  6. for every vision case folder given with --vision (tools/make_vision_oracle.py): the vision
+     encoder's features (5e-4) and image-conditioned logits (1e-3) against mlx-vlm's.
 Prints one line per check and a summary table last; exits 1 if any check fails.
 
     python3 tools/cuda_device_check.py --bin build-cuda/bin --fixtures DIR [DIR ...]
@@ -40,6 +45,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", required=True, help="folder with gemma4 and test_backend (CUDA build)")
     ap.add_argument("--fixtures", nargs="*", default=[])
+    ap.add_argument("--vision", nargs="*", default=[], help="vision case folders (FIXTURES/vision/<case>)")
     a = ap.parse_args()
     b = Path(a.bin)
     rows, ok = [], True
@@ -50,7 +56,7 @@ def main():
     ok &= passed
     for fx in a.fixtures:
         fx = Path(fx)
-        if fx.name.endswith("-lora"):  # an adapter beside its fixture (step 4), not a fixture
+        if fx.name.endswith("-lora") or not (fx / "config.json").exists():  # adapters, drafters/, vision/
             continue
         with np.load(fx / "oracle.npz") as z:
             ids = [int(i) for i in z["prompt_ids"]]
@@ -93,6 +99,37 @@ def main():
                 d = float(np.abs(np.load(f"{tmp}/l.npy") - z["f32_chunk4"]).max())
             ok &= d <= LOGIT_TOL
             rows.append((f"{fx.name} lora", f"max|d| cuda {d:.2e}", "pass" if d <= LOGIT_TOL else "FAIL"))
+        for dr in sorted((fx.parent / "drafters").glob(f"{fx.name}-drafter*")):
+            with np.load(dr / "oracle.npz") as z, tempfile.TemporaryDirectory() as tmp:
+                out = run([b / "gemma4", "draft", "--model", fx, "--draft-model", dr, "--ids",
+                           ",".join(map(str, z["ids"])), "--from", int(z["first"]), "--dtype", "f32", "--backend",
+                           "cuda", "--logits-out", f"{tmp}/l.npy"])
+                drafts = np.array([json.loads(line)["drafts"] for line in out.splitlines()])
+                d = float(np.abs(np.load(f"{tmp}/l.npy") - z["logits"]).max())
+                gen = json.loads(run([b / "gemma4", "draft", "--model", fx, "--draft-model", dr, "--ids",
+                                      ",".join(map(str, z["gen_prompt"])), "--generate", len(z["gen"]), "--dtype",
+                                      "f32", "--backend", "cuda"]))
+                rounds = (len(z["gen_rounds"]), *(int(x) for x in z["gen_rounds"].sum(axis=0)))
+                good = (np.array_equal(drafts, z["drafts"]) and d <= 2e-3 and gen["tokens"] == z["gen"].tolist()
+                        and (gen["rounds"], gen["drafted"], gen["accepted"]) == rounds)
+                ok &= good
+                rows.append((dr.name, f"drafts {'same' if np.array_equal(drafts, z['drafts']) else 'DIFF'}, max|d| "
+                             f"{d:.2e}, rounds {gen['rounds']}/{gen['accepted']} acc (mlx-vlm {rounds[0]}/{rounds[2]})",
+                             "pass" if good else "FAIL"))
+    for case in a.vision:
+        case = Path(case)
+        with np.load(case / "oracle.npz") as z, tempfile.TemporaryDirectory() as tmp:
+            run([b / "gemma4", "vision", "--model", case, "--image", case / "wide.png", "--max-soft-tokens", 70,
+                 "--backend", "cuda", "--features-out", f"{tmp}/f.npy"])
+            df = float(np.abs(np.load(f"{tmp}/f.npy") - z["wide_features"]).max())
+            run([b / "gemma4", "logits", "--model", case, "--ids", ",".join(map(str, z["ids"])), "--image",
+                 f"{case / 'wide.png'},{case / 'small.png'}", "--max-soft-tokens", 70, "--dtype", "f32",
+                 "--backend", "cuda", "--out", f"{tmp}/l.npy"])
+            dl = float(np.abs(np.load(f"{tmp}/l.npy") - z["logits"]).max())
+        good = df <= 5e-4 and dl <= LOGIT_TOL
+        ok &= good
+        rows.append((f"vision/{case.name}", f"features max|d| {df:.2e}, image logits max|d| {dl:.2e}",
+                     "pass" if good else "FAIL"))
     print(f"{'check':24s} {'result':60s} verdict")
     for r in rows:
         print(f"{r[0]:24s} {r[1]:60s} {r[2]}")

@@ -15,6 +15,7 @@ vision_tower.*, embed_vision.*; f32, seeded random), images (PNG) and oracle.npz
   ids                i32 [L]              a prompt: text, boi, soft × image, eoi for each image, text
   logits             f32 [L, V]           mlx-vlm Model(ids, pixel_values, image_position_ids)
   logits_wide2       f32 [L, V]           the same with wide2.png (same size, other content) first
+  logits_causal      f32 [L, V]           (bidi) the same without the image-block overlay
 The "clipped" case is also a chat model: tokenizer.json (a tiny Gemma-style BPE vocabulary:
 bytes, characters and the Gemma 4 special tokens, made with the tokenizers library), the official
 Gemma 4 chat template, and in oracle.npz:
@@ -23,8 +24,9 @@ Gemma 4 chat template, and in oracle.npz:
                                           the image token expanded to boi + soft × image + eoi
   chat_greedy        i32 [<= 10]          mlx-vlm's greedy continuation (stops at <eos> / <turn|>)
   max_soft_tokens    i32                  the processor's budget
-The text model is the E-style fixture's architecture (PLE, KV sharing; causal, as E2B/E4B).
-Cases: clipped linears (E2B/E4B style) and standardize (26B/31B style).
+The text model is the E-style fixture's architecture (PLE, KV sharing; causal, as E2B/E4B) for
+"clipped" (clipped linears, E2B/E4B style) and "standardize"; "bidi" is 26B/31B style: the dense
+K=V fixture's text model with use_bidirectional_attention = "vision" and a standardizing encoder.
 """
 from __future__ import annotations
 
@@ -69,18 +71,25 @@ CHAT_TEXT = "What is in this picture?"
 CHAT_STEPS = 10
 MAX_SOFT = 70
 
-# (name, vision_config overrides, seed)
+# (name, vision_config overrides, seed, text fixture, bidirectional image blocks)
 CASES = [
-    ("clipped", {"use_clipped_linears": True, "standardize": False}, 41),
-    ("standardize", {"use_clipped_linears": False, "standardize": True, "num_key_value_heads": 1}, 42),
+    ("clipped", {"use_clipped_linears": True, "standardize": False}, 41, "estyle-q4g64", False),
+    ("standardize", {"use_clipped_linears": False, "standardize": True, "num_key_value_heads": 1}, 42,
+     "estyle-q4g64", False),
+    # 26B/31B style: K=V full layers, sliding window 8 (shorter than an image), and
+    # use_bidirectional_attention = "vision": each image's tokens attend to each other.
+    ("bidi", {"use_clipped_linears": False, "standardize": True}, 43, "dense-q4g64", True),
 ]
 
 
-def text_config(fixtures: Path) -> dict:
-    cfg = json.loads((fixtures / "estyle-q4g64" / "config.json").read_text())
-    tc = copy.deepcopy(cfg["text_config"])
-    tc.pop("quantization", None)
-    tc.pop("quantization_config", None)
+def text_config(fixtures: Path, name: str, bidi: bool) -> dict:
+    cfg = json.loads((fixtures / name / "config.json").read_text())
+    tc = copy.deepcopy(cfg.get("text_config", cfg))
+    for k in ("quantization", "quantization_config"):
+        tc.pop(k, None)
+    tc["model_type"] = "gemma4_text"
+    if bidi:
+        tc["use_bidirectional_attention"] = "vision"
     return tc
 
 
@@ -190,9 +199,9 @@ def main() -> int:
     from transformers.models.gemma4 import Gemma4ImageProcessorPil
     proc = Gemma4ImageProcessorPil(max_soft_tokens=MAX_SOFT)
     t0 = time.time()
-    for name, over, seed in CASES:
+    for name, over, seed, text_fixture, bidi in CASES:
         rng = np.random.default_rng(seed)
-        tc, vc = text_config(args.fixtures), vision_config(over)
+        tc, vc = text_config(args.fixtures, text_fixture, bidi), vision_config(over)
         cfg = {"model_type": "gemma4", "text_config": tc, "vision_config": vc, "audio_config": None,
                "vocab_size": tc["vocab_size"], "image_token_id": IMAGE_TOKEN, "boi_token_id": BOI,
                "eoi_token_id": EOI, "vision_soft_tokens_per_image": MAX_SOFT, "tie_word_embeddings": True,
@@ -230,12 +239,15 @@ def main() -> int:
                 pos_all.append(pos)
         ids += [45, 46]
 
-        def run(pixels, positions):
+        def run(pixels, positions, blocks=bidi):
+            kw = {"mm_token_type_ids": mx.array([[int(t == IMAGE_TOKEN) for t in ids]], dtype=mx.int32)} if blocks else {}
             lg = model(mx.array(ids, dtype=mx.int32)[None], pixel_values=[mx.array(x) for x in pixels],
-                       image_position_ids=[mx.array(x) for x in positions])
+                       image_position_ids=[mx.array(x) for x in positions], **kw)
             return np.array(getattr(lg, "logits", lg)[0].astype(mx.float32))
         rec["ids"] = np.array(ids, dtype=np.int32)
         rec["logits"] = run(pixels_all, pos_all)
+        if bidi:
+            rec["logits_causal"] = run(pixels_all, pos_all, blocks=False)
         if name == "clipped":
             write_chat_files(out, tc["vocab_size"])
             rec["chat_ids"], rec["chat_greedy"] = chat_oracle(model, out, proc, pixels_all[0], pos_all[0],

@@ -79,7 +79,28 @@ struct AttnSeq {
   int n = 0;          // number of new tokens (rows)
   int pos0 = 0;       // absolute position of the first new token
   KvBuffer kv;        // cache holding every key this sequence may attend to (new ones included)
+  // Bidirectional image blocks (Gemma 4 12B/26B/31B, use_bidirectional_attention = "vision"):
+  // host [n, 2], for each new row the absolute positions [lo, hi) of the image block holding it
+  // (hi == 0: none), or null. A row also sees every key of its block (all of them are among this
+  // call's rows: callers never split a block across calls). Backends with
+  // supports_image_blocks() only.
+  const int32_t* blocks = nullptr;
 };
+
+// The keys row t of s attends to: positions lo..hi (inclusive). Causal, within the window for a
+// sliding layer; widened to the row's image block (a contiguous union, as the block holds the row).
+struct KeyRange {
+  int lo, hi;
+};
+inline KeyRange visible_keys(const AttnSeq& s, int t) {
+  const int pos = s.pos0 + t;
+  KeyRange r{s.kv.window > 0 ? (pos - s.kv.window + 1 > 0 ? pos - s.kv.window + 1 : 0) : 0, pos};
+  if (s.blocks && s.blocks[2 * t + 1] > 0) {
+    if (s.blocks[2 * t] < r.lo) r.lo = s.blocks[2 * t];
+    if (s.blocks[2 * t + 1] - 1 > r.hi) r.hi = s.blocks[2 * t + 1] - 1;
+  }
+  return r;
+}
 
 // An RMSNorm applied to an op's input first: x / sqrt(mean(x²) + eps) · w (w == nullptr: no norm).
 // scratch [M, cols]: where a backend that materializes the normed input puts it (contents
@@ -134,7 +155,7 @@ class Backend {
   virtual void kv_write(const AttnSeq& s, const float* k, const float* v) = 0;
   // Causal (and windowed when kv.window > 0) attention for each sequence, scale `scale`, GQA:
   // q [rows, H, D] -> out [rows, H, D]. Query at position p sees cached keys at positions
-  // p-window < k <= p (all k <= p when window == 0).
+  // p-window < k <= p (all k <= p when window == 0), and its image block's (visible_keys).
   virtual void attention(const float* q, int H, const std::vector<AttnSeq>& seqs, float scale,
                          ActPrecision P, float* out) = 0;
   // out = gelu_tanh(gate) * up, elementwise over n, MLX op order (spec §2.7).
@@ -215,6 +236,8 @@ class Backend {
   virtual bool on_device() const { return false; }
   // Whether kv_write and attention take quantized KV buffers (KvBuffer::quant.bits > 0).
   virtual bool supports_kv_quant() const { return false; }
+  // Whether attention takes bidirectional image blocks (AttnSeq::blocks).
+  virtual bool supports_image_blocks() const { return false; }
 
   // Finishes outstanding work (no-op on the CPU).
   virtual void sync() {}

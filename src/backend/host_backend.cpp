@@ -218,11 +218,11 @@ static float mlx_exp(float x0) {
   return scale * p;
 }
 
-void HostBackend::attend_one(const float* q, const KvBuffer& kv, int g, int pos, float scale,
+void HostBackend::attend_one(const float* q, const KvBuffer& kv, int g, KeyRange keys, float scale,
                              ActPrecision P, float* scores, float* out) {
   const int D = kv.head_dim;
-  const int first = kv.window > 0 ? std::max(0, pos - kv.window + 1) : 0;
-  const int n = pos - first + 1;
+  const int first = keys.lo;
+  const int n = keys.hi - keys.lo + 1;
   thread_local std::vector<float> deq;  // a dequantized row of a quantized cache
   if (kv.quantized() && deq.size() < size_t(D)) deq.resize(size_t(D));
   float mx = -INFINITY;
@@ -263,7 +263,7 @@ void HostBackend::attention(const float* q, int H, const std::vector<AttnSeq>& s
     for (int t = 0; t < s.n; ++t) {
       for (int h = 0; h < H; ++h) {
         const size_t off = (size_t(s.row0 + t) * H + h) * D;
-        attend_one(q + off, s.kv, h / group, s.pos0 + t, scale, P, scores.data(), out + off);
+        attend_one(q + off, s.kv, h / group, visible_keys(s, t), scale, P, scores.data(), out + off);
       }
     }
   }

@@ -71,9 +71,13 @@ class HostBackend : public Backend {
                    const std::vector<WeightView>& gate, const std::vector<WeightView>& up,
                    const std::vector<WeightView>& down, ActPrecision P, float* out) override;
 
+ public:
+  bool supports_image_blocks() const override { return true; }
+
  protected:
-  // Attention for one (sequence, query row, head): the scalar kernel both backends share.
-  static void attend_one(const float* q, const KvBuffer& kv, int kv_head, int pos, float scale,
+  // Attention for one (sequence, query row, head) over the keys at positions keys.lo..keys.hi
+  // (visible_keys): the scalar kernel both backends share.
+  static void attend_one(const float* q, const KvBuffer& kv, int kv_head, KeyRange keys, float scale,
                          ActPrecision P, float* scratch, float* out);
 
  private:

@@ -30,8 +30,8 @@ int cmd_greedy(const std::vector<std::string>& argv) {
   if (!soft) return fail("greedy", soft.message());
   std::vector<float> logits(static_cast<size_t>(V));
   auto cache = model.new_cache();
-  for (int s = 0; s < L; s += chunk) {
-    const int n = std::min(chunk, L - s);
+  for (int s = 0, n = 0; s < L; s += n) {
+    n = image_block_chunk_end(model.config(), ids->data(), L, s + std::min(chunk, L - s)) - s;
     SeqInput in{cache.get(), ids->data() + s, n, false};
     in.soft = soft_at(soft.value(), *ids, s, model.config());
     model.forward({in}, P.value(), logits.data());

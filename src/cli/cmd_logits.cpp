@@ -44,8 +44,8 @@ int cmd_logits(const std::vector<std::string>& argv) {
   auto soft = image_features_from_args(a, model, ids.value());
   if (!soft) return fail("logits", soft.message());
   auto cache = model.new_cache();
-  for (int s = 0; s < L; s += chunk) {
-    const int n = std::min(chunk, L - s);
+  for (int s = 0, n = 0; s < L; s += n) {
+    n = image_block_chunk_end(model.config(), ids->data(), L, s + std::min(chunk, L - s)) - s;
     SeqInput in{cache.get(), ids->data() + s, n, true};
     in.soft = soft_at(soft.value(), *ids, s, model.config());
     model.forward({in}, P.value(), logits.data() + size_t(s) * V);

@@ -123,7 +123,7 @@ Result<std::vector<float>> image_features_from_args(const Args& a, Model& m, con
   std::vector<float> soft;
   if (!a.has("--image")) return soft;
   G4_ASSIGN_OR_RETURN(auto enc, VisionEncoder::load(a.get("--model"), m.backend()));
-  G4_TRY(enc->usable_for_prompts());
+  G4_TRY(enc->usable_for_prompts(m.backend()));
   G4_ASSIGN_OR_RETURN(int mst, int_flag(a, "--max-soft-tokens", 0, 0, 1120));
   const std::string list = a.get("--image");
   for (size_t b = 0; b <= list.size();) {

@@ -473,6 +473,10 @@ Result<LoadedConfig> parse_config(std::string_view config_json, std::string_view
   if (out.multimodal) {
     G4_ASSIGN_OR_RETURN(c.image_token, id_field("image_token_id", 258880));
   }
+  if (auto bi = text.find("use_bidirectional_attention"); bi != text.end() && !bi->is_null()) {
+    if (!bi->is_string()) return f.type_error("use_bidirectional_attention", "a string or null", *bi);
+    c.bidi_images = bi->get<std::string>() == "vision";
+  }
   c.eos_ids = {1};
   for (const json* o : {&text, &top}) {  // top-level wins
     auto it = o->find("eos_token_id");

@@ -85,6 +85,9 @@ struct ModelConfig {
   int pad_id = 0;
   // The image soft-token id of a multimodal checkpoint (image_token_id; -1: text-only config).
   int image_token = -1;
+  // use_bidirectional_attention == "vision" (12B/26B/31B): each run of image tokens attends within
+  // itself bidirectionally, on full and sliding layers alike (spec §8.4).
+  bool bidi_images = false;
 
   // Sampling defaults from generation_config.json, when present (<0 / 0 = absent).
   float gen_temperature = -1.f;

@@ -35,6 +35,12 @@ void Model::set_drafter(std::unique_ptr<Drafter> d) { drafter_ = std::move(d); }
 
 const float* Model::normed_rows() const { return s_->last; }
 
+int image_block_chunk_end(const ModelConfig& c, const int32_t* tokens, int n, int end) {
+  if (!c.bidi_images || end <= 0 || end >= n) return end;
+  while (end < n && tokens[end - 1] == c.image_token && tokens[end] == c.image_token) ++end;
+  return end;
+}
+
 void Model::set_adapter(std::unique_ptr<LoraAdapter> a) {
   lora_ = std::move(a);
   be_->free(s_->lora_t);
@@ -194,13 +200,32 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
 
   // Per-sequence attention descriptors; the KvBuffer is filled per layer.
   std::vector<AttnSeq> seqs(batch.size());
+  std::vector<std::vector<int32_t>> blocks(batch.size());  // bidirectional image blocks (§8.4)
   {
     int row = 0;
     for (size_t i = 0; i < batch.size(); ++i) {
+      const SeqInput& in = batch[i];
       seqs[i].row0 = row;
-      seqs[i].n = batch[i].n;
-      seqs[i].pos0 = batch[i].cache->size();
-      row += batch[i].n;
+      seqs[i].n = in.n;
+      seqs[i].pos0 = in.cache->size();
+      row += in.n;
+      if (!cfg_.bidi_images || !in.soft) continue;
+      G4_CHECK(be.supports_image_blocks());  // callers refuse such prompts first
+      blocks[i].assign(size_t(in.n) * 2, 0);
+      for (int t = 0; t < in.n;) {
+        if (in.tokens[t] != cfg_.image_token) {
+          ++t;
+          continue;
+        }
+        int e = t;
+        while (e < in.n && in.tokens[e] == cfg_.image_token) ++e;
+        for (int u = t; u < e; ++u) {
+          blocks[i][size_t(u) * 2] = seqs[i].pos0 + t;
+          blocks[i][size_t(u) * 2 + 1] = seqs[i].pos0 + e;
+        }
+        t = e;
+      }
+      seqs[i].blocks = blocks[i].data();
     }
   }
 

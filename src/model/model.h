@@ -105,6 +105,11 @@ class Model {
   std::unique_ptr<Drafter> drafter_;  // last: it frees its buffers through be_
 };
 
+// Where a forward call over tokens[begin, end) should end instead (end <= n): past the run of
+// image tokens that straddles `end` when the model attends bidirectionally within images
+// (ModelConfig::bidi_images), so no call splits an image block; else `end`.
+int image_block_chunk_end(const ModelConfig& c, const int32_t* tokens, int n, int end);
+
 // Opens a model and loads it on the named backend (make_backend's names). `path` is a directory
 // with config.json + *.safetensors, a .gguf file, or a directory holding one .gguf file; empty
 // means the default model (io/gguf_model.h default_model_path()).

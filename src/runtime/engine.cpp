@@ -225,7 +225,9 @@ void Engine::step() {
     SeqInput in;
     in.cache = s.cache.get();
     if (s.consumed < int(prompt.size())) {
-      in.n = std::min(opt_.prefill_chunk, int(prompt.size()) - s.consumed);
+      in.n = image_block_chunk_end(model_.config(), prompt.data(), int(prompt.size()),
+                                   s.consumed + std::min(opt_.prefill_chunk, int(prompt.size()) - s.consumed)) -
+             s.consumed;
       in.tokens = prompt.data() + s.consumed;
       if (!s.req->spec.soft.empty()) {  // the features of this chunk's image tokens come next
         const auto before = std::count(prompt.begin(), prompt.begin() + s.consumed, model_.config().image_token);

@@ -4,7 +4,7 @@ namespace g4 {
 
 Status attach_images(VisionEncoder& enc, Engine& engine, const std::vector<ImageInput>& images, int max_soft_tokens,
                      GenerationSpec& spec) {
-  G4_TRY(enc.usable_for_prompts());
+  G4_TRY(enc.usable_for_prompts(engine.model().backend()));
   std::vector<PatchGrid> grids;
   std::vector<int> counts;
   for (const ImageInput& im : images) {

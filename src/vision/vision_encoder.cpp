@@ -185,10 +185,11 @@ float* VisionEncoder::vec(const std::vector<float>& v) {
   return p;
 }
 
-Status VisionEncoder::usable_for_prompts() const {
-  if (cfg_.text_bidirectional_images)
-    return err("image input for this model is not supported yet: its text model attends bidirectionally within each "
-               "image (use_bidirectional_attention = \"vision\", the 12B/26B/31B models); E2B/E4B are supported");
+Status VisionEncoder::usable_for_prompts(const Backend& be) const {
+  if (cfg_.text_bidirectional_images && !be.supports_image_blocks())
+    return err("image input for this model is not supported on the %s backend yet: its text model attends "
+               "bidirectionally within each image (use_bidirectional_attention = \"vision\")",
+               be.name().c_str());
   return Status::ok();
 }
 

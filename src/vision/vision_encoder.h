@@ -44,7 +44,7 @@ struct VisionConfig {
   bool standardize = false;
   int text_hidden = 0;
   // text_config.use_bidirectional_attention == "vision" (12B/26B/31B): the text model attends
-  // bidirectionally within each image, which this runtime does not implement yet.
+  // bidirectionally within each image (Backend::supports_image_blocks).
   bool text_bidirectional_images = false;
   int image_token = 258880, boi_token = 255999, eoi_token = 258882;
 };
@@ -65,8 +65,8 @@ class VisionEncoder {
 
   // Soft tokens one image becomes (after pooling), for a patch grid.
   int soft_tokens(const PatchGrid& g) const { return g.patches() / (cfg_.pool * cfg_.pool); }
-  // Ok when prompts with images can run on the text model; else the reason (one line).
-  Status usable_for_prompts() const;
+  // Ok when prompts with images can run on the text model on backend `be`; else the reason.
+  Status usable_for_prompts(const Backend& be) const;
   // Preprocesses an image with this encoder's patch and pool sizes and `max_soft_tokens`
   // (0: the config's default).
   Result<PatchGrid> patches(const RgbImage& img, int max_soft_tokens = 0) const;

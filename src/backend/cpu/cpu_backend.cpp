@@ -174,7 +174,7 @@ class CpuBackend final : public HostBackend {
         const AttnSeq& s = seqs[size_t(it.s)];
         const int D = s.kv.head_dim, group = H / s.kv.n_kv_heads;
         const size_t off = (size_t(s.row0 + it.t) * H + h) * D;
-        attend_one(q + off, s.kv, h / group, s.pos0 + it.t, scale, P, scores.data(), out + off);
+        attend_one(q + off, s.kv, h / group, visible_keys(s, it.t), scale, P, scores.data(), out + off);
       }
     });
   }
@@ -190,7 +190,7 @@ class CpuBackend final : public HostBackend {
     for (int si = 0; si < int(seqs.size()); ++si) {
       const AttnSeq& s = seqs[size_t(si)];
       const int group = H / s.kv.n_kv_heads;
-      const int keys = s.kv.window > 0 ? std::min(s.kv.window, s.pos0 + s.n) : s.pos0 + s.n;
+      const int keys = s.kv.window > 0 && !s.blocks ? std::min(s.kv.window, s.pos0 + s.n) : s.pos0 + s.n;
       scratch = std::max(scratch, size_t(group) * size_t(keys + 16));
       for (int t = 0; t < s.n; ++t)
         for (int g = 0; g < s.kv.n_kv_heads; ++g) items.push_back({si, t, g});
@@ -205,7 +205,7 @@ class CpuBackend final : public HostBackend {
         const AttnSeq& s = seqs[size_t(it.s)];
         const int D = s.kv.head_dim, group = H / s.kv.n_kv_heads;
         const size_t off = (size_t(s.row0 + it.t) * H + size_t(it.g) * group) * D;
-        cpu::attend_group_avx512(q + off, group, s.kv, it.g, s.pos0 + it.t, scale, sc.data(), out + off);
+        cpu::attend_group_avx512(q + off, group, s.kv, it.g, visible_keys(s, it.t), scale, sc.data(), out + off);
       }
     };
     parallel_for(n, std::ref(body));  // std::ref: no std::function allocation

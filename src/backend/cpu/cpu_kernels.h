@@ -10,11 +10,11 @@
 
 namespace g4::cpu {
 
-// Attention of the `group` query heads that share KV head g, for one query row at position pos
-// (HostBackend::attend_one for each of those heads, with K and V rows loaded once per group).
-// q: [group, D] (consecutive heads), out: [group, D]. scratch: >= group * (window or pos+1)
-// floats, 64-byte aligned not required. Quantized caches: rows dequantized as kv_head_row does.
-void attend_group_avx512(const float* q, int group, const KvBuffer& kv, int g, int pos, float scale,
+// Attention of the `group` query heads that share KV head g, for one query row over the keys at
+// positions keys.lo..keys.hi (visible_keys; HostBackend::attend_one for each of those heads, with
+// K and V rows loaded once per group). q: [group, D] (consecutive heads), out: [group, D].
+// scratch: >= group * (keys.hi - keys.lo + 1) floats, 64-byte aligned not required. Quantized caches: rows dequantized as kv_head_row does.
+void attend_group_avx512(const float* q, int group, const KvBuffer& kv, int g, KeyRange keys, float scale,
                          float* scratch, float* out);
 
 // out = gelu_tanh(gate) * up (HostBackend::gelu_mul with P == F32).

@@ -63,12 +63,12 @@ inline float dot(const float* a, const float* b, int D) {
 
 }  // namespace
 
-void attend_group_avx512(const float* q, int group, const KvBuffer& kv, int g, int pos, float scale,
+void attend_group_avx512(const float* q, int group, const KvBuffer& kv, int g, KeyRange keys, float scale,
                          float* scratch, float* out) {
   const int D = kv.head_dim;
   const size_t row = size_t(kv.n_kv_heads) * D;
-  const int first = kv.window > 0 ? std::max(0, pos - kv.window + 1) : 0;
-  const int n = pos - first + 1;
+  const int first = keys.lo;
+  const int n = keys.hi - keys.lo + 1;
   // A quantized cache's rows are dequantized one at a time (exactly: dequant_row) into deq.
   const bool quant = kv.quantized();
   const WeightView kview = quant ? kv.k_view() : WeightView{}, vview = quant ? kv.v_view() : WeightView{};

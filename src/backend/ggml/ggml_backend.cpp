@@ -50,6 +50,7 @@ class GgmlBackend final : public HostBackend {
 
   // llama.cpp parity mode: its f32 KV cache only (MLX-style quantized KV is not llama.cpp's).
   bool supports_kv_quant() const override { return false; }
+  bool supports_image_blocks() const override { return false; }  // llama.cpp's causal attention only
 
   void attention(const float* q, int H, const std::vector<AttnSeq>& seqs, float scale,
                  ActPrecision P, float* out) override {
