@@ -46,6 +46,7 @@ struct Session {
   std::unique_ptr<Engine> engine;
   TextArgs text;
   bool color = false;
+  bool failed = false;  // the last answer ended in an error (one-shot runs exit with 1)
 };
 
 Result<Session> open_session(const Args& a) {
@@ -75,9 +76,11 @@ std::string answer(Session& s, std::vector<int32_t> prompt, bool chat, bool reas
                    const std::vector<ImageInput>& images = {}, int max_soft_tokens = 0) {
   GenerationSpec spec;
   spec.prompt = std::move(prompt);
+  s.failed = false;
   if (!images.empty()) {
     if (Status st = attach_images(*s.b.vision, *s.engine, images, max_soft_tokens, spec); !st) {
       std::fprintf(stderr, "gemma4: %s\n", st.message().c_str());
+      s.failed = true;
       return "";
     }
   }
@@ -114,6 +117,7 @@ std::string answer(Session& s, std::vector<int32_t> prompt, bool chat, bool reas
   std::fflush(stdout);
   if (res.reason == FinishReason::Error) {
     std::fprintf(stderr, "gemma4: %s\n", res.error.c_str());
+    s.failed = true;
     return visible;
   }
   const int computed = res.prompt_tokens - res.cached_tokens;
@@ -191,7 +195,7 @@ int cmd_run(const std::vector<std::string>& argv) {
     if (!chat) {
       std::string prompt = system.empty() ? user : system + "\n\n" + user;
       answer(s, encode_raw_prompt(s.b, prompt), false, false);
-      return 0;
+      return s.failed ? 1 : 0;
     }
     if (!images.empty() && !images_sent) {
       nlohmann::ordered_json parts = nlohmann::ordered_json::array();
@@ -210,6 +214,12 @@ int cmd_run(const std::vector<std::string>& argv) {
     }
     std::string reply = answer(s, ids.value(), true, open, images_sent ? images : std::vector<ImageInput>{},
                                mst.value());
+    if (s.failed) {  // keep the history as it was before this message
+      history.erase(history.end() - 1);
+      // The images travel with the first user message: if that one failed, the next one takes them.
+      images_sent = images_sent && history.size() > (system.empty() ? 0u : 1u);
+      return 1;
+    }
     history.push_back({{"role", "assistant"}, {"content", reply}});
     return 0;
   };
@@ -256,7 +266,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
   for (const auto& p : a.positional) prompt += (prompt.empty() ? "" : " ") + p;
   std::fputs(prompt.c_str(), stdout);
   answer(sr.value(), encode_raw_prompt(sr.value().b, prompt), false, false);
-  return 0;
+  return sr.value().failed ? 1 : 0;
 }
 
 }  // namespace

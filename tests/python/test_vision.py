@@ -261,3 +261,9 @@ def test_bidirectional_image_blocks(gemma4_bin, vision_fixtures, tmp_path):
     r = _run(gemma4_bin, "logits", "--model", d, "--ids", ids, "--image", f"{d / 'wide.png'},{d / 'small.png'}",
              "--max-soft-tokens", 70, "--dtype", "f32", "--backend", "ggml", "--out", tmp_path / "l.npy", ok=False)
     assert r.returncode == 1 and "not supported on the ggml backend yet" in r.stderr
+    c = vision_fixtures / "clipped"  # run: the error is printed and the exit code says so
+    r = _run(gemma4_bin, "run", "--model", c, "--image", tmp_path / "missing.png", "hi", ok=False)
+    assert r.returncode == 1 and "missing.png: cannot open image" in r.stderr
+    (tmp_path / "bad.png").write_bytes(b"not an image")
+    r = _run(gemma4_bin, "run", "--model", c, "--image", tmp_path / "bad.png", "--max-tokens", 2, "hi", ok=False)
+    assert r.returncode == 1 and "bad.png: not a decodable image" in r.stderr
