@@ -6,7 +6,7 @@ Usage: tools/make_random_drafter.py --out DIR --backbone D --vocab V --head-dim 
                                     [--block-size 4] [--seed 0]
 
 Writes DIR/config.json (model_type gemma4_assistant; the decoder's last layer is full attention,
-the others sliding) and DIR/model.safetensors in HF's names, f32. Its proposals are noise: it is
+the others sliding; --ordered: a centroid-routed head) and DIR/model.safetensors in HF's names, f32. Its proposals are noise: it is
 for exercising --draft-model end to end on a real target (the server tests run it on the starter
 model), where no trained drafter can be downloaded; mlx-vlm-checked drafters for the fixture
 targets come from tools/make_mtp_oracle.py. Needs only numpy and safetensors.
@@ -33,13 +33,16 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--block-size", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ordered", action="store_true",
+                    help="a centroid-routed head as the E2B/E4B drafters have (2048 clusters, top 32)")
     a = ap.parse_args()
     gd = a.global_head_dim or a.head_dim
     types = ["sliding_attention"] * (a.layers - 1) + ["full_attention"]
     heads, inter, d = 4, 2 * a.hidden, a.hidden
     cfg = {
         "model_type": "gemma4_assistant", "backbone_hidden_size": a.backbone, "block_size": a.block_size,
-        "use_ordered_embeddings": False, "tie_word_embeddings": True,
+        "use_ordered_embeddings": bool(a.ordered), "num_centroids": 2048, "centroid_intermediate_top_k": 32,
+        "tie_word_embeddings": True,
         "text_config": {
             "model_type": "gemma4_text", "hidden_size": d, "intermediate_size": inter, "num_hidden_layers": a.layers,
             "layer_types": types, "num_attention_heads": heads, "num_key_value_heads": 1, "head_dim": a.head_dim,
@@ -74,6 +77,9 @@ def main() -> int:
         w[p + "mlp.up_proj.weight"] = mat(inter, d)
         w[p + "mlp.down_proj.weight"] = mat(d, inter)
         w[p + "layer_scalar"] = np.array([0.9], dtype=np.float32)
+    if a.ordered:
+        w["masked_embedding.centroids.weight"] = mat(2048, d)
+        w["masked_embedding.token_ordering"] = rng.permutation(a.vocab).astype(np.int64)
     a.out.mkdir(parents=True, exist_ok=True)
     save_file(w, str(a.out / "model.safetensors"))
     (a.out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")

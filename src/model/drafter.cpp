@@ -159,19 +159,25 @@ Result<std::unique_ptr<Drafter>> Drafter::load(const std::string& dir, const Mod
   d->gate_ = be.alloc(iw); d->up_ = be.alloc(iw);
   d->logits_ = be.alloc(size_t(V));
   d->state_ = be.alloc(size_t(bb));
-  if (c.ordered_embeddings) d->cent_ = be.alloc(size_t(c.num_centroids));
+  if (c.ordered_embeddings) {
+    d->cent_ = be.alloc(size_t(c.num_centroids));
+    const size_t n = size_t(c.centroid_top_k) * size_t(V / c.num_centroids);
+    d->cand_ids_ = be.alloc_i32(n);
+    d->cand_rows_ = be.alloc(n * size_t(dd));
+  }
   d->ids_ = be.alloc_i32(1);
   d->am_ = be.alloc_i32(1);
   return d;
 }
 
 Drafter::~Drafter() {
-  for (float* p : {cat_, x_, xn_, q_, att_, o_, gate_, up_, f_, hn_, logits_, state_, cent_}) be_.free(p);
+  for (float* p : {cat_, x_, xn_, q_, att_, o_, gate_, up_, f_, hn_, logits_, state_, cent_, cand_rows_}) be_.free(p);
+  be_.free(cand_ids_);
   be_.free(ids_);
   be_.free(am_);
 }
 
-int32_t Drafter::pick(ActPrecision P) {
+int32_t Drafter::pick(ActPrecision P, bool full_logits) {
   const int V = cfg_.text.vocab;
   if (!cfg_.ordered_embeddings) {
     be_.argmax(logits_, 1, V, am_);
@@ -190,18 +196,40 @@ int32_t Drafter::pick(ActPrecision P) {
     const float x = host_cent_[size_t(a)], y = host_cent_[size_t(b)];
     return x > y || (x == y && a < b);
   });
-  host_logits_.resize(size_t(V));
-  be_.to_host(logits_, size_t(V), host_logits_.data());
-  int32_t best = -1;
+  cand_.clear();
   for (int j = 0; j < K; ++j) {
     const int32_t* ids = ordering_.data() + size_t(order[size_t(j)]) * per;
-    for (int t = 0; t < per; ++t) {
-      const int32_t id = ids[t];
-      if (best < 0 || host_logits_[size_t(id)] > host_logits_[size_t(best)] ||
-          (host_logits_[size_t(id)] == host_logits_[size_t(best)] && id < best))
-        best = id;
+    cand_.insert(cand_.end(), ids, ids + per);
+  }
+  // The candidates' logits: from the full head when it was computed, else (host backends) from
+  // their embedding rows alone, which is the point of the routing (a 262144-token head is most
+  // of a small drafter's work).
+  std::vector<float>& sc = host_cand_scores_;
+  sc.resize(cand_.size());
+  if (full_logits) {
+    host_logits_.resize(size_t(V));
+    be_.to_host(logits_, size_t(V), host_logits_.data());
+    for (size_t i = 0; i < cand_.size(); ++i) sc[i] = host_logits_[size_t(cand_[i])];
+  } else {
+    const int n = int(cand_.size()), d = cfg_.text.hidden;
+    be_.from_host(reinterpret_cast<const float*>(cand_.data()), size_t(n), reinterpret_cast<float*>(cand_ids_));
+    be_.embed(w_.lm_head, cand_ids_, n, 1.f, P, cand_rows_);  // host memory on host backends
+    host_hn_.resize(size_t(d));
+    be_.to_host(hn_, size_t(d), host_hn_.data());
+    for (int i = 0; i < n; ++i) {
+      const float* row = cand_rows_ + size_t(i) * d;
+      float acc = 0.f;
+      for (int k = 0; k < d; ++k) acc += row[k] * host_hn_[size_t(k)];
+      sc[size_t(i)] = acc;
     }
   }
+  int32_t best = -1;
+  float best_score = 0.f;
+  for (size_t i = 0; i < cand_.size(); ++i)
+    if (best < 0 || sc[i] > best_score || (sc[i] == best_score && cand_[i] < best)) {
+      best = cand_[i];
+      best_score = sc[i];
+    }
   return best;
 }
 
@@ -235,8 +263,10 @@ void Drafter::draft(const KvCache& cache, const float* hidden, int32_t token, in
       if (lw.layer_scalar != 1.f) be_.scale(x_, T(lw.layer_scalar), size_t(dd), P, x_);
     }
     be_.rms_norm(x_, 1, dd, w_.final_norm.data, tc.rms_eps, P, hn_);
-    be_.matmul(hn_, 1, w_.lm_head, P, logits_);
-    token = pick(P);
+    // The full head, unless only the routed candidates compete and their rows are cheaper.
+    const bool full = !cfg_.ordered_embeddings || be_.on_device() || logits;
+    if (full) be_.matmul(hn_, 1, w_.lm_head, P, logits_);
+    token = pick(P, full);
     out[step] = token;
     be_.matmul(hn_, 1, post_proj_, P, state_);
     if (logits) be_.to_host(logits_, size_t(V), logits + size_t(step) * V);

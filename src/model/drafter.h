@@ -79,7 +79,9 @@ class Drafter {
 
  private:
   Drafter(DrafterConfig cfg, Backend& be) : cfg_(std::move(cfg)), be_(be) {}
-  int32_t pick(ActPrecision P);  // argmax of the head for the state in hn_
+  // The draft token for the state in hn_: the head's argmax, over the routed candidates with
+  // ordered embeddings. full_logits: logits_ holds the whole head's output.
+  int32_t pick(ActPrecision P, bool full_logits);
 
   DrafterConfig cfg_;
   Backend& be_;
@@ -95,8 +97,11 @@ class Drafter {
   float *cat_ = nullptr, *x_ = nullptr, *xn_ = nullptr, *q_ = nullptr, *att_ = nullptr, *o_ = nullptr;
   float *gate_ = nullptr, *up_ = nullptr, *f_ = nullptr, *hn_ = nullptr, *logits_ = nullptr, *state_ = nullptr;
   float* cent_ = nullptr;
+  float* cand_rows_ = nullptr;      // [candidates, hidden]: the routed candidates' head rows
+  int32_t* cand_ids_ = nullptr;
   int32_t *ids_ = nullptr, *am_ = nullptr;
-  std::vector<float> host_logits_, host_cent_;
+  std::vector<float> host_logits_, host_cent_, host_hn_, host_cand_scores_;
+  std::vector<int32_t> cand_;
 };
 
 }  // namespace g4

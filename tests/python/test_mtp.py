@@ -62,6 +62,11 @@ def test_drafts_match_mlx_vlm(gemma4_bin, mtp_fixtures, parity_report, tmp_path,
     parity_report.append({"fixture": drafter, "check": f"mtp drafts {backend}", "ok": same == got.size,
                           "maxdiff": f"logits {dl:.2e} states {ds:.2e}"})
     assert same == got.size, f"{drafter}: {got.size - same} of {got.size} drafts differ"
+    # Without --logits-out an ordered-embeddings head scores only the routed candidates' rows on
+    # host backends: the same drafts.
+    r2 = _run(gemma4_bin, "draft", "--model", mtp_fixtures / target, "--draft-model", mtp_fixtures / "drafters" / drafter,
+              "--ids", _ids(z["ids"]), "--from", int(z["first"]), "--dtype", "f32", "--backend", backend)
+    assert [json.loads(line)["drafts"] for line in r2.stdout.splitlines()] == got.tolist()
     assert dl <= DRAFT_TOL and ds <= DRAFT_TOL, f"{drafter}: logits {dl:.2e}, states {ds:.2e}"
     # The states differ from position to position far more than the tolerance: a drafter that
     # read the wrong position, window or hidden state would not pass.
