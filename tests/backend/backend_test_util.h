@@ -104,7 +104,9 @@ inline double rel_err(const std::vector<float>& a, const std::vector<float>& b) 
 // One sequence with pos0 cached positions then n new query rows; 4 query heads over 1 KV head of
 // 256; a sliding window (ring buffer) when window > 0. Fills the cache position by position with
 // kv_write, runs attention with scale 1/16 and returns the output [n, 4, 256].
-inline std::vector<float> attention_scenario(Backend& b, int pos0, int n, int window) {
+// blocks: bidirectional image blocks [start, end) (absolute positions within [pos0, pos0 + n)).
+inline std::vector<float> attention_scenario(Backend& b, int pos0, int n, int window,
+                                             const std::vector<std::pair<int, int>>& blocks = {}) {
   const int H = 4, Hk = 1, D = 256, cap = window > 0 ? window + n : pos0 + n;
   const auto q = randn(size_t(n * H * D), uint32_t(10 + pos0 + n));
   const auto kall = randn(size_t((pos0 + n) * Hk * D), uint32_t(20 + n));
@@ -128,6 +130,13 @@ inline std::vector<float> attention_scenario(Backend& b, int pos0, int n, int wi
   s.row0 = 0;
   s.n = n;
   s.pos0 = pos0;
+  std::vector<int32_t> blk(size_t(n) * 2, 0);
+  for (auto [lo, hi] : blocks)
+    for (int p = lo; p < hi; ++p) {
+      blk[size_t(p - pos0) * 2] = lo;
+      blk[size_t(p - pos0) * 2 + 1] = hi;
+    }
+  if (!blocks.empty()) s.blocks = blk.data();
   b.attention(dq, H, {s}, 0.0625f, ActPrecision::F32, dout);
   std::vector<float> out = download(b, dout, q.size());
   for (float* p : {k, v, dk, dv, dq, dout}) b.free(p);

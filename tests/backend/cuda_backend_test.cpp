@@ -375,6 +375,18 @@ TEST_F(CudaBackendTest, AttentionMatchesReference) {
   attention_case(*cu, *ref, 1000, 2, 0);    // 16 splits of the visible positions
 }
 
+// Bidirectional image blocks (AttnSeq::blocks): rows see their whole block, also past a sliding
+// window shorter than the block; rows outside blocks stay causal.
+TEST_F(CudaBackendTest, AttentionWithImageBlocksMatchesReference) {
+  ASSERT_TRUE(cu->supports_image_blocks());
+  const std::vector<std::pair<int, int>> blocks{{12, 40}, {45, 47}};
+  for (int window : {0, 16}) {
+    const auto want = test::attention_scenario(*ref, 10, 40, window, blocks);
+    EXPECT_LE(rel_err(test::attention_scenario(*cu, 10, 40, window, blocks), want), 1e-5) << "window " << window;
+    EXPECT_GT(rel_err(test::attention_scenario(*ref, 10, 40, window), want), 1e-2) << "the blocks change nothing?";
+  }
+}
+
 // A decode loop as Model::forward runs it: each step uploads one token's q/k/v rows, ropes q and
 // k at the step's position, writes K/V into a ring cache, attends and reads the output back.
 // Returns the outputs of every step, each [4, 256].

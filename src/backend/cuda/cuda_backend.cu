@@ -252,6 +252,7 @@ class CudaBackend final : public Backend {
            inv, ps);
   }
   bool supports_kv_quant() const override { return true; }
+  bool supports_image_blocks() const override { return true; }
   void kv_write(const AttnSeq& s, const float* k, const float* v) override {
     const KvBuffer& kv = s.kv;
     const int hk = kv.n_kv_heads, hd = kv.head_dim, row0 = s.row0, n = s.n, cap = kv.capacity, win = kv.window;
@@ -270,16 +271,18 @@ class CudaBackend final : public Backend {
       const KvBuffer& kv = sq.kv;
       G4_CHECK(kv.head_dim <= 512 && "cuda attention: head_dim above 512");
       // Splits from static bounds (capacity, window), so a recorded step replays at any position.
-      const int max_visible = kv.window > 0 ? std::min(kv.window, kv.capacity) : kv.capacity;
+      // An image block can reach past a sliding window (never past the ring, which holds the call).
+      const int max_visible = kv.window > 0 && !sq.blocks ? std::min(kv.window, kv.capacity) : kv.capacity;
       const int splits = cuda::attention_splits(sq.n, H, max_visible);
       float* partial = splits > 1 ? partial_floats(size_t(sq.n) * H * splits * (kv.head_dim + 2)) : nullptr;
       unsigned* counters = splits > 1 ? split_counters(size_t(sq.n) * H) : nullptr;
-      const cuda::AttnArgs a{sq.row0, sq.n, rec_->dyn(sq.pos0), kv.k, kv.v, kv.capacity, kv.n_kv_heads, kv.head_dim,
-                             kv.window, quant_args(kv)};
+      const cuda::AttnArgs a{sq.row0, sq.n,        rec_->dyn(sq.pos0), kv.k,          kv.v,
+                             kv.capacity, kv.n_kv_heads, kv.head_dim,   kv.window,     quant_args(kv),
+                             sq.blocks ? device_blocks(sq.blocks, sq.n) : nullptr};
       const cuda::KvQuantArgs& qa = a.quant;
       launch([=](cudaStream_t s) { cuda::attention(s, q, H, a, scale, splits, partial, counters, out); }, 7, q, H,
              a.row0, a.n, a.k, a.v, a.capacity, a.n_kv_heads, a.head_dim, a.window, scale, splits, partial, counters,
-             out, qa.bits, qa.group, qa.kq, qa.vq, qa.ks, qa.kb, qa.vs, qa.vb);
+             out, qa.bits, qa.group, qa.kq, qa.vq, qa.ks, qa.kb, qa.vs, qa.vb, a.blocks);
     }
   }
   void gelu_mul(const float* gate, const float* up, size_t n, ActPrecision P, float* out) override {
@@ -459,6 +462,13 @@ class CudaBackend final : public Backend {
     }
   }
   void end_step() override {
+    // This step's image blocks are forgotten (the next step's arrays may reuse the host
+    // addresses) and freed once its work is done (free_retired: next begin_step or sync).
+    for (const auto& b : blocks_) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (owned_.erase(b.second)) retired_.push_back(b.second);
+    }
+    blocks_.clear();
     if (timing_) {
       t_enqueue_.push_back(seconds_since(t_mark_));
       t_mark_ = std::chrono::steady_clock::now();
@@ -591,6 +601,16 @@ class CudaBackend final : public Backend {
   }
   // Attention partials: one buffer that only grows; a replaced one is retired, since logged
   // launches of this step may still point at it.
+  // A step's image blocks (AttnSeq::blocks) on the device, uploaded once per host array and step
+  // (every layer's attention passes the same array).
+  const int32_t* device_blocks(const int32_t* host, int n) {
+    for (const auto& b : blocks_)
+      if (b.first == host) return b.second;
+    int32_t* d = alloc_i32(size_t(n) * 2);
+    from_host(reinterpret_cast<const float*>(host), size_t(n) * 2, reinterpret_cast<float*>(d));
+    blocks_.push_back({host, d});
+    return d;
+  }
   float* partial_floats(size_t n) {
     if (n > partial_n_) {
       if (partial_) retired_.push_back(partial_);
@@ -629,6 +649,7 @@ class CudaBackend final : public Backend {
   std::string key_;                  // the profile key of the op being launched (matmul shapes)
   std::mutex mu_;
   std::unordered_set<void*> owned_;
+  std::vector<std::pair<const int32_t*, int32_t*>> blocks_;  // device_blocks of the current step
   std::vector<void*> retired_;  // freed by the caller during a step: cudaFree'd after it
   struct RopeCopy {
     std::vector<float> host;

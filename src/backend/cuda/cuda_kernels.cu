@@ -376,8 +376,12 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const flo
   __shared__ float sh_acc[kAttnWarps][kPer * kWarp];
   const int t = blockIdx.x / H, h = blockIdx.x % H, split = blockIdx.y, S = gridDim.y;
   const int pos = load(a.pos0) + t, D = a.head_dim, g = h / (H / a.n_kv_heads);
-  const int first = a.window > 0 ? max(0, pos - a.window + 1) : 0;
-  const int n = pos - first + 1, per = (n + S - 1) / S;
+  int first = a.window > 0 ? max(0, pos - a.window + 1) : 0, last_pos = pos;
+  if (a.blocks && a.blocks[2 * t + 1] > 0) {  // the row's image block (visible_keys)
+    first = min(first, a.blocks[2 * t]);
+    last_pos = max(last_pos, a.blocks[2 * t + 1] - 1);
+  }
+  const int n = last_pos - first + 1, per = (n + S - 1) / S;
   const int j0 = split * per, j1 = min(n, j0 + per);
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t row = int64_t(a.n_kv_heads) * D;

@@ -30,6 +30,7 @@ struct AttnArgs {
   const float* v;
   int capacity, n_kv_heads, head_dim, window;
   KvQuantArgs quant;
+  const int32_t* blocks = nullptr;  // device [n, 2] image blocks (backend.h AttnSeq::blocks), or null
 };
 
 // y[M, w.rows] = x[M, w.cols] · Wᵀ: 32-value units per lane when w.cols % 32 == 0, else one
