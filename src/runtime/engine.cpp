@@ -242,9 +242,11 @@ void Engine::step() {
   }
   if (batch.empty()) return;
   Drafter* dr = model_.drafter();
-  if (dr && in_batch.size() == 1 && batch[0].n == 1 && in_batch[0]->has_hidden &&
-      in_batch[0]->req->spec.max_tokens - in_batch[0]->generated >= 1) {
-    speculative_step(*in_batch[0], t0);
+  bool all_decoding = dr != nullptr;  // with a drafter: every active sequence past its prompt
+  for (size_t i = 0; i < in_batch.size() && all_decoding; ++i)
+    all_decoding = in_batch[i]->consumed >= int(in_batch[i]->req->spec.prompt.size()) && in_batch[i]->has_hidden;
+  if (all_decoding) {
+    speculative_step(in_batch, t0);
     return;
   }
   const SampleMode mode = sample_mode(in_batch);
@@ -375,51 +377,70 @@ void Engine::keep_hidden(Slot& s, int row) {
   s.has_hidden = true;
 }
 
-void Engine::speculative_step(Slot& s, clk::time_point t0) {
-  // One round (mlx-vlm _mtp_rounds, HF assisted generation): the drafter proposes up to
-  // block_size - 1 tokens after the pending one; the target runs the pending token and the drafts
-  // in one forward with logits for every row; row j's token is sampled exactly as a plain decode
-  // step would sample it (same sampler, same RNG draws, in order), and the round stops at the
-  // first row whose token differs from the draft that follows it. Every emitted token is the
-  // target's own, so the output is the one decoding without a drafter gives (with row-exact
-  // kernels: --batch-invariant on); the KV of rejected drafts is dropped.
+void Engine::speculative_step(const std::vector<Slot*>& slots, clk::time_point t0) {
+  // One round for every decoding sequence (mlx-vlm _mtp_rounds, HF assisted generation): the
+  // drafter proposes up to draft_tokens tokens after each pending one; the target runs every
+  // sequence's pending token and drafts in one batched forward with logits for every row; row j's
+  // token is sampled exactly as a plain decode step would sample it (same sampler, same RNG
+  // draws, in order), and a sequence's round stops at the first row whose token differs from the
+  // draft that follows it. Every emitted token is the target's own, so the output is the one
+  // decoding without a drafter gives (with row-exact kernels: --batch-invariant on); the KV of
+  // rejected drafts is dropped.
   Drafter& dr = *model_.drafter();
-  const int budget = s.req->spec.max_tokens - s.generated;  // tokens this request may still emit
-  const int n_draft = std::max(0, std::min(dr.draft_tokens(), budget - 1));
-  std::vector<int32_t> tokens(size_t(1 + n_draft));
-  tokens[0] = s.pending;
-  if (n_draft > 0) dr.draft(*s.cache, s.hidden, s.pending, n_draft, opt_.precision, tokens.data() + 1);
-  const int n0 = s.cache->size();
-  std::vector<SeqInput> batch{SeqInput{s.cache.get(), tokens.data(), 1 + n_draft, true}};
-  std::vector<Slot*> one{&s};
-  const SampleMode mode = sample_mode(one);
+  struct Round {
+    std::vector<int32_t> tokens;  // the pending token, then the drafts
+    int n0 = 0;                   // cache size before the round
+    int row0 = 0;                 // first logit row
+  };
+  std::vector<Round> rounds(slots.size());
+  std::vector<SeqInput> batch;
+  int rows = 0;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    Slot& s = *slots[i];
+    Round& r = rounds[i];
+    const int budget = s.req->spec.max_tokens - s.generated;  // tokens this request may still emit
+    const int n_draft = std::max(0, std::min(dr.draft_tokens(), budget - 1));
+    r.tokens.assign(size_t(1 + n_draft), s.pending);
+    if (n_draft > 0) dr.draft(*s.cache, s.hidden, s.pending, n_draft, opt_.precision, r.tokens.data() + 1);
+    r.n0 = s.cache->size();
+    r.row0 = rows;
+    rows += 1 + n_draft;
+  }
+  for (size_t i = 0; i < slots.size(); ++i)
+    batch.push_back(SeqInput{slots[i]->cache.get(), rounds[i].tokens.data(), int(rounds[i].tokens.size()), true});
+  const SampleMode mode = sample_mode(slots);
   const auto tf = clk::now();
   run_forward(batch, mode);
   const auto tf2 = clk::now();
-  // Accept while the target's token equals the next draft.
-  std::vector<int32_t> out;
-  for (int j = 0; j <= n_draft; ++j) {
-    const int32_t tok = sample_row(s, mode, size_t(j));
-    out.push_back(tok);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    Slot& s = *slots[i];
+    const Round& r = rounds[i];
+    const int n_draft = int(r.tokens.size()) - 1;
+    // Accept while the target's token equals the next draft (and is not a stop token).
+    std::vector<int32_t> out;
     const auto& stops = s.req->spec.stop_ids;
-    if (j == n_draft || tok != tokens[size_t(j + 1)] || std::find(stops.begin(), stops.end(), tok) != stops.end())
-      break;
+    for (int j = 0; j <= n_draft; ++j) {
+      const int32_t tok = sample_row(s, mode, size_t(r.row0 + j));
+      out.push_back(tok);
+      if (j == n_draft || tok != r.tokens[size_t(j + 1)] || std::find(stops.begin(), stops.end(), tok) != stops.end())
+        break;
+    }
+    const int kept = int(out.size());  // the pending token and the accepted drafts have valid KV
+    if (!s.cache->truncate(r.n0 + kept)) {  // reserve() keeps the window: cannot fail
+      finish(s, FinishReason::Error, "internal error: KV cache rollback failed");
+      continue;
+    }
+    s.fed.insert(s.fed.end(), r.tokens.begin(), r.tokens.begin() + kept);
+    keep_hidden(s, r.row0 + kept - 1);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      ++stats_.draft_rounds;
+      stats_.drafted_tokens += uint64_t(n_draft);
+      stats_.accepted_tokens += uint64_t(kept - 1);
+    }
+    for (int32_t tok : out)
+      if (emit(s, tok)) break;
   }
-  const int kept = int(out.size());  // the pending token and the accepted drafts have valid KV
-  if (!s.cache->truncate(n0 + kept)) {  // reserve() keeps the window: cannot fail
-    finish(s, FinishReason::Error, "internal error: KV cache rollback failed");
-    return;
-  }
-  s.fed.insert(s.fed.end(), tokens.begin(), tokens.begin() + kept);
-  keep_hidden(s, kept - 1);
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    ++stats_.draft_rounds;
-    stats_.drafted_tokens += uint64_t(n_draft);
-    stats_.accepted_tokens += uint64_t(kept - 1);
-  }
-  for (int32_t tok : out)
-    if (emit(s, tok)) break;
   record_step(t0, tf, tf2);
 }
 

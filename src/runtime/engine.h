@@ -5,6 +5,8 @@
 // chunks of sequences still prefilling and single tokens of decoding ones. New requests join
 // between steps, finished or cancelled ones leave. Text (detokenizing, stop strings, tool calls)
 // is the caller's business; a caller that sees a stop string calls cancel().
+// With a drafter on the model (model/drafter.h), steps in which every active sequence is decoding
+// are speculative rounds instead: each sequence's drafts are verified in one batched forward.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -104,8 +106,9 @@ class Engine {
   void loop();
   void admit();
   void step();
-  // With a drafter on the model and one sequence decoding: one draft-and-verify round.
-  void speculative_step(Slot& s, clk::time_point t0);
+  // With a drafter on the model and every active sequence decoding: one draft-and-verify round
+  // for each, verified in one batched forward.
+  void speculative_step(const std::vector<Slot*>& slots, clk::time_point t0);
   SampleMode sample_mode(const std::vector<Slot*>& slots) const;
   // Model::forward for `batch`, its outputs into the buffers `mode` reads.
   void run_forward(const std::vector<SeqInput>& batch, const SampleMode& mode);

@@ -550,9 +550,10 @@ def starter_drafter(tmp_path_factory):
 
 
 def test_speculative_decoding_serves_like_the_cli(gemma4_bin, starter_drafter, tmp_path):
-    """--draft-model: lone requests run draft-and-verify rounds (/metrics counts them), concurrent
-    ones decode together; either way the text equals `gemma4 generate` WITHOUT a drafter (same
-    kernels). A drafter that does not fit the model stops the server with a clear message."""
+    """--draft-model: lone requests run draft-and-verify rounds (/metrics counts them), and so do
+    concurrent ones, verified in one batched forward; either way the text equals `gemma4 generate`
+    WITHOUT a drafter (same kernels). A drafter that does not fit the model stops the server with
+    a clear message."""
     s = Server(gemma4_bin, "--parallel", "2", "--draft-model", str(starter_drafter))
     try:
         c = oai(s)
@@ -564,6 +565,7 @@ def test_speculative_decoding_serves_like_the_cli(gemma4_bin, starter_drafter, t
         with cf.ThreadPoolExecutor(2) as ex:
             together = list(ex.map(lambda r: c.completions.create(**r).choices[0].text, reqs))
         assert together == alone
+        assert s.metric("gemma4_draft_rounds_total") >= 2 * rounds
     finally:
         s.close()
     r = subprocess.run([str(gemma4_bin), "generate", "--model", str(STARTER), prompts[1],
