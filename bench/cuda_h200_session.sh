@@ -50,8 +50,9 @@ print("prefill %.1f decode %.1f tok/s (median of %d)" % (s.median(x["prefill_tok
 for step in "$@"; do
   echo "=== $step"
   case $step in
-    check) timeout -s KILL 300 python3 tools/cuda_device_check.py --bin $B --fixtures .devfix/* \
-             --vision .devfix/vision/* 2>&1 | tee $OUT/check.log | tail -22 ;;
+    check) vis=$(ls -d .devfix/vision/*/ 2>/dev/null)
+           timeout -s KILL 300 python3 tools/cuda_device_check.py --bin $B --fixtures .devfix/* \
+             ${vis:+--vision $vis} 2>&1 | tee $OUT/check.log | tail -26 ;;
     bench)
       echo "graphs on:  $(median_bench G4_CUDA_GRAPHS=1)"
       echo "graphs off: $(median_bench G4_CUDA_GRAPHS=0)"

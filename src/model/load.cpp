@@ -23,10 +23,6 @@ Result<std::unique_ptr<Model>> build_model(const OpenedModel& om, const std::str
     be = make_backend(backend);
   }
   if (!be) return err("unknown backend '%s' (expected cpu, reference, ggml or cuda)", backend.c_str());
-  if (backend == "cuda") {
-    for (const LayerSpec& ls : om.config.layers)
-      if (ls.moe) return err("backend 'cuda': mixture-of-experts layers are not implemented on CUDA yet");
-  }
   G4_ASSIGN_OR_RETURN(ModelWeights w, load_weights(om.config, *om.weights, *be));
   return std::make_unique<Model>(om.config, std::move(w), om.weights, std::move(be));
 }

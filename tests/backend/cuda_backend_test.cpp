@@ -304,6 +304,44 @@ TEST_F(CudaBackendTest, AttnPrepMatchesReference) {
   }
 }
 
+// MoE: routing (the reference's rule, computed on the host) and the experts (device matmuls per
+// expert, combined in slot order) against the reference backend, with rows that share experts
+// and experts that get no row.
+TEST_F(CudaBackendTest, MoeRoutingAndExpertsMatchReference) {
+  const int rows = 5, E = 8, k = 2, d = 64, I = 32;
+  auto scores = randn(size_t(rows) * E, 70);
+  scores[3] = scores[5];  // a tie: the higher expert index wins (mlx argpartition)
+  const auto pes = randn(size_t(E), 71);
+  std::vector<int32_t> ri(size_t(rows) * k), ci(ri.size());
+  std::vector<float> rw(ri.size());
+  ref->router_topk(scores.data(), rows, E, k, pes.data(), ActPrecision::F32, ri.data(), rw.data());
+  float *ds = up(*cu, scores), *dp = up(*cu, pes), *dw = cu->alloc(rw.size());
+  int32_t* di = cu->alloc_i32(ri.size());
+  cu->router_topk(ds, rows, E, k, dp, ActPrecision::F32, di, dw);
+  cu->to_host(reinterpret_cast<const float*>(di), ci.size(), reinterpret_cast<float*>(ci.data()));
+  EXPECT_EQ(ci, ri);
+  EXPECT_EQ(down(*cu, dw, rw.size()), rw);
+  std::vector<std::vector<float>> store;
+  std::vector<WeightView> g, u, dn, cg, cu_up, cdn;
+  for (int e = 0; e < E; ++e) {
+    for (auto [vec, rows_, cols_, dev] : {std::tuple{&g, I, d, &cg}, std::tuple{&u, I, d, &cu_up}, std::tuple{&dn, d, I, &cdn}}) {
+      store.push_back(randn(size_t(rows_) * cols_, uint32_t(100 + e * 3 + int(vec == &u) + 2 * int(vec == &dn)), 0.2f));
+      const WeightView w{WFormat::F32, rows_, cols_, reinterpret_cast<const uint8_t*>(store.back().data()),
+                         int64_t(cols_) * 4};
+      vec->push_back(w);
+      dev->push_back(cu->place_weight(w));
+    }
+  }
+  const auto x = randn(size_t(rows) * d, 72);
+  std::vector<float> want(size_t(rows) * d);
+  ref->moe_experts(x.data(), rows, d, ri.data(), rw.data(), k, g, u, dn, ActPrecision::F32, want.data());
+  float *dx = up(*cu, x), *dout = cu->alloc(want.size());
+  cu->moe_experts(dx, rows, d, di, dw, k, cg, cu_up, cdn, ActPrecision::F32, dout);
+  EXPECT_LE(rel_err(down(*cu, dout, want.size()), want), 1e-5);
+  for (float* p : {ds, dp, dw, dx, dout}) cu->free(p);
+  cu->free(di);
+}
+
 // argmax: the first index of the largest non-NaN value, on rows with ties and NaNs.
 TEST_F(CudaBackendTest, ArgmaxFirstLargestSkippingNaN) {
   const int rows = 3, n = 262144;

@@ -2,8 +2,8 @@
 // to device memory once at load (place_weight), activations and KV caches in device memory, one
 // device, one stream of its own. Each forward step is recorded and, from its second sighting on,
 // replayed as a CUDA graph (cuda_step.h): a decode step is one graph launch, with no host sync
-// before the logits are read. Not yet: bf16 activations, mixture-of-experts ops (the loader
-// refuses MoE checkpoints on this backend), tuned kernels. Every CUDA call is checked; a failure
+// before the logits are read. Mixture-of-experts layers route through the host (a sync per MoE
+// layer). Not yet: bf16 activations, a grouped expert GEMM. Every CUDA call is checked; a failure
 // aborts with the call and CUDA's message.
 #include <cuda_runtime.h>
 
@@ -123,7 +123,7 @@ const char* op_name(uint64_t op) {
   static const char* names[] = {"?",   "copy",  "embed",   "matmul",      "rms_norm",   "rope",     "kv_write",
                                 "attention", "gelu_mul", "gelu_mul_ggml", "add", "scale", "softcap", "gather_rows",
                                 "copy_cols", "norm_add", "norm_rope", "gate_up_gelu", "norm_matmuls", "argmax", "big_matmul", "attn_prep",
-                                "matmul_norm_add", "top_k"};
+                                "matmul_norm_add", "top_k", "moe_combine"};
   return op < sizeof(names) / sizeof(names[0]) ? names[op] : "?";
 }
 
@@ -440,12 +440,69 @@ class CudaBackend final : public Backend {
     launch([=](cudaStream_t s) { cuda::argmax(s, x, rows, n, slots, counters, out); }, 19, x, rows, n, slots, out);
   }
   bool on_device() const override { return true; }
-  void router_topk(const float*, int, int, int, const float*, ActPrecision, int32_t*, float*) override {
-    G4_CHECK(false && "cuda backend: MoE routing is not implemented (the loader refuses MoE models)");
+  // MoE (26B-A4B). The routing comes back to the host, which groups each expert's rows: a step
+  // with MoE layers syncs there (it runs op by op after the first, not as a graph). Correct
+  // first; a device-side grouped GEMM is what makes it fast.
+  void router_topk(const float* scores, int rows, int E, int k, const float* per_expert_scale, ActPrecision P,
+                   int32_t* idx, float* weights) override {
+    f32_only(P);
+    std::vector<float> hs(size_t(rows) * E), hp(static_cast<size_t>(E)), hw(size_t(rows) * k);
+    std::vector<int32_t> hi(size_t(rows) * k);
+    to_host(scores, hs.size(), hs.data());
+    to_host(per_expert_scale, hp.size(), hp.data());
+    host_ops_->router_topk(hs.data(), rows, E, k, hp.data(), P, hi.data(), hw.data());  // the reference's rule
+    from_host(reinterpret_cast<const float*>(hi.data()), hi.size(), reinterpret_cast<float*>(idx));
+    from_host(hw.data(), hw.size(), weights);
   }
-  void moe_experts(const float*, int, int, const int32_t*, const float*, int, const std::vector<WeightView>&,
-                   const std::vector<WeightView>&, const std::vector<WeightView>&, ActPrecision, float*) override {
-    G4_CHECK(false && "cuda backend: MoE experts are not implemented (the loader refuses MoE models)");
+  void moe_experts(const float* x, int rows, int d, const int32_t* idx, const float* w, int k,
+                   const std::vector<WeightView>& gate, const std::vector<WeightView>& up,
+                   const std::vector<WeightView>& down, ActPrecision P, float* out) override {
+    f32_only(P);
+    const int E = int(gate.size());
+    const int64_t I = gate[0].rows;
+    std::vector<int32_t> hidx(size_t(rows) * k);
+    to_host(reinterpret_cast<const float*>(idx), hidx.size(), reinterpret_cast<float*>(hidx.data()));
+    // Each expert's (row, slot) items, and where its outputs land in y (expert after expert).
+    std::vector<std::vector<int32_t>> by_expert(static_cast<size_t>(E));
+    for (int i = 0; i < rows * k; ++i) by_expert[size_t(hidx[size_t(i)])].push_back(i);
+    const size_t n = size_t(rows) * k;
+    if (n > moe_cap_) {  // grown outside any recorded step (to_host above left step mode)
+      for (void* p : {static_cast<void*>(moe_xs_), static_cast<void*>(moe_g_), static_cast<void*>(moe_u_),
+                      static_cast<void*>(moe_y_), static_cast<void*>(moe_ys_), static_cast<void*>(moe_ids_)})
+        free(p);
+      moe_xs_ = alloc(n * size_t(d));
+      moe_g_ = alloc(n * size_t(I));
+      moe_u_ = alloc(n * size_t(I));
+      moe_ys_ = alloc(n * size_t(d));
+      moe_y_ = alloc(n * size_t(d));
+      moe_ids_ = alloc_i32(2 * n);
+      moe_cap_ = n;
+    }
+    std::vector<int32_t> rows_of(n), back(n);  // gather source rows; y position of each item
+    size_t at = 0;
+    for (int e = 0; e < E; ++e)
+      for (int32_t item : by_expert[size_t(e)]) {
+        rows_of[at] = item / k;
+        back[size_t(item)] = int32_t(at);
+        ++at;
+      }
+    from_host(reinterpret_cast<const float*>(rows_of.data()), n, reinterpret_cast<float*>(moe_ids_));
+    from_host(reinterpret_cast<const float*>(back.data()), n, reinterpret_cast<float*>(moe_ids_ + n));
+    gather_rows(x, moe_ids_, int(n), d, moe_xs_);
+    at = 0;
+    for (int e = 0; e < E; ++e) {
+      const int m = int(by_expert[size_t(e)].size());
+      if (!m) continue;
+      const float* xe = moe_xs_ + at * size_t(d);
+      matmul(xe, m, gate[size_t(e)], P, moe_g_);
+      matmul(xe, m, up[size_t(e)], P, moe_u_);
+      gelu_mul(moe_g_, moe_u_, size_t(m) * I, P, moe_g_);
+      matmul(moe_g_, m, down[size_t(e)], P, moe_ys_ + at * size_t(d));
+      at += size_t(m);
+    }
+    gather_rows(moe_ys_, moe_ids_ + n, int(n), d, moe_y_);  // back to (row, slot) order
+    float* yv = moe_y_;
+    launch([=](cudaStream_t s) { cuda::moe_combine(s, yv, w, rows, k, d, out); }, 24, yv, w, rows, k, d, out);
   }
   void sync() override {
     rec_->flush();
@@ -649,6 +706,10 @@ class CudaBackend final : public Backend {
   std::string key_;                  // the profile key of the op being launched (matmul shapes)
   std::mutex mu_;
   std::unordered_set<void*> owned_;
+  std::unique_ptr<Backend> host_ops_ = make_reference_backend();  // MoE routing on the host
+  float *moe_xs_ = nullptr, *moe_g_ = nullptr, *moe_u_ = nullptr, *moe_ys_ = nullptr, *moe_y_ = nullptr;
+  int32_t* moe_ids_ = nullptr;
+  size_t moe_cap_ = 0;
   std::vector<std::pair<const int32_t*, int32_t*>> blocks_;  // device_blocks of the current step
   std::vector<void*> retired_;  // freed by the caller during a step: cudaFree'd after it
   struct RopeCopy {

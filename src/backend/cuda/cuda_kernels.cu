@@ -971,6 +971,21 @@ void scale(cudaStream_t s, const float* a, float f, size_t n, float* y) {
 void softcap(cudaStream_t s, float* x, size_t n, float cap) {
   if (n) softcap_kernel<<<blocks_for(int64_t(n), 256), 256, 0, s>>>(x, int64_t(n), cap);
 }
+namespace {
+__global__ void moe_combine_kernel(const float* y, const float* w, int k, int d, float* out) {
+  const int r = blockIdx.x;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    float acc = 0.f;
+    for (int j = 0; j < k; ++j) acc += w[r * k + j] * y[(int64_t(r) * k + j) * d + i];
+    out[int64_t(r) * d + i] = acc;
+  }
+}
+}  // namespace
+
+void moe_combine(cudaStream_t s, const float* y, const float* w, int rows, int k, int d, float* out) {
+  if (rows > 0) moe_combine_kernel<<<rows, 256, 0, s>>>(y, w, k, d, out);
+}
+
 void gather_rows(cudaStream_t s, const float* src, const int32_t* idx, int n, int dim, float* dst) {
   if (n > 0) gather_rows_kernel<<<n, 256, 0, s>>>(src, idx, dim, dst);
 }

@@ -122,6 +122,9 @@ void add(cudaStream_t s, const float* a, const float* b, size_t n, float* y);
 void scale(cudaStream_t s, const float* a, float f, size_t n, float* y);
 void softcap(cudaStream_t s, float* x, size_t n, float cap);
 void gather_rows(cudaStream_t s, const float* src, const int32_t* idx, int n, int dim, float* dst);
+// MoE combine: out[r, :] = sum over j < k of w[r*k + j] * y[r*k + j, :], in j order (the
+// reference's sum). y [rows*k, d], w [rows*k], out [rows, d].
+void moe_combine(cudaStream_t s, const float* y, const float* w, int rows, int k, int d, float* out);
 void copy_cols(cudaStream_t s, const float* src, int rows, int src_dim, int off, int n, float* dst);
 
 }  // namespace g4::cuda
