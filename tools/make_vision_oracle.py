@@ -26,13 +26,16 @@ Gemma 4 chat template, and in oracle.npz:
   max_soft_tokens    i32                  the processor's budget
 The text model is the E-style fixture's architecture (PLE, KV sharing; causal, as E2B/E4B) for
 "clipped" (clipped linears, E2B/E4B style) and "standardize"; "bidi" is 26B/31B style: the dense
-K=V fixture's text model with use_bidirectional_attention = "vision" and a standardizing encoder.
+K=V fixture's text model with use_bidirectional_attention = "vision" and a standardizing encoder;
+"unified" is the 12B's encoder-free embedder (mlx-vlm's gemma4_unified model and processor; see
+unified_case).
 """
 from __future__ import annotations
 
 import copy
 import importlib.util
 import json
+import re
 import sys
 import time
 import types
@@ -49,10 +52,13 @@ from mlx.utils import tree_flatten  # noqa: E402
 
 def import_mlx_vlm_gemma4():
     """mlx-vlm's gemma4 model package without mlx_vlm/__init__.py (see make_mtp_oracle.py)."""
-    spec = importlib.util.find_spec("mlx_vlm")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("make_vision_oracle.py: mlx-vlm is not installed (requirements-nodeps.txt)")
-    root = Path(list(spec.submodule_search_locations)[0])
+    if "mlx_vlm" in sys.modules:  # stubbed already
+        root = Path(sys.modules["mlx_vlm"].__path__[0])
+    else:
+        spec = importlib.util.find_spec("mlx_vlm")
+        if spec is None or not spec.submodule_search_locations:
+            raise SystemExit("make_vision_oracle.py: mlx-vlm is not installed (requirements-nodeps.txt)")
+        root = Path(list(spec.submodule_search_locations)[0])
     for name in ("mlx_vlm", "mlx_vlm.models"):
         if name not in sys.modules:
             m = types.ModuleType(name)
@@ -185,12 +191,79 @@ def chat_oracle(model, out: Path, proc, pv, pos, soft: int):
     return np.array(ids, dtype=np.int32), np.array(reply, dtype=np.int32)
 
 
+def import_mlx_vlm_unified():
+    import_mlx_vlm_gemma4()  # the package stubs
+    from mlx_vlm.models.gemma4_unified import gemma4_unified as gu
+    from mlx_vlm.models.gemma4_unified.config import ModelConfig, TextConfig, VisionConfig
+    from mlx_vlm.models.gemma4_unified.processing_gemma4_unified import Gemma4UnifiedImageProcessor
+    return gu.Model, ModelConfig, TextConfig, VisionConfig, Gemma4UnifiedImageProcessor
+
+
+def unified_case(fixtures: Path, root: Path) -> str:
+    """The 12B's encoder-free embedder (gemma4_unified) over the dense K=V text model, with
+    mlx-vlm's own model and image processor. The text model is causal here: mlx-vlm 0.7.10's
+    gemma4_unified Model does not pass mm_token_type_ids to its text model, so it never applies the
+    image-block overlay (the 26B-style "bidi" case checks that overlay through mlx-vlm's gemma4)."""
+    from PIL import Image
+    Model, ModelConfig, TextConfig, VisionConfig, Processor = import_mlx_vlm_unified()
+    rng = np.random.default_rng(44)
+    tc = text_config(fixtures, "dense-q4g64", False)
+    vc = {"model_type": "gemma4_unified_vision", "patch_size": 16, "pooling_kernel_size": 3, "model_patch_size": 48,
+          "mm_embed_dim": 48, "mm_posemb_size": 64, "num_soft_tokens": MAX_SOFT, "rms_norm_eps": 1e-6,
+          "output_proj_dims": 48}
+    cfg = {"model_type": "gemma4_unified", "text_config": tc, "vision_config": vc, "audio_config": None,
+           "vocab_size": tc["vocab_size"], "image_token_id": IMAGE_TOKEN, "boi_token_id": BOI, "eoi_token_id": EOI,
+           "vision_soft_tokens_per_image": MAX_SOFT, "tie_word_embeddings": True, "eos_token_id": [1]}
+    model = Model(ModelConfig(text_config=TextConfig.from_dict(tc), vision_config=VisionConfig.from_dict(vc),
+                              audio_config=None, image_token_id=IMAGE_TOKEN, boi_token_id=BOI, eoi_token_id=EOI,
+                              vocab_size=tc["vocab_size"]))
+    params = oc.random_params(model, rng)
+    for k in params:  # LayerNorms near identity, small biases
+        if re.search(r"(ln\d|pos_norm)\.weight$", k):
+            params[k] = mx.array((1.0 + 0.2 * rng.standard_normal(params[k].shape)).astype(np.float32))
+        elif k.endswith(".bias"):
+            params[k] = mx.array((0.1 * rng.standard_normal(params[k].shape)).astype(np.float32))
+    model.load_weights(list(params.items()))
+    out = root / "unified"
+    out.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out / "model.safetensors"), params)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    proc = Processor(max_soft_tokens=MAX_SOFT)
+    rec = {"max_soft_tokens": np.int32(MAX_SOFT)}
+    ids, pvs, poss = [2, 17, 33], [], []
+    for iname, arr in images(rng).items():
+        if iname == "thin":
+            continue
+        Image.fromarray(arr).save(out / f"{iname}.png")
+        data, n = proc.preprocess([Image.open(out / f"{iname}.png")])
+        pv, pos = data["pixel_values"][0], data["image_position_ids"][0]
+        n = int(n[0])
+        rec[f"{iname}_pixels"] = pv[:n].astype(np.float32)
+        rec[f"{iname}_positions"] = pos[:n].astype(np.int32)
+        emb = model.vision_embedder(mx.array(pv[None]), mx.array(pos[None]))
+        rec[f"{iname}_pooled"] = np.array(emb[0, :n].astype(mx.float32))
+        rec[f"{iname}_features"] = np.array(model.get_image_features(mx.array(pv[None]), mx.array(pos[None]))
+                                            .astype(mx.float32))
+        if iname in ("wide", "small"):
+            ids += [BOI] + [IMAGE_TOKEN] * n + [EOI, 40 + len(pvs)]
+            pvs.append(pv)
+            poss.append(pos)
+    ids += [45, 46]
+    lg = model(mx.array(ids, dtype=mx.int32)[None], pixel_values=mx.array(np.stack(pvs)),
+               image_position_ids=mx.array(np.stack(poss)))
+    rec["ids"] = np.array(ids, dtype=np.int32)
+    rec["logits"] = np.array(getattr(lg, "logits", lg)[0].astype(mx.float32))
+    np.savez(out / "oracle.npz", **rec)
+    return f"  unified      {len(ids)} prompt tokens, soft tokens per image " \
+           f"{[rec[k].shape[0] for k in rec if k.endswith('_features')]}"
+
+
 def main() -> int:
     args = oc.derived_args(__doc__)
     stamp = oc.derived_stamp(Path(__file__), args.fixtures)
     root = args.fixtures / "vision"
     stamp_file = root / ".stamp"
-    done = all((root / c[0] / "oracle.npz").exists() for c in CASES)
+    done = all((root / c / "oracle.npz").exists() for c in [c[0] for c in CASES] + ["unified"])
     if not args.force and done and stamp_file.exists() and stamp_file.read_text().strip() == stamp:
         print(f"vision oracle: up to date ({len(CASES)} cases)")
         return 0
@@ -257,8 +330,9 @@ def main() -> int:
         np.savez(out / "oracle.npz", **rec)
         print(f"  {name:12s} {len(ids)} prompt tokens, soft tokens per image "
               f"{[rec[k].shape[0] for k in rec if k.endswith('_features')]}", flush=True)
+    print(unified_case(args.fixtures, root), flush=True)
     stamp_file.write_text(stamp + "\n")
-    print(f"vision oracle: {len(CASES)} cases in {time.time() - t0:.1f}s")
+    print(f"vision oracle: {len(CASES) + 1} cases in {time.time() - t0:.1f}s")
     return 0
 
 

@@ -28,7 +28,7 @@ WFormat float_format(DType t) {
 
 std::optional<std::string> vision_tensor_name(std::string_view s) {
   if (s.substr(0, 6) == "model.") s = s.substr(6);
-  for (std::string_view p : {"vision_tower.", "embed_vision."})
+  for (std::string_view p : {"vision_tower.", "embed_vision.", "vision_embedder."})
     if (s.substr(0, p.size()) == p) return std::string(s);
   return std::nullopt;
 }

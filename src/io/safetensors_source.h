@@ -25,11 +25,12 @@
 namespace g4 {
 
 // Which tensors a source serves: the text model (canonical_name), or the vision tower and its
-// embedder (vision_tensor_name: "vision_tower.*" and "embed_vision.*", with any "model." prefix
-// removed).
+// embedder (vision_tensor_name: "vision_tower.*", "vision_embedder.*" (12B) and "embed_vision.*",
+// with any "model." prefix removed).
 enum class TensorSet { Text, Vision };
 
-// "vision_tower.X" / "embed_vision.X" for those tensors (with or without "model."), else nullopt.
+// "vision_tower.X" / "vision_embedder.X" / "embed_vision.X" for those tensors (with or without
+// "model."), else nullopt.
 std::optional<std::string> vision_tensor_name(std::string_view stored);
 
 class SafetensorsSource final : public WeightSource {

@@ -26,13 +26,15 @@ Result<std::pair<int, int>> gemma4_target_size(int height, int width, int patch,
   return std::pair<int, int>{th, tw};
 }
 
-Result<PatchGrid> gemma4_patches(const RgbImage& img, int patch, int pool, int max_soft_tokens) {
+Result<PatchGrid> gemma4_patches(const RgbImage& img, int patch, int pool, int max_soft_tokens, int cut,
+                                 bool f32_rescale) {
   if (max_soft_tokens != 70 && max_soft_tokens != 140 && max_soft_tokens != 280 && max_soft_tokens != 560 &&
       max_soft_tokens != 1120)
     return err("max soft tokens per image must be one of 70, 140, 280, 560, 1120 (got %d)", max_soft_tokens);
   G4_ASSIGN_OR_RETURN(auto hw, gemma4_target_size(img.height, img.width, patch, max_soft_tokens * pool * pool, pool));
   const RgbImage r = resize_bicubic(img, hw.second, hw.first);
   PatchGrid g;
+  patch = cut > 0 ? cut : patch;
   g.patch = patch;
   g.rows = r.height / patch;
   g.cols = r.width / patch;
@@ -45,7 +47,7 @@ Result<PatchGrid> gemma4_patches(const RgbImage& img, int patch, int pool, int m
         for (int x = 0; x < patch; ++x)
           for (int c = 0; c < 3; ++c) {
             const uint8_t v = r.rgb[(size_t(pr * patch + y) * r.width + size_t(pc * patch + x)) * 3 + c];
-            *out++ = float(double(v) * (1.0 / 255.0));
+            *out++ = f32_rescale ? float(v) * float(1.0 / 255.0) : float(double(v) * (1.0 / 255.0));
           }
       g.pos_x.push_back(pc);
       g.pos_y.push_back(pr);

@@ -26,6 +26,10 @@ struct PatchGrid {
 Result<std::pair<int, int>> gemma4_target_size(int height, int width, int patch, int max_patches, int pool);
 
 // The whole preprocessing for one image; max_soft_tokens is one of 70, 140, 280, 560, 1120.
-Result<PatchGrid> gemma4_patches(const RgbImage& img, int patch, int pool, int max_soft_tokens);
+// The size rule uses patch and pool; the patches are cut at `cut` pixels (0: patch). The 12B's
+// encoder-free embedder takes patch·pool = 48-pixel patches, rescaled as mlx-vlm's processor does
+// it (f32 multiply: f32_rescale) rather than HF's (in double, then rounded).
+Result<PatchGrid> gemma4_patches(const RgbImage& img, int patch, int pool, int max_soft_tokens, int cut = 0,
+                                 bool f32_rescale = false);
 
 }  // namespace g4

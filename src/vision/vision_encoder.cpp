@@ -19,12 +19,11 @@ Result<VisionConfig> parse_vision_config(const std::string& text, const std::str
   json top = json::parse(text, nullptr, false);
   if (top.is_discarded() || !top.is_object()) return err("%s: not a JSON object", file.c_str());
   const std::string type = top.value("model_type", std::string());
-  if (type == "gemma4_unified")
-    return err("%s: gemma4_unified (the encoder-free 12B image embedder) is not supported for images yet", file.c_str());
   auto vc = top.find("vision_config");
-  if (type != "gemma4" || vc == top.end() || !vc->is_object())
+  if ((type != "gemma4" && type != "gemma4_unified") || vc == top.end() || !vc->is_object())
     return err("%s: the model has no vision encoder (no vision_config)", file.c_str());
   VisionConfig c;
+  c.unified = type == "gemma4_unified";
   auto integer = [&](const json& o, const char* k, int& out, int lo) -> Status {
     auto it = o.find(k);
     if (it == o.end() || it->is_null()) return Status::ok();
@@ -44,6 +43,19 @@ Result<VisionConfig> parse_vision_config(const std::string& text, const std::str
   G4_TRY(integer(*vc, "position_embedding_size", c.position_embedding_size, 1));
   G4_TRY(integer(*vc, "default_output_length", c.default_soft_tokens, 1));
   G4_TRY(integer(top, "vision_soft_tokens_per_image", c.default_soft_tokens, 1));
+  if (c.unified) {
+    G4_TRY(integer(*vc, "num_soft_tokens", c.default_soft_tokens, 1));
+    G4_TRY(integer(*vc, "model_patch_size", c.model_patch, 1));
+    G4_TRY(integer(*vc, "mm_embed_dim", c.mm_embed, 1));
+    G4_TRY(integer(*vc, "mm_posemb_size", c.mm_posemb, 1));
+    G4_TRY(integer(*vc, "output_proj_dims", c.output_proj, 1));
+    if (!c.mm_embed) c.mm_embed = 3840;
+    if (!c.mm_posemb) c.mm_posemb = 1120;
+    if (!c.output_proj) c.output_proj = c.mm_embed;
+    if (c.model_patch != c.patch * c.pool)
+      return err("%s: vision_config.model_patch_size = %d is not patch_size * pooling_kernel_size = %d", file.c_str(),
+                 c.model_patch, c.patch * c.pool);
+  }
   G4_TRY(integer(top, "image_token_id", c.image_token, 0));
   G4_TRY(integer(top, "boi_token_id", c.boi_token, 0));
   G4_TRY(integer(top, "eoi_token_id", c.eoi_token, 0));
@@ -73,6 +85,31 @@ Result<std::unique_ptr<VisionEncoder>> VisionEncoder::load(const std::string& di
   G4_ASSIGN_OR_RETURN(auto store, TensorStore::open_dir(dir));
   G4_ASSIGN_OR_RETURN(auto src, SafetensorsSource::create(store, QuantConfig{}, TensorSet::Vision));
   std::unique_ptr<VisionEncoder> e(new VisionEncoder(c, be));
+  if (c.unified) {  // the 12B's encoder-free embedder
+    const int64_t pd = 3 * int64_t(c.model_patch) * c.model_patch, m = c.mm_embed;
+    const std::string ve = "vision_embedder.";
+    auto vec = [&](const std::string& name, int64_t n, std::vector<float>& out) -> Status {
+      G4_ASSIGN_OR_RETURN(out, src->vector(name, n));
+      return Status::ok();
+    };
+    G4_TRY(vec(ve + "patch_ln1.weight", pd, e->ln1_w_));
+    G4_TRY(vec(ve + "patch_ln1.bias", pd, e->ln1_b_));
+    G4_ASSIGN_OR_RETURN(WeightView dw, src->matrix(ve + "patch_dense", m, pd));
+    e->dense_ = be.place_weight(dw);
+    G4_TRY(vec(ve + "patch_dense.bias", m, e->dense_b_));
+    G4_TRY(vec(ve + "patch_ln2.weight", m, e->ln2_w_));
+    G4_TRY(vec(ve + "patch_ln2.bias", m, e->ln2_b_));
+    G4_TRY(vec(ve + "pos_embedding", int64_t(c.mm_posemb) * 2 * m, e->posemb_));
+    G4_TRY(vec(ve + "pos_norm.weight", m, e->lnp_w_));
+    G4_TRY(vec(ve + "pos_norm.bias", m, e->lnp_b_));
+    if (c.output_proj != c.mm_embed)
+      return err("%s: vision_config.output_proj_dims (%d) differs from mm_embed_dim (%d)", cfg_path.c_str(),
+                 c.output_proj, c.mm_embed);
+    G4_ASSIGN_OR_RETURN(WeightView pw, src->matrix("embed_vision.embedding_projection", c.text_hidden, c.output_proj));
+    e->embed_proj_ = be.place_weight(pw);
+    e->src_ = std::shared_ptr<const WeightSource>(std::move(src));
+    return e;
+  }
   const int d = c.hidden, I = c.intermediate, H = c.heads, Hk = c.kv_heads, D = c.head_dim;
   auto mat = [&](const std::string& name, int64_t rows, int64_t cols, WeightView& out) -> Status {
     G4_ASSIGN_OR_RETURN(WeightView w, src->matrix(name, rows, cols));
@@ -143,7 +180,8 @@ Result<std::unique_ptr<VisionEncoder>> VisionEncoder::load_if_present(const std:
   if (!fs::is_directory(dir, ec) || !fs::is_regular_file(cfg, ec)) return std::unique_ptr<VisionEncoder>();
   std::ifstream f(cfg);
   json top = json::parse(f, nullptr, false);
-  if (top.is_discarded() || !top.is_object() || top.value("model_type", std::string()) != "gemma4" ||
+  const std::string type = top.is_object() ? top.value("model_type", std::string()) : std::string();
+  if (top.is_discarded() || !top.is_object() || (type != "gemma4" && type != "gemma4_unified") ||
       !top.contains("vision_config") || !top["vision_config"].is_object())
     return std::unique_ptr<VisionEncoder>();
   G4_ASSIGN_OR_RETURN(auto store, TensorStore::open_dir(dir));
@@ -194,8 +232,75 @@ Status VisionEncoder::usable_for_prompts(const Backend& be) const {
 }
 
 Result<PatchGrid> VisionEncoder::patches(const RgbImage& img, int max_soft_tokens) const {
-  return gemma4_patches(img, cfg_.patch, cfg_.pool, max_soft_tokens > 0 ? max_soft_tokens : cfg_.default_soft_tokens);
+  const int budget = max_soft_tokens > 0 ? max_soft_tokens : cfg_.default_soft_tokens;
+  if (cfg_.unified) return gemma4_patches(img, cfg_.patch, cfg_.pool, budget, cfg_.model_patch, true);
+  return gemma4_patches(img, cfg_.patch, cfg_.pool, budget);
 }
+
+namespace {
+
+// LayerNorm over each row of x [rows, n] in place (mx.fast.layer_norm: f32 mean and variance).
+void layer_norm_rows(std::vector<float>& x, int rows, int n, const std::vector<float>& w, const std::vector<float>& b,
+                     float eps) {
+  for (int r = 0; r < rows; ++r) {
+    float* v = x.data() + size_t(r) * n;
+    float mean = 0.f;
+    for (int i = 0; i < n; ++i) mean += v[i];
+    mean /= float(n);
+    float var = 0.f;
+    for (int i = 0; i < n; ++i) var += (v[i] - mean) * (v[i] - mean);
+    var /= float(n);
+    const float inv = 1.f / std::sqrt(var + eps);
+    for (int i = 0; i < n; ++i) v[i] = (v[i] - mean) * inv * w[size_t(i)] + b[size_t(i)];
+  }
+}
+
+}  // namespace
+
+std::vector<float> VisionEncoder::embed(float* x, int n, int width) {
+  float* xn = be_.alloc(size_t(n) * width);
+  float* feat = be_.alloc(size_t(n) * cfg_.text_hidden);
+  be_.rms_norm(x, n, width, nullptr, cfg_.rms_eps, ActPrecision::F32, xn);
+  be_.matmul(xn, n, embed_proj_, ActPrecision::F32, feat);
+  std::vector<float> out(size_t(n) * cfg_.text_hidden);
+  be_.to_host(feat, out.size(), out.data());
+  be_.free(xn);
+  be_.free(feat);
+  return out;
+}
+
+Result<std::vector<float>> VisionEncoder::encode_unified(const PatchGrid& g, std::vector<float>* pooled) {
+  const VisionConfig& c = cfg_;
+  const int L = g.patches(), pd = 3 * c.model_patch * c.model_patch, m = c.mm_embed;
+  if (g.patch != c.model_patch) return err("image patches are %d pixels, the embedder takes %d", g.patch, c.model_patch);
+  for (int i = 0; i < L; ++i)
+    if (g.pos_x[size_t(i)] >= c.mm_posemb || g.pos_y[size_t(i)] >= c.mm_posemb)
+      return err("image is %d patches wide / %d high; the position table holds %d", g.cols, g.rows, c.mm_posemb);
+  constexpr float kLnEps = 1e-5f;
+  std::vector<float> h = g.pixels;
+  layer_norm_rows(h, L, pd, ln1_w_, ln1_b_, kLnEps);
+  float* x = be_.alloc(size_t(L) * pd);
+  float* y = be_.alloc(size_t(L) * m);
+  be_.from_host(h.data(), h.size(), x);
+  be_.matmul(x, L, dense_, ActPrecision::F32, y);
+  std::vector<float> e(size_t(L) * m);
+  be_.to_host(y, e.size(), e.data());
+  for (int r = 0; r < L; ++r)
+    for (int j = 0; j < m; ++j) e[size_t(r) * m + j] += dense_b_[size_t(j)];
+  layer_norm_rows(e, L, m, ln2_w_, ln2_b_, kLnEps);
+  for (int r = 0; r < L; ++r)
+    for (int j = 0; j < m; ++j)
+      e[size_t(r) * m + j] += posemb_[(size_t(g.pos_x[size_t(r)]) * 2 + 0) * m + j] +
+                              posemb_[(size_t(g.pos_y[size_t(r)]) * 2 + 1) * m + j];
+  layer_norm_rows(e, L, m, lnp_w_, lnp_b_, kLnEps);
+  if (pooled) *pooled = e;
+  be_.from_host(e.data(), e.size(), y);
+  std::vector<float> out = embed(y, L, m);
+  be_.free(x);
+  be_.free(y);
+  return out;
+}
+
 
 namespace {
 
@@ -281,6 +386,7 @@ void VisionEncoder::linear(float* x, int M, const WeightView& W, const Clip& c, 
 }
 
 Result<std::vector<float>> VisionEncoder::encode(const PatchGrid& g, std::vector<float>* pooled) {
+  if (cfg_.unified) return encode_unified(g, pooled);
   const VisionConfig& c = cfg_;
   const int L = g.patches(), d = c.hidden, H = c.heads, Hk = c.kv_heads, D = c.head_dim, I = c.intermediate;
   const int pp = 3 * c.patch * c.patch;

@@ -11,6 +11,7 @@
 //   pool: the mean of each 3×3 block of patches (row-major over the pooled grid) · √d_v
 //   standardize (26B/31B): (h − std_bias) · std_scale
 //   embed_vision: RMSNorm without weight, then Linear(d_v → d_text)
+// gemma4_unified (the 12B) has no encoder: VisionConfig::unified describes its embedder.
 // One image's patches form one attention block (HF pads to the budget and masks the padding,
 // which changes nothing). Runs on the model's backend: projections and norms through its ops,
 // the RoPE, attention, clamps and pooling on the host.
@@ -47,10 +48,16 @@ struct VisionConfig {
   // bidirectionally within each image (Backend::supports_image_blocks).
   bool text_bidirectional_images = false;
   int image_token = 258880, boi_token = 255999, eoi_token = 258882;
+  // gemma4_unified (12B): no encoder. Each soft token is one model_patch × model_patch patch
+  // (48 = patch · pool): LayerNorm -> Linear(+bias) -> LayerNorm -> + P[x][0] + P[y][1] ->
+  // LayerNorm (mlx-vlm VisionEmbedder; eps 1e-5, the library default that HF and mlx-vlm use),
+  // then embed_vision from output_proj dims.
+  bool unified = false;
+  int model_patch = 48, mm_embed = 0, mm_posemb = 0, output_proj = 0;
 };
 
-// The vision_config of a nested gemma4 config.json (`file` names it in errors). Errors for a
-// config without vision_config, and for gemma4_unified (encoder-free embedder, not supported).
+// The vision_config of a nested gemma4 / gemma4_unified config.json (`file` names it in errors).
+// Errors for a config without vision_config.
 Result<VisionConfig> parse_vision_config(const std::string& config_json, const std::string& file);
 
 class VisionEncoder {
@@ -64,7 +71,7 @@ class VisionEncoder {
   const VisionConfig& config() const { return cfg_; }
 
   // Soft tokens one image becomes (after pooling), for a patch grid.
-  int soft_tokens(const PatchGrid& g) const { return g.patches() / (cfg_.pool * cfg_.pool); }
+  int soft_tokens(const PatchGrid& g) const { return cfg_.unified ? g.patches() : g.patches() / (cfg_.pool * cfg_.pool); }
   // Ok when prompts with images can run on the text model on backend `be`; else the reason.
   Status usable_for_prompts(const Backend& be) const;
   // Preprocesses an image with this encoder's patch and pool sizes and `max_soft_tokens`
@@ -89,6 +96,9 @@ class VisionEncoder {
     const float *input_ln = nullptr, *post_attn_ln = nullptr, *pre_ffw_ln = nullptr, *post_ffw_ln = nullptr;
   };
   VisionEncoder(VisionConfig c, Backend& be) : cfg_(c), be_(be) {}
+  Result<std::vector<float>> encode_unified(const PatchGrid& g, std::vector<float>* pooled);
+  // embed_vision: RMSNorm without weight over rows of x (backend, [n, width]), then the projection.
+  std::vector<float> embed(float* x, int n, int width);
   // y = clip(x·Wᵀ) with x clipped first (ClippableLinear), x [M, W.cols] backend buffers.
   void linear(float* x, int M, const WeightView& W, const Clip& c, float* y);
   float* vec(const std::vector<float>& v);
@@ -99,6 +109,9 @@ class VisionEncoder {
   WeightView input_proj_, embed_proj_;
   std::vector<float> pos_table_;  // [2, P, hidden] host
   std::vector<float> std_bias_, std_scale_;
+  // gemma4_unified: the embedder's LayerNorms (weight, bias), dense bias and position table.
+  std::vector<float> ln1_w_, ln1_b_, ln2_w_, ln2_b_, lnp_w_, lnp_b_, dense_b_, posemb_;
+  WeightView dense_;
   std::vector<Layer> layers_;
   std::vector<float*> owned_;
 };
