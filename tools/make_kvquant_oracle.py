@@ -104,8 +104,7 @@ def main() -> int:
     args = oc.derived_args(__doc__)
     want = oc.derived_stamp(Path(__file__), args.fixtures)
     stamp_file = args.fixtures / ".stamp-kvquant"
-    done = all((args.fixtures / f / "kvquant.npz").exists() for f in FIXTURES)
-    if not args.force and done and stamp_file.exists() and stamp_file.read_text().strip() == want:
+    if oc.up_to_date(args, stamp_file, [args.fixtures / f / "kvquant.npz" for f in FIXTURES], want):
         print(f"kvquant oracle: up to date ({len(FIXTURES)} fixtures)")
         return 0
     t0 = time.time()

@@ -68,8 +68,7 @@ def main() -> int:
     args = oc.derived_args(__doc__)
     stamp = oc.derived_stamp(Path(__file__), args.fixtures)
     stamp_file = args.fixtures / ".stamp-lora"
-    done = all((args.fixtures / f"{c[0]}-lora" / "oracle.npz").exists() for c in CASES)
-    if not args.force and done and stamp_file.exists() and stamp_file.read_text().strip() == stamp:
+    if oc.up_to_date(args, stamp_file, [args.fixtures / f"{c[0]}-lora" / "oracle.npz" for c in CASES], stamp):
         print(f"lora oracle: up to date ({len(CASES)} adapters)")
         return 0
     t0 = time.time()

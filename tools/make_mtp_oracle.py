@@ -246,8 +246,8 @@ def main() -> int:
     args = oc.derived_args(__doc__)
     stamp = oc.derived_stamp(Path(__file__), args.fixtures)
     stamp_file = args.fixtures / ".stamp-mtp"
-    done = all((args.fixtures / "drafters" / f"{c[0]}-{c[1]}" / "oracle.npz").exists() for c in CASES)
-    if not args.force and done and stamp_file.exists() and stamp_file.read_text().strip() == stamp:
+    outputs = [args.fixtures / "drafters" / f"{c[0]}-{c[1]}" / "oracle.npz" for c in CASES]
+    if oc.up_to_date(args, stamp_file, outputs, stamp):
         print(f"mtp oracle: up to date ({len(CASES)} drafters)")
         return 0
     Model, Config = import_drafter()

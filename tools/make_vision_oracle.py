@@ -263,8 +263,8 @@ def main() -> int:
     stamp = oc.derived_stamp(Path(__file__), args.fixtures)
     root = args.fixtures / "vision"
     stamp_file = root / ".stamp"
-    done = all((root / c / "oracle.npz").exists() for c in [c[0] for c in CASES] + ["unified"])
-    if not args.force and done and stamp_file.exists() and stamp_file.read_text().strip() == stamp:
+    if oc.up_to_date(args, stamp_file, [root / c[0] / "oracle.npz" for c in CASES] + [root / "unified" / "oracle.npz"],
+                     stamp):
         print(f"vision oracle: up to date ({len(CASES)} cases)")
         return 0
     Model, ModelConfig, TextConfig, VisionConfig = import_mlx_vlm_gemma4()

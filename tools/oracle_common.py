@@ -183,6 +183,13 @@ def derived_stamp(script: Path, fixtures: Path) -> str:
     return h.hexdigest()
 
 
+def up_to_date(args, stamp_file: Path, outputs, stamp: str) -> bool:
+    """Whether a derived-reference script has nothing to do: no --force, every output exists and
+    stamp_file holds `stamp` (derived_stamp)."""
+    return (not args.force and all(Path(o).exists() for o in outputs) and stamp_file.exists()
+            and stamp_file.read_text().strip() == stamp)
+
+
 def derived_args(doc: str):
     """--fixtures DIR [--force], the command line of the scripts that derive references."""
     import argparse

@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include <csignal>
-#include <fstream>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -168,18 +167,9 @@ int cmd_run(const std::vector<std::string>& argv) {
   if (a.has("--image")) {
     if (!s.b.vision) return fail("run", s.b.name + " has no vision encoder: --image needs a Gemma 4 checkpoint with one");
     if (!chat) return fail("run", "--image needs a chat model (this one has no chat template)");
-    const std::string list = a.get("--image");
-    for (size_t b = 0; b <= list.size();) {
-      size_t e = list.find(',', b);
-      if (e == std::string::npos) e = list.size();
-      ImageInput im;
-      im.label = list.substr(b, e - b);
-      b = e + 1;
-      std::ifstream f(im.label, std::ios::binary);
-      if (!f) return fail("run", im.label + ": cannot open image");
-      im.bytes.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-      images.push_back(std::move(im));
-    }
+    auto read = read_image_files(a.get("--image"));
+    if (!read) return fail("run", read.message());
+    images = std::move(read).value();
   }
   auto mst = int_flag(a, "--max-soft-tokens", 0, 0, 1120);
   if (!mst) return fail("run", mst.message());

@@ -11,8 +11,7 @@
 #include "core/mapped_file.h"
 #include "core/thread_pool.h"
 #include "model/drafter.h"
-#include "vision/image.h"
-#include "vision/vision_encoder.h"
+#include "runtime/image_prompt.h"
 #include "quant/matmul.h"
 
 namespace g4::cli {
@@ -120,24 +119,13 @@ Result<std::unique_ptr<Model>> load_model_from_args(const Args& a, bool quiet) {
 }
 
 Result<std::vector<float>> image_features_from_args(const Args& a, Model& m, const std::vector<int32_t>& ids) {
-  std::vector<float> soft;
-  if (!a.has("--image")) return soft;
+  if (!a.has("--image")) return std::vector<float>{};
   G4_ASSIGN_OR_RETURN(auto enc, VisionEncoder::load(a.get("--model"), m.backend()));
   G4_TRY(enc->usable_for_prompts(m.backend()));
   G4_ASSIGN_OR_RETURN(int mst, int_flag(a, "--max-soft-tokens", 0, 0, 1120));
-  const std::string list = a.get("--image");
-  for (size_t b = 0; b <= list.size();) {
-    size_t e = list.find(',', b);
-    if (e == std::string::npos) e = list.size();
-    const std::string file = list.substr(b, e - b);
-    b = e + 1;
-    G4_ASSIGN_OR_RETURN(RgbImage img, load_image_file(file));
-    auto g = enc->patches(img, mst);
-    if (!g) return err("%s: %s", file.c_str(), g.message().c_str());
-    auto f = enc->encode(g.value());
-    if (!f) return err("%s: %s", file.c_str(), f.message().c_str());
-    soft.insert(soft.end(), f->begin(), f->end());
-  }
+  G4_ASSIGN_OR_RETURN(std::vector<ImageInput> images, read_image_files(a.get("--image")));
+  G4_ASSIGN_OR_RETURN(std::vector<PatchGrid> grids, preprocess_images(*enc, images, mst));
+  G4_ASSIGN_OR_RETURN(std::vector<float> soft, encode_images(*enc, grids, images));
   const size_t k = size_t(std::count(ids.begin(), ids.end(), m.config().image_token));
   if (k * size_t(m.config().hidden) != soft.size())
     return err("the ids hold %zu image tokens but the images give %zu", k, soft.size() / size_t(m.config().hidden));

@@ -240,6 +240,9 @@ void Drafter::draft(const KvCache& cache, const float* hidden, int32_t token, in
   const int dt = target_hidden_, bb = cfg_.backbone, dd = tc.hidden, H = tc.n_heads, V = tc.vocab;
   const int pos = cache.size() - 1;  // the position of the target's last cached token
   be_.copy(hidden, size_t(bb), state_);
+  std::vector<AttnSeq> seqs(1);  // one query row at `pos`; each layer points it at its target cache
+  seqs[0].n = 1;
+  seqs[0].pos0 = pos;
   for (int step = 0; step < n; ++step) {
     be_.from_host(reinterpret_cast<const float*>(&token), 1, reinterpret_cast<float*>(ids_));
     be_.embed(target_embed_, ids_, 1, T(std::sqrt(double(dt))), P, cat_);
@@ -249,10 +252,6 @@ void Drafter::draft(const KvCache& cache, const float* hidden, int32_t token, in
       const LayerSpec& ls = tc.layers[size_t(l)];
       const LayerWeights& lw = w_.layers[size_t(l)];
       be_.norm_matmuls(x_, 1, InputNorm{lw.input_ln.data, tc.rms_eps, xn_}, {{&lw.q, q_}}, P);
-      std::vector<AttnSeq> seqs(1);
-      seqs[0].row0 = 0;
-      seqs[0].n = 1;
-      seqs[0].pos0 = pos;
       seqs[0].kv = cache.layer(ls.kv_source);
       be_.attn_prep(q_, H, nullptr, nullptr, ls.n_kv_heads, ls.head_dim, lw.q_norm.data, nullptr, false, tc.rms_eps,
                     seqs, rope_[size_t(l)], P);

@@ -16,6 +16,15 @@ struct ImageInput {
   std::string label;  // names it in errors ("messages[0].content[1]", a file name)
 };
 
+// Reads "F1,F2,..." (a --image flag) into ImageInputs labelled by file name.
+Result<std::vector<ImageInput>> read_image_files(const std::string& comma_list);
+// Decodes and preprocesses each image (max_soft_tokens 0: the model's default); errors name the
+// image's label.
+Result<std::vector<PatchGrid>> preprocess_images(const VisionEncoder& enc, const std::vector<ImageInput>& images,
+                                                 int max_soft_tokens);
+// The text-space features of every grid, concatenated ([k, hidden]); uses the encoder's backend.
+Result<std::vector<float>> encode_images(VisionEncoder& enc, const std::vector<PatchGrid>& grids,
+                                         const std::vector<ImageInput>& images);
 // Decodes, preprocesses (max_soft_tokens 0: the model's default) and encodes `images`, expands
 // the image tokens of spec.prompt and sets spec.soft. Errors name the image's label: undecodable
 // data, sizes the encoder cannot take, a count of images that differs from the prompt's image

@@ -58,6 +58,15 @@ def parity_report() -> list:
     return _REPORT
 
 
+def run_oracle_script(repo_root: Path, fixtures: Path, script: str, timeout: int = 900) -> None:
+    """Runs tools/<script> --fixtures DIR (a derived-reference script, a no-op when up to date);
+    fails the test session's fixture with its output when it fails."""
+    r = subprocess.run([sys.executable, str(repo_root / "tools" / script), "--fixtures", str(fixtures)],
+                       capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        pytest.fail(f"{script} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not _REPORT:
         return

@@ -27,6 +27,8 @@ import subprocess
 import numpy as np
 import pytest
 
+from conftest import run_oracle_script
+
 CASES = [  # (name, bits, group, start, chunk): tools/make_kvquant_oracle.py CASES
     ("b4g64s0c4", 4, 64, 0, 4),
     ("b8g32s20c1", 8, 32, 20, 1),
@@ -40,12 +42,7 @@ SENS_MULT = 3.0
 
 @pytest.fixture(scope="session")
 def kvquant_fixtures(parity_fixtures, repo_root):
-    import sys
-    r = subprocess.run([sys.executable, str(repo_root / "tools" / "make_kvquant_oracle.py"),
-                        "--fixtures", str(parity_fixtures)], capture_output=True, text=True,
-                       timeout=600)
-    if r.returncode != 0:
-        pytest.fail(f"make_kvquant_oracle.py failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    run_oracle_script(repo_root, parity_fixtures, "make_kvquant_oracle.py")
     return parity_fixtures
 
 

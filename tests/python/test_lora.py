@@ -16,10 +16,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
+
+from conftest import run_oracle_script
 
 FIXTURES = ["dense-q4g64", "estyle-q4g64", "dense-bf16"]
 F32_TOL = 1e-3
@@ -27,10 +28,7 @@ F32_TOL = 1e-3
 
 @pytest.fixture(scope="session")
 def lora_fixtures(parity_fixtures, repo_root):
-    r = subprocess.run([sys.executable, str(repo_root / "tools" / "make_lora_oracle.py"),
-                        "--fixtures", str(parity_fixtures)], capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        pytest.fail(f"make_lora_oracle.py failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    run_oracle_script(repo_root, parity_fixtures, "make_lora_oracle.py")
     return parity_fixtures
 
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
+
+from conftest import run_oracle_script
 
 DRAFTERS = [("dense-q4g64", "dense-q4g64-drafter"), ("estyle-q4g64", "estyle-q4g64-drafter"),
             ("dense-q4g64", "dense-q4g64-drafter-copy")]
@@ -29,10 +30,7 @@ DRAFT_TOL = 2e-3
 
 @pytest.fixture(scope="session")
 def mtp_fixtures(parity_fixtures, repo_root):
-    r = subprocess.run([sys.executable, str(repo_root / "tools" / "make_mtp_oracle.py"),
-                        "--fixtures", str(parity_fixtures)], capture_output=True, text=True, timeout=900)
-    if r.returncode != 0:
-        pytest.fail(f"make_mtp_oracle.py failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    run_oracle_script(repo_root, parity_fixtures, "make_mtp_oracle.py")
     return parity_fixtures
 
 

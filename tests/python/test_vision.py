@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import numpy as np
 import pytest
+
+from conftest import run_oracle_script
 
 CASES = ["clipped", "standardize", "bidi", "unified"]
 IMAGES = ["wide", "tall", "small"]
@@ -32,10 +33,7 @@ LOGIT_TOL = 1e-3
 
 @pytest.fixture(scope="session")
 def vision_fixtures(parity_fixtures, repo_root):
-    r = subprocess.run([sys.executable, str(repo_root / "tools" / "make_vision_oracle.py"),
-                        "--fixtures", str(parity_fixtures)], capture_output=True, text=True, timeout=900)
-    if r.returncode != 0:
-        pytest.fail(f"make_vision_oracle.py failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    run_oracle_script(repo_root, parity_fixtures, "make_vision_oracle.py")
     return parity_fixtures / "vision"
 
 
