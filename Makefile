@@ -51,11 +51,12 @@ starter-model: $(STAMPS)/venv
 	@$(PY) tools/starter_model.py
 
 # Tiny random Gemma 4 checkpoints + reference logits (also with a quantized KV cache and with LoRA
-# adapters), made by mlx-lm itself.
+# adapters) and LoRA training runs, made by mlx-lm itself.
 fixtures: $(STAMPS)/venv
 	$(PY) tools/make_fixtures.py --out $(FIXTURES)
 	$(PY) tools/make_kvquant_oracle.py --fixtures $(FIXTURES)
 	$(PY) tools/make_lora_oracle.py --fixtures $(FIXTURES)
+	$(PY) tools/make_lora_train_oracle.py --fixtures $(FIXTURES)
 	$(PY) tools/make_mtp_oracle.py --fixtures $(FIXTURES)
 	$(PY) tools/make_vision_oracle.py --fixtures $(FIXTURES)
 

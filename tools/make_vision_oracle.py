@@ -69,10 +69,9 @@ def import_mlx_vlm_gemma4():
     return g.Model, ModelConfig, TextConfig, VisionConfig
 
 
-IMAGE_TOKEN, BOI, EOI = 500, 501, 502
-# Special tokens of the tiny chat vocabulary (ids 500...): the Gemma 4 names the template writes.
-SPECIALS = ["<|image|>", "<|image>", "<image|>", "<|turn>", "<turn|>", "<|channel>", "<channel|>",
-            "<|tool_call>", "<tool_call|>", "<|\"|>", "<|think|>", "<mask>"]
+IMAGE_TOKEN, BOI, EOI = oc.TINY_SPECIALS_START, oc.TINY_SPECIALS_START + 1, oc.TINY_SPECIALS_START + 2
+SPECIALS = oc.TINY_SPECIALS
+write_chat_files = oc.write_tiny_chat_files
 CHAT_TEXT = "What is in this picture?"
 CHAT_STEPS = 10
 MAX_SOFT = 70
@@ -142,31 +141,6 @@ class _WithoutScalars:
     def parameters(self):
         from mlx.utils import tree_unflatten
         return tree_unflatten([(k, v) for k, v in tree_flatten(self.model.parameters()) if v.ndim > 0])
-
-
-def write_chat_files(out: Path, vocab_size: int) -> None:
-    """tokenizer.json / tokenizer_config.json / chat_template.jinja for the tiny vocabulary."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, AddedToken
-    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3}
-    for b in range(256):
-        vocab[f"<0x{b:02X}>"] = len(vocab)
-    for ch in "\u2581abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,?!:;'-_()\n":
-        vocab.setdefault(ch, len(vocab))
-    while len(vocab) < IMAGE_TOKEN:
-        vocab[f"<unused{len(vocab)}>"] = len(vocab)
-    for t in SPECIALS:
-        vocab[t] = len(vocab)
-    assert len(vocab) <= vocab_size
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=True, fuse_unk=False))
-    tok.normalizer = normalizers.Replace(" ", "\u2581")
-    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in
-                            ["<pad>", "<eos>", "<bos>", "<unk>"] + SPECIALS])
-    tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"}) + "\n")
-    tpl = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "templates" / "gemma4.jinja"
-    (out / "chat_template.jinja").write_text(tpl.read_text())
 
 
 def chat_oracle(model, out: Path, proc, pv, pos, soft: int):

@@ -199,3 +199,38 @@ def derived_args(doc: str):
     args = ap.parse_args()
     mx.set_default_device(mx.cpu)
     return args
+
+
+# Special tokens of the tiny chat vocabulary (ids 500...): the Gemma 4 names the template writes.
+TINY_SPECIALS_START = 500
+TINY_SPECIALS = ["<|image|>", "<|image>", "<image|>", "<|turn>", "<turn|>", "<|channel>", "<channel|>",
+                 "<|tool_call>", "<tool_call|>", "<|\"|>", "<|think|>", "<mask>"]
+
+
+def write_tiny_chat_files(out: Path, vocab_size: int) -> None:
+    """tokenizer.json / tokenizer_config.json / chat_template.jinja of a tiny Gemma-style BPE
+    vocabulary (made with the tokenizers library) for a fixture of `vocab_size` >= 512 ids: <pad>
+    <eos> <bos> <unk>, the 256 byte tokens, "▁", letters, digits and punctuation as single
+    characters (no merges), unused fillers, then the Gemma 4 special tokens TINY_SPECIALS from id
+    TINY_SPECIALS_START; the official Gemma 4 chat template."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, AddedToken
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3}
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    for ch in "\u2581abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,?!:;'-_()\n":
+        vocab.setdefault(ch, len(vocab))
+    while len(vocab) < TINY_SPECIALS_START:
+        vocab[f"<unused{len(vocab)}>"] = len(vocab)
+    for t in TINY_SPECIALS:
+        vocab[t] = len(vocab)
+    assert len(vocab) <= vocab_size
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=True, fuse_unk=False))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in
+                            ["<pad>", "<eos>", "<bos>", "<unk>"] + TINY_SPECIALS])
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"}) + "\n")
+    tpl = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "templates" / "gemma4.jinja"
+    (out / "chat_template.jinja").write_text(tpl.read_text())

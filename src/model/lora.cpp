@@ -13,22 +13,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A module's [out, in] in this model, or {0, 0} when the layer does not have it.
-std::pair<int64_t, int64_t> module_shape(const ModelConfig& cfg, int layer, const std::string& m) {
-  const LayerSpec& ls = cfg.layers[size_t(layer)];
-  const int64_t d = cfg.hidden, qd = int64_t(cfg.n_heads) * ls.head_dim, kd = int64_t(ls.n_kv_heads) * ls.head_dim;
-  const bool own_kv = ls.kv_source < 0;
-  if (m == "self_attn.q_proj") return {qd, d};
-  if (m == "self_attn.o_proj") return {d, qd};
-  if (m == "self_attn.k_proj") return own_kv ? std::pair{kd, d} : std::pair<int64_t, int64_t>{0, 0};
-  if (m == "self_attn.v_proj") return own_kv && !ls.k_eq_v ? std::pair{kd, d} : std::pair<int64_t, int64_t>{0, 0};
-  if (m == "mlp.gate_proj" || m == "mlp.up_proj") return {ls.mlp_width, d};
-  if (m == "mlp.down_proj") return {d, ls.mlp_width};
-  if (cfg.ple_width > 0 && m == "per_layer_input_gate") return {cfg.ple_width, d};
-  if (cfg.ple_width > 0 && m == "per_layer_projection") return {d, cfg.ple_width};
-  return {0, 0};
-}
-
 const LoraDelta** slot_of(LayerLora& l, const std::string& m) {
   if (m == "self_attn.q_proj") return &l.q;
   if (m == "self_attn.k_proj") return &l.k;
@@ -51,6 +35,32 @@ std::vector<float> transposed_f32(const TensorInfo& t) {
 }
 
 }  // namespace
+
+std::pair<int64_t, int64_t> lora_module_shape(const ModelConfig& cfg, int layer, const std::string& m) {
+  const LayerSpec& ls = cfg.layers[size_t(layer)];
+  const int64_t d = cfg.hidden, qd = int64_t(cfg.n_heads) * ls.head_dim, kd = int64_t(ls.n_kv_heads) * ls.head_dim;
+  const bool own_kv = ls.kv_source < 0;
+  if (m == "self_attn.q_proj") return {qd, d};
+  if (m == "self_attn.o_proj") return {d, qd};
+  if (m == "self_attn.k_proj") return own_kv ? std::pair{kd, d} : std::pair<int64_t, int64_t>{0, 0};
+  if (m == "self_attn.v_proj") return own_kv && !ls.k_eq_v ? std::pair{kd, d} : std::pair<int64_t, int64_t>{0, 0};
+  if (m == "mlp.gate_proj" || m == "mlp.up_proj") return {ls.mlp_width, d};
+  if (m == "mlp.down_proj") return {d, ls.mlp_width};
+  if (cfg.ple_width > 0 && m == "per_layer_input_gate") return {cfg.ple_width, d};
+  if (cfg.ple_width > 0 && m == "per_layer_projection") return {d, cfg.ple_width};
+  return {0, 0};
+}
+
+bool parse_lora_tensor_name(const std::string& name, int* layer, std::string* module, char* which) {
+  static const std::regex kName(
+      R"(^(?:.*\.)?layers\.(\d+)\.(self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj|per_layer_input_gate|per_layer_projection)\.lora_([ab])$)");
+  std::smatch m;
+  if (!std::regex_match(name, m, kName) || m[1].str().size() > 6) return false;
+  *layer = std::stoi(m[1].str());
+  *module = m[2].str();
+  *which = m[3].str()[0];
+  return true;
+}
 
 Result<std::unique_ptr<LoraAdapter>> load_lora_adapter(const std::string& dir, const ModelConfig& cfg, Backend& be) {
   const std::string cfg_path = (fs::path(dir) / "adapter_config.json").string();
@@ -81,25 +91,24 @@ Result<std::unique_ptr<LoraAdapter>> load_lora_adapter(const std::string& dir, c
   ad->layers.resize(cfg.layers.size());
 
   G4_ASSIGN_OR_RETURN(auto st, SafetensorsFile::open(st_path));
-  static const std::regex kName(
-      R"(^(?:.*\.)?layers\.(\d+)\.(self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj|per_layer_input_gate|per_layer_projection)\.lora_([ab])$)");
   struct Pair {
     const TensorInfo* a = nullptr;
     const TensorInfo* b = nullptr;
   };
   std::map<std::pair<int, std::string>, Pair> found;
   for (const TensorInfo& t : st->tensors()) {
-    std::smatch m;
-    if (!std::regex_match(t.name, m, kName))
+    int layer = -1;
+    std::string module;
+    char which = 0;
+    if (!parse_lora_tensor_name(t.name, &layer, &module, &which))
       return err("%s: tensor %s: not a LoRA weight of a supported module (attention q/k/v/o, MLP gate/up/down, "
                  "per-layer input gate/projection)", st_path.c_str(), t.name.c_str());
-    const long layer = std::stol(m[1].str());
-    if (layer >= long(cfg.layers.size()))
+    if (layer >= int(cfg.layers.size()))
       return err("%s: tensor %s: the model has %zu layers", st_path.c_str(), t.name.c_str(), cfg.layers.size());
     if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16)
       return err("%s: tensor %s: dtype must be F32, F16 or BF16", st_path.c_str(), t.name.c_str());
-    Pair& p = found[{int(layer), m[2].str()}];
-    (m[3].str() == "a" ? p.a : p.b) = &t;
+    Pair& p = found[{layer, module}];
+    (which == 'a' ? p.a : p.b) = &t;
   }
   if (found.empty()) return err("%s: no lora_a / lora_b tensors", st_path.c_str());
   for (const auto& [key, p] : found) {
@@ -107,7 +116,7 @@ Result<std::unique_ptr<LoraAdapter>> load_lora_adapter(const std::string& dir, c
     const std::string name = "layers." + std::to_string(layer) + "." + module;
     if (!p.a || !p.b)
       return err("%s: %s has lora_%s but no lora_%s", st_path.c_str(), name.c_str(), p.a ? "a" : "b", p.a ? "b" : "a");
-    const auto [out, in] = module_shape(cfg, layer, module);
+    const auto [out, in] = lora_module_shape(cfg, layer, module);
     if (out == 0)
       return err("%s: %s: layer %d of this model has no such module", st_path.c_str(), p.a->name.c_str(), layer);
     const int64_t r = ad->rank;

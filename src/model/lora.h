@@ -51,6 +51,18 @@ struct LoraAdapter {
   std::vector<std::vector<float>> host;  // the transposed f32 matrices the host views point into
 };
 
+// The modules an adapter may hold on a layer, as mlx-lm names them under the layer, in the order
+// mlx-lm's linear_to_lora_layers meets them.
+inline const char* const kLoraModules[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                           "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                           "mlp.down_proj",    "per_layer_input_gate", "per_layer_projection"};
+// A module's [out, in] on `layer` of this model, or {0, 0} when the layer does not have it (v_proj
+// of a K=V layer, k/v of a KV-shared layer, per-layer-input modules without per-layer inputs).
+std::pair<int64_t, int64_t> lora_module_shape(const ModelConfig& cfg, int layer, const std::string& module);
+// An adapter tensor name "[prefix.]layers.N.<module>.lora_a|lora_b" -> N, module, 'a' | 'b';
+// false for any other name.
+bool parse_lora_tensor_name(const std::string& name, int* layer, std::string* module, char* which);
+
 // Reads the adapter directory `dir` for a model of config `cfg`, placing its matrices on `be`.
 Result<std::unique_ptr<LoraAdapter>> load_lora_adapter(const std::string& dir, const ModelConfig& cfg, Backend& be);
 

@@ -1,0 +1,213 @@
+// gemma4 lora: LoRA fine-tuning, `mlx_lm.lora --train` on this runtime (train/trainer.h).
+//
+//   gemma4 lora --data DIR [--model M] [--adapter-path adapters] [--iters 1000] [--batch-size 4]
+//     [--learning-rate 1e-5] [--optimizer adam|adamw|sgd] [--num-layers 16] [--rank 8] [--scale 20]
+//     [--dropout 0] [--mask-prompt] [--max-seq-length 2048] [--grad-accumulation-steps 1]
+//     [--steps-per-report 10] [--steps-per-eval 200] [--val-batches 25] [--save-every 100]
+//     [--resume-adapter-file F] [--seed 0] [--test [--test-batches 500]] [--chat-template F]
+//     [--log-file F.jsonl] [--enable-thinking on|off] [--threads N] [--backend cpu|reference]
+//
+// mlx-lm's flags and defaults. DIR holds train.jsonl (and valid.jsonl, test.jsonl) in mlx-lm's
+// formats (train/dataset.h; chat records rendered with enable_thinking as mlx-lm sets it unless
+// --enable-thinking says otherwise). Writes DIR_OUT/adapter_config.json (as mlx-lm does: the run's
+// settings, read back by --adapter-path here and by mlx-lm's load_adapters) and
+// adapters.safetensors. Reports go to stdout in mlx-lm's wording; --log-file also writes each
+// as a JSON line.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/common.h"
+#include "core/thread_pool.h"
+#include "runtime/bundle.h"
+#include "train/trainer.h"
+
+namespace g4::cli {
+namespace {
+namespace fs = std::filesystem;
+using train::Report;
+
+void progress(const std::string& m) { std::fprintf(stderr, "[gemma4] %s\n", m.c_str()); }
+
+Result<float> float_flag(const Args& a, const char* name, float def) {
+  if (!a.has(name)) return def;
+  const std::string s = a.get(name);
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || *end != '\0' || !std::isfinite(v)) return err("%s %s: expected a number", name, s.c_str());
+  return float(v);
+}
+
+Status write_adapter_config(const std::string& path, const Args& a, const train::LoraConfig& lc,
+                            const train::TrainOptions& o, const std::string& model, const std::string& opt,
+                            float lr) {
+  nlohmann::ordered_json j;
+  j["model"] = model;
+  j["data"] = a.get("--data");
+  j["fine_tune_type"] = "lora";
+  j["optimizer"] = opt;
+  j["mask_prompt"] = a.has("--mask-prompt");
+  j["num_layers"] = lc.num_layers;
+  j["batch_size"] = o.batch_size;
+  j["iters"] = o.iters;
+  j["val_batches"] = o.val_batches;
+  j["learning_rate"] = lr;
+  j["steps_per_report"] = o.steps_per_report;
+  j["steps_per_eval"] = o.steps_per_eval;
+  j["resume_adapter_file"] = a.has("--resume-adapter-file") ? nlohmann::ordered_json(a.get("--resume-adapter-file"))
+                                                            : nlohmann::ordered_json();
+  j["adapter_path"] = o.adapter_dir;
+  j["save_every"] = o.save_every;
+  j["max_seq_length"] = o.max_seq_length;
+  j["grad_accumulation_steps"] = o.grad_accumulation_steps;
+  j["seed"] = o.seed;
+  j["lora_parameters"] = {{"rank", lc.rank}, {"dropout", lc.dropout}, {"scale", lc.scale}};
+  std::ofstream f(path);
+  if (!f) return err("%s: cannot write", path.c_str());
+  f << j.dump(4) << "\n";
+  if (!f.flush()) return err("%s: write failed", path.c_str());
+  return Status::ok();
+}
+
+int run_lora(const std::vector<std::string>& argv) {
+  const Args a = parse_args(argv, {"--mask-prompt", "--test", "--train"});
+  auto fail_ = [](const std::string& m) { return fail("lora", m); };
+  if (a.get("--fine-tune-type", "lora") != "lora")
+    return fail_("--fine-tune-type " + a.get("--fine-tune-type") + ": only lora is supported (not dora or full)");
+  const std::string backend = a.get("--backend", "cpu");
+  if (backend != "cpu" && backend != "reference")
+    return fail_("--backend " + backend + ": training runs on the host (cpu or reference)");
+  if (!a.has("--data")) return fail_("--data DIR is required (a directory with train.jsonl and valid.jsonl)");
+  const std::string data_dir = a.get("--data");
+  if (!fs::is_directory(data_dir)) return fail_(data_dir + ": not a directory");
+
+  train::LoraConfig lc;
+  train::TrainOptions o;
+  auto ints = [&]() -> Status {
+    G4_ASSIGN_OR_RETURN(lc.num_layers, int_flag(a, "--num-layers", 16, -1, 1 << 20));
+    G4_ASSIGN_OR_RETURN(lc.rank, int_flag(a, "--rank", 8, 1, 1 << 16));
+    G4_ASSIGN_OR_RETURN(o.iters, int_flag(a, "--iters", 1000, 1, 1 << 30));
+    G4_ASSIGN_OR_RETURN(o.batch_size, int_flag(a, "--batch-size", 4, 1, 1 << 20));
+    G4_ASSIGN_OR_RETURN(o.val_batches, int_flag(a, "--val-batches", 25, -1, 1 << 30));
+    G4_ASSIGN_OR_RETURN(o.steps_per_report, int_flag(a, "--steps-per-report", 10, 1, 1 << 30));
+    G4_ASSIGN_OR_RETURN(o.steps_per_eval, int_flag(a, "--steps-per-eval", 200, 1, 1 << 30));
+    G4_ASSIGN_OR_RETURN(o.save_every, int_flag(a, "--save-every", 100, 1, 1 << 30));
+    G4_ASSIGN_OR_RETURN(o.max_seq_length, int_flag(a, "--max-seq-length", 2048, 2, 1 << 24));
+    G4_ASSIGN_OR_RETURN(o.grad_accumulation_steps, int_flag(a, "--grad-accumulation-steps", 1, 1, 1 << 20));
+    G4_ASSIGN_OR_RETURN(int seed, int_flag(a, "--seed", 0, 0, 2147483647));
+    o.seed = uint32_t(seed);
+    G4_ASSIGN_OR_RETURN(lc.scale, float_flag(a, "--scale", 20.f));
+    G4_ASSIGN_OR_RETURN(lc.dropout, float_flag(a, "--dropout", 0.f));
+    return Status::ok();
+  };
+  if (Status s = ints(); !s) return fail_(s.message());
+  auto lr = float_flag(a, "--learning-rate", 1e-5f);
+  if (!lr.is_ok()) return fail_(lr.message());
+  auto opt = train::Optimizer::create(a.get("--optimizer", "adam"), lr.value());
+  if (!opt.is_ok()) return fail_(opt.message());
+  int test_batches = 500;
+  if (auto tb = int_flag(a, "--test-batches", 500, -1, 1 << 30); tb.is_ok()) test_batches = tb.value();
+  else return fail_(tb.message());
+  o.adapter_dir = a.get("--adapter-path", "adapters");
+
+  if (Status s = apply_process_flags(a); !s) return fail_(s.message());
+  auto bundle = load_bundle(a.get("--model"), backend, progress);
+  if (!bundle.is_ok()) return fail_(bundle.message());
+  ModelBundle& b = bundle.value();
+  if (a.has("--chat-template")) {
+    auto ct = ChatTemplate::from_file(a.get("--chat-template"));
+    if (!ct.is_ok()) return fail_(ct.message());
+    b.chat_template = std::move(ct.value());
+  }
+  const ModelConfig& cfg = b.model->config();
+  // mlx-lm's default of 16 layers, on a model with fewer: all of them (an explicit value must fit).
+  if (!a.has("--num-layers") && lc.num_layers > cfg.n_layers) lc.num_layers = -1;
+
+  train::DatasetOptions dopt;
+  dopt.mask_prompt = a.has("--mask-prompt");
+  if (a.has("--enable-thinking")) {
+    const std::string v = a.get("--enable-thinking");
+    if (v != "on" && v != "off") return fail_("--enable-thinking " + v + ": expected on or off");
+    dopt.enable_thinking = v == "on";
+  }
+  train::Dataset sets[3];
+  const char* names[3] = {"train", "valid", "test"};
+  for (int i = 0; i < 3; ++i) {
+    if (i == 2 && !a.has("--test")) break;
+    auto d = train::load_jsonl((fs::path(data_dir) / (std::string(names[i]) + ".jsonl")).string(), b, dopt);
+    if (!d.is_ok()) return fail_(d.message());
+    sets[i] = std::move(d.value());
+  }
+  if (sets[0].size() == 0) return fail_(data_dir + "/train.jsonl: training set not found or empty");
+  if (sets[1].size() == 0) progress("warning: " + data_dir + "/valid.jsonl not found or empty: training without validation");
+  if (a.has("--test") && sets[2].size() == 0) return fail_(data_dir + "/test.jsonl: test set not found or empty");
+  progress("data: " + std::to_string(sets[0].size()) + " train, " + std::to_string(sets[1].size()) + " valid" +
+           (a.has("--test") ? ", " + std::to_string(sets[2].size()) + " test" : std::string()) + " records");
+
+  auto params = train::LoraParams::create(cfg, lc, train::lora_layer_prefix(cfg), o.seed);
+  if (!params.is_ok()) return fail_(params.message());
+  if (a.has("--resume-adapter-file")) {
+    progress("loading fine-tuned weights from " + a.get("--resume-adapter-file"));
+    if (Status s = params->load(a.get("--resume-adapter-file")); !s) return fail_(s.message());
+  }
+  std::error_code ec;
+  fs::create_directories(o.adapter_dir, ec);
+  if (ec) return fail_(o.adapter_dir + ": cannot create: " + ec.message());
+  if (Status s = write_adapter_config((fs::path(o.adapter_dir) / "adapter_config.json").string(), a, lc, o, b.path,
+                                     opt->name(), lr.value());
+      !s)
+    return fail_(s.message());
+  std::printf("Trainable parameters: %.3fM (%zu modules, the last %d layers, rank %d)\n",
+              double(params->parameter_count()) / 1e6, params->modules().size(),
+              lc.num_layers < 0 ? cfg.n_layers : lc.num_layers, lc.rank);
+  std::fflush(stdout);
+
+  std::ofstream log;
+  if (a.has("--log-file")) {
+    log.open(a.get("--log-file"), std::ios::trunc);
+    if (!log) return fail_(a.get("--log-file") + ": cannot write");
+  }
+  auto report = [&](const Report& r) {
+    nlohmann::ordered_json j{{"kind", r.kind}, {"iteration", r.iteration}};
+    if (r.kind == "val") {
+      std::printf("Iter %d: Val loss %.3f, Val took %.3fs\n", r.iteration, r.loss, r.seconds);
+      j["loss"] = r.loss;
+    } else if (r.kind == "train") {
+      std::printf("Iter %d: Train loss %.3f, Learning Rate %.3e, It/sec %.3f, Tokens/sec %.3f, Trained Tokens %ld, "
+                  "Peak mem %.3f GB\n", r.iteration, r.loss, double(r.learning_rate), r.it_per_sec, r.tokens_per_sec,
+                  r.trained_tokens, peak_rss_mib() / 1024.0);
+      j["loss"] = r.loss;
+      j["tokens_per_sec"] = r.tokens_per_sec;
+      j["trained_tokens"] = r.trained_tokens;
+    } else {
+      std::printf("Iter %d: Saved adapter weights to %s\n", r.iteration, r.path.c_str());
+      j["path"] = r.path;
+    }
+    std::fflush(stdout);
+    if (log.is_open()) log << j.dump() << "\n" << std::flush;
+  };
+
+  train::LoraTrainModel tm(*b.model, params.value());
+  train::NumpyLegacyRng rng(o.seed);
+  progress("training: " + std::to_string(o.iters) + " iterations, batch " + std::to_string(o.batch_size) + ", " +
+           opt->name() + " lr " + a.get("--learning-rate", "1e-05") + ", " + std::to_string(num_threads()) + " threads");
+  if (Status s = train::train(tm, params.value(), opt.value(), sets[0], sets[1], o, rng, report); !s)
+    return fail_(s.message());
+  if (a.has("--test")) {
+    auto tl = train::evaluate(tm, sets[2], o.batch_size, test_batches, o.max_seq_length, rng);
+    if (!tl.is_ok()) return fail_(tl.message());
+    std::printf("Test loss %.3f, Test ppl %.3f.\n", tl.value(), std::exp(tl.value()));
+    if (log.is_open()) log << nlohmann::ordered_json{{"kind", "test"}, {"loss", tl.value()}}.dump() << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+G4_COMMAND("lora", "LoRA fine-tuning on jsonl data (mlx_lm.lora --train); writes an adapter for --adapter-path",
+           run_lora);
+
+}  // namespace g4::cli
