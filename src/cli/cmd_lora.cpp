@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -194,7 +195,12 @@ int run_lora(const std::vector<std::string>& argv) {
   train::NumpyLegacyRng rng(o.seed);
   progress("training: " + std::to_string(o.iters) + " iterations, batch " + std::to_string(o.batch_size) + ", " +
            opt->name() + " lr " + a.get("--learning-rate", "1e-05") + ", " + std::to_string(num_threads()) + " threads");
-  if (Status s = train::train(tm, params.value(), opt.value(), sets[0], sets[1], o, rng, report); !s)
+  // On a terminal, a progress line between reports (an iteration of a large model takes a while).
+  const bool tty = isatty(STDERR_FILENO);
+  auto step = [&](int it) {
+    if (tty) std::fprintf(stderr, "\r[gemma4] iteration %d/%d\r", it, o.iters);
+  };
+  if (Status s = train::train(tm, params.value(), opt.value(), sets[0], sets[1], o, rng, report, step); !s)
     return fail_(s.message());
   if (a.has("--test")) {
     auto tl = train::evaluate(tm, sets[2], o.batch_size, test_batches, o.max_seq_length, rng);

@@ -35,6 +35,14 @@ std::vector<float>& sized(std::vector<float>& v, size_t n) {
   v.resize(n);
   return v;
 }
+// out = resid + rms_norm(y)·w (a post-norm and residual add), rows of width d; inv kept.
+void add_normed(const std::vector<float>& resid, const std::vector<float>& y, int T, int d, const float* w,
+                float eps, std::vector<float>& inv, std::vector<float>& out) {
+  const size_t n = size_t(T) * size_t(d);
+  sized(out, n);
+  rms_norm_fwd(y.data(), T, d, w, eps, out.data(), sized(inv, size_t(T)).data());
+  for (size_t i = 0; i < n; ++i) out[i] += resid[i];
+}
 }  // namespace
 
 LoraTrainModel::LoraTrainModel(const Model& model, LoraParams& params)
@@ -82,6 +90,18 @@ void LoraTrainModel::lora_bwd(LoraModule* m, const float* x, int T, const LoraCa
     if (!c.xd.empty()) dxin[i] = c.xd[i] != 0.f ? dxin[i] / keep : 0.f;  // zero where dropped
     dx[i] += dxin[i];
   }
+}
+
+void LoraTrainModel::linear(const float* x, int T, const WeightView& W, const LoraModule* m, bool train,
+                            uint64_t seed, LoraCall& c, std::vector<float>& y) {
+  matmul_wt(x, T, W, y.data());
+  lora_fwd(m, x, T, train, seed, c, y.data());
+}
+
+void LoraTrainModel::linear_bwd(const float* x, int T, const WeightView& W, LoraModule* m, const LoraCall& c,
+                                const float* dy, float* dx) {
+  lora_bwd(m, x, T, c, dy, dx);
+  if (dx) matmul_w_acc(dy, T, W, dx);
 }
 
 void LoraTrainModel::rope_segments(float* x, int heads, int D, const RopeTable& t, bool backward) const {
@@ -143,20 +163,17 @@ void LoraTrainModel::layer_forward(int l, int T, Acts& a, const std::vector<floa
 
   // Attention (§2.4): q/k/v from the normed input; norms, RoPE; attention; o_proj, post-norm, residual.
   rms_norm_fwd(a.x.data(), T, d, lw.input_ln.data, eps, sized(a.xn, Td).data(), sized(a.inv_in, T).data());
-  matmul_wt(a.xn.data(), T, lw.q, sized(a.q, Tq).data());
-  lora_fwd(lm.q, a.xn.data(), T, train, seed, a.lq, a.q.data());
+  linear(a.xn.data(), T, lw.q, lm.q, train, seed, a.lq, sized(a.q, Tq));
   a.qr = a.q;
   if (cfg_.qk_norm)
     rms_norm_fwd(a.q.data(), T * H, D, lw.q_norm.data, eps, a.qr.data(), sized(a.inv_q, size_t(T) * H).data());
   rope_segments(a.qr.data(), H, D, rope_[size_t(l)], false);
   if (own_kv) {
-    matmul_wt(a.xn.data(), T, lw.k, sized(a.k, Tk).data());
-    lora_fwd(lm.k, a.xn.data(), T, train, seed, a.lk, a.k.data());
+    linear(a.xn.data(), T, lw.k, lm.k, train, seed, a.lk, sized(a.k, Tk));
     if (ls.k_eq_v) {
       a.v = a.k;  // V is the raw K projection (before k_norm)
     } else {
-      matmul_wt(a.xn.data(), T, lw.v, sized(a.v, Tk).data());
-      lora_fwd(lm.v, a.xn.data(), T, train, seed, a.lv, a.v.data());
+      linear(a.xn.data(), T, lw.v, lm.v, train, seed, a.lv, sized(a.v, Tk));
     }
     a.kr = a.k;
     if (cfg_.qk_norm)
@@ -174,30 +191,16 @@ void LoraTrainModel::layer_forward(int l, int T, Acts& a, const std::vector<floa
                   kv_v + size_t(s.row0) * Hk * D, s.n, H, Hk, D, ls.window, cfg_.query_scale,
                   a.probs.data() + s.probs0 * H, a.att.data() + size_t(s.row0) * H * D);
   }
-  matmul_wt(a.att.data(), T, lw.o, sized(a.o, Td).data());
-  lora_fwd(lm.o, a.att.data(), T, train, seed, a.lo, a.o.data());
-  {
-    std::vector<float> on(Td);
-    rms_norm_fwd(a.o.data(), T, d, lw.post_attn_ln.data, eps, on.data(), sized(a.inv_o, T).data());
-    sized(a.x1, Td);
-    for (size_t i = 0; i < Td; ++i) a.x1[i] = a.x[i] + on[i];
-  }
+  linear(a.att.data(), T, lw.o, lm.o, train, seed, a.lo, sized(a.o, Td));
+  add_normed(a.x, a.o, T, d, lw.post_attn_ln.data, eps, a.inv_o, a.x1);
 
   // Dense MLP (§2.7): gelu(gate) * up, down, post-norm, residual.
   rms_norm_fwd(a.x1.data(), T, d, lw.pre_ffw_ln.data, eps, sized(a.xn2, Td).data(), sized(a.inv_pre, T).data());
-  matmul_wt(a.xn2.data(), T, lw.gate, sized(a.g, TI).data());
-  lora_fwd(lm.gate, a.xn2.data(), T, train, seed, a.lgate, a.g.data());
-  matmul_wt(a.xn2.data(), T, lw.up, sized(a.u, TI).data());
-  lora_fwd(lm.up, a.xn2.data(), T, train, seed, a.lup, a.u.data());
+  linear(a.xn2.data(), T, lw.gate, lm.gate, train, seed, a.lgate, sized(a.g, TI));
+  linear(a.xn2.data(), T, lw.up, lm.up, train, seed, a.lup, sized(a.u, TI));
   gelu_mul_fwd(a.g.data(), a.u.data(), TI, sized(a.act, TI).data());
-  matmul_wt(a.act.data(), T, lw.down, sized(a.f, Td).data());
-  lora_fwd(lm.down, a.act.data(), T, train, seed, a.ldown, a.f.data());
-  {
-    std::vector<float> fn(Td);
-    rms_norm_fwd(a.f.data(), T, d, lw.post_ffw_ln.data, eps, fn.data(), sized(a.inv_f, T).data());
-    sized(a.x2, Td);
-    for (size_t i = 0; i < Td; ++i) a.x2[i] = a.x1[i] + fn[i];
-  }
+  linear(a.act.data(), T, lw.down, lm.down, train, seed, a.ldown, sized(a.f, Td));
+  add_normed(a.x1, a.f, T, d, lw.post_ffw_ln.data, eps, a.inv_f, a.x2);
 
   // Per-layer input (§2.9): x += rmsnorm(proj(gelu(gate(x)) * ple_l)).
   const float* xo = a.x2.data();
@@ -207,15 +210,10 @@ void LoraTrainModel::layer_forward(int l, int T, Acts& a, const std::vector<floa
     sized(a.pl, TP);
     for (int t = 0; t < T; ++t)
       std::copy_n(ple.data() + size_t(t) * np + size_t(l) * Pw, Pw, a.pl.data() + size_t(t) * Pw);
-    matmul_wt(a.x2.data(), T, lw.ple_gate, sized(a.pg, TP).data());
-    lora_fwd(lm.ple_gate, a.x2.data(), T, train, seed, a.lpg, a.pg.data());
+    linear(a.x2.data(), T, lw.ple_gate, lm.ple_gate, train, seed, a.lpg, sized(a.pg, TP));
     gelu_mul_fwd(a.pg.data(), a.pl.data(), TP, sized(a.pact, TP).data());
-    matmul_wt(a.pact.data(), T, lw.ple_proj, sized(a.pp, Td).data());
-    lora_fwd(lm.ple_proj, a.pact.data(), T, train, seed, a.lpp, a.pp.data());
-    std::vector<float> pn(Td);
-    rms_norm_fwd(a.pp.data(), T, d, lw.post_ple_ln.data, eps, pn.data(), sized(a.inv_pp, T).data());
-    sized(a.x3, Td);
-    for (size_t i = 0; i < Td; ++i) a.x3[i] = a.x2[i] + pn[i];
+    linear(a.pact.data(), T, lw.ple_proj, lm.ple_proj, train, seed, a.lpp, sized(a.pp, Td));
+    add_normed(a.x2, a.pp, T, d, lw.post_ple_ln.data, eps, a.inv_pp, a.x3);
     xo = a.x3.data();
   }
   for (size_t i = 0; i < Td; ++i) out[i] = xo[i] * lw.layer_scalar;
@@ -240,24 +238,19 @@ void LoraTrainModel::layer_backward(int l, int T, Acts& a, const float* kv_k, co
     const size_t TP = size_t(T) * Pw;
     std::vector<float> dpp(Td, 0.f), dpact(TP, 0.f), dpg(TP, 0.f), dpl(TP, 0.f);
     rms_norm_bwd(a.pp.data(), a.inv_pp.data(), T, d, lw.post_ple_ln.data, dx.data(), dpp.data());
-    lora_bwd((lm.ple_proj), a.pact.data(), T, a.lpp, dpp.data(), dpact.data());
-    matmul_w_acc(dpp.data(), T, lw.ple_proj, dpact.data());
+    linear_bwd(a.pact.data(), T, lw.ple_proj, lm.ple_proj, a.lpp, dpp.data(), dpact.data());
     gelu_mul_bwd(a.pg.data(), a.pl.data(), dpact.data(), TP, dpg.data(), dpl.data());
-    lora_bwd((lm.ple_gate), a.x2.data(), T, a.lpg, dpg.data(), dx.data());
-    matmul_w_acc(dpg.data(), T, lw.ple_gate, dx.data());  // dx now d/d(x2)
+    linear_bwd(a.x2.data(), T, lw.ple_gate, lm.ple_gate, a.lpg, dpg.data(), dx.data());  // dx now d/d(x2)
   }
 
   // MLP branch: x2 = x1 + rmsnorm(f).
   {
     std::vector<float> df(Td, 0.f), dact(TI, 0.f), dg(TI, 0.f), du(TI, 0.f), dxn2(Td, 0.f);
     rms_norm_bwd(a.f.data(), a.inv_f.data(), T, d, lw.post_ffw_ln.data, dx.data(), df.data());
-    lora_bwd((lm.down), a.act.data(), T, a.ldown, df.data(), dact.data());
-    matmul_w_acc(df.data(), T, lw.down, dact.data());
+    linear_bwd(a.act.data(), T, lw.down, lm.down, a.ldown, df.data(), dact.data());
     gelu_mul_bwd(a.g.data(), a.u.data(), dact.data(), TI, dg.data(), du.data());
-    lora_bwd((lm.gate), a.xn2.data(), T, a.lgate, dg.data(), dxn2.data());
-    lora_bwd((lm.up), a.xn2.data(), T, a.lup, du.data(), dxn2.data());
-    matmul_w_acc(dg.data(), T, lw.gate, dxn2.data());
-    matmul_w_acc(du.data(), T, lw.up, dxn2.data());
+    linear_bwd(a.xn2.data(), T, lw.gate, lm.gate, a.lgate, dg.data(), dxn2.data());
+    linear_bwd(a.xn2.data(), T, lw.up, lm.up, a.lup, du.data(), dxn2.data());
     rms_norm_bwd(a.x1.data(), a.inv_pre.data(), T, d, lw.pre_ffw_ln.data, dxn2.data(), dx.data());  // d/d(x1)
   }
 
@@ -266,8 +259,7 @@ void LoraTrainModel::layer_backward(int l, int T, Acts& a, const float* kv_k, co
   {
     std::vector<float> dO(Td, 0.f);
     rms_norm_bwd(a.o.data(), a.inv_o.data(), T, d, lw.post_attn_ln.data, dx.data(), dO.data());
-    lora_bwd((lm.o), a.att.data(), T, a.lo, dO.data(), datt.data());
-    matmul_w_acc(dO.data(), T, lw.o, datt.data());
+    linear_bwd(a.att.data(), T, lw.o, lm.o, a.lo, dO.data(), datt.data());
   }
   const float* keys = own_kv ? a.kr.data() : kv_k;
   const float* vals = own_kv ? a.vn.data() : kv_v;
@@ -291,8 +283,7 @@ void LoraTrainModel::layer_backward(int l, int T, Acts& a, const float* kv_k, co
     rope_segments(dqr.data(), H, D, rope_[size_t(l)], true);
     if (cfg_.qk_norm) rms_norm_bwd(a.q.data(), a.inv_q.data(), T * H, D, lw.q_norm.data, dqr.data(), dq.data());
     else dq = dqr;
-    lora_bwd((lm.q), a.xn.data(), T, a.lq, dq.data(), need_dx ? dxn.data() : nullptr);
-    if (need_dx) matmul_w_acc(dq.data(), T, lw.q, dxn.data());
+    linear_bwd(a.xn.data(), T, lw.q, lm.q, a.lq, dq.data(), need_dx ? dxn.data() : nullptr);
   }
   if (own_kv) {
     std::vector<float> dk(Tk, 0.f), dv(Tk, 0.f);
@@ -304,11 +295,9 @@ void LoraTrainModel::layer_backward(int l, int T, Acts& a, const float* kv_k, co
     if (ls.k_eq_v) {  // v is the raw k
       for (size_t i = 0; i < Tk; ++i) dk[i] += dv[i];
     } else {
-      lora_bwd((lm.v), a.xn.data(), T, a.lv, dv.data(), need_dx ? dxn.data() : nullptr);
-      if (need_dx) matmul_w_acc(dv.data(), T, lw.v, dxn.data());
+      linear_bwd(a.xn.data(), T, lw.v, lm.v, a.lv, dv.data(), need_dx ? dxn.data() : nullptr);
     }
-    lora_bwd((lm.k), a.xn.data(), T, a.lk, dk.data(), need_dx ? dxn.data() : nullptr);
-    if (need_dx) matmul_w_acc(dk.data(), T, lw.k, dxn.data());
+    linear_bwd(a.xn.data(), T, lw.k, lm.k, a.lk, dk.data(), need_dx ? dxn.data() : nullptr);
   }
   if (need_dx) rms_norm_bwd(a.x.data(), a.inv_in.data(), T, d, lw.input_ln.data, dxn.data(), dx.data());
 }

@@ -75,6 +75,13 @@ class LoraTrainModel {
   // dk_own / dv_own (what the layers above sent it; null: none) to its own.
   void layer_backward(int l, int T, Acts& a, const float* kv_k, const float* kv_v, std::vector<float>& dx,
                       float* dk_src, float* dv_src, const float* dk_own, const float* dv_own);
+  // y [T, W.rows] = x·Wᵀ + the adapter's delta of x (m null: none).
+  void linear(const float* x, int T, const WeightView& W, const LoraModule* m, bool train, uint64_t seed,
+              LoraCall& c, std::vector<float>& y);
+  // Its backward: the adapter's gradients, and dx [T, W.cols] += dy·W + the adapter's input
+  // gradient (dx null: the adapter's gradients only).
+  void linear_bwd(const float* x, int T, const WeightView& W, LoraModule* m, const LoraCall& c, const float* dy,
+                  float* dx);
   // y[T, out] += lora delta of x; a.t (and the dropout mask) kept for the backward.
   void lora_fwd(const LoraModule* m, const float* x, int T, bool train, uint64_t seed, LoraCall& c, float* y);
   // Gradients of one adapted module given dy; adds d/dx into dx when dx is not null.

@@ -48,7 +48,8 @@ Result<double> evaluate(LoraTrainModel& m, const Dataset& d, int batch_size, int
 }
 
 Status train(LoraTrainModel& m, LoraParams& params, Optimizer& opt, const Dataset& train, const Dataset& valid,
-             const TrainOptions& o, NumpyLegacyRng& rng, const std::function<void(const Report&)>& report) {
+             const TrainOptions& o, NumpyLegacyRng& rng, const std::function<void(const Report&)>& report,
+             const std::function<void(int)>& step) {
   if (o.grad_accumulation_steps < 1) return err("--grad-accumulation-steps must be at least 1");
   G4_ASSIGN_OR_RETURN(BatchIterator batches, BatchIterator::create(train, o.batch_size, &rng, true));
   const std::string adapter_file = (fs::path(o.adapter_dir) / "adapters.safetensors").string();
@@ -86,6 +87,7 @@ Status train(LoraTrainModel& m, LoraParams& params, Optimizer& opt, const Datase
     n_tokens += s.count;
     ++steps;
     train_time += now_s() - tic;
+    if (step) step(it);
 
     if (it % o.steps_per_report == 0 || it == o.iters) {
       trained_tokens += n_tokens;

@@ -48,8 +48,9 @@ Result<double> evaluate(LoraTrainModel& m, const Dataset& d, int batch_size, int
                         NumpyLegacyRng& rng, const std::function<void(int, int)>& progress = {});
 
 // Trains params (through m) on `train`, validating on `valid` (may be empty). report() receives
-// each report as it happens.
+// each report as it happens; step(it), when given, runs after every iteration.
 Status train(LoraTrainModel& m, LoraParams& params, Optimizer& opt, const Dataset& train, const Dataset& valid,
-             const TrainOptions& o, NumpyLegacyRng& rng, const std::function<void(const Report&)>& report);
+             const TrainOptions& o, NumpyLegacyRng& rng, const std::function<void(const Report&)>& report,
+             const std::function<void(int)>& step = {});
 
 }  // namespace g4::train
