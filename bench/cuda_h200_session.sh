@@ -8,6 +8,7 @@
 #
 # check:   tools/cuda_device_check.py (op tests + mlx-lm fixtures, greedy through recorded graphs)
 # bench:   gemma4 bench on a synthetic starter-geometry GGUF, CUDA graphs on and off (median of 5)
+# tc:      the same with the tensor-core prefill matmul on and off (G4_CUDA_NO_TC=1)
 # profile: device time per op kind (G4_CUDA_PROFILE=1)
 # hf:      bench/bench_cuda_vs_hf.py (transformers peer)
 # refcheck: tools/cuda_reference_check.py on the synthetic GGUF (cuda and cpu logits against the
@@ -53,6 +54,9 @@ for step in "$@"; do
     check) vis=$(ls -d .devfix/vision/*/ 2>/dev/null)
            timeout -s KILL 300 python3 tools/cuda_device_check.py --bin $B --fixtures .devfix/* \
              ${vis:+--vision $vis} 2>&1 | tee $OUT/check.log | tail -26 ;;
+    tc)  # the tensor-core prefill path against the CUDA-core kernels it replaces (G4_CUDA_NO_TC)
+      echo "tensor cores on:  $(median_bench G4_CUDA_NO_TC=0)"
+      echo "tensor cores off: $(median_bench G4_CUDA_NO_TC=1)" ;;
     bench)
       echo "graphs on:  $(median_bench G4_CUDA_GRAPHS=1)"
       echo "graphs off: $(median_bench G4_CUDA_GRAPHS=0)"

@@ -42,7 +42,8 @@ class CudaBackendTest : public ::testing::Test {
 
 void check_matmul(Backend& cu, Backend& ref, const WeightView& host_w, const char* what) {
   const WeightView dw = cu.place_weight(host_w);
-  for (int M : {1, 3, 9, 20}) {
+  // 40 and 77 rows take the tensor-core path (kTcMinRows), with partial tiles.
+  for (int M : {1, 3, 9, 20, 40, 77}) {
     const auto x = randn(size_t(M) * size_t(host_w.cols), uint32_t(M + host_w.rows));
     std::vector<float> want(size_t(M) * size_t(host_w.rows));
     ref.matmul(x.data(), M, host_w, ActPrecision::F32, want.data());
@@ -170,7 +171,7 @@ TEST_F(CudaBackendTest, FusedOpsMatchReference) {
     const WeightView dW = cu->place_weight(W);
     const auto pw = randn(size_t(O), 62);
     float* dpw = up(*cu, pw);
-    for (int M : {1, 11}) {
+    for (int M : {1, 11, 40}) {
       const auto xin = randn(size_t(M) * C, uint32_t(63 + M)), res = randn(size_t(M) * O, uint32_t(64 + M), 3.f);
       std::vector<float> want = res, ys(size_t(M) * O);
       ref->matmul_norm_add(xin.data(), M, W, ys.data(), want.data(), pw.data(), 1e-6f, ActPrecision::F32);
@@ -209,7 +210,7 @@ TEST_F(CudaBackendTest, FusedOpsMatchReference) {
     const WeightView dG = cu->place_weight(G), dU = cu->place_weight(U);
     const auto nw = randn(size_t(C), 48);
     float* dnw = up(*cu, nw);
-    for (int M : {1, 5, 11}) {
+    for (int M : {1, 5, 11, 45}) {
       for (bool table : {false, true}) {
         for (bool normed : {false, true}) {
           const auto xin = randn(size_t(M) * C, uint32_t(47 + M), 2.f);
@@ -243,7 +244,7 @@ TEST_F(CudaBackendTest, FusedOpsMatchReference) {
     const WeightView dQ = cu->place_weight(Q), dK = cu->place_weight(K), dV = cu->place_weight(V);
     const auto nw = randn(size_t(C), 49);
     float* dnw = up(*cu, nw);
-    for (int M : {1, 9}) {
+    for (int M : {1, 9, 70}) {
       const auto xin = randn(size_t(M) * C, uint32_t(50 + M), 2.f);
       std::vector<float> q(size_t(M) * 96), k(size_t(M) * 32), v(size_t(M) * 32), xn(xin.size());
       ref->norm_matmuls(xin.data(), M, InputNorm{nw.data(), 1e-6f, xn.data()},

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/cuda_act.cuh"
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_kernels.h"
 
@@ -37,18 +38,6 @@ __device__ inline float block_reduce(float v, float* sh, Op op, float identity) 
   return sh[0];
 }
 __device__ inline float block_sum(float v, float* sh) { return block_reduce(v, sh, Sum{}, 0.f); }
-
-// gelu_tanh(x) * up in MLX's op order (spec §2.7) / through ggml's f16 table (backend.h).
-__device__ inline float gelu_tanh_mul(float x, float up) {
-  const float c = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-  return 0.5f * x * (1.f + tanhf(c)) * up;
-}
-__device__ inline float gelu_ggml_mul(float x, float up, const uint16_t* table) {
-  if (x <= -10.f) return 0.f;
-  if (x >= 10.f) return x * up;
-  const __half gv = __ushort_as_half(table[__half_as_ushort(__float2half_rn(x))]);
-  return __half2float(gv) * up;
-}
 
 // Row r of w (its bytes at `row`: global memory or a shared-memory copy) dotted with up to kMaxM
 // activation rows, this lane's share (acc[m], summed over the warp by the caller). kUnits
@@ -841,6 +830,10 @@ void matmul_launch(cudaStream_t s, MatArgs a, int M) {
 
 template <WFormat F, int kAct>
 void matmul_fmt(cudaStream_t s, const MatArgs& a, int M) {
+  if (tc_matmul_applies(a, M)) {  // prefill: tensor cores
+    tc_matmul(s, a, M, kAct);
+    return;
+  }
   if constexpr (kAct == kPlain) {
     if (M == 1 && a.n == 1 && !a.norm_w && !a.resid && a.w[0].rows >= kLanesMinRows) {
       gemv_lanes_kernel<F><<<blocks_for(a.w[0].rows, kGemvWarps), kGemvWarps * kWarp, 0, s>>>(a.x, a.w[0], a.y[0]);

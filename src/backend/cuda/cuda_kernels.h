@@ -68,6 +68,14 @@ void matmuls(cudaStream_t s, MatArgs a, int M);
 // a.y[0][M, w[0].rows] = gelu(xn·w[0]ᵀ) * (xn·w2ᵀ) in one launch (gelu through a.table when set,
 // else MLX's tanh form), xn = norm(x) as in matmuls.
 void gate_up_gelu(cudaStream_t s, MatArgs a, int M);
+// The tensor-core path (cuda_tc_matmul.cu) that matmul / matmuls / gate_up_gelu take for
+// M >= kTcMinRows activation rows (prefill): the same products at f32 accuracy (3xTF32), without
+// the resid epilogue (callers split prefill's post-norm off). act: 0 plain, 1 gelu (MLX), 2 gelu
+// (ggml table). G4_CUDA_NO_TC=1 turns it off (comparisons).
+constexpr int kTcMinRows = 32;
+bool tc_matmul_applies(const MatArgs& a, int M);
+void tc_matmul(cudaStream_t s, const MatArgs& a, int M, int act);
+bool tc_matmul_disabled();
 void embed(cudaStream_t s, const DevWeight& e, const int32_t* ids, int n, float scale, float* out);
 void rms_norm(cudaStream_t s, const float* x, int rows, int dim, const float* w, float eps, float* y);
 // x[rows, dim] += rms_norm(o)·w.

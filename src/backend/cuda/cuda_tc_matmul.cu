@@ -1,0 +1,226 @@
+// Tensor-core matmul for many activation rows (prefill): y = xn · wᵀ with f32 accuracy from TF32
+// tensor cores ("3xTF32": each f32 operand split into a TF32 high part and a TF32 remainder,
+// hi·hi + lo·hi + hi·lo accumulated in f32; what is dropped, lo·lo, is ~2^-22 of each product).
+//
+// Tiles: a block computes kBM activation rows × kBN weight rows; 4 warps, each 16 rows × 32
+// columns as four m16n8k8 MMAs. Per 32-column step of the reduction the block stages the
+// activation tile (normalized on the way when the launch has an input norm) and the weight tile
+// (each weight row's 32-value unit decoded once by dequant32) in shared memory.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdlib>
+
+#include "backend/cuda/cuda_act.cuh"
+#include "backend/cuda/cuda_dequant.cuh"
+#include "backend/cuda/cuda_kernels.h"
+
+namespace g4::cuda {
+namespace {
+
+constexpr int kBM = 32, kBN = 64, kBK = 32, kThreads = 128, kPad = 4;
+constexpr int kLd = kBK + kPad;  // shared-memory row stride (floats): conflict-free fragment loads
+
+__device__ inline uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+// x = hi + lo, both TF32.
+__device__ inline void split(float x, uint32_t& hi, uint32_t& lo) {
+  hi = to_tf32(x);
+  lo = to_tf32(x - __uint_as_float(hi));
+}
+__device__ inline void mma_tf32(float* c, const uint32_t* a, const uint32_t* b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// The four 16×8 accumulators of a warp's 16 × 32 tile += As[16 rows] · Bs[32 rows]ᵀ over kBK.
+__device__ inline void warp_tile(const float* As, const float* Bs, int lane, float (*acc)[4]) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int k0 = 0; k0 < kBK; k0 += 8) {
+    uint32_t ah[4], al[4];
+    split(As[g * kLd + k0 + t], ah[0], al[0]);
+    split(As[(g + 8) * kLd + k0 + t], ah[1], al[1]);
+    split(As[g * kLd + k0 + t + 4], ah[2], al[2]);
+    split(As[(g + 8) * kLd + k0 + t + 4], ah[3], al[3]);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t bh[2], bl[2];
+      split(Bs[(8 * j + g) * kLd + k0 + t], bh[0], bl[0]);
+      split(Bs[(8 * j + g) * kLd + k0 + t + 4], bh[1], bl[1]);
+      mma_tf32(acc[j], al, bh);
+      mma_tf32(acc[j], ah, bl);
+      mma_tf32(acc[j], ah, bh);
+    }
+  }
+}
+
+// Decodes unit u of weight rows n0..n0+kBN into Bs (rows past the matrix: zeros); kBN threads.
+template <WFormat F>
+__device__ inline void stage_weights(const DevWeight& w, int64_t n0, int64_t u, int tid, float* Bs) {
+  const int64_t r = n0 + tid;
+  float v[32];
+  if (r < w.rows) {
+    dequant32<F>(w.data + r * w.row_bytes, w, r, u, v);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) v[j] = 0.f;
+  }
+  float4* dst = reinterpret_cast<float4*>(Bs + tid * kLd);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) dst[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
+}
+
+// grid.x: the weights' row tiles (a.first as in matmul_kernel), grid.y: activation row tiles.
+// kAct: 0 plain, 1 gelu(x·wᵀ)·(x·w2ᵀ) in MLX's form, 2 the same through ggml's table.
+template <WFormat F, int kAct>
+__global__ void __launch_bounds__(kThreads) tc_matmul_kernel(MatArgs a) {
+  __shared__ __align__(16) float As[kBM * kLd];
+  __shared__ __align__(16) float Bs[kBN * kLd];
+  __shared__ __align__(16) float B2s[kAct ? kBN * kLd : 4];
+  __shared__ float inv[kBM];
+  int i = 0;
+  while (i + 1 < a.n && blockIdx.x >= a.first[i + 1]) ++i;
+  const DevWeight& w = a.w[i];
+  const int64_t n0 = int64_t(blockIdx.x - a.first[i]) * kBN;
+  const int m0 = blockIdx.y * kBM;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t K = w.cols;
+
+  if (a.norm_w) {  // inv_rms of this tile's rows: a warp per row
+    for (int r = warp; r < kBM; r += kThreads / 32) {
+      float ss = 0.f;
+      if (m0 + r < a.M) {
+        const float* xr = a.x + int64_t(m0 + r) * K;
+        for (int64_t c = lane; c < K; c += 32) ss += xr[c] * xr[c];
+      }
+      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      if (lane == 0) inv[r] = 1.0f / sqrtf(ss / float(K) + a.eps);
+    }
+    __syncthreads();
+  }
+
+  float acc[4][4] = {}, acc2[4][4] = {};
+  const int wm = (warp & 1) * 16, wn = (warp >> 1) * 32;  // this warp's 16 × 32 tile
+  for (int64_t u = 0; u < K / kBK; ++u) {
+    // Activation tile: kBM × 32 floats, two float4 per thread.
+    for (int e = tid; e < kBM * kBK / 4; e += kThreads) {
+      const int r = e / (kBK / 4), c4 = e % (kBK / 4);
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (m0 + r < a.M) {
+        const int64_t c = u * kBK + 4 * c4;
+        v = *reinterpret_cast<const float4*>(a.x + int64_t(m0 + r) * K + c);
+        if (a.norm_w) {
+          const float s = inv[r];
+          v.x *= s * a.norm_w[c];
+          v.y *= s * a.norm_w[c + 1];
+          v.z *= s * a.norm_w[c + 2];
+          v.w *= s * a.norm_w[c + 3];
+        }
+      }
+      *reinterpret_cast<float4*>(As + r * kLd + 4 * c4) = v;
+    }
+    if (tid < kBN) stage_weights<F>(w, n0, u, tid, Bs);
+    if constexpr (kAct != 0) {
+      if (tid >= kBN) stage_weights<F>(a.w2, n0, u, tid - kBN, B2s);
+    }
+    __syncthreads();
+    // Each 32-column step's products start from zero in the MMA accumulators and are then added
+    // to the running sums with IEEE f32 adds: the tensor cores' own accumulation does not round
+    // to nearest, and over thousands of columns that drift reached 1e-4 of the result.
+    {
+      float part[4][4] = {};
+      warp_tile(As + wm * kLd, Bs + wn * kLd, lane, part);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int h = 0; h < 4; ++h) acc[j][h] += part[j][h];
+    }
+    if constexpr (kAct != 0) {
+      float part[4][4] = {};
+      warp_tile(As + wm * kLd, B2s + wn * kLd, lane, part);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int h = 0; h < 4; ++h) acc2[j][h] += part[j][h];
+    }
+    __syncthreads();
+  }
+
+  // c0, c1: row g, columns 2t, 2t+1; c2, c3: row g+8.
+  float* y = a.y[i];
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+      const int m = m0 + wm + g + (h >= 2 ? 8 : 0);
+      const int64_t n = n0 + wn + 8 * j + 2 * t + (h & 1);
+      if (m >= a.M || n >= w.rows) continue;
+      float v = acc[j][h];
+      if constexpr (kAct == 1) v = gelu_tanh_mul(v, acc2[j][h]);
+      if constexpr (kAct == 2) v = gelu_ggml_mul(v, acc2[j][h], a.table);
+      y[int64_t(m) * w.rows + n] = v;
+    }
+  }
+}
+
+template <WFormat F, int kAct>
+void launch(cudaStream_t s, MatArgs a, int M) {
+  unsigned blocks = 0;
+  for (int i = 0; i < a.n; ++i) {
+    a.first[i] = blocks;
+    blocks += unsigned((a.w[i].rows + kBN - 1) / kBN);
+  }
+  a.first[a.n] = blocks;
+  a.M = M;
+  const dim3 grid(blocks, unsigned((M + kBM - 1) / kBM));
+  tc_matmul_kernel<F, kAct><<<grid, kThreads, 0, s>>>(a);
+}
+
+template <int kAct>
+void launch_any(cudaStream_t s, const MatArgs& a, int M) {
+  switch (a.w[0].fmt) {
+    case WFormat::F32: return launch<WFormat::F32, kAct>(s, a, M);
+    case WFormat::F16: return launch<WFormat::F16, kAct>(s, a, M);
+    case WFormat::BF16: return launch<WFormat::BF16, kAct>(s, a, M);
+    case WFormat::MlxAffine: return launch<WFormat::MlxAffine, kAct>(s, a, M);
+    case WFormat::GgufQ4_0: return launch<WFormat::GgufQ4_0, kAct>(s, a, M);
+    case WFormat::GgufQ5_0: return launch<WFormat::GgufQ5_0, kAct>(s, a, M);
+    case WFormat::GgufQ8_0: return launch<WFormat::GgufQ8_0, kAct>(s, a, M);
+    case WFormat::GgufQ4_K: return launch<WFormat::GgufQ4_K, kAct>(s, a, M);
+    case WFormat::GgufQ5_K: return launch<WFormat::GgufQ5_K, kAct>(s, a, M);
+    case WFormat::GgufQ6_K: return launch<WFormat::GgufQ6_K, kAct>(s, a, M);
+  }
+}
+
+}  // namespace
+
+bool tc_matmul_applies(const MatArgs& a, int M) {
+  if (M < kTcMinRows || a.resid || tc_matmul_disabled() || reinterpret_cast<uintptr_t>(a.x) % 16 != 0) return false;
+  for (int i = 0; i < a.n; ++i)
+    if (a.w[i].cols % kBK != 0) return false;
+  return true;
+}
+
+void tc_matmul(cudaStream_t s, const MatArgs& a, int M, int act) {
+  if (act == 1) launch_any<1>(s, a, M);
+  else if (act == 2) launch_any<2>(s, a, M);
+  else launch_any<0>(s, a, M);
+}
+
+bool tc_matmul_disabled() {
+  static const bool off = [] {
+    const char* e = std::getenv("G4_CUDA_NO_TC");
+    return e && e[0] == '1';
+  }();
+  return off;
+}
+
+}  // namespace g4::cuda
