@@ -2,8 +2,8 @@
 // tensor cores ("3xTF32": each f32 operand split into a TF32 high part and a TF32 remainder,
 // hi·hi + lo·hi + hi·lo accumulated in f32; what is dropped, lo·lo, is ~2^-22 of each product).
 //
-// Tiles: a block computes kBM activation rows × kBN weight rows; 4 warps, each 16 rows × 32
-// columns as four m16n8k8 MMAs. Per 32-column step of the reduction the block stages the
+// Tiles: a block computes kBM activation rows × BN weight rows (BN 64, or 32 when 64 would leave
+// SMs idle: short prompts); 4 warps, each 16 rows × BN/2 columns as BN/16 m16n8k8 MMAs. Per 32-column step of the reduction the block stages the
 // activation tile (normalized on the way when the launch has an input norm) and the weight tile
 // (each weight row's 32-value unit decoded once by dequant32) in shared memory.
 #include <cuda_runtime.h>
@@ -18,8 +18,11 @@
 namespace g4::cuda {
 namespace {
 
-constexpr int kBM = 32, kBN = 64, kBK = 32, kThreads = 128, kPad = 4;
-constexpr int kLd = kBK + kPad;  // shared-memory row stride (floats): conflict-free fragment loads
+constexpr int kBM = 32, kBNMax = 64, kThreads = 128, kPad = 4;
+// Shared-memory row stride (floats) for a kBK-column tile: kBK + 4 keeps the fragment loads free
+// of bank conflicts.
+template <int kBK>
+__host__ __device__ constexpr int ld_of() { return kBK + kPad; }
 
 __device__ inline uint32_t to_tf32(float x) {
   uint32_t r;
@@ -39,8 +42,10 @@ __device__ inline void mma_tf32(float* c, const uint32_t* a, const uint32_t* b) 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// The four 16×8 accumulators of a warp's 16 × 32 tile += As[16 rows] · Bs[32 rows]ᵀ over kBK.
+// The kNT 16×8 accumulators of a warp's 16 × 8·kNT tile += As[16 rows] · Bs[8·kNT rows]ᵀ over kBK.
+template <int kNT, int kBK>
 __device__ inline void warp_tile(const float* As, const float* Bs, int lane, float (*acc)[4]) {
+  constexpr int kLd = ld_of<kBK>();
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int k0 = 0; k0 < kBK; k0 += 8) {
@@ -50,7 +55,7 @@ __device__ inline void warp_tile(const float* As, const float* Bs, int lane, flo
     split(As[g * kLd + k0 + t + 4], ah[2], al[2]);
     split(As[(g + 8) * kLd + k0 + t + 4], ah[3], al[3]);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < kNT; ++j) {
       uint32_t bh[2], bl[2];
       split(Bs[(8 * j + g) * kLd + k0 + t], bh[0], bl[0]);
       split(Bs[(8 * j + g) * kLd + k0 + t + 4], bh[1], bl[1]);
@@ -61,26 +66,33 @@ __device__ inline void warp_tile(const float* As, const float* Bs, int lane, flo
   }
 }
 
-// Decodes unit u of weight rows n0..n0+kBN into Bs (rows past the matrix: zeros); kBN threads.
-template <WFormat F>
-__device__ inline void stage_weights(const DevWeight& w, int64_t n0, int64_t u, int tid, float* Bs) {
-  const int64_t r = n0 + tid;
+// Decodes 32-value unit `unit` of weight row n0 + row into Bs[row][32·sub ...] (rows past the
+// matrix: zeros).
+template <WFormat F, int kBK>
+__device__ inline void stage_unit(const DevWeight& w, int64_t n0, int row, int64_t unit, int sub, float* Bs) {
+  const int64_t r = n0 + row;
   float v[32];
   if (r < w.rows) {
-    dequant32<F>(w.data + r * w.row_bytes, w, r, u, v);
+    dequant32<F>(w.data + r * w.row_bytes, w, r, unit, v);
   } else {
 #pragma unroll
     for (int j = 0; j < 32; ++j) v[j] = 0.f;
   }
-  float4* dst = reinterpret_cast<float4*>(Bs + tid * kLd);
+  float4* dst = reinterpret_cast<float4*>(Bs + row * ld_of<kBK>() + 32 * sub);
 #pragma unroll
   for (int j = 0; j < 8; ++j) dst[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
 }
 
 // grid.x: the weights' row tiles (a.first as in matmul_kernel), grid.y: activation row tiles.
 // kAct: 0 plain, 1 gelu(x·wᵀ)·(x·w2ᵀ) in MLX's form, 2 the same through ggml's table.
-template <WFormat F, int kAct>
+// Per kBK-column step, the tile's kBN · kBK/32 weight units (and as many of w2) are spread over the
+// threads, one dequant32 each, so slow formats decode in parallel.
+template <WFormat F, int kAct, int kBN, int kBK>
 __global__ void __launch_bounds__(kThreads) tc_matmul_kernel(MatArgs a) {
+  constexpr int kNT = kBN / 16;  // 8-wide MMA tiles per warp
+  constexpr int kLd = ld_of<kBK>();
+  constexpr int kUnits = kBN * (kBK / 32);  // weight units per step (<= kThreads)
+  static_assert(kUnits <= kThreads, "one unit per thread and weight");
   __shared__ __align__(16) float As[kBM * kLd];
   __shared__ __align__(16) float Bs[kBN * kLd];
   __shared__ __align__(16) float B2s[kAct ? kBN * kLd : 4];
@@ -106,8 +118,8 @@ __global__ void __launch_bounds__(kThreads) tc_matmul_kernel(MatArgs a) {
     __syncthreads();
   }
 
-  float acc[4][4] = {}, acc2[4][4] = {};
-  const int wm = (warp & 1) * 16, wn = (warp >> 1) * 32;  // this warp's 16 × 32 tile
+  float acc[kNT][4] = {}, acc2[kNT][4] = {};
+  const int wm = (warp & 1) * 16, wn = (warp >> 1) * (kBN / 2);  // this warp's 16 × kBN/2 tile
   for (int64_t u = 0; u < K / kBK; ++u) {
     // Activation tile: kBM × 32 floats, two float4 per thread.
     for (int e = tid; e < kBM * kBK / 4; e += kThreads) {
@@ -126,27 +138,29 @@ __global__ void __launch_bounds__(kThreads) tc_matmul_kernel(MatArgs a) {
       }
       *reinterpret_cast<float4*>(As + r * kLd + 4 * c4) = v;
     }
-    if (tid < kBN) stage_weights<F>(w, n0, u, tid, Bs);
+    // Unit (row, sub) of this step: thread t < kUnits takes row t % kBN, column chunk t / kBN.
+    if (tid < kUnits) stage_unit<F, kBK>(w, n0, tid % kBN, u * (kBK / 32) + tid / kBN, tid / kBN, Bs);
     if constexpr (kAct != 0) {
-      if (tid >= kBN) stage_weights<F>(a.w2, n0, u, tid - kBN, B2s);
+      const int t2 = 2 * kUnits <= kThreads ? tid - kUnits : tid;  // idle threads take w2, else all again
+      if (t2 >= 0 && t2 < kUnits) stage_unit<F, kBK>(a.w2, n0, t2 % kBN, u * (kBK / 32) + t2 / kBN, t2 / kBN, B2s);
     }
     __syncthreads();
     // Each 32-column step's products start from zero in the MMA accumulators and are then added
     // to the running sums with IEEE f32 adds: the tensor cores' own accumulation does not round
     // to nearest, and over thousands of columns that drift reached 1e-4 of the result.
     {
-      float part[4][4] = {};
-      warp_tile(As + wm * kLd, Bs + wn * kLd, lane, part);
+      float part[kNT][4] = {};
+      warp_tile<kNT, kBK>(As + wm * kLd, Bs + wn * kLd, lane, part);
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < kNT; ++j)
 #pragma unroll
         for (int h = 0; h < 4; ++h) acc[j][h] += part[j][h];
     }
     if constexpr (kAct != 0) {
-      float part[4][4] = {};
-      warp_tile(As + wm * kLd, B2s + wn * kLd, lane, part);
+      float part[kNT][4] = {};
+      warp_tile<kNT, kBK>(As + wm * kLd, B2s + wn * kLd, lane, part);
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < kNT; ++j)
 #pragma unroll
         for (int h = 0; h < 4; ++h) acc2[j][h] += part[j][h];
     }
@@ -157,7 +171,7 @@ __global__ void __launch_bounds__(kThreads) tc_matmul_kernel(MatArgs a) {
   float* y = a.y[i];
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
+  for (int j = 0; j < kNT; ++j) {
 #pragma unroll
     for (int h = 0; h < 4; ++h) {
       const int m = m0 + wm + g + (h >= 2 ? 8 : 0);
@@ -171,8 +185,18 @@ __global__ void __launch_bounds__(kThreads) tc_matmul_kernel(MatArgs a) {
   }
 }
 
-template <WFormat F, int kAct>
-void launch(cudaStream_t s, MatArgs a, int M) {
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
+    return v > 0 ? v : 1;
+  }();
+  return n;
+}
+
+template <WFormat F, int kAct, int kBN, int kBK>
+void launch_tiles(cudaStream_t s, MatArgs a, int M) {
   unsigned blocks = 0;
   for (int i = 0; i < a.n; ++i) {
     a.first[i] = blocks;
@@ -181,7 +205,22 @@ void launch(cudaStream_t s, MatArgs a, int M) {
   a.first[a.n] = blocks;
   a.M = M;
   const dim3 grid(blocks, unsigned((M + kBM - 1) / kBM));
-  tc_matmul_kernel<F, kAct><<<grid, kThreads, 0, s>>>(a);
+  tc_matmul_kernel<F, kAct, kBN, kBK><<<grid, kThreads, 0, s>>>(a);
+}
+
+template <WFormat F, int kAct>
+void launch(cudaStream_t s, const MatArgs& a, int M) {
+  // 64-row weight tiles unless that leaves fewer than two blocks per SM (short prompts).
+  int64_t tiles = 0;
+  for (int i = 0; i < a.n; ++i) tiles += (a.w[i].rows + kBNMax - 1) / kBNMax;
+  const bool narrow = tiles * ((M + kBM - 1) / kBM) < 2 * int64_t(sm_count());
+  if (a.w[0].cols % 64 == 0) {  // 64-column steps: twice the units per step to decode in parallel
+    if (narrow) launch_tiles<F, kAct, 32, 64>(s, a, M);
+    else launch_tiles<F, kAct, kBNMax, 64>(s, a, M);
+  } else {
+    if (narrow) launch_tiles<F, kAct, 32, 32>(s, a, M);
+    else launch_tiles<F, kAct, kBNMax, 32>(s, a, M);
+  }
 }
 
 template <int kAct>
@@ -205,7 +244,7 @@ void launch_any(cudaStream_t s, const MatArgs& a, int M) {
 bool tc_matmul_applies(const MatArgs& a, int M) {
   if (M < kTcMinRows || a.resid || tc_matmul_disabled() || reinterpret_cast<uintptr_t>(a.x) % 16 != 0) return false;
   for (int i = 0; i < a.n; ++i)
-    if (a.w[i].cols % kBK != 0) return false;
+    if (a.w[i].cols % 32 != 0) return false;
   return true;
 }
 
