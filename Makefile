@@ -9,7 +9,7 @@ JOBS      ?= 2
 STAMPS    := .stamps
 FIXTURES  := tests/fixtures/generated
 
-.PHONY: chat test build build-cuda setup fixtures starter-model test-asan clean bench bench-llamacpp bench-mlx bench-tokenizer
+.PHONY: chat test build build-cuda setup fixtures starter-model test-asan clean bench bench-llamacpp bench-mlx bench-tokenizer bench-lora
 
 chat: build starter-model
 	$(BUILD)/bin/gemma4 run
@@ -83,7 +83,11 @@ bench-mlx: build $(STAMPS)/venv
 bench-tokenizer: build starter-model
 	$(PY) bench/bench_tokenizer.py --bin $(BUILD)/bin/gemma4
 
-bench: bench-llamacpp bench-mlx bench-tokenizer
+# LoRA fine-tuning against mlx-lm's trainer (a synthetic checkpoint made by mlx-lm; ~15 min, mostly mlx-lm).
+bench-lora: build $(STAMPS)/venv
+	$(PY) bench/bench_lora_train.py
+
+bench: bench-llamacpp bench-mlx bench-tokenizer bench-lora
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-asan $(STAMPS)

@@ -54,9 +54,14 @@ for step in "$@"; do
     check) vis=$(ls -d .devfix/vision/*/ 2>/dev/null)
            timeout -s KILL 300 python3 tools/cuda_device_check.py --bin $B --fixtures .devfix/* \
              ${vis:+--vision $vis} 2>&1 | tee $OUT/check.log | tail -26 ;;
-    tc)  # the tensor-core prefill path against the CUDA-core kernels it replaces (G4_CUDA_NO_TC)
+    tc)  # the tensor-core prefill path against the CUDA-core kernels it replaces (G4_CUDA_NO_TC), and
+         # prefill at the prompt lengths of the llama step
       echo "tensor cores on:  $(median_bench G4_CUDA_NO_TC=0)"
-      echo "tensor cores off: $(median_bench G4_CUDA_NO_TC=1)" ;;
+      echo "tensor cores off: $(median_bench G4_CUDA_NO_TC=1)"
+      for P in 128 512 2048; do
+        echo "prompt $P: $(timeout -s KILL 120 $B/gemma4 bench --model $G --backend cuda --prompt-tokens $P \
+          --gen-tokens 128 --repeat 3 2>/dev/null | tail -1)"
+      done ;;
     bench)
       echo "graphs on:  $(median_bench G4_CUDA_GRAPHS=1)"
       echo "graphs off: $(median_bench G4_CUDA_GRAPHS=0)"
@@ -120,7 +125,7 @@ PY
     llama)  # .devllama: llama-bench.xz (a static CUDA build, sm_90) and libgomp.so.1
       xz -d -c .devllama/llama-bench.xz > /tmp/llama-bench && chmod +x /tmp/llama-bench
       CUDA_LIBS=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/lib 2>/dev/null | tr '\n' ':')
-      LD_LIBRARY_PATH=$PWD/.devllama:$CUDA_LIBS$LD_LIBRARY_PATH timeout -s KILL 300 /tmp/llama-bench -m $G -p 128 \
+      LD_LIBRARY_PATH=$PWD/.devllama:$CUDA_LIBS$LD_LIBRARY_PATH timeout -s KILL 300 /tmp/llama-bench -m $G -p 128,512,2048 \
         -n 128 -ngl 99 -fa 0,1 -r 5 -o md 2>&1 | tee $OUT/llama.log | tail -12 ;;
   esac
 done
