@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "quant/weight.h"
 
@@ -22,6 +23,24 @@ struct DevWeight {
   const void* biases;
   DType scale_dtype;
 };
+
+// Calls f(std::integral_constant<WFormat, F>{}) with F = fmt: a runtime format to the kernels'
+// format template argument (host side, once per launch).
+template <class Fn>
+inline void with_format(WFormat fmt, Fn&& f) {
+  switch (fmt) {
+    case WFormat::F32: return f(std::integral_constant<WFormat, WFormat::F32>{});
+    case WFormat::F16: return f(std::integral_constant<WFormat, WFormat::F16>{});
+    case WFormat::BF16: return f(std::integral_constant<WFormat, WFormat::BF16>{});
+    case WFormat::MlxAffine: return f(std::integral_constant<WFormat, WFormat::MlxAffine>{});
+    case WFormat::GgufQ4_0: return f(std::integral_constant<WFormat, WFormat::GgufQ4_0>{});
+    case WFormat::GgufQ5_0: return f(std::integral_constant<WFormat, WFormat::GgufQ5_0>{});
+    case WFormat::GgufQ8_0: return f(std::integral_constant<WFormat, WFormat::GgufQ8_0>{});
+    case WFormat::GgufQ4_K: return f(std::integral_constant<WFormat, WFormat::GgufQ4_K>{});
+    case WFormat::GgufQ5_K: return f(std::integral_constant<WFormat, WFormat::GgufQ5_K>{});
+    case WFormat::GgufQ6_K: return f(std::integral_constant<WFormat, WFormat::GgufQ6_K>{});
+  }
+}
 
 // Block fields sit at any byte offset (Q5_0 blocks are 22 bytes): read them byte by byte.
 __host__ __device__ inline float ld_half(const uint8_t* p) {

@@ -846,18 +846,7 @@ void matmul_fmt(cudaStream_t s, const MatArgs& a, int M) {
 
 template <int kAct>
 void matmul_any(cudaStream_t s, const MatArgs& a, int M) {
-  switch (a.w[0].fmt) {
-    case WFormat::F32: return matmul_fmt<WFormat::F32, kAct>(s, a, M);
-    case WFormat::F16: return matmul_fmt<WFormat::F16, kAct>(s, a, M);
-    case WFormat::BF16: return matmul_fmt<WFormat::BF16, kAct>(s, a, M);
-    case WFormat::MlxAffine: return matmul_fmt<WFormat::MlxAffine, kAct>(s, a, M);
-    case WFormat::GgufQ4_0: return matmul_fmt<WFormat::GgufQ4_0, kAct>(s, a, M);
-    case WFormat::GgufQ5_0: return matmul_fmt<WFormat::GgufQ5_0, kAct>(s, a, M);
-    case WFormat::GgufQ8_0: return matmul_fmt<WFormat::GgufQ8_0, kAct>(s, a, M);
-    case WFormat::GgufQ4_K: return matmul_fmt<WFormat::GgufQ4_K, kAct>(s, a, M);
-    case WFormat::GgufQ5_K: return matmul_fmt<WFormat::GgufQ5_K, kAct>(s, a, M);
-    case WFormat::GgufQ6_K: return matmul_fmt<WFormat::GgufQ6_K, kAct>(s, a, M);
-  }
+  with_format(a.w[0].fmt, [&](auto f) { matmul_fmt<decltype(f)::value, kAct>(s, a, M); });
 }
 
 template <int kPer>

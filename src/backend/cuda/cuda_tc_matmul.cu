@@ -66,6 +66,19 @@ __device__ inline void warp_tile(const float* As, const float* Bs, int lane, flo
   }
 }
 
+// acc += one step's products. They start from zero in the MMA accumulators and are then added to
+// the running sums with IEEE f32 adds: the tensor cores' own accumulation does not round to
+// nearest, and over thousands of columns that drift reached 1e-4 of the result.
+template <int kNT, int kBK>
+__device__ inline void step_tile(const float* As, const float* Bs, int lane, float (*acc)[4]) {
+  float part[kNT][4] = {};
+  warp_tile<kNT, kBK>(As, Bs, lane, part);
+#pragma unroll
+  for (int j = 0; j < kNT; ++j)
+#pragma unroll
+    for (int h = 0; h < 4; ++h) acc[j][h] += part[j][h];
+}
+
 // Decodes 32-value unit `unit` of weight row n0 + row into Bs[row][32·sub ...] (rows past the
 // matrix: zeros).
 template <WFormat F, int kBK>
@@ -145,25 +158,8 @@ __global__ void __launch_bounds__(kThreads) tc_matmul_kernel(MatArgs a) {
       if (t2 >= 0 && t2 < kUnits) stage_unit<F, kBK>(a.w2, n0, t2 % kBN, u * (kBK / 32) + t2 / kBN, t2 / kBN, B2s);
     }
     __syncthreads();
-    // Each 32-column step's products start from zero in the MMA accumulators and are then added
-    // to the running sums with IEEE f32 adds: the tensor cores' own accumulation does not round
-    // to nearest, and over thousands of columns that drift reached 1e-4 of the result.
-    {
-      float part[kNT][4] = {};
-      warp_tile<kNT, kBK>(As + wm * kLd, Bs + wn * kLd, lane, part);
-#pragma unroll
-      for (int j = 0; j < kNT; ++j)
-#pragma unroll
-        for (int h = 0; h < 4; ++h) acc[j][h] += part[j][h];
-    }
-    if constexpr (kAct != 0) {
-      float part[kNT][4] = {};
-      warp_tile<kNT, kBK>(As + wm * kLd, B2s + wn * kLd, lane, part);
-#pragma unroll
-      for (int j = 0; j < kNT; ++j)
-#pragma unroll
-        for (int h = 0; h < 4; ++h) acc2[j][h] += part[j][h];
-    }
+    step_tile<kNT, kBK>(As + wm * kLd, Bs + wn * kLd, lane, acc);
+    if constexpr (kAct != 0) step_tile<kNT, kBK>(As + wm * kLd, B2s + wn * kLd, lane, acc2);
     __syncthreads();
   }
 
@@ -225,18 +221,7 @@ void launch(cudaStream_t s, const MatArgs& a, int M) {
 
 template <int kAct>
 void launch_any(cudaStream_t s, const MatArgs& a, int M) {
-  switch (a.w[0].fmt) {
-    case WFormat::F32: return launch<WFormat::F32, kAct>(s, a, M);
-    case WFormat::F16: return launch<WFormat::F16, kAct>(s, a, M);
-    case WFormat::BF16: return launch<WFormat::BF16, kAct>(s, a, M);
-    case WFormat::MlxAffine: return launch<WFormat::MlxAffine, kAct>(s, a, M);
-    case WFormat::GgufQ4_0: return launch<WFormat::GgufQ4_0, kAct>(s, a, M);
-    case WFormat::GgufQ5_0: return launch<WFormat::GgufQ5_0, kAct>(s, a, M);
-    case WFormat::GgufQ8_0: return launch<WFormat::GgufQ8_0, kAct>(s, a, M);
-    case WFormat::GgufQ4_K: return launch<WFormat::GgufQ4_K, kAct>(s, a, M);
-    case WFormat::GgufQ5_K: return launch<WFormat::GgufQ5_K, kAct>(s, a, M);
-    case WFormat::GgufQ6_K: return launch<WFormat::GgufQ6_K, kAct>(s, a, M);
-  }
+  with_format(a.w[0].fmt, [&](auto f) { launch<decltype(f)::value, kAct>(s, a, M); });
 }
 
 }  // namespace
