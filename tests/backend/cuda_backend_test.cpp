@@ -72,6 +72,15 @@ TEST_F(CudaBackendTest, MatmulEveryWeightFormat) {
     check_matmul(*cu, *ref, WeightView{f, rows, cols, data.data(), gguf_row_bytes(f, cols)},
                  ("tall " + std::string(wformat_name(f))).c_str());
   }
+  // The tensor-core path picks its weight tiles by the block count (cuda_tc_matmul.cu): at 40-77
+  // activation rows, 37 and 4480 rows take 32-row tiles, the tall matrix 64-row ones (on a 132-SM
+  // H100 / H200).
+  {
+    const int64_t rows = 4480, cols = 256;
+    auto data = test::random_blocks(WFormat::GgufQ4_K, rows, cols, rng);
+    check_matmul(*cu, *ref, WeightView{WFormat::GgufQ4_K, rows, cols, data.data(), gguf_row_bytes(WFormat::GgufQ4_K, cols)},
+                 "mid-size Q4_K");
+  }
   for (int bits : {2, 3, 4, 5, 6, 8}) {
     test::OwnedWeight w = test::random_mlx(45, 256, bits, 64, DType::BF16, uint32_t(bits));
     check_matmul(*cu, *ref, w.view, ("mlx affine " + std::to_string(bits) + "-bit").c_str());
