@@ -70,6 +70,17 @@ Status apply_process_flags(const Args& a, bool batch_invariant_default) {
   return {};
 }
 
+Status reject_unknown_flags(const Args& a, std::initializer_list<const char*> known, bool positional_ok) {
+  for (const auto& [name, value] : a.flags) {
+    bool ok = false;
+    for (const char* k : known) ok = ok || name == k;
+    if (!ok) return err("unknown option %s", name.c_str());
+  }
+  if (!positional_ok && !a.positional.empty())
+    return err("unexpected argument '%s' (options take the form --name value)", a.positional[0].c_str());
+  return Status::ok();
+}
+
 Result<int> int_flag(const Args& a, const char* name, int def, int lo, int hi) {
   if (!a.has(name)) return def;
   char* end = nullptr;

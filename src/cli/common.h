@@ -1,5 +1,6 @@
 // Helpers shared by the model-running verbs: model/backend/thread flags, id lists, .npy output.
 #pragma once
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +20,9 @@ Result<ActPrecision> parse_precision(const std::string& s, Model& model);
 // (quant/matmul.h; default: batch_invariant_default): process-wide settings, applied before a
 // model is loaded.
 Status apply_process_flags(const Args& a, bool batch_invariant_default = false);
+// An error naming the first flag of `a` that is not in `known` (and positional arguments when the
+// verb takes none), so that a mistyped or unsupported option is not silently ignored.
+Status reject_unknown_flags(const Args& a, std::initializer_list<const char*> known, bool positional_ok = false);
 // An integer flag in [lo, hi] (def when absent); the error names the flag.
 Result<int> int_flag(const Args& a, const char* name, int def, int lo, int hi);
 // Options applied to a loaded model:
