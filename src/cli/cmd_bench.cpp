@@ -20,6 +20,9 @@ const auto g_process_start = std::chrono::steady_clock::now();
 int cmd_bench(const std::vector<std::string>& argv) {
   using clk = std::chrono::steady_clock;
   Args a = parse_args(argv);
+  static constexpr const char* kOwn[] = {"--chunk", "--dtype", "--gen-tokens", "--prompt-tokens", "--repeat"};
+  if (Status s = reject_unknown_flags(a, {kLoadFlags, kModelOptionFlags, kOwn}); !s)
+    return fail("bench", s.message());
   const int np = std::atoi(a.get("--prompt-tokens", "128").c_str());
   const int ng = std::atoi(a.get("--gen-tokens", "64").c_str());
   const int chunk = std::atoi(a.get("--chunk", "512").c_str());

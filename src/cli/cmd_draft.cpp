@@ -58,6 +58,10 @@ int generate(Model& model, const std::vector<int32_t>& ids, int n, ActPrecision 
 
 int cmd_draft(const std::vector<std::string>& argv) {
   Args a = parse_args(argv);
+  static constexpr const char* kOwn[] = {"--dtype", "--from", "--generate", "--ids", "--logits-out", "--seed",
+      "--states-out", "--temperature", "--top-k", "--without-drafter"};
+  if (Status s = reject_unknown_flags(a, {kLoadFlags, kModelOptionFlags, kOwn}); !s)
+    return fail("draft", s.message());
   auto ids = parse_ids(a.get("--ids"));
   if (!ids) return fail("draft", ids.message());
   if (!a.has("--draft-model")) return fail("draft", "--draft-model DIR is required");

@@ -13,6 +13,9 @@ namespace {
 
 int cmd_greedy(const std::vector<std::string>& argv) {
   Args a = parse_args(argv);
+  static constexpr const char* kOwn[] = {"--chunk", "--dtype", "--ids", "--steps"};
+  if (Status s = reject_unknown_flags(a, {kLoadFlags, kModelOptionFlags, kImageFlags, kOwn}); !s)
+    return fail("greedy", s.message());
   auto ids = parse_ids(a.get("--ids"));
   if (!ids) return fail("greedy", ids.message());
   const int steps = std::atoi(a.get("--steps", "16").c_str());

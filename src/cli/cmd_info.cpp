@@ -83,6 +83,8 @@ uint64_t engine_kv_bytes(const ModelConfig& c, int64_t context, int bits) {
 
 int cmd_info(const std::vector<std::string>& argv) {
   Args a = parse_args(argv, {"--json", "--config-only"});
+  static constexpr const char* kOwn[] = {"--config-only", "--context", "--json", "--model"};
+  if (Status s = reject_unknown_flags(a, {kOwn}); !s) return fail("info", s.message());
   std::string path = a.get("--model");
   if (path.empty()) path = default_model_path();
   if (path.empty()) return fail("info", no_model_message());

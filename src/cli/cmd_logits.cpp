@@ -17,6 +17,9 @@ namespace {
 
 int cmd_logits(const std::vector<std::string>& argv) {
   Args a = parse_args(argv);
+  static constexpr const char* kOwn[] = {"--chunk", "--dtype", "--ids", "--out", "--tap-dir"};
+  if (Status s = reject_unknown_flags(a, {kLoadFlags, kModelOptionFlags, kImageFlags, kOwn}); !s)
+    return fail("logits", s.message());
   auto ids = parse_ids(a.get("--ids"));
   if (!ids) return fail("logits", ids.message());
   const std::string out = a.get("--out");

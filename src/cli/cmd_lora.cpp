@@ -77,13 +77,12 @@ int run_lora(const std::vector<std::string>& argv) {
   const Args a = parse_args(argv, {"--mask-prompt", "--test", "--train", "--grad-checkpoint"});
   auto fail_ = [](const std::string& m) { return fail("lora", m); };
   // --train: mlx_lm.lora's switch (this verb always trains); --grad-checkpoint: always done here.
-  if (Status s = reject_unknown_flags(
-          a, {"--model", "--backend", "--threads", "--weights", "--data", "--adapter-path", "--iters", "--batch-size",
-              "--learning-rate", "--optimizer", "--num-layers", "--rank", "--scale", "--dropout", "--mask-prompt",
-              "--max-seq-length", "--grad-accumulation-steps", "--steps-per-report", "--steps-per-eval",
-              "--val-batches", "--save-every", "--resume-adapter-file", "--seed", "--test", "--test-batches",
-              "--chat-template", "--log-file", "--enable-thinking", "--fine-tune-type", "--train", "--grad-checkpoint"});
-      !s)
+  static constexpr const char* kOwn[] = {
+      "--data", "--adapter-path", "--iters", "--batch-size", "--learning-rate", "--optimizer", "--num-layers", "--rank",
+      "--scale", "--dropout", "--mask-prompt", "--max-seq-length", "--grad-accumulation-steps", "--steps-per-report",
+      "--steps-per-eval", "--val-batches", "--save-every", "--resume-adapter-file", "--seed", "--test", "--test-batches",
+      "--chat-template", "--log-file", "--enable-thinking", "--fine-tune-type", "--train", "--grad-checkpoint"};
+  if (Status s = reject_unknown_flags(a, {kLoadFlags, kOwn}); !s)
     return fail_(s.message());
   if (a.get("--fine-tune-type", "lora") != "lora")
     return fail_("--fine-tune-type " + a.get("--fine-tune-type") + ": only lora is supported (not dora or full)");

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/common.h"
 #include "text/chat_template.h"
 
 namespace g4::cli {
@@ -85,6 +86,9 @@ int run_batch(const std::string& path) {
 
 int cmd_render(const std::vector<std::string>& argv) {
   Args a = parse_args(argv, {"--no-generation-prompt"});
+  static constexpr const char* kOwn[] = {"--batch", "--bos", "--eos", "--kwargs", "--messages", "--model",
+      "--no-generation-prompt", "--template", "--thinking", "--tools"};
+  if (Status s = reject_unknown_flags(a, {kOwn}); !s) return fail_render(s.message());
   if (a.has("--batch")) return run_batch(a.get("--batch"));
   ChatRenderOptions o;
   Result<ChatTemplate> tpl = err("one of --template FILE or --model DIR is required");

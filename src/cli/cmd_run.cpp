@@ -151,6 +151,9 @@ Result<std::vector<int32_t>> chat_prompt(Session& s, const nlohmann::ordered_jso
 
 int cmd_run(const std::vector<std::string>& argv) {
   Args a = parse_args(argv);
+  static constexpr const char* kOwn[] = {"--chat-template", "--context", "--system", "--thinking"};
+  if (Status s = reject_unknown_flags(a, {kLoadFlags, kModelOptionFlags, kTextFlags, kImageFlags, kOwn}, true); !s)
+    return fail("run", s.message());
   const std::string thinking = a.get("--thinking", "off");
   if (thinking != "on" && thinking != "off") return fail("run", "--thinking: expected on or off");
   auto sr = open_session(a);
@@ -248,6 +251,9 @@ int cmd_run(const std::vector<std::string>& argv) {
 
 int cmd_generate(const std::vector<std::string>& argv) {
   Args a = parse_args(argv);
+  static constexpr const char* kOwn[] = {"--context"};  // raw text: no template, system turn or thinking
+  if (Status s = reject_unknown_flags(a, {kLoadFlags, kModelOptionFlags, kTextFlags, kOwn}, true); !s)
+    return fail("generate", s.message());
   if (a.positional.empty()) return fail("generate", "give the text to continue");
   auto sr = open_session(a);
   if (!sr) return fail("generate", sr.message());

@@ -25,6 +25,10 @@ void progress(const std::string& m) { std::fprintf(stderr, "[gemma4 serve] %s\n"
 
 int cmd_serve(const std::vector<std::string>& argv) {
   Args a = parse_args(argv, {"--no-prefix-cache"});
+  static constexpr const char* kOwn[] = {"--api-key", "--chat-template", "--context", "--host", "--max-queue",
+      "--max-tokens", "--model-id", "--no-prefix-cache", "--parallel", "--port", "--prefix-cache-mb"};
+  if (Status s = reject_unknown_flags(a, {kLoadFlags, kModelOptionFlags, kOwn}); !s)
+    return fail("serve", s.message());
   server::ServerOptions o;
   o.host = a.get("--host", "127.0.0.1");
   o.api_key = a.get("--api-key");

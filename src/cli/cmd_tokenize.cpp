@@ -21,6 +21,7 @@
 #include <sstream>
 
 #include "cli/command.h"
+#include "cli/common.h"
 #include "text/detokenizer.h"
 #include "text/tokenizer.h"
 #include "text/tokenizer_gguf.h"
@@ -129,6 +130,8 @@ Result<std::vector<int>> parse_id_list(std::string_view s, const std::string& wh
 
 int cmd_tokenize(const std::vector<std::string>& argv) {
   Args a = parse_args(argv, {"--special", "--bos", "--stats"});
+  static constexpr const char* kOwn[] = {"--bos", "--file", "--jsonl", "--model", "--special", "--stats"};
+  if (Status s = reject_unknown_flags(a, {kOwn}, true); !s) return fail_verb("tokenize", s.message());
   auto tok = load_tokenizer(a.get("--model"));
   if (!tok) return fail_verb("tokenize", tok.message());
   const bool special = a.has("--special"), bos = a.has("--bos");
@@ -179,6 +182,8 @@ int cmd_tokenize(const std::vector<std::string>& argv) {
 
 int cmd_detokenize(const std::vector<std::string>& argv) {
   Args a = parse_args(argv, {"--skip-special", "--json", "--stream"});
+  static constexpr const char* kOwn[] = {"--json", "--jsonl", "--model", "--skip-special", "--stream"};
+  if (Status s = reject_unknown_flags(a, {kOwn}, true); !s) return fail_verb("detokenize", s.message());
   auto tok = load_tokenizer(a.get("--model"));
   if (!tok) return fail_verb("detokenize", tok.message());
   const bool skip = a.has("--skip-special");

@@ -16,6 +16,8 @@ namespace {
 
 int cmd_vision(const std::vector<std::string>& argv) {
   Args a = parse_args(argv);
+  static constexpr const char* kOwn[] = {"--features-out", "--pixels-out", "--pooled-out", "--positions-out"};
+  if (Status s = reject_unknown_flags(a, {kLoadFlags, kImageFlags, kOwn}); !s) return fail("vision", s.message());
   if (!a.has("--image")) return fail("vision", "--image FILE is required");
   if (Status s = apply_process_flags(a); !s) return fail("vision", s.message());
   auto be = make_backend(a.get("--backend", "cpu"));

@@ -70,10 +70,12 @@ Status apply_process_flags(const Args& a, bool batch_invariant_default) {
   return {};
 }
 
-Status reject_unknown_flags(const Args& a, std::initializer_list<const char*> known, bool positional_ok) {
+Status reject_unknown_flags(const Args& a, std::initializer_list<std::span<const char* const>> known,
+                            bool positional_ok) {
   for (const auto& [name, value] : a.flags) {
     bool ok = false;
-    for (const char* k : known) ok = ok || name == k;
+    for (const auto& set : known)
+      for (const char* k : set) ok = ok || name == k;
     if (!ok) return err("unknown option %s", name.c_str());
   }
   if (!positional_ok && !a.positional.empty())

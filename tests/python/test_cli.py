@@ -147,3 +147,20 @@ def test_cuda_backend_runs_or_says_why(cli, tmp_path):
     c = run(cli, "logits", "--backend", "reference", "--ids", ids, "--out", str(tmp_path / "p.npy"))
     assert c.returncode == 0, c.stderr
     assert np.abs(np.load(tmp_path / "c.npy") - np.load(tmp_path / "p.npy")).max() < 1e-2
+
+
+@pytest.mark.parametrize("verb,args", [
+    ("run", ["--temprature", "0.5", "hi"]),
+    ("generate", ["--system", "x", "hi"]),
+    ("logits", ["--ids", "2,3", "--out", "/tmp/x.npy", "--tap", "d"]),
+    ("bench", ["--prompt", "8"]),
+    ("serve", ["--ports", "1"]),
+    ("info", ["--contxt", "8"]),
+    ("tokenize", ["--bos-token", "hi"]),
+])
+def test_unknown_options_are_refused(cli, verb, args):
+    """A mistyped or unsupported option is an error naming it, before any model is loaded."""
+    r = run(cli, verb, *args, timeout=60)
+    bad = next(a for a in args if a.startswith("--") and a not in ("--ids", "--out"))
+    assert r.returncode != 0 and f"unknown option {bad}" in r.stderr, r.stderr[-500:]
+    assert "loading" not in r.stderr
