@@ -11,7 +11,8 @@ Checks: the same iterations report (so the same batches, in mlx-lm's order); eve
 validation loss within 1e-3 of mlx-lm's (measured: <= 1.6e-4); the trained adapter's change from the
 start within 5 % of mlx-lm's per tensor (relative norm; measured: <= 0.7 %; the oracle's own
 run moves by up to 10 % of the change, max-abs, when its start is scaled by 1 + 1e-6: Adam's first
-steps follow the sign of tiny gradients). The adapter then loads through --adapter-path.
+steps follow the sign of tiny gradients). The adapter directory written loads in mlx-lm's own load_adapters, whose
+logits equal `gemma4 logits --adapter-path` (f32, within 1e-3).
 On the starter model (Gemma 3, GGUF) the training forward's loss equals the cross entropy of the
 reference backend's f32 logits (measured: 3e-5 apart), and a few updates lower the loss.
 """
@@ -83,12 +84,23 @@ def test_training_matches_mlx(gemma4_bin, train_fixtures, parity_report, tmp_pat
     assert rel <= ADAPTER_REL_TOL, f"{case}: adapter change differs by {rel:.3f} (relative)"
     assert train[-1][1] < train[0][1] - 0.1  # it trained
 
+    # The written adapter directory is mlx-lm's: its load_adapters reads it, and gives the logits
+    # `gemma4 logits --adapter-path` gives.
     cfg = json.loads((tmp_path / "out" / "adapter_config.json").read_text())
     assert cfg["fine_tune_type"] == "lora" and cfg["lora_parameters"]["rank"] == flags["rank"]
+    ids = [2, 300, 301, 302, 303, 304]
     r = subprocess.run([str(gemma4_bin), "logits", "--model", str(d / "model"), "--adapter-path",
-                        str(tmp_path / "out"), "--ids", "2,300,301,302", "--out", str(tmp_path / "l.npy")],
-                       capture_output=True, text=True, timeout=300)
+                        str(tmp_path / "out"), "--ids", ",".join(map(str, ids)), "--out", str(tmp_path / "l.npy"),
+                        "--dtype", "f32"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
+    import mlx.core as mx
+    from mlx_lm.tuner.utils import load_adapters
+    from mlx_lm.utils import load_model
+    model, _ = load_model(d / "model")
+    load_adapters(model, str(tmp_path / "out"))
+    model.set_dtype(mx.float32)
+    want = np.array(model(mx.array(ids, dtype=mx.int32)[None])[0].astype(mx.float32))
+    assert float(np.abs(np.load(tmp_path / "l.npy") - want).max()) <= 1e-3
 
 
 def _run(bin_, *args, timeout=300):
