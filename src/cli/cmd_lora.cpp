@@ -95,7 +95,7 @@ int run_lora(const std::vector<std::string>& argv) {
 
   train::LoraConfig lc;
   train::TrainOptions o;
-  auto ints = [&]() -> Status {
+  auto parse_flags = [&]() -> Status {  // every numeric flag, checked before loading anything
     G4_ASSIGN_OR_RETURN(lc.num_layers, int_flag(a, "--num-layers", 16, -1, 1 << 20));
     G4_ASSIGN_OR_RETURN(lc.rank, int_flag(a, "--rank", 8, 1, 1 << 16));
     G4_ASSIGN_OR_RETURN(o.iters, int_flag(a, "--iters", 1000, 1, 1 << 30));
@@ -112,7 +112,7 @@ int run_lora(const std::vector<std::string>& argv) {
     G4_ASSIGN_OR_RETURN(lc.dropout, float_flag(a, "--dropout", 0.f));
     return Status::ok();
   };
-  if (Status s = ints(); !s) return fail_(s.message());
+  if (Status s = parse_flags(); !s) return fail_(s.message());
   auto lr = float_flag(a, "--learning-rate", 1e-5f);
   if (!lr.is_ok()) return fail_(lr.message());
   auto opt = train::Optimizer::create(a.get("--optimizer", "adam"), lr.value());

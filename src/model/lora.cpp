@@ -13,17 +13,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const LoraDelta** slot_of(LayerLora& l, const std::string& m) {
-  if (m == "self_attn.q_proj") return &l.q;
-  if (m == "self_attn.k_proj") return &l.k;
-  if (m == "self_attn.v_proj") return &l.v;
-  if (m == "self_attn.o_proj") return &l.o;
-  if (m == "mlp.gate_proj") return &l.gate;
-  if (m == "mlp.up_proj") return &l.up;
-  if (m == "mlp.down_proj") return &l.down;
-  if (m == "per_layer_input_gate") return &l.ple_gate;
-  return &l.ple_proj;
-}
 
 // t [rows, cols] of any float dtype -> its transpose [cols, rows] in f32.
 std::vector<float> transposed_f32(const TensorInfo& t) {
@@ -144,7 +133,7 @@ Result<std::unique_ptr<LoraAdapter>> load_lora_adapter(const std::string& dir, c
     d.a = be.place_weight(a);
     d.b = be.place_weight(b);
     ad->deltas.push_back(d);
-    *slot_of(ad->layers[size_t(layer)], module) = &ad->deltas.back();
+    lora_slot(ad->layers[size_t(layer)], module) = &ad->deltas.back();
     ad->max_out = std::max(ad->max_out, int(out));
     ++ad->modules;
   }

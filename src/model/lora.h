@@ -56,6 +56,20 @@ struct LoraAdapter {
 inline const char* const kLoraModules[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                            "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
                                            "mlp.down_proj",    "per_layer_input_gate", "per_layer_projection"};
+// The member of a per-layer table (LayerLora here, the trainer's LayerModules) that holds `module`
+// (one of kLoraModules): both name their members q, k, v, o, gate, up, down, ple_gate, ple_proj.
+template <class Layer>
+auto& lora_slot(Layer& l, const std::string& m) {
+  if (m == "self_attn.q_proj") return l.q;
+  if (m == "self_attn.k_proj") return l.k;
+  if (m == "self_attn.v_proj") return l.v;
+  if (m == "self_attn.o_proj") return l.o;
+  if (m == "mlp.gate_proj") return l.gate;
+  if (m == "mlp.up_proj") return l.up;
+  if (m == "mlp.down_proj") return l.down;
+  if (m == "per_layer_input_gate") return l.ple_gate;
+  return l.ple_proj;
+}
 // A module's [out, in] on `layer` of this model, or {0, 0} when the layer does not have it (v_proj
 // of a K=V layer, k/v of a KV-shared layer, per-layer-input modules without per-layer inputs).
 std::pair<int64_t, int64_t> lora_module_shape(const ModelConfig& cfg, int layer, const std::string& module);

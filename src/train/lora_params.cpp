@@ -53,14 +53,7 @@ Result<LoraParams> LoraParams::create(const ModelConfig& cfg, const LoraConfig& 
       mod.gb.assign(mod.b.size(), 0.f);
       p.modules_.push_back(std::move(mod));
       LoraModule* mp = &p.modules_.back();
-      LayerModules& lm = p.layers_[size_t(l)];
-      const std::string s = m;
-      LoraModule** slot = s == "self_attn.q_proj" ? &lm.q : s == "self_attn.k_proj" ? &lm.k
-                        : s == "self_attn.v_proj" ? &lm.v : s == "self_attn.o_proj" ? &lm.o
-                        : s == "mlp.gate_proj" ? &lm.gate : s == "mlp.up_proj" ? &lm.up
-                        : s == "mlp.down_proj" ? &lm.down : s == "per_layer_input_gate" ? &lm.ple_gate
-                                                                                         : &lm.ple_proj;
-      *slot = mp;
+      lora_slot(p.layers_[size_t(l)], m) = mp;
     }
   }
   return p;

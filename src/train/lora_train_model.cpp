@@ -47,7 +47,11 @@ void add_normed(const std::vector<float>& resid, const std::vector<float>& y, in
 
 LoraTrainModel::LoraTrainModel(const Model& model, LoraParams& params)
     : cfg_(model.config()), w_(model.weights()), p_(params) {
-  for (const LayerSpec& ls : cfg_.layers) rope_.push_back(make_rope_table(ls.rope, ls.head_dim));
+  donor_.assign(cfg_.layers.size(), false);
+  for (const LayerSpec& ls : cfg_.layers) {
+    rope_.push_back(make_rope_table(ls.rope, ls.head_dim));
+    if (ls.kv_source >= 0) donor_[size_t(ls.kv_source)] = true;
+  }
 }
 
 void LoraTrainModel::lora_fwd(const LoraModule* m, const float* x, int T, bool train, uint64_t seed, LoraCall& c,
@@ -302,6 +306,25 @@ void LoraTrainModel::layer_backward(int l, int T, Acts& a, const float* kv_k, co
   if (need_dx) rms_norm_bwd(a.x.data(), a.inv_in.data(), T, d, lw.input_ln.data, dxn.data(), dx.data());
 }
 
+void LoraTrainModel::forward_pass(const int32_t* ids, int T, int keep_from, bool train, uint64_t seed, Pass& ps,
+                                  Acts& a) {
+  const int N = cfg_.n_layers;
+  embed(ids, T, a.x, ps.ple);
+  ps.inputs.assign(size_t(N), {});
+  ps.don_k.assign(size_t(N), {});
+  ps.don_v.assign(size_t(N), {});
+  std::vector<float> out(a.x.size());
+  for (int l = 0; l < N; ++l) {
+    if (l >= keep_from) ps.inputs[size_t(l)] = a.x;
+    layer_forward(l, T, a, ps.ple, ps.donor_k(cfg_, l), ps.donor_v(cfg_, l), train, seed, out.data());
+    if (donor_[size_t(l)]) {
+      ps.don_k[size_t(l)] = a.kr;
+      ps.don_v[size_t(l)] = a.vn;
+    }
+    a.x.swap(out);
+  }
+}
+
 SeqLoss LoraTrainModel::run(const std::vector<const Example*>& batch, int max_len, float grad_weight,
                             uint64_t dropout_seed) {
   SeqLoss res;
@@ -327,26 +350,9 @@ SeqLoss LoraTrainModel::run(const std::vector<const Example*>& batch, int max_le
   const bool train = grad_weight != 0.f;
   const int first = train ? p_.first_layer() : N;
 
-  std::vector<float> ple;
+  Pass ps;
   Acts a;
-  embed(ids.data(), T, a.x, ple);
-  // Forward: keep each adapted layer's input and every donor layer's K/V.
-  std::vector<std::vector<float>> inputs(static_cast<size_t>(N)), don_k(static_cast<size_t>(N)), don_v(static_cast<size_t>(N));
-  std::vector<bool> donor(size_t(N), false);
-  for (const LayerSpec& ls : cfg_.layers)
-    if (ls.kv_source >= 0) donor[size_t(ls.kv_source)] = true;
-  std::vector<float> out(Td);
-  for (int l = 0; l < N; ++l) {
-    const int src = cfg_.layers[size_t(l)].kv_source;
-    if (l >= first) inputs[size_t(l)] = a.x;
-    layer_forward(l, T, a, ple, src >= 0 ? don_k[size_t(src)].data() : nullptr,
-                  src >= 0 ? don_v[size_t(src)].data() : nullptr, train, dropout_seed, out.data());
-    if (donor[size_t(l)]) {
-      don_k[size_t(l)] = a.kr;
-      don_v[size_t(l)] = a.vn;
-    }
-    a.x.swap(out);
-  }
+  forward_pass(ids.data(), T, first, train, dropout_seed, ps, a);
   std::vector<float> xf(Td), inv_f(static_cast<size_t>(T));
   rms_norm_fwd(a.x.data(), T, d, w_.final_norm.data, cfg_.rms_eps, xf.data(), inv_f.data());
   std::vector<float> dxf;
@@ -356,15 +362,14 @@ SeqLoss LoraTrainModel::run(const std::vector<const Example*>& batch, int max_le
   if (!train || first >= N) return res;
 
   // Backward, one recomputed layer at a time.
-  std::vector<float> dx(Td, 0.f);
+  std::vector<float> dx(Td, 0.f), out(Td);
   rms_norm_bwd(a.x.data(), inv_f.data(), T, d, w_.final_norm.data, dxf.data(), dx.data());
   std::vector<std::vector<float>> dk_acc(static_cast<size_t>(N)), dv_acc(static_cast<size_t>(N));
+  Acts la;  // reused layer after layer: its buffers keep their capacity
   for (int l = N - 1; l >= first; --l) {
     const int src = cfg_.layers[size_t(l)].kv_source;
-    Acts la;
-    la.x = std::move(inputs[size_t(l)]);
-    layer_forward(l, T, la, ple, src >= 0 ? don_k[size_t(src)].data() : nullptr,
-                  src >= 0 ? don_v[size_t(src)].data() : nullptr, true, dropout_seed, out.data());
+    la.x = std::move(ps.inputs[size_t(l)]);
+    layer_forward(l, T, la, ps.ple, ps.donor_k(cfg_, l), ps.donor_v(cfg_, l), true, dropout_seed, out.data());
     float *dks = nullptr, *dvs = nullptr;
     if (src >= first) {  // the donor is adapted too: collect the gradient of its K/V
       const size_t Tk = size_t(T) * cfg_.layers[size_t(src)].n_kv_heads * cfg_.layers[size_t(src)].head_dim;
@@ -372,8 +377,7 @@ SeqLoss LoraTrainModel::run(const std::vector<const Example*>& batch, int max_le
       dks = dk_acc[size_t(src)].data();
       dvs = dv_acc[size_t(src)].data();
     }
-    layer_backward(l, T, la, src >= 0 ? don_k[size_t(src)].data() : nullptr,
-                   src >= 0 ? don_v[size_t(src)].data() : nullptr, dx, dks, dvs,
+    layer_backward(l, T, la, ps.donor_k(cfg_, l), ps.donor_v(cfg_, l), dx, dks, dvs,
                    dk_acc[size_t(l)].empty() ? nullptr : dk_acc[size_t(l)].data(),
                    dv_acc[size_t(l)].empty() ? nullptr : dv_acc[size_t(l)].data());
   }
@@ -383,18 +387,9 @@ SeqLoss LoraTrainModel::run(const std::vector<const Example*>& batch, int max_le
 std::vector<float> LoraTrainModel::logits(const std::vector<int32_t>& tokens) {
   const int T = int(tokens.size()), d = cfg_.hidden, N = cfg_.n_layers;
   set_segments({T});
-  std::vector<float> ple, out(size_t(T) * d);
+  Pass ps;
   Acts a;
-  embed(tokens.data(), T, a.x, ple);
-  std::vector<std::vector<float>> don_k(static_cast<size_t>(N)), don_v(static_cast<size_t>(N));
-  for (int l = 0; l < N; ++l) {
-    const int src = cfg_.layers[size_t(l)].kv_source;
-    layer_forward(l, T, a, ple, src >= 0 ? don_k[size_t(src)].data() : nullptr,
-                  src >= 0 ? don_v[size_t(src)].data() : nullptr, false, 0, out.data());
-    don_k[size_t(l)] = a.kr;
-    don_v[size_t(l)] = a.vn;
-    a.x.swap(out);
-  }
+  forward_pass(tokens.data(), T, N, false, 0, ps, a);
   std::vector<float> xf(size_t(T) * d), inv(static_cast<size_t>(T)), z(size_t(T) * cfg_.vocab);
   rms_norm_fwd(a.x.data(), T, d, w_.final_norm.data, cfg_.rms_eps, xf.data(), inv.data());
   matmul_wt(xf.data(), T, w_.lm_head, z.data());

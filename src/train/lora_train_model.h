@@ -62,6 +62,23 @@ class LoraTrainModel {
   void set_segments(const std::vector<int>& lengths);
   // RoPE (or its backward) of every segment's rows of x [rows, heads, D].
   void rope_segments(float* x, int heads, int D, const RopeTable& t, bool backward) const;
+  // What a forward pass keeps for the backward: the per-layer inputs (PLE, [T, N·Pw]), the inputs
+  // of the layers from keep_from on, and every donor layer's roped K and normed V.
+  struct Pass {
+    std::vector<float> ple;
+    std::vector<std::vector<float>> inputs, don_k, don_v;
+    // The donor K / V that layer l reads (null: it owns its KV).
+    const float* donor_k(const ModelConfig& c, int l) const {
+      const int s = c.layers[size_t(l)].kv_source;
+      return s >= 0 ? don_k[size_t(s)].data() : nullptr;
+    }
+    const float* donor_v(const ModelConfig& c, int l) const {
+      const int s = c.layers[size_t(l)].kv_source;
+      return s >= 0 ? don_v[size_t(s)].data() : nullptr;
+    }
+  };
+  // Embedding and every layer over ids [T] (the current segments); a.x ends as the last layer's output.
+  void forward_pass(const int32_t* ids, int T, int keep_from, bool train, uint64_t seed, Pass& ps, Acts& a);
   void embed(const int32_t* ids, int T, std::vector<float>& x, std::vector<float>& ple);
   // One layer's forward from a.x (the layer input, [T, d]); fills the intermediates of `a` and
   // writes the layer output into out. kv_src: the donor's roped K and normed V for a KV-shared
@@ -91,6 +108,7 @@ class LoraTrainModel {
   const ModelWeights& w_;
   LoraParams& p_;
   std::vector<RopeTable> rope_;
+  std::vector<bool> donor_;  // layers whose KV later layers share
   std::vector<Segment> segs_;
   size_t probs_size_ = 0;  // Σ n² over the segments
 };

@@ -110,23 +110,21 @@ def _run(bin_, *args, timeout=300):
 def test_bad_input_is_refused(gemma4_bin, train_fixtures, tmp_path):
     d = train_fixtures / "dense-completions"
     base = ["--model", d / "model", "--adapter-path", tmp_path / "out", "--iters", 1, "--batch-size", 2]
-    cases = []
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    (bad / "train.jsonl").write_text('{"prompt": "a", "completion": "b"}\n{"prompt": "a"\n')
-    cases.append((["--data", bad], "train.jsonl:2: not valid JSON"))
-    fmt = tmp_path / "fmt"
-    fmt.mkdir()
-    (fmt / "train.jsonl").write_text('{"question": "a"}\n')
-    cases.append((["--data", fmt], "unsupported data format"))
-    few = tmp_path / "few"
-    few.mkdir()
-    (few / "train.jsonl").write_text('{"text": "a b"}\n')
-    cases.append((["--data", few], "at least batch_size=2"))
-    txt = tmp_path / "txt"
-    txt.mkdir()
-    (txt / "train.jsonl").write_text('{"text": "a b"}\n{"text": 3}\n')
-    cases.append((["--data", txt], "train.jsonl:2: field \"text\" must be a string"))
+
+    def data_dir(name, train_jsonl):
+        p = tmp_path / name
+        p.mkdir()
+        (p / "train.jsonl").write_text(train_jsonl)
+        return p
+
+    txt = data_dir("txt", '{"text": "a b"}\n{"text": 3}\n')
+    cases = [
+        (["--data", data_dir("bad", '{"prompt": "a", "completion": "b"}\n{"prompt": "a"\n')],
+         "train.jsonl:2: not valid JSON"),
+        (["--data", data_dir("fmt", '{"question": "a"}\n')], "unsupported data format"),
+        (["--data", data_dir("few", '{"text": "a b"}\n')], "at least batch_size=2"),
+        (["--data", txt], "train.jsonl:2: field \"text\" must be a string"),
+    ]
     cases.append((["--data", txt, "--mask-prompt"], "--mask-prompt needs prompt/completion or chat records"))
     cases.append((["--data", tmp_path / "missing"], "not a directory"))
     cases.append((["--data", d / "data", "--num-layers", 99], "the model has 6 layers"))
