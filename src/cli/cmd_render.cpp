@@ -1,4 +1,4 @@
-// gemma4 render (--template FILE.jinja | --model DIR) --messages FILE.json [--tools FILE.json]
+// gemma4 render (--template FILE.jinja | --model DIR|F.gguf) --messages FILE.json [--tools FILE.json]
 //                [--thinking on|off] [--no-generation-prompt] [--bos TEXT] [--eos TEXT]
 //                [--kwargs JSON]
 // gemma4 render --batch FILE.jsonl
@@ -7,7 +7,8 @@
 // raw, with no added newline. --messages holds a JSON list of messages, or an object
 // {"messages": [...], "tools": [...]} (--tools overrides its tools). --thinking passes
 // enable_thinking (unset when absent). --model DIR finds chat_template.jinja / chat_template.json
-// / tokenizer_config.json in DIR and takes bos/eos from tokenizer_config.json.
+// / tokenizer_config.json in DIR and takes bos/eos from tokenizer_config.json; --model F.gguf takes
+// the file's tokenizer.chat_template and its vocabulary's bos/eos.
 // --batch renders one case per line, {"template": PATH (or "source": TEXT), "messages": [...], "tools": [...]|null,
 // "thinking": true|false|null, "add_generation_prompt": bool, "kwargs": {...}, "bos_token": ..,
 // "eos_token": ..}, and prints one JSON line per case: {"text": ...} or {"error": ...}.
@@ -21,7 +22,10 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "io/gguf.h"
+#include "runtime/bundle.h"
 #include "text/chat_template.h"
+#include "text/tokenizer_gguf.h"
 
 namespace g4::cli {
 namespace {
@@ -84,6 +88,16 @@ int run_batch(const std::string& path) {
   return 0;
 }
 
+// The template a GGUF file carries, with its bos / eos token texts.
+Result<ChatTemplate> template_of_gguf(const std::string& path, ChatRenderOptions* o) {
+  G4_ASSIGN_OR_RETURN(auto f, GgufFile::open(path));
+  G4_ASSIGN_OR_RETURN(GgufVocab v, read_gguf_vocab(*f));
+  G4_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::from_gguf_vocab(v));
+  G4_ASSIGN_OR_RETURN(std::optional<ChatTemplate> ct, gguf_chat_template(*f, tok, o));
+  if (!ct) return err("%s: the file has no tokenizer.chat_template", path.c_str());
+  return std::move(*ct);
+}
+
 int cmd_render(const std::vector<std::string>& argv) {
   Args a = parse_args(argv, {"--no-generation-prompt"});
   static constexpr const char* kOwn[] = {"--batch", "--bos", "--eos", "--kwargs", "--messages", "--model",
@@ -94,6 +108,8 @@ int cmd_render(const std::vector<std::string>& argv) {
   Result<ChatTemplate> tpl = err("one of --template FILE or --model DIR is required");
   if (a.has("--template")) {
     tpl = ChatTemplate::from_file(a.get("--template"));
+  } else if (a.has("--model") && a.get("--model").ends_with(".gguf")) {
+    tpl = template_of_gguf(a.get("--model"), &o);
   } else if (a.has("--model")) {
     tpl = ChatTemplate::from_model_dir(a.get("--model"), &o);
   }

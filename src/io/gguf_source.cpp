@@ -32,7 +32,23 @@ constexpr Rename kLayerRenames[] = {
     {"experts.switch_glu.gate_proj", "ffn_gate_exps.weight"},
     {"experts.switch_glu.up_proj", "ffn_up_exps.weight"},
     {"experts.switch_glu.down_proj", "ffn_down_exps.weight"},
+    // Gemma 4 (llama.cpp gguf-py constants for MODEL_ARCH.GEMMA4).
+    {"pre_feedforward_layernorm_2.weight", "pre_ffw_norm_2.weight"},
+    {"post_feedforward_layernorm_1.weight", "post_ffw_norm_1.weight"},
+    {"post_feedforward_layernorm_2.weight", "post_ffw_norm_2.weight"},
+    {"router.proj", "ffn_gate_inp.weight"},
+    {"router.scale", "ffn_gate_inp.scale"},
+    {"router.per_expert_scale", "ffn_down_exps.scale"},
+    {"per_layer_input_gate", "inp_gate.weight"},
+    {"per_layer_projection", "proj.weight"},
+    {"post_per_layer_input_norm.weight", "post_norm.weight"},
+    {"layer_scalar", "layer_output_scale.weight"},
 };
+
+// Gemma 4 files store each layer's expert gate and up projections as one tensor
+// blk.N.ffn_gate_up_exps ne = {d, 2I, E}: expert e's gate rows, then its up rows (llama.cpp
+// build_moe_ffn splits gate_up into [0, I) and [I, 2I)).
+constexpr std::string_view kGateUpFused = "ffn_gate_up_exps.weight";
 
 std::string shape_str(const GgufTensor& t) {
   std::string s = "[";
@@ -61,6 +77,9 @@ std::string gguf_name_for(std::string_view c) {
   if (c == "embed_tokens") return "token_embd.weight";
   if (c == "lm_head") return "output.weight";
   if (c == "norm.weight") return "output_norm.weight";
+  if (c == "embed_tokens_per_layer") return "per_layer_token_embd.weight";
+  if (c == "per_layer_model_projection") return "per_layer_model_proj.weight";
+  if (c == "per_layer_projection_norm.weight") return "per_layer_proj_norm.weight";
   if (!starts_with(c, "layers.")) return "";
   std::string_view rest = c.substr(7);
   size_t dot = rest.find('.');
@@ -99,9 +118,24 @@ Result<WeightView> GgufSource::matrix(std::string_view module, int64_t rows, int
 // count == 0: a plain 2-D matrix ne = {cols, rows}; else matrix `index` of ne = {cols, rows, count}.
 Result<WeightView> GgufSource::stacked_matrix(std::string_view module, int64_t index,
                                               int64_t count, int64_t rows, int64_t cols) const {
-  G4_ASSIGN_OR_RETURN(const GgufTensor* t, resolve(module));
+  // The gate or up half of a fused gate_up expert tensor: the same view over rows [0, 2I) of
+  // each expert with the half's offset.
+  int64_t half = -1;
+  const GgufTensor* t = nullptr;
+  if (count > 0) {
+    const bool gate = module.ends_with("experts.switch_glu.gate_proj");
+    if (gate || module.ends_with("experts.switch_glu.up_proj")) {
+      const std::string name = gguf_name_for(module);  // "blk.N.ffn_{gate,up}_exps.weight"
+      const size_t blk_end = name.find('.', 4) + 1;      // after "blk.N."
+      if ((t = file_->tensor(name.substr(0, blk_end) + std::string(kGateUpFused))) != nullptr) half = gate ? 0 : 1;
+    }
+  }
+  if (!t) {
+    G4_ASSIGN_OR_RETURN(t, resolve(module));
+  }
+  const int64_t stored_rows = half >= 0 ? 2 * rows : rows;
   const char* P = file_->path().c_str();
-  bool ok = t->n_dims() >= 2 && t->ne[0] == cols && t->ne[1] == rows;
+  bool ok = t->n_dims() >= 2 && t->ne[0] == cols && t->ne[1] == stored_rows;
   if (count == 0) {
     for (int d = 2; d < t->n_dims(); ++d) ok = ok && t->ne[d] == 1;
   } else {
@@ -109,7 +143,7 @@ Result<WeightView> GgufSource::stacked_matrix(std::string_view module, int64_t i
     for (int d = 3; d < t->n_dims(); ++d) ok = ok && t->ne[d] == 1;
   }
   if (!ok) {
-    std::string want = count ? "[" + std::to_string(cols) + ", " + std::to_string(rows) + ", " +
+    std::string want = count ? "[" + std::to_string(cols) + ", " + std::to_string(stored_rows) + ", " +
                                    std::to_string(count) + "]"
                              : "[" + std::to_string(cols) + ", " + std::to_string(rows) + "]";
     return err("%s: tensor %s has ggml shape %s, expected %s", P, t->name.c_str(),
@@ -127,13 +161,14 @@ Result<WeightView> GgufSource::stacked_matrix(std::string_view module, int64_t i
   v.rows = rows;
   v.cols = cols;
   v.row_bytes = t->row_bytes();
-  v.data = t->data + uint64_t(index) * uint64_t(rows) * uint64_t(v.row_bytes);
+  v.data = t->data + (uint64_t(index) * uint64_t(stored_rows) + uint64_t(half > 0 ? rows : 0)) *
+                         uint64_t(v.row_bytes);
   return v;
 }
 
-Result<std::vector<float>> GgufSource::vector(std::string_view tensor, int64_t n) const {
-  G4_ASSIGN_OR_RETURN(const GgufTensor* t, resolve(tensor));
-  const char* P = file_->path().c_str();
+Result<std::vector<float>> read_float_tensor(const GgufFile& file, const GgufTensor& tensor, int64_t n) {
+  const GgufTensor* t = &tensor;
+  const char* P = file.path().c_str();
   if (t->n_elements != n)
     return err("%s: tensor %s has %lld elements %s, expected %lld", P, t->name.c_str(),
                (long long)t->n_elements, shape_str(*t).c_str(), (long long)n);
@@ -155,6 +190,11 @@ Result<std::vector<float>> GgufSource::vector(std::string_view tensor, int64_t n
     out[size_t(i)] = load_float(&raw, dt, 0);
   }
   return out;
+}
+
+Result<std::vector<float>> GgufSource::vector(std::string_view tensor, int64_t n) const {
+  G4_ASSIGN_OR_RETURN(const GgufTensor* t, resolve(tensor));
+  return read_float_tensor(*file_, *t, n);
 }
 
 std::string GgufSource::describe() const {

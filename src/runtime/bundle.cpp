@@ -9,6 +9,18 @@
 namespace g4 {
 namespace fs = std::filesystem;
 
+Result<std::optional<ChatTemplate>> gguf_chat_template(const GgufFile& f, const Tokenizer& tok,
+                                                       ChatRenderOptions* tokens) {
+  if (tokens) {
+    if (tok.bos_id() >= 0) tokens->bos_token = tok.token_text(tok.bos_id());
+    if (tok.eos_id() >= 0) tokens->eos_token = tok.token_text(tok.eos_id());
+  }
+  if (!f.has("tokenizer.chat_template")) return std::optional<ChatTemplate>();
+  G4_ASSIGN_OR_RETURN(std::string_view tpl, f.get_string("tokenizer.chat_template"));
+  G4_ASSIGN_OR_RETURN(ChatTemplate ct, ChatTemplate::from_string(std::string(tpl), f.path() + ": tokenizer.chat_template"));
+  return std::optional<ChatTemplate>(std::move(ct));
+}
+
 Result<ModelBundle> load_bundle(const std::string& path_in, const std::string& backend,
                                 void (*progress)(const std::string&)) {
   auto say = [&](const std::string& m) { if (progress) progress(m); };
@@ -24,11 +36,7 @@ Result<ModelBundle> load_bundle(const std::string& path_in, const std::string& b
     G4_ASSIGN_OR_RETURN(GgufVocab v, read_gguf_vocab(*om.gguf));
     G4_ASSIGN_OR_RETURN(Tokenizer t, Tokenizer::from_gguf_vocab(v));
     b.tokenizer = std::make_shared<Tokenizer>(std::move(t));
-    if (auto tpl = om.gguf->get_string("tokenizer.chat_template")) {
-      G4_ASSIGN_OR_RETURN(ChatTemplate ct,
-                          ChatTemplate::from_string(std::string(tpl.value()), path + ": tokenizer.chat_template"));
-      b.chat_template = std::move(ct);
-    }
+    G4_ASSIGN_OR_RETURN(b.chat_template, gguf_chat_template(*om.gguf, *b.tokenizer, nullptr));
   } else {
     const std::string tj = (fs::path(om.path) / "tokenizer.json").string();
     if (!fs::exists(tj)) return err("%s: no tokenizer.json in the model directory", om.path.c_str());

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "io/gguf.h"
 #include "model/model.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -27,6 +28,11 @@ struct ModelBundle {
   // tower's weights), else null. Declared after `model`: it runs on the model's backend.
   std::unique_ptr<VisionEncoder> vision;
 };
+
+// The chat template a GGUF file carries (tokenizer.chat_template; none when absent), and in
+// `tokens` (when given) the bos / eos token texts the template sees.
+Result<std::optional<ChatTemplate>> gguf_chat_template(const GgufFile& f, const Tokenizer& tok,
+                                                       ChatRenderOptions* tokens);
 
 // Loads model + tokenizer + chat template from `path` (empty: the default starter model).
 // `progress` receives one-line messages while loading (may be null).

@@ -258,7 +258,7 @@ TEST(GgufSource, MapsNamesShapesAndFormats) {
 }
 
 TEST(GgufSource, CanonicalNameTable) {
-  // llama.cpp tensor names (llama-arch.cpp LLM_TENSOR_NAMES for gemma3).
+  // llama.cpp tensor names (llama-arch.cpp LLM_TENSOR_NAMES for gemma3 and gemma4).
   EXPECT_EQ(gguf_name_for("embed_tokens"), "token_embd.weight");
   EXPECT_EQ(gguf_name_for("lm_head"), "output.weight");
   EXPECT_EQ(gguf_name_for("norm.weight"), "output_norm.weight");
@@ -277,7 +277,20 @@ TEST(GgufSource, CanonicalNameTable) {
   EXPECT_EQ(gguf_name_for("layers.0.mlp.gate_proj"), "blk.0.ffn_gate.weight");
   EXPECT_EQ(gguf_name_for("layers.0.mlp.up_proj"), "blk.0.ffn_up.weight");
   EXPECT_EQ(gguf_name_for("layers.0.mlp.down_proj"), "blk.0.ffn_down.weight");
-  EXPECT_EQ(gguf_name_for("layers.0.router.proj"), "");
+  // gemma4 (gguf-py constants for MODEL_ARCH.GEMMA4).
+  EXPECT_EQ(gguf_name_for("layers.0.router.proj"), "blk.0.ffn_gate_inp.weight");
+  EXPECT_EQ(gguf_name_for("layers.3.router.scale"), "blk.3.ffn_gate_inp.scale");
+  EXPECT_EQ(gguf_name_for("layers.3.router.per_expert_scale"), "blk.3.ffn_down_exps.scale");
+  EXPECT_EQ(gguf_name_for("layers.2.layer_scalar"), "blk.2.layer_output_scale.weight");
+  EXPECT_EQ(gguf_name_for("layers.2.per_layer_input_gate"), "blk.2.inp_gate.weight");
+  EXPECT_EQ(gguf_name_for("layers.2.per_layer_projection"), "blk.2.proj.weight");
+  EXPECT_EQ(gguf_name_for("layers.2.post_per_layer_input_norm.weight"), "blk.2.post_norm.weight");
+  EXPECT_EQ(gguf_name_for("layers.1.pre_feedforward_layernorm_2.weight"), "blk.1.pre_ffw_norm_2.weight");
+  EXPECT_EQ(gguf_name_for("layers.1.post_feedforward_layernorm_1.weight"), "blk.1.post_ffw_norm_1.weight");
+  EXPECT_EQ(gguf_name_for("embed_tokens_per_layer"), "per_layer_token_embd.weight");
+  EXPECT_EQ(gguf_name_for("per_layer_model_projection"), "per_layer_model_proj.weight");
+  EXPECT_EQ(gguf_name_for("per_layer_projection_norm.weight"), "per_layer_proj_norm.weight");
+  EXPECT_EQ(gguf_name_for("layers.0.router.bias"), "");
   EXPECT_EQ(gguf_name_for("layers..mlp.up_proj"), "");
 }
 
