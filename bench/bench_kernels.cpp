@@ -1,4 +1,4 @@
-// Kernel benchmarks (Google Benchmark): matmul_fast on MLX-affine / float weights for decode (M=1)
+// Kernel benchmarks (Google Benchmark): matmul_fast on MLX-affine / GGUF / float weights for decode (M=1)
 // and prefill (M=64) shapes, and the thread pool's per-region overhead.
 // Threads: G4_THREADS (default 2 here, the CI machine's core count). Counters: GB/s of weight
 // bytes streamed (the decode bound) and GFLOP/s (2*M*rows*cols per call).
@@ -58,6 +58,22 @@ Matrix make_matrix(WFormat f, int64_t rows, int64_t cols, int bits = 4, int grou
     v.scales = m.scales.data();
     v.biases = m.biases.data();
     v.scale_dtype = DType::BF16;
+  } else if (f == WFormat::GgufQ4_K || f == WFormat::GgufQ6_K || f == WFormat::GgufQ8_0) {
+    // GGUF blocks: random codes, f16 scales of magnitude 1e-3..2e-2 at the format's offsets.
+    const bool q4k = f == WFormat::GgufQ4_K, q6k = f == WFormat::GgufQ6_K;
+    const int64_t per = q4k || q6k ? 256 : 32, bb = q4k ? 144 : q6k ? 210 : 34;
+    v.row_bytes = cols / per * bb;
+    m.data.resize(size_t(rows * v.row_bytes));
+    for (size_t i = 0; i + 8 <= m.data.size(); i += 8) {
+      uint64_t r = next(s);
+      std::memcpy(&m.data[i], &r, 8);
+    }
+    for (size_t b = 0; b < m.data.size() / size_t(bb); ++b) {
+      for (int64_t off : q4k ? std::vector<int64_t>{0, 2} : q6k ? std::vector<int64_t>{208} : std::vector<int64_t>{0}) {
+        uint16_t h = f32_to_f16(1e-3f + 1e-5f * float(next(s) % 1900));
+        std::memcpy(&m.data[b * size_t(bb) + size_t(off)], &h, 2);
+      }
+    }
   } else {
     const int64_t es = f == WFormat::F32 ? 4 : 2;
     v.row_bytes = cols * es;
@@ -121,6 +137,13 @@ G4_MATMUL_BENCH(Mlx3_2048x2048, WFormat::MlxAffine, 3, 2048, 2048);
 G4_MATMUL_BENCH(Bf16_2048x2048, WFormat::BF16, 0, 2048, 2048);
 G4_MATMUL_BENCH(F32_2048x2048, WFormat::F32, 0, 2048, 2048);
 G4_MATMUL_BENCH(Mlx4_Head262144x1536, WFormat::MlxAffine, 4, 262144, 1536);
+// Gemma 4 E2B in a Q4_K_M GGUF: the tied Q6_K lm head and a Q4_K MLP projection.
+G4_MATMUL_BENCH(GgufQ6K_Head262144x1536, WFormat::GgufQ6_K, 0, 262144, 1536);
+G4_MATMUL_BENCH(GgufQ4K_6144x1536, WFormat::GgufQ4_K, 0, 6144, 1536);
+G4_MATMUL_BENCH(GgufQ6K_6144x1536, WFormat::GgufQ6_K, 0, 6144, 1536);
+G4_MATMUL_BENCH(GgufQ4K_Stream131072x1536, WFormat::GgufQ4_K, 0, 131072, 1536);  // 113 MB: from DRAM
+G4_MATMUL_BENCH(GgufQ4K_1536x6144, WFormat::GgufQ4_K, 0, 1536, 6144);
+G4_MATMUL_BENCH(GgufQ8_0_6144x1536, WFormat::GgufQ8_0, 0, 6144, 1536);
 
 // Cost of one parallel region with trivial work (decode issues ~300 of these per token).
 void PoolRegion(benchmark::State& st) {

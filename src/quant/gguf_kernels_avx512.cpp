@@ -21,6 +21,9 @@ namespace g4::gguf {
 namespace {
 
 constexpr int MT = 4;  // activation rows per weight-block unpack
+#ifndef PF_ROWS
+#define PF_ROWS 4
+#endif
 
 inline float f16(const uint8_t* p) { return _cvtsh_ss(rd16(p)); }
 
@@ -255,8 +258,14 @@ void tile_rows(int64_t M, F&& f) {
 
 void rows_k_avx512(const void* w_data, int64_t row_bytes, WFormat fmt, const ActK& a, int64_t M,
                    int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  const uint8_t* end = static_cast<const uint8_t*>(w_data) + r1 * row_bytes;
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = static_cast<const uint8_t*>(w_data) + r * row_bytes;
+    if (M == 1) {  // decode streams the weights once: software prefetch PF_ROWS rows ahead
+      const uint8_t* pf0 = row + PF_ROWS * row_bytes;
+      for (const uint8_t* pf = pf0; pf < std::min(pf0 + row_bytes, end); pf += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T0);
+    }
     tile_rows(M, [&](auto nm, int64_t m0) {
       constexpr int NM = decltype(nm)::value;
       float* yo = y + m0 * ldy + r;
