@@ -4,7 +4,7 @@
 # carried beside the tree (all git-ignored): .devlibs (host libraries the binaries link: httplib,
 # ssl, brotli, z), .devfix (mlx-lm fixture folders from `make fixtures`), .whl (the gguf wheel).
 #
-#   bash bench/cuda_h200_session.sh [check] [bench] [kvbench] [profile] [hf] [llama]
+#   [G4_SYNTH=e2b] bash bench/cuda_h200_session.sh [check] [bench] [kvbench] [profile] [hf] [llama]
 #
 # check:   tools/cuda_device_check.py (op tests + mlx-lm fixtures, greedy through recorded graphs)
 # bench:   gemma4 bench on a synthetic starter-geometry GGUF, CUDA graphs on and off (median of 5)
@@ -21,6 +21,8 @@
 # kvbench: decode after a 4096-token prompt with the KV cache f32, --kv-bits 8 and 4 (speed, bytes)
 # ablate:  device time per step with each op kind left out in turn (G4_CUDA_SKIP; timings only)
 # ncu:     per-kernel device time from Nsight Compute (where the machine's runtime allows it)
+# gemma4:  Gemma 4 geometries (G4_VARIANTS="e2b e4b 26b-a4b 31b"): ours and llama-bench on each synthetic
+#          file (tools/make_synthetic_gemma4_gguf.py), prompt 512, 128 decoded tokens
 # llama:   llama.cpp's llama-bench (CUDA build carried in .devllama) on the same GGUF. Made on the
 #          workstation (the CUDA toolkit compiles there; ~30 min on 2 cores) from the llama.cpp that
 #          the pinned llama-cpp-python sdist (requirements-peer.txt) vendors:
@@ -36,11 +38,15 @@ mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/.devlibs:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1
 B=build-cuda/bin
-G=/tmp/synth.gguf
+# The model every step runs: G4_SYNTH=starter (default; the starter's geometry, Gemma 3) or a Gemma 4
+# variant of tools/make_synthetic_gemma4_gguf.py (e2b, e4b, 26b-a4b, 31b), random Q4_K_M-like weights.
+SYNTH=${G4_SYNTH:-starter}
+if [ "$SYNTH" = starter ]; then G=/tmp/synth.gguf; MAKE_G="tools/make_synthetic_gguf.py $G --vocab"
+else G=/tmp/synth-$SYNTH.gguf; MAKE_G="tools/make_synthetic_gemma4_gguf.py $G --variant $SYNTH"; fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader
-[ -f $G ] || python3 tools/make_synthetic_gguf.py $G --vocab >/dev/null || exit 1
+[ -f $G ] || python3 $MAKE_G 2>/dev/null || exit 1
 median_bench() {  # median decode / prefill of 5 processes; extra env as args
   for i in 1 2 3 4 5; do env "$@" timeout -s KILL 120 $B/gemma4 bench --model $G --backend cuda --prompt-tokens 128 \
     --gen-tokens 128 --repeat 2 2>/dev/null | tail -1; done | python3 -c '
@@ -122,6 +128,22 @@ for (n, g), (us, c) in sorted(acc.items(), key=lambda kv: -kv[1][0])[:25]:
 PY
       ;;
     hf) timeout -s KILL 300 python3 bench/bench_cuda_vs_hf.py --bin $B/gemma4 --gguf $G --gen-tokens 128 2>&1 | tail -5 ;;
+    gemma4)  # Gemma 4 geometries (G4_VARIANTS, default "e2b e4b"): synthetic Q4_K_M-like GGUFs, ours
+             # (median of 3 processes) then llama-bench on the same file, prompt 512 and 128 decoded
+      [ -x /tmp/llama-bench ] || xz -d -c .devllama/llama-bench.xz > /tmp/llama-bench && chmod +x /tmp/llama-bench
+      CUDA_LIBS=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/lib 2>/dev/null | tr '\n' ':')
+      for V in ${G4_VARIANTS:-e2b e4b}; do
+        GV=/tmp/synth-$V.gguf
+        [ -f $GV ] || python3 tools/make_synthetic_gemma4_gguf.py $GV --variant $V 2>/dev/null | tail -1
+        for i in 1 2 3; do timeout -s KILL 120 $B/gemma4 bench --model $GV --backend cuda --prompt-tokens 512 \
+          --gen-tokens 128 --repeat 2 2>/dev/null | tail -1; done | python3 -c '
+import json,sys,statistics as s
+r=[json.loads(l) for l in sys.stdin if l.startswith("{")]
+print("'$V' ours: prefill %.0f decode %.1f tok/s (median of %d)" % (s.median(x["prefill_tok_s"] for x in r), s.median(x["decode_tok_s"] for x in r), len(r)))'
+        LD_LIBRARY_PATH=$PWD/.devllama:$CUDA_LIBS$LD_LIBRARY_PATH timeout -s KILL 240 /tmp/llama-bench -m $GV -p 512 \
+          -n 128 -ngl 99 -fa 0,1 -r 3 -o md 2>&1 | grep -E "pp512|tg128"
+        rm -f $GV
+      done ;;
     llama)  # .devllama: llama-bench.xz (a static CUDA build, sm_90) and libgomp.so.1
       xz -d -c .devllama/llama-bench.xz > /tmp/llama-bench && chmod +x /tmp/llama-bench
       CUDA_LIBS=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/lib 2>/dev/null | tr '\n' ':')

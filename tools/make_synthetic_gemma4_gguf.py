@@ -11,7 +11,7 @@ the geometry comes from HF's convert_gemma4_weights.py variants (shared/docs/gem
 Types follow llama-quantize's Q4_K_M choices: Q4_K everywhere, Q6_K for the tied embedding and
 for attn_v / ffn_down on the layers `use_more_bits` picks; a row length that 256 does not divide
 falls back as llama.cpp does (Q4_K -> Q5_0, Q6_K -> Q8_0); norms, router, scales and rope_freqs
-stay f32. Block bytes are random with sane f16 scales. A stand-in "gemma4" BPE vocabulary of the
+stay f32. Block bytes are random, with f16 scales that keep |weight| under ~0.1. A stand-in "gemma4" BPE vocabulary of the
 real size (special tokens at the real ids, 256 byte tokens, "tok<i>") lets llama.cpp load it.
 Needs numpy and the `gguf` package.
 
@@ -41,6 +41,9 @@ HD_S, HD_F = 256, 512
 BLOCKS = {8: (32, 34, [0]), 6: (32, 22, [0]), 12: (256, 144, [0, 2]), 14: (256, 210, [208])}
 Q4_K, Q6_K, Q5_0, Q8_0 = 12, 14, 6, 8
 FALLBACK = {Q4_K: Q5_0, Q6_K: Q8_0}
+# The largest |code x sub-scale| a block's f16 scale multiplies: Q4_K 15 x 63 (6-bit scales; dmin
+# likewise), Q6_K 32 x 128 (int8 scales), Q8_0 127, Q5_0 16.
+MAX_CODE_PRODUCT = {Q4_K: 945.0, Q6_K: 4096.0, Q8_0: 127.0, Q5_0: 16.0}
 
 
 def use_more_bits(i: int, n: int) -> bool:  # llama-quant.cpp
@@ -58,8 +61,12 @@ class Writer:
         per, nbytes, f16_at = BLOCKS[qtype]
         nb = rows * count * cols // per
         raw = self.rng.integers(0, 256, size=(nb, nbytes), dtype=np.uint8)
-        for off in f16_at:  # |scale| in [1e-3, 2e-2], random sign
-            s = (np.exp(self.rng.uniform(np.log(1e-3), np.log(2e-2), nb)) * self.rng.choice([-1, 1], nb))
+        # Scales chosen so that |weight| <= ~0.1 like a trained model's (random codes at full-range
+        # scales give weights of several units: activations blow up and the softcapped logits
+        # saturate at +-30, where no two engines agree on anything).
+        top = 0.1 / MAX_CODE_PRODUCT[qtype]
+        for off in f16_at:  # |scale| in [top/4, top], random sign
+            s = self.rng.uniform(top / 4, top, nb) * self.rng.choice([-1, 1], nb)
             raw[:, off:off + 2] = s.astype(np.float16).view(np.uint8).reshape(nb, 2)
         shape = (count, rows, cols // per * nbytes) if count > 1 else (rows, cols // per * nbytes)
         self.w.add_tensor(name, raw.reshape(shape), raw_dtype=self.gguf.GGMLQuantizationType(qtype))
@@ -69,8 +76,8 @@ class Writer:
         self.w.add_tensor(name, values.astype(np.float32))
         self.bytes += values.size * 4
 
-    def norm(self, name: str, n: int):
-        self.f32(name, 1.0 + 0.1 * self.rng.standard_normal(n))
+    def norm(self, name: str, n: int, scale: float = 1.0):
+        self.f32(name, scale * (1.0 + 0.1 * self.rng.standard_normal(n)))
 
 
 def add_vocab(w):
@@ -156,12 +163,14 @@ def main() -> int:
         more = use_more_bits(i, n)
         t.norm(b + "attn_norm.weight", d)
         t.quant(b + "attn_q.weight", H * hd, d, Q4_K)
-        t.norm(b + "attn_q_norm.weight", hd)
+        # Gemma 4 attends with scale 1: q/k norm weights of hd^-1/4 give q.k the spread of a
+        # 1/sqrt(hd)-scaled product (weights of 1 make every softmax one-hot and the model chaotic).
+        t.norm(b + "attn_q_norm.weight", hd, hd ** -0.25)
         if i < first_shared:
             t.quant(b + "attn_k.weight", kv[i] * hd, d, Q4_K)
             if not (v["k_eq_v"] and not sliding[i]):
                 t.quant(b + "attn_v.weight", kv[i] * hd, d, Q6_K if more else Q4_K)
-            t.norm(b + "attn_k_norm.weight", hd)
+            t.norm(b + "attn_k_norm.weight", hd, hd ** -0.25)
         t.quant(b + "attn_output.weight", d, H * hd, Q4_K)
         t.norm(b + "post_attention_norm.weight", d)
         t.norm(b + "ffn_norm.weight", d)

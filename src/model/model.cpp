@@ -324,10 +324,15 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
 
     // --- per-layer input (§2.9) ---
     if (Pw > 0) {
-      be.copy_cols(S.ple, R, N * Pw, l * Pw, Pw, S.ple_l);
+      // This layer's slice of the per-layer inputs: contiguous for one row (decode), gathered else.
+      const float* ple_l = S.ple + size_t(l) * Pw;
+      if (R > 1) {
+        be.copy_cols(S.ple, R, N * Pw, l * Pw, Pw, S.ple_l);
+        ple_l = S.ple_l;
+      }
       be.matmul(S.x, R, lw.ple_gate, P, S.pg);
       if (ll) lora_add(ll->ple_gate, S.x, R, P, S.pg);
-      gelu_mul(S.pg, S.ple_l, size_t(R) * Pw, P, S.pg);
+      gelu_mul(S.pg, ple_l, size_t(R) * Pw, P, S.pg);
       matmul_norm_add(S.pg, R, lw.ple_proj, ll ? ll->ple_proj : nullptr, S.o, lw.post_ple_ln.data, P);
     }
     if (lw.layer_scalar != 1.f) be.scale(S.x, T(lw.layer_scalar), Rd, P, S.x);

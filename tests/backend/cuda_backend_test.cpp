@@ -66,11 +66,21 @@ TEST_F(CudaBackendTest, MatmulEveryWeightFormat) {
                  std::string(wformat_name(f)).c_str());
   }
   // A tall matrix (the LM head's shape: >= 32768 rows) takes the one-row kernel at M = 1.
-  for (WFormat f : {WFormat::GgufQ8_0, WFormat::GgufQ4_K}) {
+  // Q6_K rows of 210 bytes alternate 4- and 2-byte alignment (its decode kernel reads 16-bit halves).
+  for (WFormat f : {WFormat::GgufQ8_0, WFormat::GgufQ4_K, WFormat::GgufQ6_K}) {
     const int64_t rows = 32768 + 37, cols = 256;
     auto data = test::random_blocks(f, rows, cols, rng);
     check_matmul(*cu, *ref, WeightView{f, rows, cols, data.data(), gguf_row_bytes(f, cols)},
                  ("tall " + std::string(wformat_name(f))).c_str());
+  }
+  // Long K-quant rows at M = 1: 2 and 8 warps share a row (kquant_split), 37 rows leave a
+  // partial block.
+  for (WFormat f : {WFormat::GgufQ4_K, WFormat::GgufQ6_K}) {
+    for (int64_t cols : {4096, 12288}) {
+      auto data = test::random_blocks(f, 37, cols, rng);
+      check_matmul(*cu, *ref, WeightView{f, 37, cols, data.data(), gguf_row_bytes(f, cols)},
+                   ("long rows " + std::string(wformat_name(f)) + " " + std::to_string(cols)).c_str());
+    }
   }
   // The tensor-core path picks its weight tiles by the block count (cuda_tc_matmul.cu): at 40-77
   // activation rows, 37 and 4480 rows take 32-row tiles, the tall matrix 64-row ones (on a 132-SM
@@ -107,6 +117,25 @@ TEST_F(CudaBackendTest, EmbedNormRopeElementwise) {
   float* de = cu->alloc(want.size());
   cu->embed(dE, dids, int(ids.size()), 16.f, ActPrecision::F32, de);
   EXPECT_EQ(down(*cu, de, want.size()), want);
+  // K-quant tables (a thread per 32-value unit, many blocks per row) and a width 32 does not divide.
+  for (WFormat f : {WFormat::GgufQ4_K, WFormat::GgufQ6_K}) {
+    const int64_t w = 1280;
+    auto kb = test::random_blocks(f, V, w, rng);
+    const WeightView K{f, V, w, kb.data(), gguf_row_bytes(f, w)};
+    std::vector<float> kwant(ids.size() * w);
+    ref->embed(K, ids.data(), int(ids.size()), 0.5f, ActPrecision::F32, kwant.data());
+    float* dk = cu->alloc(kwant.size());
+    cu->embed(cu->place_weight(K), dids, int(ids.size()), 0.5f, ActPrecision::F32, dk);
+    EXPECT_EQ(down(*cu, dk, kwant.size()), kwant) << wformat_name(f);
+  }
+  {
+    test::OwnedWeight odd = test::random_float(V, 150, WFormat::F32, 11);
+    std::vector<float> owant(ids.size() * 150);
+    ref->embed(odd.view, ids.data(), int(ids.size()), 2.f, ActPrecision::F32, owant.data());
+    float* dodd = cu->alloc(owant.size());
+    cu->embed(cu->place_weight(odd.view), dids, int(ids.size()), 2.f, ActPrecision::F32, dodd);
+    EXPECT_EQ(down(*cu, dodd, owant.size()), owant) << "f32 width 150";
+  }
 
   const int rows = 6, dim = 640;
   const auto x = randn(size_t(rows * dim), 3, 2.f), w = randn(size_t(dim), 4), b = randn(size_t(rows * dim), 5);
@@ -172,9 +201,9 @@ TEST_F(CudaBackendTest, FusedOpsMatchReference) {
   }
   // matmul_norm_add: a projection, then x += rms_norm(y)·w, for one row and for rows past one
   // launch's 8.
-  {
+  for (const int64_t C : {1024, 6144}) {  // 6144: four warps per row at M = 1
     std::mt19937 wrng(61);
-    const int64_t O = 640, C = 1024;
+    const int64_t O = 640;
     auto wb = test::random_blocks(WFormat::GgufQ4_K, O, C, wrng);
     const WeightView W{WFormat::GgufQ4_K, O, C, wb.data(), gguf_row_bytes(WFormat::GgufQ4_K, C)};
     const WeightView dW = cu->place_weight(W);
@@ -186,7 +215,7 @@ TEST_F(CudaBackendTest, FusedOpsMatchReference) {
       ref->matmul_norm_add(xin.data(), M, W, ys.data(), want.data(), pw.data(), 1e-6f, ActPrecision::F32);
       float *dx = up(*cu, xin), *dr = up(*cu, res), *dys = cu->alloc(ys.size());
       cu->matmul_norm_add(dx, M, dW, dys, dr, dpw, 1e-6f, ActPrecision::F32);
-      EXPECT_LE(rel_err(down(*cu, dr, want.size()), want), 2e-6) << "matmul_norm_add M=" << M;
+      EXPECT_LE(rel_err(down(*cu, dr, want.size()), want), 2e-6) << "matmul_norm_add M=" << M << " C=" << C;
       for (float* p : {dx, dr, dys}) cu->free(p);
     }
     cu->free(dpw);
@@ -212,8 +241,9 @@ TEST_F(CudaBackendTest, FusedOpsMatchReference) {
   // gate_up_gelu: both gelu forms, with and without the input norm, one and several rows (past one
   // launch's 8), a k-quant and a legacy format.
   std::mt19937 rng(46);
-  for (WFormat f : {WFormat::GgufQ5_0, WFormat::GgufQ4_K}) {
-    const int64_t I = 80, C = 512;
+  for (auto [f, C] : {std::pair{WFormat::GgufQ5_0, int64_t(512)}, std::pair{WFormat::GgufQ4_K, int64_t(512)},
+                      std::pair{WFormat::GgufQ4_K, int64_t(4096)}}) {  // 4096: two warps per row at M = 1
+    const int64_t I = 80;
     auto gb = test::random_blocks(f, I, C, rng), ub = test::random_blocks(f, I, C, rng);
     const WeightView G{f, I, C, gb.data(), gguf_row_bytes(f, C)}, U{f, I, C, ub.data(), gguf_row_bytes(f, C)};
     const WeightView dG = cu->place_weight(G), dU = cu->place_weight(U);
@@ -233,7 +263,7 @@ TEST_F(CudaBackendTest, FusedOpsMatchReference) {
           // The ggml table rounds gelu's input to f16: a last-bit difference in the dot can move it
           // one f16 step, so that form gets a looser bound.
           EXPECT_LE(rel_err(down(*cu, dy, want.size()), want), table ? 2e-3 : 2e-5)
-              << wformat_name(f) << " M=" << M << " table " << table << " normed " << normed;
+              << wformat_name(f) << " C=" << C << " M=" << M << " table " << table << " normed " << normed;
           for (float* p : {dx, dy, ds, dxn}) cu->free(p);
         }
       }
@@ -242,13 +272,17 @@ TEST_F(CudaBackendTest, FusedOpsMatchReference) {
   }
   // norm_matmuls: q/k/v-like projections of one normed input, one format (one launch) and mixed
   // formats (one launch per run of a format).
-  for (bool mixed : {false, true}) {
-    const int64_t C = 640;
-    const WFormat fv = mixed ? WFormat::GgufQ8_0 : WFormat::GgufQ5_0;
-    auto qb = test::random_blocks(WFormat::GgufQ5_0, 96, C, rng), kb = test::random_blocks(WFormat::GgufQ5_0, 32, C, rng),
+  // kquant: Q4_K q/k with a Q6_K v (a Q4_K_M layer): at one row the input is normed by its own
+  // kernel first (normed_args), the matmuls read it as is.
+  for (int variant : {0, 1, 2}) {
+    const bool mixed = variant == 1, kquant = variant == 2;
+    const int64_t C = kquant ? 1536 : 640;
+    const WFormat fq = kquant ? WFormat::GgufQ4_K : WFormat::GgufQ5_0;
+    const WFormat fv = kquant ? WFormat::GgufQ6_K : mixed ? WFormat::GgufQ8_0 : WFormat::GgufQ5_0;
+    auto qb = test::random_blocks(fq, 96, C, rng), kb = test::random_blocks(fq, 32, C, rng),
          vb = test::random_blocks(fv, 32, C, rng);
-    const WeightView Q{WFormat::GgufQ5_0, 96, C, qb.data(), gguf_row_bytes(WFormat::GgufQ5_0, C)},
-        K{WFormat::GgufQ5_0, 32, C, kb.data(), gguf_row_bytes(WFormat::GgufQ5_0, C)},
+    const WeightView Q{fq, 96, C, qb.data(), gguf_row_bytes(fq, C)},
+        K{fq, 32, C, kb.data(), gguf_row_bytes(fq, C)},
         V{fv, 32, C, vb.data(), gguf_row_bytes(fv, C)};
     const WeightView dQ = cu->place_weight(Q), dK = cu->place_weight(K), dV = cu->place_weight(V);
     const auto nw = randn(size_t(C), 49);
@@ -261,9 +295,9 @@ TEST_F(CudaBackendTest, FusedOpsMatchReference) {
       float *dx = up(*cu, xin), *dq = cu->alloc(q.size()), *dk = cu->alloc(k.size()), *dv = cu->alloc(v.size()),
             *dxn = cu->alloc(xin.size());
       cu->norm_matmuls(dx, M, InputNorm{dnw, 1e-6f, dxn}, {{&dQ, dq}, {&dK, dk}, {&dV, dv}}, ActPrecision::F32);
-      EXPECT_LE(rel_err(down(*cu, dq, q.size()), q), 2e-5) << "q M=" << M << " mixed " << mixed;
-      EXPECT_LE(rel_err(down(*cu, dk, k.size()), k), 2e-5) << "k M=" << M << " mixed " << mixed;
-      EXPECT_LE(rel_err(down(*cu, dv, v.size()), v), 2e-5) << "v M=" << M << " mixed " << mixed;
+      EXPECT_LE(rel_err(down(*cu, dq, q.size()), q), 2e-5) << "q M=" << M << " variant " << variant;
+      EXPECT_LE(rel_err(down(*cu, dk, k.size()), k), 2e-5) << "k M=" << M << " variant " << variant;
+      EXPECT_LE(rel_err(down(*cu, dv, v.size()), v), 2e-5) << "v M=" << M << " variant " << variant;
       for (float* p : {dx, dq, dk, dv, dxn}) cu->free(p);
     }
     cu->free(dnw);

@@ -394,7 +394,7 @@ class CudaBackend final : public Backend {
       return;
     }
     // One launch per run of consecutive weights of one format (q/k/v usually share theirs).
-    cuda::MatArgs a = mat_args(x, norm);
+    cuda::MatArgs a = normed_args(x, M, norm, *outs.begin()->w, P);
     for (auto it = outs.begin(); it != outs.end(); ++it) {
       a.w[a.n] = dev(*it->w);
       a.y[a.n] = it->y;
@@ -414,14 +414,14 @@ class CudaBackend final : public Backend {
       return;
     }
     f32_only(P);
-    cuda::MatArgs a = mat_args(x, norm);
+    cuda::MatArgs a = normed_args(x, M, norm, G, P);
     a.n = 1;
     a.w[0] = dev(G);
     a.w2 = dev(U);
     a.y[0] = gate_out;
     a.table = ggml_table ? gelu_table() : nullptr;
     if (prof_) key_ = "gate_up_gelu " + std::to_string(G.rows) + "x" + std::to_string(G.cols) + " M=" + std::to_string(M);
-    launch([=](cudaStream_t s) { cuda::gate_up_gelu(s, a, M); }, 17, x, M, a.w[0].data, a.w2.data, G.rows, G.cols,
+    launch([=](cudaStream_t s) { cuda::gate_up_gelu(s, a, M); }, 17, a.x, M, a.w[0].data, a.w2.data, G.rows, G.cols,
            a.table, gate_out, a.norm_w, a.eps);
   }
   void top_k(const float* x, int rows, int n, int k, float* vals, int32_t* idx, float* lse) override {
@@ -569,6 +569,16 @@ class CudaBackend final : public Backend {
     a.norm_w = norm.w;
     a.eps = norm.eps;
     return a;
+  }
+  // A decode row (M = 1) into K-quant matmuls: normed once into norm.scratch by one small kernel,
+  // instead of by each of the matmul's thousands of blocks in its prologue (which cost more than
+  // the weights' reads). Returns the matmul's arguments: the scratch read as is, or x normed in
+  // the kernel.
+  cuda::MatArgs normed_args(const float* x, int M, const InputNorm& norm, const WeightView& W, ActPrecision P) {
+    if (M != 1 || !norm.w || !norm.scratch || (W.fmt != WFormat::GgufQ4_K && W.fmt != WFormat::GgufQ6_K))
+      return mat_args(x, norm);
+    rms_norm(x, 1, int(W.cols), norm.w, norm.eps, P, norm.scratch);
+    return mat_args(norm.scratch, InputNorm{});
   }
   void launch_matmuls(const cuda::MatArgs& a, int M) {
     if (prof_) key_ = "matmuls x" + std::to_string(a.n) + " " + std::to_string(a.w[0].rows) + "x" +

@@ -7,6 +7,7 @@
 #include "backend/cuda/cuda_act.cuh"
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_kquant_dot.cuh"
 
 namespace g4::cuda {
 namespace {
@@ -114,8 +115,13 @@ __global__ void __launch_bounds__(kMatWarps * kWarp) matmul_kernel(MatArgs a) {
   int i = 0;
   while (i + 1 < a.n && blockIdx.x >= a.first[i + 1]) ++i;
   const DevWeight& w = a.w[i];
-  const int64_t r0 = int64_t(blockIdx.x - a.first[i]) * kMatWarps;
-  const int64_t r = r0 + threadIdx.x / kWarp;
+  // K-quant decode rows: `split` consecutive warps share a row, each taking every split-th
+  // super-block (long rows otherwise leave too few warps in flight to cover memory latency).
+  constexpr bool kSplitK = kUnits && kM == 1 && kKquantDot<F>;
+  const int split = kSplitK ? a.split : 1;
+  const int warp = threadIdx.x / kWarp, part = warp % split;
+  const int64_t r0 = int64_t(blockIdx.x - a.first[i]) * (kMatWarps / split);
+  const int64_t r = r0 + warp / split;
   const int lane = threadIdx.x % kWarp;
   const uint8_t* row = w.data + r * w.row_bytes;
   const uint8_t* row2 = a.w2.data + r * a.w2.row_bytes;
@@ -138,13 +144,29 @@ __global__ void __launch_bounds__(kMatWarps * kWarp) matmul_kernel(MatArgs a) {
     if (a.norm_w) {  // xn[m, c] = x[m, c] * inv_rms(x[m]) * norm_w[c] into shared memory (16-byte aligned)
       float* xn = reinterpret_cast<float*>(sm);
       __shared__ float inv[kMaxM];
-      const int warp = threadIdx.x / kWarp;
+      __shared__ float red[32];
       __syncthreads();  // the previous chunk's warps are done reading xn
-      for (int m = warp; m < mc; m += kMatWarps) {
-        float ss = 0.f;
-        for (int64_t c = lane; c < w.cols; c += kWarp) ss += x[m * w.cols + c] * x[m * w.cols + c];
-        ss = warp_sum(ss);
-        if (lane == 0) inv[m] = 1.0f / sqrtf(ss / float(w.cols) + a.eps);
+      if (w.cols % 4 == 0) {
+        // Every thread of the block on each row, float4 loads: at decode each of the thousands of
+        // blocks norms the same row, and a warp walking it serially cost more than the matmul.
+        const int64_t c4n = w.cols / 4;
+        for (int m = 0; m < mc; ++m) {
+          const float4* x4 = reinterpret_cast<const float4*>(x + int64_t(m) * w.cols);
+          float ss = 0.f;
+          for (int64_t c = threadIdx.x; c < c4n; c += blockDim.x) {
+            const float4 v = x4[c];
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+          }
+          ss = block_sum(ss, red);
+          if (threadIdx.x == 0) inv[m] = 1.0f / sqrtf(ss / float(w.cols) + a.eps);
+        }
+      } else {
+        for (int m = warp; m < mc; m += kMatWarps) {
+          float ss = 0.f;
+          for (int64_t c = lane; c < w.cols; c += kWarp) ss += x[m * w.cols + c] * x[m * w.cols + c];
+          ss = warp_sum(ss);
+          if (lane == 0) inv[m] = 1.0f / sqrtf(ss / float(w.cols) + a.eps);
+        }
       }
       __syncthreads();
       for (int64_t e = threadIdx.x; e < int64_t(mc) * w.cols; e += blockDim.x)
@@ -152,7 +174,33 @@ __global__ void __launch_bounds__(kMatWarps * kWarp) matmul_kernel(MatArgs a) {
       x = xn;
     }
     __syncthreads();
-    if (r < w.rows) {
+    if constexpr (kSplitK) {
+      __shared__ float partial[2][kMatWarps];
+      float s1 = 0.f, s2 = 0.f;
+      if (r < w.rows) {
+        if constexpr (kAct != kPlain) {  // gate and up rows in one pass over x
+          const uint8_t* rr[2] = {row, row2};
+          float acc[2];
+          kquant_rows_dot<F, 2>(rr, x, w.cols, lane, part, split, acc);
+          s1 = warp_sum(acc[0]);
+          s2 = warp_sum(acc[1]);
+        } else {
+          s1 = warp_sum(kquant_row_dot<F>(row, x, w.cols, lane, part, split));
+        }
+      }
+      if (split > 1) {
+        if (lane == 0) partial[0][warp] = s1, partial[1][warp] = s2;
+        __syncthreads();
+        s1 = s2 = 0.f;
+        for (int k = 0; k < split; ++k) s1 += partial[0][warp - part + k], s2 += partial[1][warp - part + k];
+      }
+      if (r < w.rows && part == 0 && lane == 0) {
+        float v = s1;
+        if constexpr (kAct == kGelu) v = gelu_tanh_mul(s1, s2);
+        if constexpr (kAct == kGeluGgml) v = gelu_ggml_mul(s1, s2, a.table);
+        y[r] = v;
+      }
+    } else if (r < w.rows) {
       float acc[kM], acc2[kM];
       row_dot<F, kUnits, kM>(x, mc, w, row, r, lane, acc);
       if constexpr (kAct != kPlain) row_dot<F, kUnits, kM>(x, mc, a.w2, row2, r, lane, acc2);
@@ -210,11 +258,27 @@ __global__ void __launch_bounds__(kMatWarps * kWarp) matmul_kernel(MatArgs a) {
   if (threadIdx.x == 0) *a.counter = 0u;
 }
 
-// One block per token; threads over the columns.
-__global__ void embed_kernel(DevWeight e, const int32_t* ids, float scale, float* out) {
+// Grid (tokens, column chunks). kUnits (cols % 32 == 0): a thread per 32-value unit (one block
+// header read, dequant32); else a thread per column. Many blocks per row: the per-layer-input
+// table's rows are 8960 wide, and one block walking a row serially took 225 us.
+constexpr int kEmbedThreads = 128;
+template <WFormat F, bool kUnits>
+__global__ void __launch_bounds__(kEmbedThreads) embed_kernel(DevWeight e, const int32_t* ids, float scale, float* out) {
   const int i = blockIdx.x;
   const int64_t id = ids[i];
-  for (int64_t c = threadIdx.x; c < e.cols; c += blockDim.x) out[i * e.cols + c] = dequant(e, id, c) * scale;
+  const uint8_t* row = e.data + id * e.row_bytes;
+  float* o = out + int64_t(i) * e.cols;
+  const int64_t k = int64_t(blockIdx.y) * kEmbedThreads + threadIdx.x;
+  if constexpr (kUnits) {
+    if (k >= e.cols / 32) return;
+    float v[32];
+    dequant32<F>(row, e, id, k, v);
+#pragma unroll
+    for (int j = 0; j < 32; j += 4)
+      *reinterpret_cast<float4*>(o + 32 * k + j) = make_float4(v[j] * scale, v[j + 1] * scale, v[j + 2] * scale, v[j + 3] * scale);
+  } else {
+    if (k < e.cols) o[k] = dequant_at(row, e, id, k) * scale;
+  }
 }
 
 // 1 / sqrt(mean(x²) + eps) over x[dim], by the whole block (every thread gets it). Its barriers
@@ -764,6 +828,8 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_lanes_kernel(const fl
         }
       }
     }
+  } else if constexpr (kKquantDot<F>) {
+    acc = kquant_row_dot<F>(row, x, w.cols, lane);
   } else {
     for (int64_t c0 = lane; c0 < w.cols; c0 += 4 * kWarp) {
       float xv[4], wv[4];
@@ -793,13 +859,21 @@ size_t matmul_smem(const MatArgs& a, int act, bool staged, int M) {
   return n;
 }
 
+// Warps per output row for K-quant rows at M = 1: about four super-blocks per warp (one unrolled
+// round of loads), at most the block's 8 warps.
+int kquant_split(int64_t cols) {
+  const int64_t nsb = cols / 256;
+  return nsb <= 4 ? 1 : nsb <= 8 ? 2 : nsb <= 16 ? 4 : 8;
+}
+
 template <WFormat F, bool kUnits, int kAct>
 void matmul_launch(cudaStream_t s, MatArgs a, int M) {
   unsigned blocks = 0;
   bool aligned = true;
+  a.split = kUnits && M == 1 && kKquantDot<F> ? kquant_split(a.w[0].cols) : 1;
   for (int i = 0; i < a.n; ++i) {
     a.first[i] = blocks;
-    blocks += blocks_for(a.w[i].rows, kMatWarps);
+    blocks += blocks_for(a.w[i].rows, kMatWarps / a.split);
     aligned = aligned && (int64_t(kMatWarps) * a.w[i].row_bytes) % 16 == 0 &&
               reinterpret_cast<uintptr_t>(a.w[i].data) % 16 == 0;
   }
@@ -810,7 +884,9 @@ void matmul_launch(cudaStream_t s, MatArgs a, int M) {
   // Staging needs 16-byte aligned block chunks (kMatWarps rows; cudaMalloc'd bases) that fit the
   // default 48 KiB of shared memory beside the normed input.
   const int m_launch = M < kMaxM ? M : kMaxM;
-  const bool staged = kUnits && aligned && matmul_smem(a, kAct, true, m_launch) <= 48 * 1024;
+  // K-quant rows at M = 1 are read coalesced from global memory (kquant_row_dot), never staged.
+  const bool staged = kUnits && aligned && !(M == 1 && kKquantDot<F>) &&
+                      matmul_smem(a, kAct, true, m_launch) <= 48 * 1024;
   const size_t smem = matmul_smem(a, kAct, staged, m_launch);
   // One launch for all M rows (the kernel walks them in chunks of 8 over its staged weights).
   a.M = M;
@@ -882,7 +958,14 @@ void gate_up_gelu(cudaStream_t s, MatArgs a, int M) {
 size_t matmul_norm_smem(int M, int64_t cols) { return size_t(M < kMaxM ? M : kMaxM) * size_t(cols) * 4; }
 
 void embed(cudaStream_t s, const DevWeight& e, const int32_t* ids, int n, float scale, float* out) {
-  if (n > 0) embed_kernel<<<n, 256, 0, s>>>(e, ids, scale, out);
+  if (n <= 0) return;
+  with_format(e.fmt, [&](auto f) {
+    constexpr WFormat F = decltype(f)::value;
+    if (e.cols % 32 == 0)
+      embed_kernel<F, true><<<dim3(n, blocks_for(e.cols / 32, kEmbedThreads)), kEmbedThreads, 0, s>>>(e, ids, scale, out);
+    else
+      embed_kernel<F, false><<<dim3(n, blocks_for(e.cols, kEmbedThreads)), kEmbedThreads, 0, s>>>(e, ids, scale, out);
+  });
 }
 
 void rms_norm(cudaStream_t s, const float* x, int rows, int dim, const float* w, float eps, float* y) {

@@ -56,6 +56,9 @@ struct MatArgs {
   const float* post_w;
   float post_eps;
   unsigned* counter;
+  // Set by the launch: warps that share one output row (K-quant rows at M = 1 split their
+  // super-blocks among them; 1 elsewhere).
+  int split = 1;
 };
 // The shared memory a normed input of M rows (at most 8 per launch) takes; launches whose norm
 // does not fit 48 KiB must norm separately.
