@@ -97,6 +97,116 @@ __device__ inline void stage_rows(const uint8_t* src, uint8_t* dst, int64_t byte
   }
 }
 
+// Warps per matmul block, and the activation a matmul applies (kGelu / kGeluGgml: with a second
+// weight w2, gelu(x·wᵀ) * (x·w2ᵀ), tanh form or ggml's table).
+constexpr int kMatWarps = 8;
+enum Act { kPlain = 0, kGelu = 1, kGeluGgml = 2 };
+
+// matmul_norm_add's epilogue, run by every block after its rows: the last block to finish adds
+// rms_norm(y)·post_w to resid, row by row with the whole block; each thread's loads are issued
+// together (kPerT at a time), not one L2 round trip after another.
+__device__ void residual_epilogue(const MatArgs& a, const float* y, int64_t n) {
+  __shared__ bool last;
+  __shared__ float red[32];
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(a.counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  constexpr int kPerT = 4;
+  const int64_t step = int64_t(kPerT) * blockDim.x;
+  for (int m = 0; m < a.M; ++m) {
+    const float* yr = y + int64_t(m) * n;
+    float* xr = a.resid + int64_t(m) * n;
+    float ss = 0.f;
+    for (int64_t c0 = threadIdx.x; c0 < n; c0 += step) {
+      float v[kPerT];
+#pragma unroll
+      for (int k = 0; k < kPerT; ++k) v[k] = c0 + k * blockDim.x < n ? __ldcg(yr + c0 + k * blockDim.x) : 0.f;
+#pragma unroll
+      for (int k = 0; k < kPerT; ++k) ss += v[k] * v[k];
+    }
+    ss = block_sum(ss, red);
+    const float inv = 1.0f / sqrtf(ss / float(n) + a.post_eps);
+    for (int64_t c0 = threadIdx.x; c0 < n; c0 += step) {
+      float v[kPerT], r[kPerT], g[kPerT];
+#pragma unroll
+      for (int k = 0; k < kPerT; ++k) {
+        const int64_t c = c0 + k * blockDim.x;
+        v[k] = c < n ? __ldcg(yr + c) : 0.f;
+        r[k] = c < n ? xr[c] : 0.f;
+        g[k] = c < n ? a.post_w[c] : 0.f;
+      }
+#pragma unroll
+      for (int k = 0; k < kPerT; ++k)
+        if (c0 + k * blockDim.x < n) xr[c0 + k * blockDim.x] = r[k] + v[k] * inv * g[k];
+    }
+  }
+  if (threadIdx.x == 0) *a.counter = 0u;
+}
+
+// Block-wide rms_norm of one row (M = 1) into shared memory xn: xn[c] = x[c] * inv_rms(x) * w[c].
+__device__ void norm_row_to_shared(const float* x, int64_t cols, const float* w, float eps, float* xn) {
+  __shared__ float red[32];
+  float ss = 0.f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) ss += x[c] * x[c];
+  ss = block_sum(ss, red);
+  const float inv = 1.0f / sqrtf(ss / float(cols) + eps);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) xn[c] = x[c] * inv * w[c];
+  __syncthreads();
+}
+
+// K-quant decode (M = 1; cuda_kquant_dot.cuh): the MatArgs contract of matmul_kernel, with
+// `split` warps per row and a persistent grid: each block walks virtual blocks of kMatWarps /
+// split rows (vb = blockIdx.x, + gridDim.x, ...), so that a few resident blocks per SM keep loads
+// in flight instead of thousands of short blocks paying their start and drain.
+template <WFormat F, int kAct>
+__global__ void __launch_bounds__(kMatWarps * kWarp) kquant_decode_kernel(MatArgs a) {
+  extern __shared__ uint4 smem[];
+  __shared__ float partial[2][kMatWarps];
+  const int split = a.split, warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, part = warp % split;
+  const float* x = a.x;
+  if (a.norm_w) {  // one row, normed once per block
+    float* xn = reinterpret_cast<float*>(smem);
+    norm_row_to_shared(a.x, a.w[0].cols, a.norm_w, a.eps, xn);
+    x = xn;
+  }
+  const unsigned total = a.first[a.n];
+  for (unsigned vb = blockIdx.x; vb < total; vb += gridDim.x) {
+    int i = 0;
+    while (i + 1 < a.n && vb >= a.first[i + 1]) ++i;
+    const DevWeight& w = a.w[i];
+    const int64_t r = int64_t(vb - a.first[i]) * (kMatWarps / split) + warp / split;
+    float s1 = 0.f, s2 = 0.f;
+    if (r < w.rows) {
+      if constexpr (kAct != kPlain) {  // gate and up rows in one pass over x
+        const uint8_t* rr[2] = {w.data + r * w.row_bytes, a.w2.data + r * a.w2.row_bytes};
+        float acc[2];
+        kquant_rows_dot<F, 2>(rr, x, w.cols, lane, part, split, acc);
+        s1 = warp_sum(acc[0]);
+        s2 = warp_sum(acc[1]);
+      } else {
+        s1 = warp_sum(kquant_row_dot<F>(w.data + r * w.row_bytes, x, w.cols, lane, part, split));
+      }
+    }
+    if (split > 1) {
+      if (lane == 0) partial[0][warp] = s1, partial[1][warp] = s2;
+      __syncthreads();
+      s1 = s2 = 0.f;
+      for (int k = 0; k < split; ++k) s1 += partial[0][warp - part + k], s2 += partial[1][warp - part + k];
+      __syncthreads();  // partial is rewritten by the next virtual block
+    }
+    if (r < w.rows && part == 0 && lane == 0) {
+      float v = s1;
+      if constexpr (kAct == kGelu) v = gelu_tanh_mul(s1, s2);
+      if constexpr (kAct == kGeluGgml) v = gelu_ggml_mul(s1, s2, a.table);
+      a.y[i][r] = v;
+    }
+  }
+  if (a.resid) residual_epilogue(a, a.y[0], a.w[0].rows);
+}
+
 // One warp per output row (kMatWarps rows per block), up to kMaxM activation rows per launch (the
 // caller splits larger M). The launch covers a.n weights of one format and width (the attention's
 // q/k/v projections in one launch): blocks [first[i], first[i+1]) compute y[i] = x·w[i]ᵀ.
@@ -107,21 +217,15 @@ __device__ inline void stage_rows(const uint8_t* src, uint8_t* dst, int64_t byte
 // kStaged: the block first copies its rows' bytes (of w and w2) into shared memory with wide
 // coalesced loads, then each warp decodes from there: the lanes' own reads, one 32-value unit
 // each, would hit every cache line many times.
-constexpr int kMatWarps = 8;
-enum Act { kPlain = 0, kGelu = 1, kGeluGgml = 2 };
 template <WFormat F, bool kUnits, int kAct, bool kStaged, int kM>
 __global__ void __launch_bounds__(kMatWarps * kWarp) matmul_kernel(MatArgs a) {
   extern __shared__ uint4 smem[];
   int i = 0;
   while (i + 1 < a.n && blockIdx.x >= a.first[i + 1]) ++i;
   const DevWeight& w = a.w[i];
-  // K-quant decode rows: `split` consecutive warps share a row, each taking every split-th
-  // super-block (long rows otherwise leave too few warps in flight to cover memory latency).
-  constexpr bool kSplitK = kUnits && kM == 1 && kKquantDot<F>;
-  const int split = kSplitK ? a.split : 1;
-  const int warp = threadIdx.x / kWarp, part = warp % split;
-  const int64_t r0 = int64_t(blockIdx.x - a.first[i]) * (kMatWarps / split);
-  const int64_t r = r0 + warp / split;
+  const int warp = threadIdx.x / kWarp;
+  const int64_t r0 = int64_t(blockIdx.x - a.first[i]) * kMatWarps;
+  const int64_t r = r0 + warp;
   const int lane = threadIdx.x % kWarp;
   const uint8_t* row = w.data + r * w.row_bytes;
   const uint8_t* row2 = a.w2.data + r * a.w2.row_bytes;
@@ -174,33 +278,7 @@ __global__ void __launch_bounds__(kMatWarps * kWarp) matmul_kernel(MatArgs a) {
       x = xn;
     }
     __syncthreads();
-    if constexpr (kSplitK) {
-      __shared__ float partial[2][kMatWarps];
-      float s1 = 0.f, s2 = 0.f;
-      if (r < w.rows) {
-        if constexpr (kAct != kPlain) {  // gate and up rows in one pass over x
-          const uint8_t* rr[2] = {row, row2};
-          float acc[2];
-          kquant_rows_dot<F, 2>(rr, x, w.cols, lane, part, split, acc);
-          s1 = warp_sum(acc[0]);
-          s2 = warp_sum(acc[1]);
-        } else {
-          s1 = warp_sum(kquant_row_dot<F>(row, x, w.cols, lane, part, split));
-        }
-      }
-      if (split > 1) {
-        if (lane == 0) partial[0][warp] = s1, partial[1][warp] = s2;
-        __syncthreads();
-        s1 = s2 = 0.f;
-        for (int k = 0; k < split; ++k) s1 += partial[0][warp - part + k], s2 += partial[1][warp - part + k];
-      }
-      if (r < w.rows && part == 0 && lane == 0) {
-        float v = s1;
-        if constexpr (kAct == kGelu) v = gelu_tanh_mul(s1, s2);
-        if constexpr (kAct == kGeluGgml) v = gelu_ggml_mul(s1, s2, a.table);
-        y[r] = v;
-      }
-    } else if (r < w.rows) {
+    if (r < w.rows) {
       float acc[kM], acc2[kM];
       row_dot<F, kUnits, kM>(x, mc, w, row, r, lane, acc);
       if constexpr (kAct != kPlain) row_dot<F, kUnits, kM>(x, mc, a.w2, row2, r, lane, acc2);
@@ -215,47 +293,7 @@ __global__ void __launch_bounds__(kMatWarps * kWarp) matmul_kernel(MatArgs a) {
       }
     }
   }
-  if (!a.resid) return;
-  // Post-norm and residual add by the last block to finish, row by row with the whole block; each
-  // thread's loads are issued together (kPerT at a time), not one L2 round trip after another.
-  __shared__ bool last;
-  __shared__ float red[32];
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(a.counter, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  constexpr int kPerT = 4;
-  const int64_t n = w.rows, step = int64_t(kPerT) * blockDim.x;
-  for (int m = 0; m < a.M; ++m) {
-    const float* yr = y + int64_t(m) * n;
-    float* xr = a.resid + int64_t(m) * n;
-    float ss = 0.f;
-    for (int64_t c0 = threadIdx.x; c0 < n; c0 += step) {
-      float v[kPerT];
-#pragma unroll
-      for (int k = 0; k < kPerT; ++k) v[k] = c0 + k * blockDim.x < n ? __ldcg(yr + c0 + k * blockDim.x) : 0.f;
-#pragma unroll
-      for (int k = 0; k < kPerT; ++k) ss += v[k] * v[k];
-    }
-    ss = block_sum(ss, red);
-    const float inv = 1.0f / sqrtf(ss / float(n) + a.post_eps);
-    for (int64_t c0 = threadIdx.x; c0 < n; c0 += step) {
-      float v[kPerT], r[kPerT], g[kPerT];
-#pragma unroll
-      for (int k = 0; k < kPerT; ++k) {
-        const int64_t c = c0 + k * blockDim.x;
-        v[k] = c < n ? __ldcg(yr + c) : 0.f;
-        r[k] = c < n ? xr[c] : 0.f;
-        g[k] = c < n ? a.post_w[c] : 0.f;
-      }
-#pragma unroll
-      for (int k = 0; k < kPerT; ++k)
-        if (c0 + k * blockDim.x < n) xr[c0 + k * blockDim.x] = r[k] + v[k] * inv * g[k];
-    }
-  }
-  if (threadIdx.x == 0) *a.counter = 0u;
+  if (a.resid) residual_epilogue(a, y, w.rows);
 }
 
 // Grid (tokens, column chunks). kUnits (cols % 32 == 0): a thread per 32-value unit (one block
@@ -866,14 +904,42 @@ int kquant_split(int64_t cols) {
   return nsb <= 4 ? 1 : nsb <= 8 ? 2 : nsb <= 16 ? 4 : 8;
 }
 
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
+    return v > 0 ? v : 1;
+  }();
+  return n;
+}
+
+// One launch of kquant_decode_kernel: virtual blocks of kMatWarps / split rows per weight, a grid
+// of as many blocks as fit on the GPU at once (or fewer when there is less work).
+template <WFormat F, int kAct>
+void kquant_decode_launch(cudaStream_t s, MatArgs a) {
+  a.split = kquant_split(a.w[0].cols);
+  a.M = 1;
+  unsigned blocks = 0;
+  for (int i = 0; i < a.n; ++i) {
+    a.first[i] = blocks;
+    blocks += blocks_for(a.w[i].rows, kMatWarps / a.split);
+  }
+  a.first[a.n] = blocks;
+  const size_t smem = a.norm_w ? size_t(a.w[0].cols) * 4 : 0;
+  int per_sm = 0;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kquant_decode_kernel<F, kAct>, kMatWarps * kWarp, smem);
+  const unsigned resident = unsigned((per_sm > 0 ? per_sm : 1) * sm_count());
+  kquant_decode_kernel<F, kAct><<<blocks < resident ? blocks : resident, kMatWarps * kWarp, smem, s>>>(a);
+}
+
 template <WFormat F, bool kUnits, int kAct>
 void matmul_launch(cudaStream_t s, MatArgs a, int M) {
   unsigned blocks = 0;
   bool aligned = true;
-  a.split = kUnits && M == 1 && kKquantDot<F> ? kquant_split(a.w[0].cols) : 1;
   for (int i = 0; i < a.n; ++i) {
     a.first[i] = blocks;
-    blocks += blocks_for(a.w[i].rows, kMatWarps / a.split);
+    blocks += blocks_for(a.w[i].rows, kMatWarps);
     aligned = aligned && (int64_t(kMatWarps) * a.w[i].row_bytes) % 16 == 0 &&
               reinterpret_cast<uintptr_t>(a.w[i].data) % 16 == 0;
   }
@@ -884,9 +950,7 @@ void matmul_launch(cudaStream_t s, MatArgs a, int M) {
   // Staging needs 16-byte aligned block chunks (kMatWarps rows; cudaMalloc'd bases) that fit the
   // default 48 KiB of shared memory beside the normed input.
   const int m_launch = M < kMaxM ? M : kMaxM;
-  // K-quant rows at M = 1 are read coalesced from global memory (kquant_row_dot), never staged.
-  const bool staged = kUnits && aligned && !(M == 1 && kKquantDot<F>) &&
-                      matmul_smem(a, kAct, true, m_launch) <= 48 * 1024;
+  const bool staged = kUnits && aligned && matmul_smem(a, kAct, true, m_launch) <= 48 * 1024;
   const size_t smem = matmul_smem(a, kAct, staged, m_launch);
   // One launch for all M rows (the kernel walks them in chunks of 8 over its staged weights).
   a.M = M;
@@ -913,6 +977,12 @@ void matmul_fmt(cudaStream_t s, const MatArgs& a, int M) {
   if constexpr (kAct == kPlain) {
     if (M == 1 && a.n == 1 && !a.norm_w && !a.resid && a.w[0].rows >= kLanesMinRows) {
       gemv_lanes_kernel<F><<<blocks_for(a.w[0].rows, kGemvWarps), kGemvWarps * kWarp, 0, s>>>(a.x, a.w[0], a.y[0]);
+      return;
+    }
+  }
+  if constexpr (kKquantDot<F>) {
+    if (M == 1) {  // decode: coalesced K-quant rows on a persistent grid
+      kquant_decode_launch<F, kAct>(s, a);
       return;
     }
   }
