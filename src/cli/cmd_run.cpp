@@ -168,7 +168,9 @@ int cmd_run(const std::vector<std::string>& argv) {
   // --image F1[,F2...]: the images go with the first message and stay in the history.
   std::vector<ImageInput> images;
   if (a.has("--image")) {
-    if (!s.b.vision) return fail("run", s.b.name + " has no vision encoder: --image needs a Gemma 4 checkpoint with one");
+    if (!s.b.vision)
+      return fail("run", s.b.name + " has no vision encoder: --image needs a Gemma 4 safetensors checkpoint with one" +
+                             (s.b.format == "gguf" ? " (a GGUF file's vision tower is a separate mmproj file, not read yet)" : ""));
     if (!chat) return fail("run", "--image needs a chat model (this one has no chat template)");
     auto read = read_image_files(a.get("--image"));
     if (!read) return fail("run", read.message());

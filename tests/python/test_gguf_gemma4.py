@@ -201,3 +201,12 @@ def test_missing_expert_tensor_is_refused(gemma4_bin, tmp_path):
     rewrite(FIX / "moe-bf16.gguf", dst, drop_tensors={"blk.1.ffn_gate_up_exps.weight"})
     r = run(gemma4_bin, "logits", "--model", dst, "--ids", "2,3", "--out", tmp_path / "x.npy", ok=False)
     assert r.returncode != 0 and "missing tensor blk.1.ffn_gate_exps.weight" in r.stderr, r.stderr
+
+
+def test_image_input_is_refused_clearly(gemma4_bin, tmp_path):
+    """GGUF vision towers ship as separate mmproj files, which are not read: --image says so."""
+    from PIL import Image
+    img = tmp_path / "x.png"
+    Image.new("RGB", (32, 32), (200, 10, 10)).save(img)
+    r = run(gemma4_bin, "run", "--model", FIX / "estyle-bf16.gguf", "--image", img, "--max-tokens", 2, "hi", ok=False)
+    assert r.returncode != 0 and "no vision encoder" in r.stderr and "mmproj" in r.stderr, r.stderr
