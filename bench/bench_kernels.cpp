@@ -68,10 +68,11 @@ Matrix make_matrix(WFormat f, int64_t rows, int64_t cols, int bits = 4, int grou
       uint64_t r = next(s);
       std::memcpy(&m.data[i], &r, 8);
     }
+    const std::vector<size_t> scale_at = q4k ? std::vector<size_t>{0, 2} : q6k ? std::vector<size_t>{208} : std::vector<size_t>{0};
     for (size_t b = 0; b < m.data.size() / size_t(bb); ++b) {
-      for (int64_t off : q4k ? std::vector<int64_t>{0, 2} : q6k ? std::vector<int64_t>{208} : std::vector<int64_t>{0}) {
+      for (size_t off : scale_at) {
         uint16_t h = f32_to_f16(1e-3f + 1e-5f * float(next(s) % 1900));
-        std::memcpy(&m.data[b * size_t(bb) + size_t(off)], &h, 2);
+        std::memcpy(&m.data[b * size_t(bb) + off], &h, 2);
       }
     }
   } else {

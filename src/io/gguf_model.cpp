@@ -52,10 +52,16 @@ Result<float> opt_f32(const GgufFile& f, const std::string& key, float def) {
   return f.get_f32(key);
 }
 
+// Per-layer keys both architectures read, one value per layer: KV heads (default: the query
+// heads, as llama.cpp) and MLP widths.
+struct LayerKeys {
+  std::vector<int64_t> kv_heads, ff;
+};
+
 // Keys every Gemma architecture shares (llama_model_base::load_hparams): layer count, width,
-// query heads (one count for all layers), RMS epsilon, softcap, context, and the vocabulary as
-// the rows of token_embd (llama.cpp requires as many tokens as rows).
-Status read_common(const GgufFile& f, const std::string& a, ModelConfig& c) {
+// query heads (one count for all layers), RMS epsilon, softcap, context, the vocabulary as the
+// rows of token_embd (llama.cpp requires as many tokens as rows), and the LayerKeys.
+Status read_common(const GgufFile& f, const std::string& a, ModelConfig& c, LayerKeys& lk) {
   const char* P = f.path().c_str();
   G4_ASSIGN_OR_RETURN(int64_t n_layers, f.get_int(a + "block_count"));
   G4_ASSIGN_OR_RETURN(c.n_layers, positive_int(f, a + "block_count", n_layers, kMaxLayers));
@@ -97,6 +103,9 @@ Status read_common(const GgufFile& f, const std::string& a, ModelConfig& c) {
   c.gelu = GeluImpl::GgmlF16Table;  // a GGUF file computes as llama.cpp computes it
   c.reference_precision = ActPrecision::F32;
   c.qk_norm = true;
+  const int64_t n_head = c.n_heads;
+  G4_ASSIGN_OR_RETURN(lk.kv_heads, key_or_arr(f, a + "attention.head_count_kv", c.n_layers, &n_head));
+  G4_ASSIGN_OR_RETURN(lk.ff, key_or_arr(f, a + "feed_forward_length", c.n_layers, nullptr));
   return Status::ok();
 }
 
@@ -197,12 +206,10 @@ Result<ModelConfig> gemma3_config(const GgufFile& f, const std::string& arch) {
   const std::string a = arch + ".";
   ModelConfig c;
   c.model_type = arch;
-  G4_TRY(read_common(f, a, c));
+  LayerKeys lk;
+  G4_TRY(read_common(f, a, c, lk));
   const int N = c.n_layers;
-  // n_head_kv defaults to n_head (llama.cpp).
-  const int64_t n_head = c.n_heads;
-  G4_ASSIGN_OR_RETURN(std::vector<int64_t> kv_heads, key_or_arr(f, a + "attention.head_count_kv", N, &n_head));
-  G4_ASSIGN_OR_RETURN(std::vector<int64_t> ff, key_or_arr(f, a + "feed_forward_length", N, nullptr));
+  const std::vector<int64_t>&kv_heads = lk.kv_heads, &ff = lk.ff;
   G4_ASSIGN_OR_RETURN(int head_dim, head_dim_key(f, a + "attention.key_length", a + "attention.value_length",
                                                  c.hidden / c.n_heads));
   if (f.has(a + "rope.dimension_count")) {
@@ -298,11 +305,10 @@ Result<ModelConfig> gemma4_config(const GgufFile& f) {
   const std::string a = "gemma4.";
   ModelConfig c;
   c.model_type = "gemma4";
-  G4_TRY(read_common(f, a, c));
+  LayerKeys lk;
+  G4_TRY(read_common(f, a, c, lk));
   const int N = c.n_layers;
-  const int64_t n_head = c.n_heads;
-  G4_ASSIGN_OR_RETURN(std::vector<int64_t> kv_heads, key_or_arr(f, a + "attention.head_count_kv", N, &n_head));
-  G4_ASSIGN_OR_RETURN(std::vector<int64_t> ff, key_or_arr(f, a + "feed_forward_length", N, nullptr));
+  const std::vector<int64_t>&kv_heads = lk.kv_heads, &ff = lk.ff;
   // key_length is the global layers' head dim, key_length_swa the sliding layers'.
   G4_ASSIGN_OR_RETURN(int hd_full, head_dim_key(f, a + "attention.key_length", a + "attention.value_length",
                                                 c.hidden / c.n_heads));

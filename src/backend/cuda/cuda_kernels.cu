@@ -904,16 +904,6 @@ int kquant_split(int64_t cols) {
   return nsb <= 4 ? 1 : nsb <= 8 ? 2 : nsb <= 16 ? 4 : 8;
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
-    return v > 0 ? v : 1;
-  }();
-  return n;
-}
-
 // One launch of kquant_decode_kernel: virtual blocks of kMatWarps / split rows per weight, a grid
 // of as many blocks as fit on the GPU at once (or fewer when there is less work).
 template <WFormat F, int kAct>
@@ -1126,6 +1116,16 @@ void gather_rows(cudaStream_t s, const float* src, const int32_t* idx, int n, in
 }
 void copy_cols(cudaStream_t s, const float* src, int rows, int src_dim, int off, int n, float* dst) {
   if (rows > 0) copy_cols_kernel<<<rows, 256, 0, s>>>(src, src_dim, off, n, dst);
+}
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
+    return v > 0 ? v : 1;
+  }();
+  return n;
 }
 
 }  // namespace g4::cuda

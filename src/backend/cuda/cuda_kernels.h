@@ -71,6 +71,8 @@ void matmuls(cudaStream_t s, MatArgs a, int M);
 // a.y[0][M, w[0].rows] = gelu(xn·w[0]ᵀ) * (xn·w2ᵀ) in one launch (gelu through a.table when set,
 // else MLX's tanh form), xn = norm(x) as in matmuls.
 void gate_up_gelu(cudaStream_t s, MatArgs a, int M);
+// The device's SM count (the current device's, read once).
+int sm_count();
 // The tensor-core path (cuda_tc_matmul.cu) that matmul / matmuls / gate_up_gelu take for
 // M >= kTcMinRows activation rows (prefill): the same products at f32 accuracy (3xTF32), without
 // the resid epilogue (callers split prefill's post-norm off). act: 0 plain, 1 gelu (MLX), 2 gelu

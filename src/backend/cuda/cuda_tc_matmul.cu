@@ -181,16 +181,6 @@ __global__ void __launch_bounds__(kThreads) tc_matmul_kernel(MatArgs a) {
   }
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
-    return v > 0 ? v : 1;
-  }();
-  return n;
-}
-
 template <WFormat F, int kAct, int kBN, int kBK>
 void launch_tiles(cudaStream_t s, MatArgs a, int M) {
   unsigned blocks = 0;
