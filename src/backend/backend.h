@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "core/dtype.h"
-#include "model/config.h"
+#include "core/config.h"
 #include "quant/weight.h"
 
 namespace g4 {

@@ -8,7 +8,7 @@
 
 #include "cli/command.h"
 #include "core/status.h"
-#include "model/config.h"
+#include "core/config.h"
 #include "sampling/sampler.h"
 
 namespace g4::cli {

@@ -11,7 +11,7 @@
 #include "core/status.h"
 #include "io/gguf.h"
 #include "io/weight_source.h"
-#include "model/config.h"
+#include "core/config.h"
 
 namespace g4 {
 

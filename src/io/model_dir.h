@@ -12,7 +12,7 @@
 #include "io/gguf.h"
 #include "io/model_config.h"
 #include "io/weight_source.h"
-#include "model/config.h"
+#include "core/config.h"
 
 namespace g4 {
 

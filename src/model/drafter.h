@@ -35,7 +35,7 @@
 #include "backend/backend.h"
 #include "core/status.h"
 #include "io/model_config.h"
-#include "model/config.h"
+#include "core/config.h"
 #include "model/kv_cache.h"
 #include "model/weights.h"
 

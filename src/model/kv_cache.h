@@ -14,7 +14,7 @@
 
 #include "backend/backend.h"
 #include "core/status.h"
-#include "model/config.h"
+#include "core/config.h"
 
 namespace g4 {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "model/config.h"
+#include "core/config.h"
 #include "model/kv_cache.h"
 #include "model/lora.h"
 #include "model/weights.h"

@@ -9,7 +9,7 @@
 #include "backend/backend.h"
 #include "core/status.h"
 #include "io/weight_source.h"
-#include "model/config.h"
+#include "core/config.h"
 
 namespace g4 {
 

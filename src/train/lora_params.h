@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "model/config.h"
+#include "core/config.h"
 
 namespace g4::train {
 

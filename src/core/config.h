@@ -1,4 +1,5 @@
-// The resolved model architecture: one ModelConfig plus one LayerSpec per layer.
+// The resolved model architecture: one ModelConfig plus one LayerSpec per layer. In core/ because
+// io (which builds it), model and backend all read it; it depends on nothing but core.
 // Built once from config.json (Gemma 4, any nesting) or from GGUF metadata (Gemma 3);
 // forward code reads these fields and never re-derives patterns.
 #pragma once
