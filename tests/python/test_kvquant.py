@@ -13,7 +13,11 @@ Checks:
         codes, and these random models amplify each flip (sens up to 2e-2 here). Quantizing at all
         moves the logits by 0.2 (8-bit) to 8.5 (3-bit) (C_plain_f32), so a missing or mistimed
         conversion, a wrong group or bit width fails, by orders of magnitude except for the 8-bit
-        case on dense-q4g64 (3x).
+        case on dense-q4g64 (3x). The bound is also at least 2 % of that effect (EFFECT_FRAC): the
+        cpu backend's own f32 summation order (8-wide AVX2 sums on CPUs without AVX-512) is far
+        more than sens's 3e-7 probe, and flipped enough 8-bit codes on estyle-q4g64 for 4.4e-3
+        against a 2.3e-3 bound, 1 % of the 0.41 that quantizing moves the logits there; a wrong
+        quantizer is off by about the whole effect.
   bf16: MLX accumulates the quantized attention products in bf16 (its CPU quantized matmul runs in
         the activations' type), which the engine does not reproduce bit for bit: max|Δ| against
         mlx-lm's bf16 run must stay within how far that run lies from mlx-lm's own f32 run.
@@ -38,6 +42,7 @@ CASES = [  # (name, bits, group, start, chunk): tools/make_kvquant_oracle.py CAS
 FIXTURES = ["dense-q4g64", "estyle-q4g64"]
 F32_FLOOR = 1e-3
 SENS_MULT = 3.0
+EFFECT_FRAC = 0.02
 
 
 @pytest.fixture(scope="session")
@@ -68,8 +73,8 @@ def test_kvquant_f32_matches_mlx(gemma4_bin, kvquant_fixtures, parity_report, tm
                   bits, group, start, chunk)
     assert got.shape == ref.shape
     d = float(np.abs(got - ref).max())
-    tol = max(F32_FLOOR, SENS_MULT * sens)
     moved = float(np.abs(ref - plain).max())
+    tol = max(F32_FLOOR, SENS_MULT * sens, EFFECT_FRAC * moved)
     ok = d <= tol
     parity_report.append({"fixture": fixture, "check": f"kv{name} {backend}", "ok": ok,
                           "maxdiff": f"{d:.2e}", "tol": f"{tol:.1e}", "quant_moves": f"{moved:.2f}"})

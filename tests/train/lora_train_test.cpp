@@ -88,7 +88,10 @@ void check_gradients(const char* name, LoraConfig lc, int offset, int n_tokens) 
       w = w0;
       const double err = std::fabs(numeric - analytic) / std::max(std::fabs(analytic), 1e-2);
       worst = std::max(worst, err);
-      EXPECT_LT(err, 2e-2) << mod.name << (which ? ".lora_b" : ".lora_a") << ": analytic " << analytic
+      // 3 %: the f32 noise of the loss (its sums vectorized, -fassociative-math) is the stencil's
+      // floor; with 8-wide AVX2 sums it reached 2.4 % (0.8 % with AVX-512's 16-wide ones), moving
+      // erratically with eps (2.5e-3 .. 1e-2), where a wrong gradient is off by far more.
+      EXPECT_LT(err, 3e-2) << mod.name << (which ? ".lora_b" : ".lora_a") << ": analytic " << analytic
                            << " numeric " << numeric;
       ++checked;
     }
