@@ -8,8 +8,8 @@
 #
 # check:   tools/cuda_device_check.py (op tests + mlx-lm fixtures, greedy through recorded graphs)
 # bench:   gemma4 bench on a synthetic starter-geometry GGUF, CUDA graphs on and off (median of 5)
-# tc:      the same with the tensor-core prefill matmul on and off (G4_CUDA_NO_TC=1)
-# profile: device time per op kind (G4_CUDA_PROFILE=1)
+# tc:      the same with the tensor-core prefill matmul on and off (--tensor-cores off)
+# profile: device time per op kind (--cuda-profile on)
 # hf:      bench/bench_cuda_vs_hf.py (transformers peer)
 # refcheck: tools/cuda_reference_check.py on the synthetic GGUF (cuda and cpu logits against the
 #          exact f32 reference backend; where cpu and cuda greedy part, the reference's verdict)
@@ -21,6 +21,8 @@
 # kvbench: decode after a 4096-token prompt with the KV cache f32, --kv-bits 8 and 4 (speed, bytes)
 # ablate:  device time per step with each op kind left out in turn (G4_CUDA_SKIP; timings only)
 # ncu:     per-kernel device time from Nsight Compute (where the machine's runtime allows it)
+# dtypes:  Gemma 4 geometries (G4_VARIANTS): ours with bf16 activations (the default) and --dtype f32 on
+#          each synthetic file, prompt 512, 128 decoded tokens, medians of 3 processes
 # gemma4:  Gemma 4 geometries (G4_VARIANTS="e2b e4b 26b-a4b 31b"): ours and llama-bench on each synthetic
 #          file (tools/make_synthetic_gemma4_gguf.py), prompt 512, 128 decoded tokens
 # llama:   llama.cpp's llama-bench (CUDA build carried in .devllama) on the same GGUF. Made on the
@@ -47,9 +49,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   && export PYTHONPATH=/tmp/site
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader
 [ -f $G ] || python3 $MAKE_G 2>/dev/null || exit 1
-median_bench() {  # median decode / prefill of 5 processes; extra env as args
-  for i in 1 2 3 4 5; do env "$@" timeout -s KILL 120 $B/gemma4 bench --model $G --backend cuda --prompt-tokens 128 \
-    --gen-tokens 128 --repeat 2 2>/dev/null | tail -1; done | python3 -c '
+median_bench() {  # median decode / prefill of 5 processes; extra gemma4 bench options as args
+  for i in 1 2 3 4 5; do timeout -s KILL 120 $B/gemma4 bench --model $G --backend cuda --prompt-tokens 128 \
+    --gen-tokens 128 --repeat 2 "$@" 2>/dev/null | tail -1; done | python3 -c '
 import json,sys,statistics as s
 r=[json.loads(l) for l in sys.stdin if l.startswith("{")]
 print("prefill %.1f decode %.1f tok/s (median of %d)" % (s.median(x["prefill_tok_s"] for x in r), s.median(x["decode_tok_s"] for x in r), len(r)))'
@@ -58,30 +60,44 @@ for step in "$@"; do
   echo "=== $step"
   case $step in
     check) vis=$(ls -d .devfix/vision/*/ 2>/dev/null)
-           timeout -s KILL 300 python3 tools/cuda_device_check.py --bin $B --fixtures .devfix/* \
-             ${vis:+--vision $vis} 2>&1 | tee $OUT/check.log | tail -26 ;;
-    tc)  # the tensor-core prefill path against the CUDA-core kernels it replaces (G4_CUDA_NO_TC), and
+           # the bf16 contract on a random-weight E4B-geometry file too (against the cuda f32 path)
+           CG=/tmp/synth-e4b.gguf; [ -f $CG ] || python3 tools/make_synthetic_gemma4_gguf.py $CG --variant e4b >/dev/null 2>&1
+           timeout -s KILL 420 python3 tools/cuda_device_check.py --bin $B --fixtures .devfix/* \
+             ${vis:+--vision $vis} --gguf $CG 2>&1 | tee $OUT/check.log | tail -45 ;;
+    dtypes)
+      for V in ${G4_VARIANTS:-e2b e4b}; do
+        GV=/tmp/synth-$V.gguf
+        [ -f $GV ] || python3 tools/make_synthetic_gemma4_gguf.py $GV --variant $V >/dev/null 2>&1
+        for DT in bf16 f32; do
+          for i in 1 2 3; do timeout -s KILL 120 $B/gemma4 bench --model $GV --backend cuda --dtype $DT \
+            --prompt-tokens 512 --gen-tokens 128 --repeat 2 2>/dev/null | tail -1; done | python3 -c '
+import json,sys,statistics as s
+r=[json.loads(l) for l in sys.stdin if l.startswith("{")]
+print("'$V' '$DT': prefill %.0f decode %.1f tok/s (median of %d)" % (s.median(x["prefill_tok_s"] for x in r), s.median(x["decode_tok_s"] for x in r), len(r)))'
+        done
+      done ;;
+    tc)  # the tensor-core prefill path against the CUDA-core kernels it replaces, and
          # prefill at the prompt lengths of the llama step
-      echo "tensor cores on:  $(median_bench G4_CUDA_NO_TC=0)"
-      echo "tensor cores off: $(median_bench G4_CUDA_NO_TC=1)"
+      echo "tensor cores on:  $(median_bench --tensor-cores on)"
+      echo "tensor cores off: $(median_bench --tensor-cores off)"
       for P in 128 512 2048; do
         echo "prompt $P: $(timeout -s KILL 120 $B/gemma4 bench --model $G --backend cuda --prompt-tokens $P \
           --gen-tokens 128 --repeat 3 2>/dev/null | tail -1)"
       done ;;
     bench)
-      echo "graphs on:  $(median_bench G4_CUDA_GRAPHS=1)"
-      echo "graphs off: $(median_bench G4_CUDA_GRAPHS=0)"
+      echo "graphs on:  $(median_bench --cuda-graphs on)"
+      echo "graphs off: $(median_bench --cuda-graphs off)"
       nvidia-smi dmon -s pc -c 6 > $OUT/dmon.log 2>&1 &
-      G4_CUDA_TIMING=1 timeout -s KILL 120 $B/gemma4 bench --model $G --backend cuda --prompt-tokens 128 \
-        --gen-tokens 2000 2>&1 | grep -E "cuda timing|decode"
+      timeout -s KILL 120 $B/gemma4 bench --model $G --backend cuda --prompt-tokens 128 \
+        --gen-tokens 2000 --cuda-timing on 2>&1 | grep -E "cuda timing|decode"
       wait; cat $OUT/dmon.log ;;
     kvbench)
       for kv in "" "--kv-bits 8 --quantized-kv-start 0" "--kv-bits 4 --quantized-kv-start 0"; do
         echo "kv [${kv:-f32}]: $(timeout -s KILL 120 $B/gemma4 bench --model $G --backend cuda --prompt-tokens 4096 \
           --gen-tokens 256 --repeat 2 $kv 2>/dev/null | tail -1)"
       done ;;
-    profile) G4_CUDA_PROFILE=1 timeout -s KILL 120 $B/gemma4 bench --model $G --backend cuda --prompt-tokens 128 \
-      --gen-tokens 128 2>&1 | tee $OUT/profile.log | head -40 ;;
+    profile) timeout -s KILL 120 $B/gemma4 bench --model $G --backend cuda --prompt-tokens 128 \
+      --gen-tokens 128 --cuda-profile on 2>&1 | tee $OUT/profile.log | head -40 ;;
     refcheck) timeout -s KILL 300 python3 tools/cuda_reference_check.py --bin $B/gemma4 --gguf $G 2>&1 | tail -6 ;;
     engine)
       for be in cpu cuda; do
@@ -106,8 +122,8 @@ for _ in range(120):
     ablate)
       for skip in none big_matmul matmul matmul_norm_add attn_prep norm_matmuls gate_up_gelu attention norm_add embed \
                   argmax; do
-        t=$(G4_CUDA_SKIP=$skip G4_CUDA_TIMING=1 timeout -s KILL 60 $B/gemma4 bench --model $G --backend cuda \
-          --prompt-tokens 128 --gen-tokens 300 2>&1 | grep -o "device time of the step's work [0-9.]* us")
+        t=$(G4_CUDA_SKIP=$skip timeout -s KILL 60 $B/gemma4 bench --model $G --backend cuda \
+          --prompt-tokens 128 --gen-tokens 300 --cuda-timing on 2>&1 | grep -o "device time of the step's work [0-9.]* us")
         echo "skip $skip: $t"
       done ;;
     ncu) timeout -s KILL 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv $B/gemma4 bench --model $G \

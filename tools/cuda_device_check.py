@@ -16,7 +16,13 @@ Runs, with a CUDA build of the binaries (cmake -DG4_CUDA=ON):
      draft --backend cuda` drafts and logits against mlx-vlm's (2e-3), and speculative greedy
      decoding round by round;
   6. for every vision case folder given with --vision (tools/make_vision_oracle.py): the vision
-     encoder's features (5e-4) and image-conditioned logits (1e-3) against mlx-vlm's.
+     encoder's features (5e-4) and image-conditioned logits (1e-3) against mlx-vlm's;
+  7. the bf16 accuracy contract (CUDA's default activations, BackendOptions::activations): on every
+     fixture `gemma4 logits --backend cuda --dtype bf16` against the exact f32 reference backend:
+     top-1 agreement over all positions >= 99 %, mean KL(ref || cuda) <= 1e-3, and 16-step greedy
+     runs identical to the reference's on >= 90 % of the fixtures; with --gguf FILE (a random-weight
+     Gemma 4 geometry file, tools/make_synthetic_gemma4_gguf.py) the same bounds against the cuda f32
+     path on a 64-token prompt.
 Prints one line per check and a summary table last; exits 1 if any check fails.
 
     python3 tools/cuda_device_check.py --bin build-cuda/bin --fixtures DIR [DIR ...]
@@ -46,6 +52,7 @@ def main():
     ap.add_argument("--bin", required=True, help="folder with gemma4 and test_backend (CUDA build)")
     ap.add_argument("--fixtures", nargs="*", default=[])
     ap.add_argument("--vision", nargs="*", default=[], help="vision case folders (FIXTURES/vision/<case>)")
+    ap.add_argument("--gguf", nargs="*", default=[], help="synthetic Gemma 4 GGUFs for the bf16 contract vs cuda f32")
     a = ap.parse_args()
     b = Path(a.bin)
     rows, ok = [], True
@@ -130,10 +137,70 @@ def main():
         ok &= good
         rows.append((f"vision/{case.name}", f"features max|d| {df:.2e}, image logits max|d| {dl:.2e}",
                      "pass" if good else "FAIL"))
+    c_rows, c_ok = bf16_contract(b, a.fixtures, a.gguf)
+    rows += c_rows
+    ok &= c_ok
     print(f"{'check':24s} {'result':60s} verdict")
     for r in rows:
         print(f"{r[0]:24s} {r[1]:60s} {r[2]}")
     sys.exit(0 if ok else 1)
+
+
+def log_softmax(x):
+    x = x.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+def compare(ref, got):
+    """(top-1 agreements, positions, mean KL(ref || got)) over the rows of two [L, V] logit arrays."""
+    lr, lg = log_softmax(ref), log_softmax(got)
+    kl = (np.exp(lr) * (lr - lg)).sum(axis=-1)
+    return int((ref.argmax(-1) == got.argmax(-1)).sum()), ref.shape[0], float(kl.mean())
+
+
+def bf16_contract(b, fixtures, ggufs):
+    """Item 7 of the docstring: rows for the summary table and whether every bound holds."""
+    rows, agree, total, kls, greedy_same, greedy_n = [], 0, 0, [], 0, 0
+    for fx in map(Path, fixtures):
+        if fx.name.endswith("-lora") or not (fx / "config.json").exists():
+            continue
+        with np.load(fx / "oracle.npz") as z:
+            arg = ",".join(str(int(i)) for i in z["prompt_ids"])
+        with tempfile.TemporaryDirectory() as tmp:
+            for be, dt in (("reference", "f32"), ("cuda", "bf16")):
+                run([b / "gemma4", "logits", "--model", fx, "--ids", arg, "--dtype", dt, "--backend", be,
+                     "--out", f"{tmp}/{be}.npy"])
+            a1, n, kl = compare(np.load(f"{tmp}/reference.npy"), np.load(f"{tmp}/cuda.npy"))
+        seqs = [json.loads(run([b / "gemma4", "greedy", "--model", fx, "--ids", arg, "--steps", 16, "--dtype", dt,
+                                "--backend", be]).strip().splitlines()[-1])
+                for be, dt in (("reference", "f32"), ("cuda", "bf16"))]
+        agree, total, greedy_n = agree + a1, total + n, greedy_n + 1
+        kls.append(kl)
+        greedy_same += seqs[0] == seqs[1]
+        rows.append((f"{fx.name} bf16", f"top-1 {a1}/{n}, KL {kl:.2e}, greedy16 {'same' if seqs[0] == seqs[1] else 'DIFF'}",
+                     "info"))
+    ok = True
+    if total:
+        top1, mkl, gfrac = agree / total, float(np.mean(kls)), greedy_same / greedy_n
+        good = top1 >= 0.99 and mkl <= 1e-3 and gfrac >= 0.9
+        ok &= good
+        rows.append(("bf16 contract", f"top-1 {100 * top1:.2f}% (>=99), mean KL {mkl:.2e} (<=1e-3), greedy16 same "
+                     f"{greedy_same}/{greedy_n} (>=90%)", "pass" if good else "FAIL"))
+    for g in map(Path, ggufs):
+        ids = ",".join(str(2 + (i * 7919) % 4000) for i in range(64))
+        with tempfile.TemporaryDirectory() as tmp:
+            for dt in ("f32", "bf16"):
+                run([b / "gemma4", "logits", "--model", g, "--ids", ids, "--dtype", dt, "--backend", "cuda",
+                     "--out", f"{tmp}/{dt}.npy"])
+            a1, n, kl = compare(np.load(f"{tmp}/f32.npy"), np.load(f"{tmp}/bf16.npy"))
+        seqs = [json.loads(run([b / "gemma4", "greedy", "--model", g, "--ids", ids, "--steps", 16, "--dtype", dt,
+                                "--backend", "cuda"]).strip().splitlines()[-1]) for dt in ("f32", "bf16")]
+        good = a1 / n >= 0.99 and kl <= 1e-3 and seqs[0] == seqs[1]
+        ok &= good
+        rows.append((f"{g.stem} bf16 vs f32", f"top-1 {a1}/{n}, KL {kl:.2e}, greedy16 "
+                     f"{'same' if seqs[0] == seqs[1] else 'DIFF'}", "pass" if good else "FAIL"))
+    return rows, ok
 
 
 if __name__ == "__main__":

@@ -1,11 +1,15 @@
-// The op set the model runs on, and the contract every backend (reference, fast CPU, later CUDA)
+// The op set the model runs on, and the contract every backend (reference, fast CPU, ggml, CUDA)
 // implements. Model code (src/model) only calls these ops on buffers the backend allocated; it never
 // reads activation memory itself, so a device backend can keep everything on the device.
 //
-// Conventions: activations are f32 buffers, row-major; "rows" are token positions of the batch.
-// Every op takes the activation precision P: with P == BF16 each op rounds its output to bf16 the
-// way MLX does when a model runs in bf16 (each intermediate of a composed op rounded as MLX does);
-// with P == F32 nothing is rounded. Shapes are stated per op; all sizes are element counts.
+// Buffers are typed (buffer.h: Buf carries dtype, extent and device). Activations are row-major;
+// "rows" are token positions of the batch; shapes are stated per op, sizes are element counts.
+// Each backend stores activations in its activation_dtype(): f32 on the host backends, bf16 by
+// default on CUDA (BackendOptions), where kernels read and write bf16 and accumulate in f32. Every
+// op also takes the precision P, a host parity mode: with P == BF16 a host backend rounds each op's
+// output to bf16 the way MLX does when a model runs in bf16 (each intermediate of a composed op
+// rounded as MLX does); with P == F32 nothing is rounded. Device backends compute in their buffers'
+// dtype and ignore P. Logits (the LM head's output) are f32 on every backend.
 #pragma once
 #include <cstdint>
 #include <initializer_list>
@@ -13,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/buffer.h"
 #include "core/dtype.h"
 #include "core/config.h"
 #include "quant/weight.h"
@@ -46,8 +51,7 @@ struct KvQuant {
   bool bf16_params = false;  // scales and biases rounded to bf16 (MLX keeps the activations' dtype)
 };
 struct KvBuffer {
-  float* k = nullptr;
-  float* v = nullptr;
+  Buf k, v;  // [capacity, n_kv_heads, head_dim] in the backend's activation dtype (unquantized)
   int32_t* pos = nullptr;
   int capacity = 0;
   int n_kv_heads = 0;
@@ -108,12 +112,25 @@ inline KeyRange visible_keys(const AttnSeq& s, int t) {
 struct InputNorm {
   const float* w = nullptr;
   float eps = 0.f;
-  float* scratch = nullptr;
+  Buf scratch;
 };
 // One projection of a shared input: y = input · Wᵀ.
 struct MatOut {
   const WeightView* w;
-  float* y;
+  Buf y;
+};
+
+// How a backend runs: the tuning and measuring switches the CLI passes (run, generate, serve,
+// bench and the checking verbs), instead of environment variables read in constructors.
+struct BackendOptions {
+  // Activation storage on device backends: BF16 (the default: half the activation traffic, f32
+  // accumulation in every kernel) or F32 (the parity path). Host backends always store f32 (their
+  // bf16 is the rounding mode P).
+  DType activations = DType::BF16;
+  bool graphs = true;        // CUDA: record each forward step and replay it as a CUDA graph
+  bool tensor_cores = true;  // CUDA: prefill matmuls on the tensor cores
+  bool profile = false;      // CUDA: every op timed by events; per-op table on stderr at exit
+  bool timing = false;       // CUDA: host/device time per step; medians on stderr at exit
 };
 
 class Backend {
@@ -127,111 +144,121 @@ class Backend {
   virtual WeightView place_weight(const WeightView& w) { return w; }
   // Whether the ops implement activation precision P (all of them do F32).
   virtual bool supports_precision(ActPrecision P) const { return true; }
+  // The dtype activation buffers (and unquantized KV caches) are stored in.
+  virtual DType activation_dtype() const { return DType::F32; }
 
-  // Memory for activations and caches. Owned by the backend; valid until the backend dies.
-  virtual float* alloc(size_t n_floats) = 0;
-  virtual int32_t* alloc_i32(size_t n) = 0;
+  // Memory for activations, caches and index lists: n elements of dtype t. Owned by the backend;
+  // valid until freed or the backend dies.
+  virtual Buf alloc(DType t, size_t n) = 0;
+  Buf alloc_act(size_t n) { return alloc(activation_dtype(), n); }
+  Buf alloc_f32(size_t n) { return alloc(DType::F32, n); }
+  Buf alloc_i32(size_t n) { return alloc(DType::I32, n); }
+  // Frees memory this backend allocated (by its first byte; others' pointers are ignored).
   virtual void free(void* p) = 0;
-  // Copies n floats from a backend buffer to host memory / from host to a backend buffer /
-  // between two backend buffers.
-  virtual void to_host(const float* src, size_t n, float* dst) = 0;
-  virtual void from_host(const float* src, size_t n, float* dst) = 0;
-  virtual void copy(const float* src, size_t n, float* dst) = 0;
+  void free(const Buf& b) { free(b.data); }
+  // Raw copies of `bytes` between a backend buffer and host memory / between backend buffers.
+  virtual void read_bytes(const Buf& src, size_t bytes, void* dst) = 0;
+  virtual void write_bytes(const void* src, size_t bytes, const Buf& dst) = 0;
+  virtual void copy_bytes(const Buf& src, size_t bytes, const Buf& dst) = 0;
+  // Typed copies of n elements, converting between the host type and the buffer's dtype
+  // (f32 <-> f32 / bf16 / f16 storage; int32 <-> I32 only).
+  void to_host(const Buf& src, size_t n, float* dst);
+  void to_host(const Buf& src, size_t n, int32_t* dst);
+  void from_host(const float* src, size_t n, const Buf& dst);
+  void from_host(const int32_t* src, size_t n, const Buf& dst);
+  // dst = src, n elements of the same dtype.
+  void copy(const Buf& src, size_t n, const Buf& dst);
 
-  // out[i, :] = dequant(E[ids[i], :]) * scale, rounded per P.  out: [n, E.cols].
-  virtual void embed(const WeightView& E, const int32_t* ids, int n, float scale, ActPrecision P,
-                     float* out) = 0;
+  // out[i, :] = dequant(E[ids[i], :]) * scale, rounded per P.  out: [n, E.cols]; ids: I32 [n].
+  virtual void embed(const WeightView& E, const Buf& ids, int n, float scale, ActPrecision P, const Buf& out) = 0;
   // y[M, W.rows] = x[M, W.cols] · Wᵀ (f32 accumulation), rounded per P.
-  virtual void matmul(const float* x, int M, const WeightView& W, ActPrecision P, float* y) = 0;
+  virtual void matmul(const Buf& x, int M, const WeightView& W, ActPrecision P, const Buf& y) = 0;
   // RMSNorm over the last dim of x[rows, dim]: y = x / sqrt(mean(x²) + eps) · w (w may be null).
   // MLX bf16 rule: normalized value rounded to bf16, then multiplied by w and rounded again.
-  virtual void rms_norm(const float* x, int rows, int dim, const float* w, float eps,
-                        ActPrecision P, float* y) = 0;
+  virtual void rms_norm(const Buf& x, int rows, int dim, const float* w, float eps, ActPrecision P,
+                        const Buf& y) = 0;
   // In-place half-split RoPE on x[rows, heads, head_dim]; row r has position pos0 + r.
-  virtual void rope(float* x, int rows, int heads, int head_dim, int pos0, const RopeTable& t,
+  virtual void rope(const Buf& x, int rows, int heads, int head_dim, int pos0, const RopeTable& t,
                     ActPrecision P) = 0;
   // Writes k/v [n, n_kv_heads, head_dim] (rows row0..row0+n of the batch buffers) into the cache
   // slots of positions pos0..pos0+n-1 (quantized buffers: as affine_quantize codes of each row).
-  virtual void kv_write(const AttnSeq& s, const float* k, const float* v) = 0;
+  virtual void kv_write(const AttnSeq& s, const Buf& k, const Buf& v) = 0;
   // Causal (and windowed when kv.window > 0) attention for each sequence, scale `scale`, GQA:
   // q [rows, H, D] -> out [rows, H, D]. Query at position p sees cached keys at positions
   // p-window < k <= p (all k <= p when window == 0), and its image block's (visible_keys).
-  virtual void attention(const float* q, int H, const std::vector<AttnSeq>& seqs, float scale,
-                         ActPrecision P, float* out) = 0;
+  virtual void attention(const Buf& q, int H, const std::vector<AttnSeq>& seqs, float scale, ActPrecision P,
+                         const Buf& out) = 0;
   // out = gelu_tanh(gate) * up, elementwise over n, MLX op order (spec §2.7).
-  virtual void gelu_mul(const float* gate, const float* up, size_t n, ActPrecision P,
-                        float* out) = 0;
-  // out = gelu(gate) * up as ggml computes it (GeluImpl::GgmlF16Table, model/config.h): gate is
+  virtual void gelu_mul(const Buf& gate, const Buf& up, size_t n, ActPrecision P, const Buf& out) = 0;
+  // out = gelu(gate) * up as ggml computes it (GeluImpl::GgmlF16Table, core/config.h): gate is
   // rounded to f16, gelu_tanh of that f16 value is computed in f32 and rounded to f16 (ggml's
   // 65536-entry table), then multiplied by up in f32; gate <= -10 gives 0, gate >= 10 gives
-  // gate * up. Always f32 activations.
-  virtual void gelu_mul_ggml(const float* gate, const float* up, size_t n, float* out) = 0;
+  // gate * up.
+  virtual void gelu_mul_ggml(const Buf& gate, const Buf& up, size_t n, const Buf& out) = 0;
   // y = a + b (elementwise, n).
-  virtual void add(const float* a, const float* b, size_t n, ActPrecision P, float* y) = 0;
+  virtual void add(const Buf& a, const Buf& b, size_t n, ActPrecision P, const Buf& y) = 0;
   // y = a * s (elementwise, n; s a scalar already rounded per P by the caller if needed).
-  virtual void scale(const float* a, float s, size_t n, ActPrecision P, float* y) = 0;
-  // y = tanh(x / cap) * cap elementwise.
-  virtual void softcap(float* x, size_t n, float cap, ActPrecision P) = 0;
-  // Copies rows: dst[i, :] = src[idx[i], :], dim columns.
-  virtual void gather_rows(const float* src, const int32_t* idx, int n, int dim, float* dst) = 0;
+  virtual void scale(const Buf& a, float s, size_t n, ActPrecision P, const Buf& y) = 0;
+  // y = tanh(x / cap) * cap elementwise, in place.
+  virtual void softcap(const Buf& x, size_t n, float cap, ActPrecision P) = 0;
+  // Copies rows: dst[i, :] = src[idx[i], :], dim columns; idx: I32 [n].
+  virtual void gather_rows(const Buf& src, const Buf& idx, int n, int dim, const Buf& dst) = 0;
   // dst[r, :] = src[r, off:off+n] for a row-strided view (src row length `src_dim`).
-  virtual void copy_cols(const float* src, int rows, int src_dim, int off, int n, float* dst) = 0;
-  // MoE router: for each row, top-k of scores[rows, E] -> idx [rows, k], weights
+  virtual void copy_cols(const Buf& src, int rows, int src_dim, int off, int n, const Buf& dst) = 0;
+  // MoE router: for each row, top-k of scores[rows, E] -> idx (I32) [rows, k], weights
   // softmax(selected) * per_expert_scale[idx] (rounded per P).
-  virtual void router_topk(const float* scores, int rows, int E, int k,
-                           const float* per_expert_scale, ActPrecision P, int32_t* idx,
-                           float* weights) = 0;
+  virtual void router_topk(const Buf& scores, int rows, int E, int k, const float* per_expert_scale, ActPrecision P,
+                           const Buf& idx, const Buf& weights) = 0;
   // MoE experts (mlx-lm SwitchGLU + combine): for each row r and each of its k experts e = idx[r,j],
   // y_j = down_e(gelu_tanh(gate_e x_r) * up_e x_r); out[r] = sum_j w[r,j] * y_j (in P).
   // x [rows, d], out [rows, d]; gate/up/down hold one view per expert.
-  virtual void moe_experts(const float* x, int rows, int d, const int32_t* idx, const float* w,
-                           int k, const std::vector<WeightView>& gate,
-                           const std::vector<WeightView>& up, const std::vector<WeightView>& down,
-                           ActPrecision P, float* out) = 0;
+  virtual void moe_experts(const Buf& x, int rows, int d, const Buf& idx, const Buf& w, int k,
+                           const std::vector<WeightView>& gate, const std::vector<WeightView>& up,
+                           const std::vector<WeightView>& down, ActPrecision P, const Buf& out) = 0;
 
   // --- Fused ops: each has a default made of the ops above (fused_ops.cpp), which host backends
   // keep; a device backend runs each as one kernel, where launches cost more than the work. ---
 
   // x[rows, dim] += rms_norm(o)·w (a layer's post-norm and residual add). o is scratch: its
   // contents afterwards are unspecified.
-  virtual void norm_add(float* x, float* o, int rows, int dim, const float* w, float eps, ActPrecision P);
+  virtual void norm_add(const Buf& x, const Buf& o, int rows, int dim, const float* w, float eps, ActPrecision P);
   // x_resid[M, W.rows] += rms_norm(x·Wᵀ)·w (a projection, then the layer's post-norm and
   // residual add: o_proj and down_proj). y_scratch [M, W.rows]: the projection (contents
   // afterwards unspecified).
-  virtual void matmul_norm_add(const float* x, int M, const WeightView& W, float* y_scratch, float* x_resid,
+  virtual void matmul_norm_add(const Buf& x, int M, const WeightView& W, const Buf& y_scratch, const Buf& x_resid,
                                const float* w, float eps, ActPrecision P);
   // Per-head RMSNorm (weight w [head_dim]) then RoPE of each sequence's rows at its positions:
   // x [rows, heads, head_dim], rows = sum of seqs' n, sequence i at rows seqs[i].row0...
-  virtual void norm_rope(float* x, int heads, int head_dim, const float* w, float eps,
+  virtual void norm_rope(const Buf& x, int heads, int head_dim, const float* w, float eps,
                          const std::vector<AttnSeq>& seqs, const RopeTable& t, ActPrecision P);
   // A layer's attention inputs: q [rows, H, head_dim] per-head RMSNorm (weight q_norm_w; null: no
   // norm) then RoPE at each sequence's positions; with k (a layer that owns its KV; null: q only):
   // v [rows, Hk, head_dim] unweighted RMSNorm when v_norm, k normed (k_norm_w) and roped as q,
   // then k and v written into each sequence's cache seqs[i].kv as kv_write does.
   // rows = the sum of seqs' n.
-  virtual void attn_prep(float* q, int H, float* k, float* v, int Hk, int head_dim, const float* q_norm_w,
+  virtual void attn_prep(const Buf& q, int H, const Buf& k, const Buf& v, int Hk, int head_dim, const float* q_norm_w,
                          const float* k_norm_w, bool v_norm, float eps, const std::vector<AttnSeq>& seqs,
                          const RopeTable& t, ActPrecision P);
   // ys[i][M, Ws[i].rows] = rms_norm(x)·norm.w · Ws[i]ᵀ for each (W, y) of `outs` (one input's
   // projections: the attention's q, k, v), x [M, cols]. norm.w == nullptr: x as is.
-  virtual void norm_matmuls(const float* x, int M, const InputNorm& norm, std::initializer_list<MatOut> outs,
+  virtual void norm_matmuls(const Buf& x, int M, const InputNorm& norm, std::initializer_list<MatOut> outs,
                             ActPrecision P);
   // The gated MLP's first half: gate_out = gelu(xn·Gᵀ) * (xn·Uᵀ), xn = rms_norm(x)·norm.w as in
   // norm_matmuls, x [M, G.cols], gate_out and up_scratch [M, G.rows]; gelu per ggml's table
   // (gelu_mul_ggml) or MLX's order (gelu_mul). up_scratch's contents afterwards are unspecified.
-  virtual void gate_up_gelu(const float* x, int M, const InputNorm& norm, const WeightView& G, const WeightView& U,
-                            bool ggml_table, ActPrecision P, float* gate_out, float* up_scratch);
+  virtual void gate_up_gelu(const Buf& x, int M, const InputNorm& norm, const WeightView& G, const WeightView& U,
+                            bool ggml_table, ActPrecision P, const Buf& gate_out, const Buf& up_scratch);
 
-  // out[r] = the first index of the largest non-NaN value of row r of x [rows, n] (greedy decoding
-  // without moving the logits off the device); out: a backend buffer (alloc_i32). The default
+  // out (I32 [rows]) [r] = the first index of the largest non-NaN value of row r of the f32 x
+  // [rows, n] (greedy decoding without moving the logits off the device). The default copies the
+  // rows to the host.
+  virtual void argmax(const Buf& x, int rows, int n, const Buf& out);
+  // For each row of the f32 x [rows, n]: its k largest values (k <= n; equal values at the k-th:
+  // the lowest indices) as vals (f32) / idx (I32) [rows, k] in no particular order, and lse (f32)
+  // [rows] = log Σ exp(x) over the row (NaN entries count as -inf). What sampling with a top-k
+  // bound needs (Sampler::sample_top), without moving the logits off the device. The default
   // copies the rows to the host.
-  virtual void argmax(const float* x, int rows, int n, int32_t* out);
-  // For each row of x [rows, n]: its k largest values (k <= n; equal values at the k-th: the lowest
-  // indices) as vals / idx [rows, k] in no particular order, and lse [rows] = log Σ exp(x) over the
-  // row (NaN entries count as -inf). Backend buffers. What sampling with a top-k bound needs
-  // (Sampler::sample_top), without moving the logits off the device. The default copies the rows
-  // to the host.
-  virtual void top_k(const float* x, int rows, int n, int k, float* vals, int32_t* idx, float* lse);
+  virtual void top_k(const Buf& x, int rows, int n, int k, const Buf& vals, const Buf& idx, const Buf& lse);
   // Whether buffers live in device memory (callers then prefer argmax to reading whole logits).
   virtual bool on_device() const { return false; }
   // Whether kv_write and attention take quantized KV buffers (KvBuffer::quant.bits > 0).
@@ -255,7 +282,7 @@ std::unique_ptr<Backend> make_cpu_backend();
 std::unique_ptr<Backend> make_ggml_backend(std::string* why);
 // The CUDA backend (backend/cuda, built with -DG4_CUDA=ON): nullptr with *why set when this build
 // has no CUDA or no usable GPU is present.
-std::unique_ptr<Backend> make_cuda_backend(std::string* why);
+std::unique_ptr<Backend> make_cuda_backend(std::string* why, const BackendOptions& opt = {});
 // How the CUDA backend ran its forward steps so far (backend/cuda/cuda_step.h): replayed from a
 // recorded graph, captured into a new one, or launched op by op. False (and *out untouched) when
 // `be` is not the CUDA backend.
@@ -264,7 +291,7 @@ struct CudaStepCounts {
 };
 bool cuda_step_counts(const Backend& be, CudaStepCounts* out);
 // "reference" | "cpu" (default) | "ggml" | "cuda". Returns nullptr for an unknown name (or one this
-// build or machine cannot run).
-std::unique_ptr<Backend> make_backend(const std::string& name);
+// build or machine cannot run). opt: the device backends' options (host backends ignore them).
+std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& opt = {});
 
 }  // namespace g4

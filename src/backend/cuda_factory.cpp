@@ -4,7 +4,7 @@
 
 #ifndef G4_HAVE_CUDA
 namespace g4 {
-std::unique_ptr<Backend> make_cuda_backend(std::string* why) {
+std::unique_ptr<Backend> make_cuda_backend(std::string* why, const BackendOptions&) {
   if (why) *why = "this build has no CUDA support (configure with -DG4_CUDA=ON and the CUDA toolkit)";
   return nullptr;
 }

@@ -1,6 +1,6 @@
 // The fused ops' defaults (backend.h): the same ops, one after the other, as the model ran them
-// before the fused forms existed, so host backends compute exactly what they did; and the host
-// fallbacks of argmax and top_k.
+// before the fused forms existed, so host backends compute exactly what they did; the host
+// fallbacks of argmax and top_k; and the typed host copies over the backends' raw byte copies.
 #include "backend/backend.h"
 
 #include <algorithm>
@@ -9,34 +9,63 @@
 
 namespace g4 {
 
-void Backend::norm_add(float* x, float* o, int rows, int dim, const float* w, float eps, ActPrecision P) {
+void Backend::to_host(const Buf& src, size_t n, float* dst) {
+  if (!n) return;
+  if (src.dtype == DType::F32) return read_bytes(src, n * 4, dst);
+  G4_CHECK((src.dtype == DType::BF16 || src.dtype == DType::F16) && "to_host(float*): not a float buffer");
+  std::vector<uint16_t> h(n);
+  read_bytes(src, n * 2, h.data());
+  for (size_t i = 0; i < n; ++i) dst[i] = src.dtype == DType::BF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
+}
+void Backend::to_host(const Buf& src, size_t n, int32_t* dst) {
+  G4_CHECK(src.dtype == DType::I32 && "to_host(int32_t*): not an I32 buffer");
+  if (n) read_bytes(src, n * 4, dst);
+}
+void Backend::from_host(const float* src, size_t n, const Buf& dst) {
+  if (!n) return;
+  if (dst.dtype == DType::F32) return write_bytes(src, n * 4, dst);
+  G4_CHECK((dst.dtype == DType::BF16 || dst.dtype == DType::F16) && "from_host(float*): not a float buffer");
+  std::vector<uint16_t> h(n);
+  for (size_t i = 0; i < n; ++i) h[i] = dst.dtype == DType::BF16 ? f32_to_bf16(src[i]) : f32_to_f16(src[i]);
+  write_bytes(h.data(), n * 2, dst);
+}
+void Backend::from_host(const int32_t* src, size_t n, const Buf& dst) {
+  G4_CHECK(dst.dtype == DType::I32 && "from_host(int32_t*): not an I32 buffer");
+  if (n) write_bytes(src, n * 4, dst);
+}
+void Backend::copy(const Buf& src, size_t n, const Buf& dst) {
+  G4_CHECK(src.dtype == dst.dtype && "copy between buffers of different dtypes");
+  if (n) copy_bytes(src, n * src.elem_bytes(), dst);
+}
+
+void Backend::norm_add(const Buf& x, const Buf& o, int rows, int dim, const float* w, float eps, ActPrecision P) {
   rms_norm(o, rows, dim, w, eps, P, o);
   add(x, o, size_t(rows) * size_t(dim), P, x);
 }
 
-void Backend::matmul_norm_add(const float* x, int M, const WeightView& W, float* y_scratch, float* x_resid,
+void Backend::matmul_norm_add(const Buf& x, int M, const WeightView& W, const Buf& y_scratch, const Buf& x_resid,
                               const float* w, float eps, ActPrecision P) {
   matmul(x, M, W, P, y_scratch);
   norm_add(x_resid, y_scratch, M, int(W.rows), w, eps, P);
 }
 
-void Backend::norm_rope(float* x, int heads, int head_dim, const float* w, float eps,
+void Backend::norm_rope(const Buf& x, int heads, int head_dim, const float* w, float eps,
                         const std::vector<AttnSeq>& seqs, const RopeTable& t, ActPrecision P) {
   int rows = 0;
   for (const AttnSeq& s : seqs) rows += s.n;
   rms_norm(x, rows * heads, head_dim, w, eps, P, x);
-  for (const AttnSeq& s : seqs) rope(x + size_t(s.row0) * heads * head_dim, s.n, heads, head_dim, s.pos0, t, P);
+  for (const AttnSeq& s : seqs) rope(x.at(int64_t(s.row0) * heads * head_dim), s.n, heads, head_dim, s.pos0, t, P);
 }
 
-void Backend::attn_prep(float* q, int H, float* k, float* v, int Hk, int head_dim, const float* q_norm_w,
+void Backend::attn_prep(const Buf& q, int H, const Buf& k, const Buf& v, int Hk, int head_dim, const float* q_norm_w,
                         const float* k_norm_w, bool v_norm, float eps, const std::vector<AttnSeq>& seqs,
                         const RopeTable& t, ActPrecision P) {
-  auto norm_rope_or_rope = [&](float* x, int heads, const float* w) {
+  auto norm_rope_or_rope = [&](const Buf& x, int heads, const float* w) {
     if (w) {
       norm_rope(x, heads, head_dim, w, eps, seqs, t, P);
       return;
     }
-    for (const AttnSeq& s : seqs) rope(x + size_t(s.row0) * heads * head_dim, s.n, heads, head_dim, s.pos0, t, P);
+    for (const AttnSeq& s : seqs) rope(x.at(int64_t(s.row0) * heads * head_dim), s.n, heads, head_dim, s.pos0, t, P);
   };
   norm_rope_or_rope(q, H, q_norm_w);
   if (!k) return;
@@ -49,23 +78,23 @@ void Backend::attn_prep(float* q, int H, float* k, float* v, int Hk, int head_di
 
 namespace {
 // The input the projections read: x itself, or its norm in norm.scratch.
-const float* normed_input(Backend& be, const float* x, int M, int cols, const InputNorm& norm, ActPrecision P) {
+Buf normed_input(Backend& be, const Buf& x, int M, int cols, const InputNorm& norm, ActPrecision P) {
   if (!norm.w) return x;
   be.rms_norm(x, M, cols, norm.w, norm.eps, P, norm.scratch);
   return norm.scratch;
 }
 }  // namespace
 
-void Backend::norm_matmuls(const float* x, int M, const InputNorm& norm, std::initializer_list<MatOut> outs,
+void Backend::norm_matmuls(const Buf& x, int M, const InputNorm& norm, std::initializer_list<MatOut> outs,
                            ActPrecision P) {
   if (outs.size() == 0) return;
-  const float* xn = normed_input(*this, x, M, int(outs.begin()->w->cols), norm, P);
+  const Buf xn = normed_input(*this, x, M, int(outs.begin()->w->cols), norm, P);
   for (const MatOut& o : outs) matmul(xn, M, *o.w, P, o.y);
 }
 
-void Backend::gate_up_gelu(const float* x, int M, const InputNorm& norm, const WeightView& G, const WeightView& U,
-                           bool ggml_table, ActPrecision P, float* gate_out, float* up_scratch) {
-  const float* xn = normed_input(*this, x, M, int(G.cols), norm, P);
+void Backend::gate_up_gelu(const Buf& x, int M, const InputNorm& norm, const WeightView& G, const WeightView& U,
+                           bool ggml_table, ActPrecision P, const Buf& gate_out, const Buf& up_scratch) {
+  const Buf xn = normed_input(*this, x, M, int(G.cols), norm, P);
   matmul(xn, M, G, P, gate_out);
   matmul(xn, M, U, P, up_scratch);
   const size_t n = size_t(M) * size_t(G.rows);
@@ -73,7 +102,7 @@ void Backend::gate_up_gelu(const float* x, int M, const InputNorm& norm, const W
   else gelu_mul(gate_out, up_scratch, n, P, gate_out);
 }
 
-void Backend::argmax(const float* x, int rows, int n, int32_t* out) {
+void Backend::argmax(const Buf& x, int rows, int n, const Buf& out) {
   std::vector<float> h(size_t(rows) * size_t(n));
   to_host(x, h.size(), h.data());
   std::vector<int32_t> ids(size_t(rows), 0);
@@ -84,10 +113,10 @@ void Backend::argmax(const float* x, int rows, int n, int32_t* out) {
       if (!std::isnan(row[i]) && (best < 0 || row[i] > row[best])) best = i;
     ids[size_t(r)] = best < 0 ? 0 : best;
   }
-  from_host(reinterpret_cast<const float*>(ids.data()), ids.size(), reinterpret_cast<float*>(out));
+  from_host(ids.data(), ids.size(), out);
 }
 
-void Backend::top_k(const float* x, int rows, int n, int k, float* vals, int32_t* idx, float* lse) {
+void Backend::top_k(const Buf& x, int rows, int n, int k, const Buf& vals, const Buf& idx, const Buf& lse) {
   std::vector<float> h(size_t(rows) * size_t(n));
   to_host(x, h.size(), h.data());
   std::vector<float> v(size_t(rows) * size_t(k));
@@ -113,7 +142,7 @@ void Backend::top_k(const float* x, int rows, int n, int k, float* vals, int32_t
     }
   }
   from_host(v.data(), v.size(), vals);
-  from_host(reinterpret_cast<const float*>(ids.data()), ids.size(), reinterpret_cast<float*>(idx));
+  from_host(ids.data(), ids.size(), idx);
   from_host(l.data(), l.size(), lse);
 }
 

@@ -22,27 +22,32 @@ HostBackend::~HostBackend() {
   for (void* p : owned_) std::free(p);
 }
 
-float* HostBackend::alloc(size_t n) {
-  void* p = std::aligned_alloc(64, ((n * sizeof(float) + 63) / 64) * 64 + 64);
+Buf HostBackend::alloc(DType t, size_t n) {
+  void* p = std::aligned_alloc(64, ((n * dtype_size(t) + 63) / 64) * 64 + 64);
   G4_CHECK(p != nullptr);
   std::lock_guard<std::mutex> lk(mu_);
   owned_.insert(p);
-  return static_cast<float*>(p);
+  return Buf(p, t, int64_t(n), -1);
 }
-int32_t* HostBackend::alloc_i32(size_t n) { return reinterpret_cast<int32_t*>(alloc(n)); }
 void HostBackend::free(void* p) {
   if (!p) return;
   std::lock_guard<std::mutex> lk(mu_);
   if (owned_.erase(p)) std::free(p);
 }
-void HostBackend::to_host(const float* src, size_t n, float* dst) { std::memcpy(dst, src, n * 4); }
-void HostBackend::from_host(const float* src, size_t n, float* dst) { std::memcpy(dst, src, n * 4); }
-void HostBackend::copy(const float* src, size_t n, float* dst) {
-  if (n) std::memmove(dst, src, n * sizeof(float));
+void HostBackend::read_bytes(const Buf& src, size_t bytes, void* dst) {
+  if (bytes) std::memcpy(dst, src.data, bytes);
+}
+void HostBackend::write_bytes(const void* src, size_t bytes, const Buf& dst) {
+  if (bytes) std::memcpy(dst.data, src, bytes);
+}
+void HostBackend::copy_bytes(const Buf& src, size_t bytes, const Buf& dst) {
+  if (bytes) std::memmove(dst.data, src.data, bytes);
 }
 
-void HostBackend::embed(const WeightView& E, const int32_t* ids, int n, float scale,
-                        ActPrecision P, float* out) {
+void HostBackend::embed(const WeightView& E, const Buf& ids_b, int n, float scale, ActPrecision P,
+                        const Buf& out_b) {
+  const int32_t* ids = ids_b.i32();
+  float* out = out_b.f32();
   const int64_t d = E.cols;
   for (int i = 0; i < n; ++i) {
     float* o = out + int64_t(i) * d;
@@ -114,7 +119,9 @@ void matmul_mlx_bf16_parity(const float* x, int M, const WeightView& W, float* y
   }
 }
 
-void HostBackend::matmul(const float* x, int M, const WeightView& W, ActPrecision P, float* y) {
+void HostBackend::matmul(const Buf& x_b, int M, const WeightView& W, ActPrecision P, const Buf& y_b) {
+  const float* x = x_b.f32();
+  float* y = y_b.f32();
   if (P == ActPrecision::BF16 && is_mlx_parity_format(W.fmt)) {
     matmul_mlx_bf16_parity(x, M, W, y);
     return;
@@ -123,8 +130,10 @@ void HostBackend::matmul(const float* x, int M, const WeightView& W, ActPrecisio
   round_activations(y, size_t(M) * W.rows, P);
 }
 
-void HostBackend::rms_norm(const float* x, int rows, int dim, const float* w, float eps,
-                           ActPrecision P, float* y) {
+void HostBackend::rms_norm(const Buf& x_b, int rows, int dim, const float* w, float eps, ActPrecision P,
+                           const Buf& y_b) {
+  const float* x = x_b.f32();
+  float* y = y_b.f32();
   for (int r = 0; r < rows; ++r) {
     const float* xr = x + int64_t(r) * dim;
     float* yr = y + int64_t(r) * dim;
@@ -138,8 +147,9 @@ void HostBackend::rms_norm(const float* x, int rows, int dim, const float* w, fl
   }
 }
 
-void HostBackend::rope(float* x, int rows, int heads, int head_dim, int pos0, const RopeTable& t,
+void HostBackend::rope(const Buf& x_b, int rows, int heads, int head_dim, int pos0, const RopeTable& t,
                        ActPrecision P) {
+  float* x = x_b.f32();
   const int half = head_dim / 2;
   for (int r = 0; r < rows; ++r) {
     const float pos = float(pos0 + r) * t.position_scale;
@@ -164,7 +174,9 @@ void HostBackend::rope(float* x, int rows, int heads, int head_dim, int pos0, co
   }
 }
 
-void HostBackend::kv_write(const AttnSeq& s, const float* k, const float* v) {
+void HostBackend::kv_write(const AttnSeq& s, const Buf& k_b, const Buf& v_b) {
+  const float* k = k_b.f32();
+  const float* v = v_b.f32();
   const KvBuffer& kv = s.kv;
   const size_t row = kv.row_floats();
   for (int t = 0; t < s.n; ++t) {
@@ -181,8 +193,8 @@ void HostBackend::kv_write(const AttnSeq& s, const float* k, const float* v) {
       affine_quantize(vs, row, q.bits, q.group_size, q.bf16_params, kv.vq + slot * cb, kv.vs + slot * ng,
                       kv.vb + slot * ng);
     } else {
-      std::memcpy(kv.k + slot * row, ks, row * 4);
-      std::memcpy(kv.v + slot * row, vs, row * 4);
+      std::memcpy(kv.k.f32() + slot * row, ks, row * 4);
+      std::memcpy(kv.v.f32() + slot * row, vs, row * 4);
     }
     kv.pos[slot] = pos;
   }
@@ -190,7 +202,7 @@ void HostBackend::kv_write(const AttnSeq& s, const float* k, const float* v) {
 
 const float* kv_head_row(const KvBuffer& kv, bool value, int slot, int g, float* buf) {
   const int64_t r = int64_t(slot) * kv.n_kv_heads + g;
-  if (!kv.quantized()) return (value ? kv.v : kv.k) + r * kv.head_dim;
+  if (!kv.quantized()) return (value ? kv.v : kv.k).f32() + r * kv.head_dim;
   dequant_row(value ? kv.v_view() : kv.k_view(), r, buf);
   return buf;
 }
@@ -254,8 +266,10 @@ void HostBackend::attend_one(const float* q, const KvBuffer& kv, int g, KeyRange
   for (int i = 0; i < D; ++i) out[i] = rnd(out[i], P);
 }
 
-void HostBackend::attention(const float* q, int H, const std::vector<AttnSeq>& seqs, float scale,
-                            ActPrecision P, float* out) {
+void HostBackend::attention(const Buf& q_b, int H, const std::vector<AttnSeq>& seqs, float scale, ActPrecision P,
+                            const Buf& out_b) {
+  const float* q = q_b.f32();
+  float* out = out_b.f32();
   std::vector<float> scores;
   for (const AttnSeq& s : seqs) {
     const int D = s.kv.head_dim, group = H / s.kv.n_kv_heads;
@@ -269,8 +283,9 @@ void HostBackend::attention(const float* q, int H, const std::vector<AttnSeq>& s
   }
 }
 
-void HostBackend::gelu_mul(const float* gate, const float* up, size_t n, ActPrecision P,
-                           float* out) {
+void HostBackend::gelu_mul(const Buf& gate_b, const Buf& up_b, size_t n, ActPrecision P, const Buf& out_b) {
+  const float *gate = gate_b.f32(), *up = up_b.f32();
+  float* out = out_b.f32();
   // mlx nn.gelu_approx: 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3))), each op in T.
   const float c0 = rnd(0.044715f, P), c1 = rnd(0.7978845608028654f, P);
   for (size_t i = 0; i < n; ++i) {
@@ -304,7 +319,9 @@ const std::vector<uint16_t>& ggml_gelu_f16_table() {
   return table;
 }
 
-void HostBackend::gelu_mul_ggml(const float* gate, const float* up, size_t n, float* out) {
+void HostBackend::gelu_mul_ggml(const Buf& gate_b, const Buf& up_b, size_t n, const Buf& out_b) {
+  const float *gate = gate_b.f32(), *up = up_b.f32();
+  float* out = out_b.f32();
   const std::vector<uint16_t>& table = ggml_gelu_f16_table();
   for (size_t i = 0; i < n; ++i) {
     const float x = gate[i];
@@ -314,27 +331,37 @@ void HostBackend::gelu_mul_ggml(const float* gate, const float* up, size_t n, fl
   }
 }
 
-void HostBackend::add(const float* a, const float* b, size_t n, ActPrecision P, float* y) {
+void HostBackend::add(const Buf& a_b, const Buf& b_b, size_t n, ActPrecision P, const Buf& y_b) {
+  const float *a = a_b.f32(), *b = b_b.f32();
+  float* y = y_b.f32();
   for (size_t i = 0; i < n; ++i) y[i] = rnd(a[i] + b[i], P);
 }
-void HostBackend::scale(const float* a, float s, size_t n, ActPrecision P, float* y) {
+void HostBackend::scale(const Buf& a_b, float s, size_t n, ActPrecision P, const Buf& y_b) {
+  const float* a = a_b.f32();
+  float* y = y_b.f32();
   for (size_t i = 0; i < n; ++i) y[i] = rnd(a[i] * s, P);
 }
-void HostBackend::softcap(float* x, size_t n, float cap, ActPrecision P) {
+void HostBackend::softcap(const Buf& x_b, size_t n, float cap, ActPrecision P) {
+  float* x = x_b.f32();
   for (size_t i = 0; i < n; ++i) x[i] = rnd(rnd(std::tanh(rnd(x[i] / cap, P)), P) * cap, P);
 }
-void HostBackend::gather_rows(const float* src, const int32_t* idx, int n, int dim, float* dst) {
+void HostBackend::gather_rows(const Buf& src, const Buf& idx_b, int n, int dim, const Buf& dst) {
+  const int32_t* idx = idx_b.i32();
+  const size_t e = src.elem_bytes();
   for (int i = 0; i < n; ++i)
-    std::memcpy(dst + size_t(i) * dim, src + size_t(idx[i]) * dim, size_t(dim) * 4);
+    std::memcpy(dst.at(int64_t(i) * dim).data, src.at(int64_t(idx[i]) * dim).data, size_t(dim) * e);
 }
-void HostBackend::copy_cols(const float* src, int rows, int src_dim, int off, int n, float* dst) {
+void HostBackend::copy_cols(const Buf& src, int rows, int src_dim, int off, int n, const Buf& dst) {
+  const size_t e = src.elem_bytes();
   for (int r = 0; r < rows; ++r)
-    std::memcpy(dst + size_t(r) * n, src + size_t(r) * src_dim + off, size_t(n) * 4);
+    std::memcpy(dst.at(int64_t(r) * n).data, src.at(int64_t(r) * src_dim + off).data, size_t(n) * e);
 }
 
-void HostBackend::router_topk(const float* scores, int rows, int E, int k,
-                              const float* per_expert_scale, ActPrecision P, int32_t* idx,
-                              float* weights) {
+void HostBackend::router_topk(const Buf& scores_b, int rows, int E, int k, const float* per_expert_scale,
+                              ActPrecision P, const Buf& idx_b, const Buf& weights_b) {
+  const float* scores = scores_b.f32();
+  int32_t* idx = idx_b.i32();
+  float* weights = weights_b.f32();
   std::vector<int> order(E);
   for (int r = 0; r < rows; ++r) {
     const float* s = scores + size_t(r) * E;
@@ -368,10 +395,12 @@ void HostBackend::router_topk(const float* scores, int rows, int E, int k,
   }
 }
 
-void HostBackend::moe_experts(const float* x, int rows, int d, const int32_t* idx, const float* w,
-                              int k, const std::vector<WeightView>& gate,
-                              const std::vector<WeightView>& up,
-                              const std::vector<WeightView>& down, ActPrecision P, float* out) {
+void HostBackend::moe_experts(const Buf& x_b, int rows, int d, const Buf& idx_b, const Buf& w_b, int k,
+                              const std::vector<WeightView>& gate, const std::vector<WeightView>& up,
+                              const std::vector<WeightView>& down, ActPrecision P, const Buf& out_b) {
+  const float *x = x_b.f32(), *w = w_b.f32();
+  const int32_t* idx = idx_b.i32();
+  float* out = out_b.f32();
   const int64_t I = gate[0].rows;
   std::vector<float> g(I), u(I), y(d), acc(d);
   for (int r = 0; r < rows; ++r) {

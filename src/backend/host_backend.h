@@ -40,36 +40,33 @@ inline float rnd(float x, ActPrecision P) { return P == ActPrecision::BF16 ? rou
 class HostBackend : public Backend {
  public:
   ~HostBackend() override;
-  float* alloc(size_t n_floats) override;
-  int32_t* alloc_i32(size_t n) override;
+  Buf alloc(DType t, size_t n) override;
   void free(void* p) override;
-  void to_host(const float* src, size_t n, float* dst) override;
-  void from_host(const float* src, size_t n, float* dst) override;
-  void copy(const float* src, size_t n, float* dst) override;
+  using Backend::free;
+  void read_bytes(const Buf& src, size_t bytes, void* dst) override;
+  void write_bytes(const void* src, size_t bytes, const Buf& dst) override;
+  void copy_bytes(const Buf& src, size_t bytes, const Buf& dst) override;
 
-  void embed(const WeightView& E, const int32_t* ids, int n, float scale, ActPrecision P,
-             float* out) override;
-  void matmul(const float* x, int M, const WeightView& W, ActPrecision P, float* y) override;
-  void rms_norm(const float* x, int rows, int dim, const float* w, float eps, ActPrecision P,
-                float* y) override;
-  void rope(float* x, int rows, int heads, int head_dim, int pos0, const RopeTable& t,
-            ActPrecision P) override;
-  void kv_write(const AttnSeq& s, const float* k, const float* v) override;
+  void embed(const WeightView& E, const Buf& ids, int n, float scale, ActPrecision P, const Buf& out) override;
+  void matmul(const Buf& x, int M, const WeightView& W, ActPrecision P, const Buf& y) override;
+  void rms_norm(const Buf& x, int rows, int dim, const float* w, float eps, ActPrecision P, const Buf& y) override;
+  void rope(const Buf& x, int rows, int heads, int head_dim, int pos0, const RopeTable& t, ActPrecision P) override;
+  void kv_write(const AttnSeq& s, const Buf& k, const Buf& v) override;
   bool supports_kv_quant() const override { return true; }
-  void attention(const float* q, int H, const std::vector<AttnSeq>& seqs, float scale,
-                 ActPrecision P, float* out) override;
-  void gelu_mul(const float* gate, const float* up, size_t n, ActPrecision P, float* out) override;
-  void gelu_mul_ggml(const float* gate, const float* up, size_t n, float* out) override;
-  void add(const float* a, const float* b, size_t n, ActPrecision P, float* y) override;
-  void scale(const float* a, float s, size_t n, ActPrecision P, float* y) override;
-  void softcap(float* x, size_t n, float cap, ActPrecision P) override;
-  void gather_rows(const float* src, const int32_t* idx, int n, int dim, float* dst) override;
-  void copy_cols(const float* src, int rows, int src_dim, int off, int n, float* dst) override;
-  void router_topk(const float* scores, int rows, int E, int k, const float* per_expert_scale,
-                   ActPrecision P, int32_t* idx, float* weights) override;
-  void moe_experts(const float* x, int rows, int d, const int32_t* idx, const float* w, int k,
+  void attention(const Buf& q, int H, const std::vector<AttnSeq>& seqs, float scale, ActPrecision P,
+                 const Buf& out) override;
+  void gelu_mul(const Buf& gate, const Buf& up, size_t n, ActPrecision P, const Buf& out) override;
+  void gelu_mul_ggml(const Buf& gate, const Buf& up, size_t n, const Buf& out) override;
+  void add(const Buf& a, const Buf& b, size_t n, ActPrecision P, const Buf& y) override;
+  void scale(const Buf& a, float s, size_t n, ActPrecision P, const Buf& y) override;
+  void softcap(const Buf& x, size_t n, float cap, ActPrecision P) override;
+  void gather_rows(const Buf& src, const Buf& idx, int n, int dim, const Buf& dst) override;
+  void copy_cols(const Buf& src, int rows, int src_dim, int off, int n, const Buf& dst) override;
+  void router_topk(const Buf& scores, int rows, int E, int k, const float* per_expert_scale, ActPrecision P,
+                   const Buf& idx, const Buf& weights) override;
+  void moe_experts(const Buf& x, int rows, int d, const Buf& idx, const Buf& w, int k,
                    const std::vector<WeightView>& gate, const std::vector<WeightView>& up,
-                   const std::vector<WeightView>& down, ActPrecision P, float* out) override;
+                   const std::vector<WeightView>& down, ActPrecision P, const Buf& out) override;
 
  public:
   bool supports_image_blocks() const override { return true; }

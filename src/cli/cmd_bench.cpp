@@ -66,8 +66,10 @@ int cmd_bench(const std::vector<std::string>& argv) {
   std::fprintf(stderr, "prefill %.1f tok/s, decode %.1f tok/s, ttft %.3f s, peak %.0f MiB, KV cache %.1f MiB (%d threads)\n",
                best_prefill, best_decode, ttft, peak_rss_mib(), double(kv_bytes) / (1 << 20), num_threads());
   std::printf("{\"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f, \"ttft_s\": %.4f, \"peak_rss_mb\": %.1f, "
-              "\"threads\": %d, \"prompt_tokens\": %d, \"gen_tokens\": %d, \"kv_bytes\": %zu}\n",
-              best_prefill, best_decode, ttft, peak_rss_mib(), num_threads(), np, ng, kv_bytes);
+              "\"threads\": %d, \"prompt_tokens\": %d, \"gen_tokens\": %d, \"kv_bytes\": %zu, "
+              "\"activations\": \"%s\"}\n",
+              best_prefill, best_decode, ttft, peak_rss_mib(), num_threads(), np, ng, kv_bytes,
+              std::string(dtype_name(model.backend().activation_dtype())).c_str());
   return 0;
 }
 

@@ -94,7 +94,7 @@ int cmd_draft(const std::vector<std::string>& argv) {
   const int K = dr.draft_tokens(), B = dr.config().backbone;
   const int S = L - from.value();
   std::vector<float> logits(size_t(S) * K * V), states(size_t(S) * K * B), scratch(static_cast<size_t>(V));
-  float* hidden = model.backend().alloc(size_t(d));
+  const Buf hidden = model.backend().alloc_act(size_t(d));
   auto cache = model.new_cache();
   model.forward({SeqInput{cache.get(), ids->data(), from.value(), false}}, P.value(), scratch.data());
   for (int n = from.value(); n < L; ++n) {

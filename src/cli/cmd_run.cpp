@@ -51,7 +51,8 @@ struct Session {
 Result<Session> open_session(const Args& a) {
   G4_TRY(apply_process_flags(a));
   Session s;
-  G4_ASSIGN_OR_RETURN(s.b, load_bundle(a.get("--model"), a.get("--backend", "cpu"), progress));
+  G4_ASSIGN_OR_RETURN(BackendOptions bo, backend_options_from_args(a));
+  G4_ASSIGN_OR_RETURN(s.b, load_bundle(a.get("--model"), a.get("--backend", "cpu"), progress, bo));
   if (a.has("--chat-template")) {  // a template file overrides the model's own (or adds one)
     G4_ASSIGN_OR_RETURN(ChatTemplate ct, ChatTemplate::from_file(a.get("--chat-template")));
     s.b.chat_template = std::move(ct);

@@ -49,7 +49,9 @@ int cmd_serve(const std::vector<std::string>& argv) {
   // prefix-cache hit): row-exact kernels for every batch size, so --batch-invariant is on by
   // default here. Off trades that for faster single-stream decode.
   if (Status s = apply_process_flags(a, /*batch_invariant_default=*/true); !s) return fail("serve", s.message());
-  auto b = load_bundle(a.get("--model"), a.get("--backend", "cpu"), progress);
+  auto bo = backend_options_from_args(a);
+  if (!bo) return fail("serve", bo.message());
+  auto b = load_bundle(a.get("--model"), a.get("--backend", "cpu"), progress, bo.value());
   if (!b) return fail("serve", b.message());
   if (a.has("--chat-template")) {
     auto ct = ChatTemplate::from_file(a.get("--chat-template"));

@@ -41,6 +41,11 @@ Result<std::vector<int32_t>> parse_ids(const std::string& s) {
 }
 
 Result<ActPrecision> parse_precision(const std::string& s, Model& model) {
+  if (s != "" && s != "f32" && s != "bf16") return err("--dtype: expected f32 or bf16, got '%s'", s.c_str());
+  // A device backend stores activations in the dtype it was made with (backend_options_from_args
+  // read the same --dtype), and computes in it.
+  if (model.backend().on_device())
+    return model.backend().activation_dtype() == DType::BF16 ? ActPrecision::BF16 : ActPrecision::F32;
   ActPrecision P = model.config().reference_precision;
   if (s == "bf16") P = ActPrecision::BF16;
   else if (s == "f32") P = ActPrecision::F32;
@@ -117,12 +122,32 @@ Status apply_model_flags(const Args& a, Model& m, ActPrecision P) {
   return Status::ok();
 }
 
+Result<BackendOptions> backend_options_from_args(const Args& a) {
+  BackendOptions o;
+  auto on_off = [&](const char* name, bool& out) -> Status {
+    if (!a.has(name)) return {};
+    const std::string v = a.get(name);
+    if (v != "on" && v != "off") return err("%s: expected on or off, got '%s'", name, v.c_str());
+    out = v == "on";
+    return {};
+  };
+  G4_TRY(on_off("--cuda-graphs", o.graphs));
+  G4_TRY(on_off("--tensor-cores", o.tensor_cores));
+  G4_TRY(on_off("--cuda-profile", o.profile));
+  G4_TRY(on_off("--cuda-timing", o.timing));
+  const std::string dt = a.get("--dtype");
+  if (!dt.empty() && dt != "f32" && dt != "bf16") return err("--dtype: expected f32 or bf16, got '%s'", dt.c_str());
+  o.activations = dt == "f32" ? DType::F32 : DType::BF16;  // device backends; host backends store f32
+  return o;
+}
+
 Result<std::unique_ptr<Model>> load_model_from_args(const Args& a, bool quiet) {
   G4_TRY(apply_process_flags(a));
+  G4_ASSIGN_OR_RETURN(BackendOptions bo, backend_options_from_args(a));
   std::string path = a.get("--model");
   auto t0 = std::chrono::steady_clock::now();
   if (!quiet) std::fprintf(stderr, "loading %s ...\n", path.empty() ? "default model" : path.c_str());
-  auto m = load_model(path, a.get("--backend", "cpu"));
+  auto m = load_model(path, a.get("--backend", "cpu"), bo);
   if (m && !quiet) {
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fprintf(stderr, "loaded in %.2f s (%.1f MiB of weights)\n", s,

@@ -14,8 +14,10 @@ namespace g4::cli {
 
 // Parses "2,105,3" (or a JSON list "[2,105,3]") into ids.
 Result<std::vector<int32_t>> parse_ids(const std::string& s);
-// --dtype f32|bf16; empty: the model format's reference precision (bf16 for MLX / HF
-// checkpoints, f32 for GGUF). An error when the model's backend does not compute that precision.
+// --dtype f32|bf16 on a host backend: the rounding mode of the activations (bf16: MLX's, for
+// parity with mlx-lm); empty: the model format's reference precision (bf16 for MLX / HF
+// checkpoints, f32 for GGUF). An error when the backend does not compute that precision. On a
+// device backend: the precision its activations are stored in (backend_options_from_args).
 Result<ActPrecision> parse_precision(const std::string& s, Model& model);
 // --threads N, --weights auto|mmap|copy (core/mapped_file.h) and --batch-invariant on|off
 // (quant/matmul.h; default: batch_invariant_default): process-wide settings, applied before a
@@ -24,7 +26,9 @@ Status apply_process_flags(const Args& a, bool batch_invariant_default = false);
 // The flags the shared helpers read, for reject_unknown_flags: loading a model
 // (load_model_from_args / load_bundle + apply_process_flags), the options applied to a loaded
 // model (apply_model_flags) and image input (image_features_from_args, run's --image).
-inline constexpr const char* kLoadFlags[] = {"--model", "--backend", "--threads", "--weights", "--batch-invariant"};
+inline constexpr const char* kLoadFlags[] = {"--model",       "--backend",      "--threads",     "--weights",
+                                             "--batch-invariant", "--cuda-graphs", "--tensor-cores", "--cuda-profile",
+                                             "--cuda-timing"};
 inline constexpr const char* kModelOptionFlags[] = {"--kv-bits",      "--kv-group-size", "--quantized-kv-start",
                                                     "--adapter-path", "--draft-model",   "--draft-tokens"};
 inline constexpr const char* kImageFlags[] = {"--image", "--max-soft-tokens"};
@@ -44,6 +48,11 @@ Result<int> int_flag(const Args& a, const char* name, int def, int lo, int hi);
 //   drafts per round (default: its block_size - 1), for speculative decoding in the engine
 //   (--batch-invariant then defaults to on, so the output equals decoding without it).
 Status apply_model_flags(const Args& a, Model& m, ActPrecision P);
+// The device backend's options (BackendOptions) from --cuda-graphs on|off (default on),
+// --tensor-cores on|off (on), --cuda-profile on|off (off: per-op device times on stderr at exit)
+// and --cuda-timing on|off (off: per-step host/device times on stderr at exit); and the device
+// activations' dtype from --dtype f32|bf16 (default bf16), for the verbs that take --dtype.
+Result<BackendOptions> backend_options_from_args(const Args& a);
 // Loads --model (or the default starter model) on --backend, after apply_process_flags.
 // Prints load progress on stderr unless quiet.
 Result<std::unique_ptr<Model>> load_model_from_args(const Args& a, bool quiet = false);

@@ -153,17 +153,18 @@ Result<std::unique_ptr<Drafter>> Drafter::load(const std::string& dir, const Mod
     qw = std::max(qw, size_t(c.text.n_heads) * ls.head_dim);
     iw = std::max(iw, size_t(ls.mlp_width));
   }
-  d->cat_ = be.alloc(size_t(target.hidden) + bb);
-  d->x_ = be.alloc(dd); d->xn_ = be.alloc(dd); d->o_ = be.alloc(dd); d->f_ = be.alloc(dd); d->hn_ = be.alloc(dd);
-  d->q_ = be.alloc(qw); d->att_ = be.alloc(qw);
-  d->gate_ = be.alloc(iw); d->up_ = be.alloc(iw);
-  d->logits_ = be.alloc(size_t(V));
-  d->state_ = be.alloc(size_t(bb));
+  d->cat_ = be.alloc_act(size_t(target.hidden) + bb);
+  d->x_ = be.alloc_act(dd); d->xn_ = be.alloc_act(dd); d->o_ = be.alloc_act(dd); d->f_ = be.alloc_act(dd);
+  d->hn_ = be.alloc_act(dd);
+  d->q_ = be.alloc_act(qw); d->att_ = be.alloc_act(qw);
+  d->gate_ = be.alloc_act(iw); d->up_ = be.alloc_act(iw);
+  d->logits_ = be.alloc_f32(size_t(V));
+  d->state_ = be.alloc_act(size_t(bb));
   if (c.ordered_embeddings) {
-    d->cent_ = be.alloc(size_t(c.num_centroids));
+    d->cent_ = be.alloc_f32(size_t(c.num_centroids));
     const size_t n = size_t(c.centroid_top_k) * size_t(V / c.num_centroids);
     d->cand_ids_ = be.alloc_i32(n);
-    d->cand_rows_ = be.alloc(n * size_t(dd));
+    d->cand_rows_ = be.alloc_f32(n * size_t(dd));
   }
   d->ids_ = be.alloc_i32(1);
   d->am_ = be.alloc_i32(1);
@@ -171,10 +172,9 @@ Result<std::unique_ptr<Drafter>> Drafter::load(const std::string& dir, const Mod
 }
 
 Drafter::~Drafter() {
-  for (float* p : {cat_, x_, xn_, q_, att_, o_, gate_, up_, f_, hn_, logits_, state_, cent_, cand_rows_}) be_.free(p);
-  be_.free(cand_ids_);
-  be_.free(ids_);
-  be_.free(am_);
+  for (const Buf& p : {cat_, x_, xn_, q_, att_, o_, gate_, up_, f_, hn_, logits_, state_, cent_, cand_rows_, cand_ids_,
+                       ids_, am_})
+    be_.free(p);
 }
 
 int32_t Drafter::pick(ActPrecision P, bool full_logits) {
@@ -182,7 +182,7 @@ int32_t Drafter::pick(ActPrecision P, bool full_logits) {
   if (!cfg_.ordered_embeddings) {
     be_.argmax(logits_, 1, V, am_);
     int32_t tok = 0;
-    be_.to_host(reinterpret_cast<const float*>(am_), 1, reinterpret_cast<float*>(&tok));
+    be_.to_host(am_, 1, &tok);
     return tok;
   }
   // Centroid routing (HF Gemma4AssistantMaskedEmbedder): the top-k clusters' tokens compete.
@@ -212,12 +212,12 @@ int32_t Drafter::pick(ActPrecision P, bool full_logits) {
     for (size_t i = 0; i < cand_.size(); ++i) sc[i] = host_logits_[size_t(cand_[i])];
   } else {
     const int n = int(cand_.size()), d = cfg_.text.hidden;
-    be_.from_host(reinterpret_cast<const float*>(cand_.data()), size_t(n), reinterpret_cast<float*>(cand_ids_));
+    be_.from_host(cand_.data(), size_t(n), cand_ids_);
     be_.embed(w_.lm_head, cand_ids_, n, 1.f, P, cand_rows_);  // host memory on host backends
     host_hn_.resize(size_t(d));
     be_.to_host(hn_, size_t(d), host_hn_.data());
     for (int i = 0; i < n; ++i) {
-      const float* row = cand_rows_ + size_t(i) * d;
+      const float* row = cand_rows_.f32() + size_t(i) * d;
       float acc = 0.f;
       for (int k = 0; k < d; ++k) acc += row[k] * host_hn_[size_t(k)];
       sc[size_t(i)] = acc;
@@ -233,7 +233,7 @@ int32_t Drafter::pick(ActPrecision P, bool full_logits) {
   return best;
 }
 
-void Drafter::draft(const KvCache& cache, const float* hidden, int32_t token, int n, ActPrecision P, int32_t* out,
+void Drafter::draft(const KvCache& cache, const Buf& hidden, int32_t token, int n, ActPrecision P, int32_t* out,
                     float* logits, float* states) {
   auto T = [P](double c) { return P == ActPrecision::BF16 ? round_bf16(float(c)) : float(c); };
   const ModelConfig& tc = cfg_.text;
@@ -244,16 +244,16 @@ void Drafter::draft(const KvCache& cache, const float* hidden, int32_t token, in
   seqs[0].n = 1;
   seqs[0].pos0 = pos;
   for (int step = 0; step < n; ++step) {
-    be_.from_host(reinterpret_cast<const float*>(&token), 1, reinterpret_cast<float*>(ids_));
+    be_.from_host(&token, 1, ids_);
     be_.embed(target_embed_, ids_, 1, T(std::sqrt(double(dt))), P, cat_);
-    be_.copy(state_, size_t(bb), cat_ + dt);
+    be_.copy(state_, size_t(bb), cat_.at(dt));
     be_.matmul(cat_, 1, pre_proj_, P, x_);
     for (int l = 0; l < tc.n_layers; ++l) {
       const LayerSpec& ls = tc.layers[size_t(l)];
       const LayerWeights& lw = w_.layers[size_t(l)];
       be_.norm_matmuls(x_, 1, InputNorm{lw.input_ln.data, tc.rms_eps, xn_}, {{&lw.q, q_}}, P);
       seqs[0].kv = cache.layer(ls.kv_source);
-      be_.attn_prep(q_, H, nullptr, nullptr, ls.n_kv_heads, ls.head_dim, lw.q_norm.data, nullptr, false, tc.rms_eps,
+      be_.attn_prep(q_, H, Buf(), Buf(), ls.n_kv_heads, ls.head_dim, lw.q_norm.data, nullptr, false, tc.rms_eps,
                     seqs, rope_[size_t(l)], P);
       be_.attention(q_, H, seqs, tc.query_scale, P, att_);
       be_.matmul_norm_add(att_, 1, lw.o, o_, x_, lw.post_attn_ln.data, tc.rms_eps, P);

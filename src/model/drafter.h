@@ -74,7 +74,7 @@ class Drafter {
   // `token`); `hidden` [backbone] (a backend buffer) the target's final-normed hidden state at
   // position s - 1. out [n] receives the drafted ids; logits (host, or null) [n, vocab] the tied
   // head's logits of each step, and states (host, or null) [n, backbone] each step's h'.
-  void draft(const KvCache& cache, const float* hidden, int32_t token, int n, ActPrecision P, int32_t* out,
+  void draft(const KvCache& cache, const Buf& hidden, int32_t token, int n, ActPrecision P, int32_t* out,
              float* logits = nullptr, float* states = nullptr);
 
  private:
@@ -93,13 +93,11 @@ class Drafter {
   WeightView target_embed_, pre_proj_, post_proj_, centroids_;
   std::vector<int32_t> ordering_;  // [vocab]: num_centroids rows of vocab/num_centroids ids
   std::vector<RopeTable> rope_;
-  // Backend scratch.
-  float *cat_ = nullptr, *x_ = nullptr, *xn_ = nullptr, *q_ = nullptr, *att_ = nullptr, *o_ = nullptr;
-  float *gate_ = nullptr, *up_ = nullptr, *f_ = nullptr, *hn_ = nullptr, *logits_ = nullptr, *state_ = nullptr;
-  float* cent_ = nullptr;
-  float* cand_rows_ = nullptr;      // [candidates, hidden]: the routed candidates' head rows
-  int32_t* cand_ids_ = nullptr;
-  int32_t *ids_ = nullptr, *am_ = nullptr;
+  // Backend scratch (activation dtype; logits_ and cent_ f32; ids I32).
+  Buf cat_, x_, xn_, q_, att_, o_, gate_, up_, f_, hn_, logits_, state_;
+  Buf cent_;
+  Buf cand_rows_;  // [candidates, hidden] f32: the routed candidates' head rows (host backends)
+  Buf cand_ids_, ids_, am_;
   std::vector<float> host_logits_, host_cent_, host_hn_, host_cand_scores_;
   std::vector<int32_t> cand_;
 };

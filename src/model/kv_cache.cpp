@@ -44,33 +44,29 @@ KvCache::~KvCache() {
   for (KvBuffer& b : buf_) release(b);
 }
 
-namespace {
-// Backend buffers are allocated in floats; code rows are whole floats (head_dim % 32 == 0).
-size_t floats_for_bytes(size_t bytes) { return (bytes + 3) / 4; }
-}  // namespace
-
 void KvCache::allocate(KvBuffer& b, int cap) {
   b.capacity = cap;
   const size_t n = size_t(cap);
   if (b.quantized()) {
-    b.kq = reinterpret_cast<uint8_t*>(be_.alloc(floats_for_bytes(n * b.row_code_bytes())));
-    b.vq = reinterpret_cast<uint8_t*>(be_.alloc(floats_for_bytes(n * b.row_code_bytes())));
-    for (float** p : {&b.ks, &b.kb, &b.vs, &b.vb}) *p = be_.alloc(n * b.row_groups());
+    b.kq = be_.alloc(DType::U8, n * b.row_code_bytes()).as<uint8_t>();
+    b.vq = be_.alloc(DType::U8, n * b.row_code_bytes()).as<uint8_t>();
+    for (float** p : {&b.ks, &b.kb, &b.vs, &b.vb}) *p = be_.alloc_f32(n * b.row_groups()).f32();
   } else {
-    b.k = be_.alloc(n * b.row_floats());
-    b.v = be_.alloc(n * b.row_floats());
+    b.k = be_.alloc_act(n * b.row_floats());
+    b.v = be_.alloc_act(n * b.row_floats());
   }
   b.pos = new int32_t[n];
   std::fill(b.pos, b.pos + n, -1);
 }
 
 void KvCache::release(KvBuffer& b) {
-  for (void* p : {static_cast<void*>(b.k), static_cast<void*>(b.v), static_cast<void*>(b.kq),
+  for (void* p : {b.k.data, b.v.data, static_cast<void*>(b.kq),
                   static_cast<void*>(b.vq), static_cast<void*>(b.ks), static_cast<void*>(b.kb),
                   static_cast<void*>(b.vs), static_cast<void*>(b.vb)})
     be_.free(p);
   delete[] b.pos;
-  b.k = b.v = b.ks = b.kb = b.vs = b.vb = nullptr;
+  b.k = b.v = Buf();
+  b.ks = b.kb = b.vs = b.vb = nullptr;
   b.kq = b.vq = nullptr;
   b.pos = nullptr;
   b.capacity = 0;
@@ -79,18 +75,19 @@ void KvCache::release(KvBuffer& b) {
 void KvCache::copy_slots(const KvBuffer& from, int s, KvBuffer& to, int d, int count) {
   const size_t c = size_t(count);
   if (from.quantized()) {
-    const size_t cw = from.row_code_bytes() / 4, ng = from.row_groups();
-    auto words = [](uint8_t* p) { return reinterpret_cast<float*>(p); };
-    be_.copy(words(from.kq) + size_t(s) * cw, c * cw, words(to.kq) + size_t(d) * cw);
-    be_.copy(words(from.vq) + size_t(s) * cw, c * cw, words(to.vq) + size_t(d) * cw);
-    be_.copy(from.ks + size_t(s) * ng, c * ng, to.ks + size_t(d) * ng);
-    be_.copy(from.kb + size_t(s) * ng, c * ng, to.kb + size_t(d) * ng);
-    be_.copy(from.vs + size_t(s) * ng, c * ng, to.vs + size_t(d) * ng);
-    be_.copy(from.vb + size_t(s) * ng, c * ng, to.vb + size_t(d) * ng);
+    const size_t cb = from.row_code_bytes(), ng = from.row_groups();
+    auto bytes = [&](uint8_t* p) { return Buf(p, DType::U8, 0, be_.on_device() ? 0 : -1); };
+    be_.copy_bytes(bytes(from.kq + size_t(s) * cb), c * cb, bytes(to.kq + size_t(d) * cb));
+    be_.copy_bytes(bytes(from.vq + size_t(s) * cb), c * cb, bytes(to.vq + size_t(d) * cb));
+    auto f32 = [&](float* p, size_t at) { return Buf(p + at, DType::F32, 0, be_.on_device() ? 0 : -1); };
+    be_.copy(f32(from.ks, size_t(s) * ng), c * ng, f32(to.ks, size_t(d) * ng));
+    be_.copy(f32(from.kb, size_t(s) * ng), c * ng, f32(to.kb, size_t(d) * ng));
+    be_.copy(f32(from.vs, size_t(s) * ng), c * ng, f32(to.vs, size_t(d) * ng));
+    be_.copy(f32(from.vb, size_t(s) * ng), c * ng, f32(to.vb, size_t(d) * ng));
   } else {
-    const size_t row = from.row_floats();
-    be_.copy(from.k + size_t(s) * row, c * row, to.k + size_t(d) * row);
-    be_.copy(from.v + size_t(s) * row, c * row, to.v + size_t(d) * row);
+    const int64_t row = int64_t(from.row_floats());
+    be_.copy(from.k.at(s * row), c * size_t(row), to.k.at(d * row));
+    be_.copy(from.v.at(s * row), c * size_t(row), to.v.at(d * row));
   }
   std::copy(from.pos + s, from.pos + s + count, to.pos + d);
 }
@@ -142,7 +139,7 @@ void KvCache::quantize_full_layers() {
     KvBuffer& b = buf_[i];
     if (!owns(i) || b.window > 0 || b.quantized()) continue;
     KvBuffer nb = b;
-    nb.k = nb.v = nullptr;
+    nb.k = nb.v = Buf();
     nb.quant = opt_.quant;
     allocate(nb, std::max(b.capacity, 1));
     AttnSeq all;
@@ -199,7 +196,7 @@ size_t KvCache::bytes() const {
   size_t t = 0;
   for (const KvBuffer& b : buf_) {
     const size_t per_slot = b.quantized() ? 2 * (b.row_code_bytes() + 2 * 4 * b.row_groups())
-                                          : 2 * b.row_floats() * 4;
+                                          : 2 * b.row_floats() * dtype_size(be_.activation_dtype());
     t += size_t(b.capacity) * (per_slot + 4);
   }
   return t;

@@ -13,11 +13,12 @@ Result<std::string> resolve_model_path(const std::string& path) {
   return def;
 }
 
-Result<std::unique_ptr<Model>> build_model(const OpenedModel& om, const std::string& backend) {
+Result<std::unique_ptr<Model>> build_model(const OpenedModel& om, const std::string& backend,
+                                           const BackendOptions& opt) {
   std::unique_ptr<Backend> be;
   if (backend == "ggml" || backend == "cuda") {
     std::string why;
-    be = backend == "ggml" ? make_ggml_backend(&why) : make_cuda_backend(&why);
+    be = backend == "ggml" ? make_ggml_backend(&why) : make_cuda_backend(&why, opt);
     if (!be) return err("backend '%s': %s", backend.c_str(), why.c_str());
   } else {
     be = make_backend(backend);
@@ -27,10 +28,11 @@ Result<std::unique_ptr<Model>> build_model(const OpenedModel& om, const std::str
   return std::make_unique<Model>(om.config, std::move(w), om.weights, std::move(be));
 }
 
-Result<std::unique_ptr<Model>> load_model(const std::string& path_in, const std::string& backend) {
+Result<std::unique_ptr<Model>> load_model(const std::string& path_in, const std::string& backend,
+                                          const BackendOptions& opt) {
   G4_ASSIGN_OR_RETURN(std::string path, resolve_model_path(path_in));
   G4_ASSIGN_OR_RETURN(OpenedModel om, open_model(path));
-  return build_model(om, backend);
+  return build_model(om, backend, opt);
 }
 
 }  // namespace g4

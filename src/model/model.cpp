@@ -8,18 +8,18 @@
 namespace g4 {
 
 // Activation buffers sized for the largest batch seen so far (allocated outside the decode step).
+// Activations are in the backend's activation dtype; logits, top-k outputs and router weights f32;
+// ids I32.
 struct Model::Scratch {
   int rows = 0, logit_rows = 0;
-  float *x = nullptr, *xn = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *att = nullptr;
-  float *o = nullptr, *gate = nullptr, *up = nullptr, *f = nullptr, *h1 = nullptr, *h2 = nullptr;
-  float *ple = nullptr, *ple_tok = nullptr, *ple_l = nullptr, *pg = nullptr;
-  float *scores = nullptr, *rw = nullptr, *last = nullptr, *logits = nullptr;
-  float *lora_t = nullptr, *lora_z = nullptr;  // [rows, rank], [rows, widest adapted output]
-  float *tk_vals = nullptr, *tk_lse = nullptr;  // top_k outputs [logit_rows, k_cap], [logit_rows]
-  int32_t* tk_ids = nullptr;
+  Buf x, xn, q, k, v, att, o, gate, up, f, h1, h2;
+  Buf ple, ple_tok, ple_l, pg;
+  Buf scores, rw, last, logits;
+  Buf lora_t, lora_z;  // [rows, rank], [rows, widest adapted output]
+  Buf tk_vals, tk_lse, tk_ids;  // top_k outputs [logit_rows, k_cap] (f32, I32), [logit_rows]
   int tk_rows = 0, tk_k = 0;
   int lora_rows = 0;
-  int32_t *ids = nullptr, *ridx = nullptr, *last_idx = nullptr, *argmax = nullptr;
+  Buf ids, ridx, last_idx, argmax;
 };
 
 Model::Model(ModelConfig cfg, ModelWeights w, std::shared_ptr<const WeightSource> src,
@@ -33,7 +33,7 @@ Model::~Model() = default;  // buffers are owned (and freed) by the backend
 
 void Model::set_drafter(std::unique_ptr<Drafter> d) { drafter_ = std::move(d); }
 
-const float* Model::normed_rows() const { return s_->last; }
+const Buf& Model::normed_rows() const { return s_->last; }
 
 int image_block_chunk_end(const ModelConfig& c, const int32_t* tokens, int n, int end) {
   if (!c.bidi_images || end <= 0 || end >= n) return end;
@@ -45,11 +45,11 @@ void Model::set_adapter(std::unique_ptr<LoraAdapter> a) {
   lora_ = std::move(a);
   be_->free(s_->lora_t);
   be_->free(s_->lora_z);
-  s_->lora_t = s_->lora_z = nullptr;
+  s_->lora_t = s_->lora_z = Buf();
   s_->lora_rows = 0;
 }
 
-void Model::lora_add(const LoraDelta* d, const float* x, int M, ActPrecision P, float* y) {
+void Model::lora_add(const LoraDelta* d, const Buf& x, int M, ActPrecision P, const Buf& y) {
   if (!d) return;
   Scratch& S = *s_;
   const size_t n = size_t(M) * size_t(d->b.rows);
@@ -59,10 +59,10 @@ void Model::lora_add(const LoraDelta* d, const float* x, int M, ActPrecision P, 
   be_->add(y, S.lora_z, n, P, y);
 }
 
-void Model::matmul_norm_add(const float* x, int M, const WeightView& W, const LoraDelta* lora, float* y_scratch,
+void Model::matmul_norm_add(const Buf& x, int M, const WeightView& W, const LoraDelta* lora, const Buf& y_scratch,
                             const float* norm_w, ActPrecision P) {
   Backend& be = *be_;
-  float* resid = s_->x;
+  const Buf& resid = s_->x;
   if (!lora) return be.matmul_norm_add(x, M, W, y_scratch, resid, norm_w, cfg_.rms_eps, P);
   be.matmul(x, M, W, P, y_scratch);
   lora_add(lora, x, M, P, y_scratch);
@@ -85,10 +85,9 @@ void Model::ensure_scratch(int rows, int lrows, int top_k) {
   Scratch& s = *s_;
   if (rows > s.rows) {
     Backend& be = *be_;
-    for (float* p : {s.x, s.xn, s.q, s.k, s.v, s.att, s.o, s.gate, s.up, s.f, s.h1, s.h2, s.ple,
-                     s.ple_tok, s.ple_l, s.pg, s.scores, s.rw})
+    for (const Buf& p : {s.x, s.xn, s.q, s.k, s.v, s.att, s.o, s.gate, s.up, s.f, s.h1, s.h2, s.ple, s.ple_tok,
+                         s.ple_l, s.pg, s.scores, s.rw, s.ids, s.ridx})
       be.free(p);
-    for (int32_t* p : {s.ids, s.ridx}) be.free(p);
     const size_t R = size_t(rows), d = size_t(cfg_.hidden);
     size_t qw = 0, kw = 0, iw = 0;
     for (const LayerSpec& ls : cfg_.layers) {
@@ -97,15 +96,15 @@ void Model::ensure_scratch(int rows, int lrows, int top_k) {
       iw = std::max(iw, size_t(ls.mlp_width));
     }
     const size_t np = size_t(cfg_.n_layers) * size_t(cfg_.ple_width);
-    s.x = be.alloc(R * d); s.xn = be.alloc(R * d); s.o = be.alloc(R * d); s.f = be.alloc(R * d);
-    s.h1 = be.alloc(R * d); s.h2 = be.alloc(R * d);
-    s.q = be.alloc(R * qw); s.att = be.alloc(R * qw);
-    s.k = be.alloc(R * kw); s.v = be.alloc(R * kw);
-    s.gate = be.alloc(R * std::max<size_t>(iw, 1)); s.up = be.alloc(R * std::max<size_t>(iw, 1));
-    s.ple = be.alloc(R * std::max<size_t>(np, 1)); s.ple_tok = be.alloc(R * std::max<size_t>(np, 1));
-    s.ple_l = be.alloc(R * std::max(1, cfg_.ple_width)); s.pg = be.alloc(R * std::max(1, cfg_.ple_width));
-    s.scores = be.alloc(R * std::max(1, cfg_.n_experts));
-    s.rw = be.alloc(R * std::max(1, cfg_.top_k_experts));
+    s.x = be.alloc_act(R * d); s.xn = be.alloc_act(R * d); s.o = be.alloc_act(R * d); s.f = be.alloc_act(R * d);
+    s.h1 = be.alloc_act(R * d); s.h2 = be.alloc_act(R * d);
+    s.q = be.alloc_act(R * qw); s.att = be.alloc_act(R * qw);
+    s.k = be.alloc_act(R * kw); s.v = be.alloc_act(R * kw);
+    s.gate = be.alloc_act(R * std::max<size_t>(iw, 1)); s.up = be.alloc_act(R * std::max<size_t>(iw, 1));
+    s.ple = be.alloc_act(R * std::max<size_t>(np, 1)); s.ple_tok = be.alloc_act(R * std::max<size_t>(np, 1));
+    s.ple_l = be.alloc_act(R * std::max(1, cfg_.ple_width)); s.pg = be.alloc_act(R * std::max(1, cfg_.ple_width));
+    s.scores = be.alloc_act(R * std::max(1, cfg_.n_experts));
+    s.rw = be.alloc_f32(R * std::max(1, cfg_.top_k_experts));
     s.ids = be.alloc_i32(R);
     s.ridx = be.alloc_i32(R * std::max(1, cfg_.top_k_experts));
     s.rows = rows;
@@ -113,38 +112,39 @@ void Model::ensure_scratch(int rows, int lrows, int top_k) {
   if (lora_ && rows > s.lora_rows) {
     be_->free(s.lora_t);
     be_->free(s.lora_z);
-    s.lora_t = be_->alloc(size_t(rows) * size_t(lora_->rank));
-    s.lora_z = be_->alloc(size_t(rows) * size_t(lora_->max_out));
+    s.lora_t = be_->alloc_act(size_t(rows) * size_t(lora_->rank));
+    s.lora_z = be_->alloc_act(size_t(rows) * size_t(lora_->max_out));
     s.lora_rows = rows;
   }
   if (top_k > 0 && (lrows > s.tk_rows || top_k > s.tk_k)) {
-    for (void* p : {static_cast<void*>(s.tk_vals), static_cast<void*>(s.tk_lse), static_cast<void*>(s.tk_ids)})
-      be_->free(p);
+    for (const Buf& p : {s.tk_vals, s.tk_lse, s.tk_ids}) be_->free(p);
     s.tk_rows = std::max(lrows, s.tk_rows);
     s.tk_k = std::max(top_k, s.tk_k);
-    s.tk_vals = be_->alloc(size_t(s.tk_rows) * s.tk_k);
+    s.tk_vals = be_->alloc_f32(size_t(s.tk_rows) * s.tk_k);
     s.tk_ids = be_->alloc_i32(size_t(s.tk_rows) * s.tk_k);
-    s.tk_lse = be_->alloc(size_t(s.tk_rows));
+    s.tk_lse = be_->alloc_f32(size_t(s.tk_rows));
   }
   if (lrows > s.logit_rows) {
     be_->free(s.last); be_->free(s.logits); be_->free(s.last_idx); be_->free(s.argmax);
-    s.last = be_->alloc(size_t(lrows) * cfg_.hidden);
-    s.logits = be_->alloc(size_t(lrows) * cfg_.vocab);
+    s.last = be_->alloc_act(size_t(lrows) * cfg_.hidden);
+    s.logits = be_->alloc_f32(size_t(lrows) * cfg_.vocab);
     s.last_idx = be_->alloc_i32(size_t(lrows));
     s.argmax = be_->alloc_i32(size_t(lrows));
     s.logit_rows = lrows;
   }
 }
 
-void Model::tap(const char* name, int layer, const float* p, size_t n) {
+void Model::tap(const char* name, int layer, const Buf& p, size_t n) {
   if (!tap_) return;
   std::vector<float> h(n);
   be_->to_host(p, n, h.data());
   tap_(name, layer, h.data(), n);
 }
 
-void Model::gelu_mul(const float* gate, const float* up, size_t n, ActPrecision P, float* out) {
-  if (cfg_.gelu == GeluImpl::GgmlF16Table && P == ActPrecision::F32) be_->gelu_mul_ggml(gate, up, n, out);
+void Model::gelu_mul(const Buf& gate, const Buf& up, size_t n, ActPrecision P, const Buf& out) {
+  // The ggml table is the GGUF files' GELU; the host's bf16 mode is MLX's parity mode (tanh form).
+  if (cfg_.gelu == GeluImpl::GgmlF16Table && (P == ActPrecision::F32 || be_->on_device()))
+    be_->gelu_mul_ggml(gate, up, n, out);
   else be_->gelu_mul(gate, up, n, P, out);
 }
 
@@ -169,7 +169,7 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
       for (int t = 0; t < s.n; ++t)
         ids.push_back(s.soft && s.tokens[t] == cfg_.image_token ? cfg_.pad_id : s.tokens[t]);
     }
-    be.from_host(reinterpret_cast<const float*>(ids.data()), size_t(R), reinterpret_cast<float*>(S.ids));
+    be.from_host(ids.data(), size_t(R), S.ids);
   }
   const size_t Rd = size_t(R) * d;
 
@@ -181,7 +181,7 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
     const float* f = s.soft;
     for (int t = 0; t < s.n; ++t) {
       if (s.tokens[t] != cfg_.image_token) continue;
-      be.from_host(f, size_t(d), S.x + (row + size_t(t)) * d);
+      be.from_host(f, size_t(d), S.x.at(int64_t(row + size_t(t)) * d));
       f += d;
     }
   }
@@ -242,7 +242,7 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
     // With an adapter on q/k/v the normed input is materialized (the adapter reads it too).
     const bool lora_qkv = ll && (ll->q || ll->k || ll->v);
     if (lora_qkv) be.rms_norm(S.x, R, d, lw.input_ln.data, cfg_.rms_eps, P, S.xn);
-    const float* qkv_in = lora_qkv ? S.xn : S.x;
+    const Buf& qkv_in = lora_qkv ? S.xn : S.x;
     const InputNorm in_norm = lora_qkv ? InputNorm{} : InputNorm{lw.input_ln.data, cfg_.rms_eps, S.xn};
     if (!own_kv) be.norm_matmuls(qkv_in, R, in_norm, {{&lw.q, S.q}}, P);
     else if (ls.k_eq_v) be.norm_matmuls(qkv_in, R, in_norm, {{&lw.q, S.q}, {&lw.k, S.k}}, P);
@@ -255,18 +255,18 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
     for (size_t i = 0; i < batch.size(); ++i) seqs[i].kv = batch[i].cache->layer(kv_layer);
     if (own_kv && ls.k_eq_v) be.copy_cols(S.k, R, Hk * D, 0, Hk * D, S.v);  // V = raw K projection (before k_norm)
     if (!tap_) {  // norms, ropes and the cache writes in one op
-      be.attn_prep(S.q, H, own_kv ? S.k : nullptr, S.v, Hk, D, cfg_.qk_norm ? lw.q_norm.data : nullptr,
+      be.attn_prep(S.q, H, own_kv ? S.k : Buf(), S.v, Hk, D, cfg_.qk_norm ? lw.q_norm.data : nullptr,
                    cfg_.qk_norm ? lw.k_norm.data : nullptr, cfg_.v_norm, cfg_.rms_eps, seqs, rope_[size_t(l)], P);
     } else {  // step by step, for the taps
       if (cfg_.qk_norm) be.rms_norm(S.q, R * H, D, lw.q_norm.data, cfg_.rms_eps, P, S.q);
       tap("q_normed", l, S.q, size_t(R) * H * D);
       for (size_t i = 0; i < batch.size(); ++i)
-        be.rope(S.q + size_t(seqs[i].row0) * H * D, seqs[i].n, H, D, seqs[i].pos0, rope_[size_t(l)], P);
+        be.rope(S.q.at(int64_t(seqs[i].row0) * H * D), seqs[i].n, H, D, seqs[i].pos0, rope_[size_t(l)], P);
       if (own_kv) {
         if (cfg_.v_norm) be.rms_norm(S.v, R * Hk, D, nullptr, cfg_.rms_eps, P, S.v);
         if (cfg_.qk_norm) be.rms_norm(S.k, R * Hk, D, lw.k_norm.data, cfg_.rms_eps, P, S.k);
         for (size_t i = 0; i < batch.size(); ++i)
-          be.rope(S.k + size_t(seqs[i].row0) * Hk * D, seqs[i].n, Hk, D, seqs[i].pos0, rope_[size_t(l)], P);
+          be.rope(S.k.at(int64_t(seqs[i].row0) * Hk * D), seqs[i].n, Hk, D, seqs[i].pos0, rope_[size_t(l)], P);
         for (size_t i = 0; i < batch.size(); ++i) be.kv_write(seqs[i], S.k, S.v);
       }
     }
@@ -325,7 +325,7 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
     // --- per-layer input (§2.9) ---
     if (Pw > 0) {
       // This layer's slice of the per-layer inputs: contiguous for one row (decode), gathered else.
-      const float* ple_l = S.ple + size_t(l) * Pw;
+      Buf ple_l = S.ple.at(int64_t(l) * Pw);
       if (R > 1) {
         be.copy_cols(S.ple, R, N * Pw, l * Pw, Pw, S.ple_l);
         ple_l = S.ple_l;
@@ -350,7 +350,7 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
         idx.push_back(seqs[i].row0 + batch[i].n - 1);
       }
     }
-    be.from_host(reinterpret_cast<const float*>(idx.data()), idx.size(), reinterpret_cast<float*>(S.last_idx));
+    be.from_host(idx.data(), idx.size(), S.last_idx);
   }
   be.gather_rows(S.x, S.last_idx, LR, d, S.last);
   be.rms_norm(S.last, LR, d, w_.final_norm.data, cfg_.rms_eps, P, S.last);
@@ -360,11 +360,10 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
   if (topk) be.top_k(S.logits, LR, cfg_.vocab, topk->k, S.tk_vals, S.tk_ids, S.tk_lse);
   be.end_step();
   if (logits_out) be.to_host(S.logits, size_t(LR) * cfg_.vocab, logits_out);
-  if (argmax_out)
-    be.to_host(reinterpret_cast<const float*>(S.argmax), size_t(LR), reinterpret_cast<float*>(argmax_out));
+  if (argmax_out) be.to_host(S.argmax, size_t(LR), argmax_out);
   if (topk) {
     be.to_host(S.tk_vals, size_t(LR) * topk->k, topk->vals);
-    be.to_host(reinterpret_cast<const float*>(S.tk_ids), size_t(LR) * topk->k, reinterpret_cast<float*>(topk->ids));
+    be.to_host(S.tk_ids, size_t(LR) * topk->k, topk->ids);
     be.to_host(S.tk_lse, size_t(LR), topk->lse);
   }
   for (const SeqInput& s : batch) s.cache->advance(s.n);

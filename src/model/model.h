@@ -71,7 +71,7 @@ class Model {
 
   // After forward(): the final-normed hidden states of its logit rows (the LM head's input),
   // [logit_rows, hidden] in the same order, a backend buffer valid until the next forward.
-  const float* normed_rows() const;
+  const Buf& normed_rows() const;
 
   // Number of logit rows forward() writes for this batch.
   static int logit_rows(const std::vector<SeqInput>& batch);
@@ -83,15 +83,15 @@ class Model {
  private:
   struct Scratch;
   void ensure_scratch(int rows, int logit_rows, int top_k = 0);
-  void tap(const char* name, int layer, const float* p, size_t n);
+  void tap(const char* name, int layer, const Buf& p, size_t n);
   // y[M, d.b.rows] += the adapter delta of x (lora.h); nothing when d is null.
-  void lora_add(const LoraDelta* d, const float* x, int M, ActPrecision P, float* y);
+  void lora_add(const LoraDelta* d, const Buf& x, int M, ActPrecision P, const Buf& y);
   // The residual stream (scratch x) += rms_norm(x·Wᵀ + adapter delta)·norm_w: Backend::matmul_norm_add,
   // which fuses it, without an adapter (lora null); y_scratch [M, W.rows].
-  void matmul_norm_add(const float* x, int M, const WeightView& W, const LoraDelta* lora, float* y_scratch,
+  void matmul_norm_add(const Buf& x, int M, const WeightView& W, const LoraDelta* lora, const Buf& y_scratch,
                        const float* norm_w, ActPrecision P);
   // gelu_tanh(gate) * up the way cfg_.gelu says (the ggml table only with f32 activations).
-  void gelu_mul(const float* gate, const float* up, size_t n, ActPrecision P, float* out);
+  void gelu_mul(const Buf& gate, const Buf& up, size_t n, ActPrecision P, const Buf& out);
 
   ModelConfig cfg_;
   ModelWeights w_;
@@ -113,13 +113,16 @@ int image_block_chunk_end(const ModelConfig& c, const int32_t* tokens, int n, in
 // Opens a model and loads it on the named backend (make_backend's names). `path` is a directory
 // with config.json + *.safetensors, a .gguf file, or a directory holding one .gguf file; empty
 // means the default model (io/gguf_model.h default_model_path()).
-Result<std::unique_ptr<Model>> load_model(const std::string& path, const std::string& backend = "cpu");
+// opt: the device backend's options (BackendOptions).
+Result<std::unique_ptr<Model>> load_model(const std::string& path, const std::string& backend = "cpu",
+                                          const BackendOptions& opt = {});
 
 // `path`, or the default model's path when empty (error: no model configured).
 Result<std::string> resolve_model_path(const std::string& path);
 
 struct OpenedModel;
 // Builds the Model from an already opened checkpoint (io/model_dir.h).
-Result<std::unique_ptr<Model>> build_model(const OpenedModel& om, const std::string& backend);
+Result<std::unique_ptr<Model>> build_model(const OpenedModel& om, const std::string& backend,
+                                           const BackendOptions& opt = {});
 
 }  // namespace g4

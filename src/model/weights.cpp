@@ -27,9 +27,9 @@ struct Loader {
     return {};
   }
   DeviceVec upload(const std::vector<float>& v) {
-    float* p = be.alloc(v.size());
+    const Buf p = be.alloc_f32(v.size());  // norm weights stay f32 on every backend
     be.from_host(v.data(), v.size(), p);
-    return DeviceVec{p, int(v.size())};
+    return DeviceVec{p.f32(), int(v.size())};
   }
   // Loads a norm weight, applying the checkpoint's norm convention (1 + w for Gemma 3 HF style).
   Status norm(const std::string& name, int n, DeviceVec& out) {

@@ -22,7 +22,7 @@ Result<std::optional<ChatTemplate>> gguf_chat_template(const GgufFile& f, const 
 }
 
 Result<ModelBundle> load_bundle(const std::string& path_in, const std::string& backend,
-                                void (*progress)(const std::string&)) {
+                                void (*progress)(const std::string&), const BackendOptions& opt) {
   auto say = [&](const std::string& m) { if (progress) progress(m); };
   G4_ASSIGN_OR_RETURN(std::string path, resolve_model_path(path_in));
   say("opening " + path);
@@ -59,7 +59,7 @@ Result<ModelBundle> load_bundle(const std::string& path_in, const std::string& b
   add_stop(tok.id_of("<turn|>"));
   add_stop(tok.id_of("<end_of_turn>"));
   say("loading weights");
-  G4_ASSIGN_OR_RETURN(b.model, build_model(om, backend));
+  G4_ASSIGN_OR_RETURN(b.model, build_model(om, backend, opt));
   if (tok.vocab_size() > b.model->config().vocab)
     return err("%s: tokenizer has %d tokens but the model's vocabulary is %d", path.c_str(),
                tok.vocab_size(), b.model->config().vocab);

@@ -35,9 +35,10 @@ Result<std::optional<ChatTemplate>> gguf_chat_template(const GgufFile& f, const 
                                                        ChatRenderOptions* tokens);
 
 // Loads model + tokenizer + chat template from `path` (empty: the default starter model).
-// `progress` receives one-line messages while loading (may be null).
+// `progress` receives one-line messages while loading (may be null); opt: the device backend's
+// options.
 Result<ModelBundle> load_bundle(const std::string& path, const std::string& backend,
-                                void (*progress)(const std::string&) = nullptr);
+                                void (*progress)(const std::string&) = nullptr, const BackendOptions& opt = {});
 
 // Token ids of a raw text prompt: BOS first when the tokenizer wants one (and the text does not
 // already start with it); special-token strings in the text are NOT parsed.

@@ -36,7 +36,7 @@ struct Engine::Slot {
   int generated = 0;
   int cached = 0;
   int32_t pending = -1;                  // sampled token not yet fed
-  float* hidden = nullptr;               // drafter input: final-normed hidden of the last fed token
+  Buf hidden;                            // drafter input: final-normed hidden of the last fed token
   bool has_hidden = false;               //   (backend buffer [hidden]), set by the step that sampled `pending`
 };
 
@@ -372,8 +372,8 @@ bool Engine::emit(Slot& s, int32_t tok) {
 
 void Engine::keep_hidden(Slot& s, int row) {
   const int d = model_.config().hidden;
-  if (!s.hidden) s.hidden = model_.backend().alloc(size_t(d));
-  model_.backend().copy(model_.normed_rows() + size_t(row) * d, size_t(d), s.hidden);
+  if (!s.hidden) s.hidden = model_.backend().alloc_act(size_t(d));
+  model_.backend().copy(model_.normed_rows().at(int64_t(row) * d), size_t(d), s.hidden);
   s.has_hidden = true;
 }
 

@@ -217,7 +217,7 @@ VisionEncoder::~VisionEncoder() {
 }
 
 float* VisionEncoder::vec(const std::vector<float>& v) {
-  float* p = be_.alloc(v.size());
+  float* p = be_.alloc_f32(v.size()).f32();
   be_.from_host(v.data(), v.size(), p);
   owned_.push_back(p);
   return p;
@@ -257,9 +257,11 @@ void layer_norm_rows(std::vector<float>& x, int rows, int n, const std::vector<f
 
 }  // namespace
 
-std::vector<float> VisionEncoder::embed(float* x, int n, int width) {
-  float* xn = be_.alloc(size_t(n) * width);
-  float* feat = be_.alloc(size_t(n) * cfg_.text_hidden);
+// The encoder computes in f32 on every backend (its buffers are f32 whatever the activation
+// dtype); the features it returns are host vectors.
+std::vector<float> VisionEncoder::embed(const Buf& x, int n, int width) {
+  const Buf xn = be_.alloc_f32(size_t(n) * width);
+  const Buf feat = be_.alloc_f32(size_t(n) * cfg_.text_hidden);
   be_.rms_norm(x, n, width, nullptr, cfg_.rms_eps, ActPrecision::F32, xn);
   be_.matmul(xn, n, embed_proj_, ActPrecision::F32, feat);
   std::vector<float> out(size_t(n) * cfg_.text_hidden);
@@ -279,8 +281,8 @@ Result<std::vector<float>> VisionEncoder::encode_unified(const PatchGrid& g, std
   constexpr float kLnEps = 1e-5f;
   std::vector<float> h = g.pixels;
   layer_norm_rows(h, L, pd, ln1_w_, ln1_b_, kLnEps);
-  float* x = be_.alloc(size_t(L) * pd);
-  float* y = be_.alloc(size_t(L) * m);
+  const Buf x = be_.alloc_f32(size_t(L) * pd);
+  const Buf y = be_.alloc_f32(size_t(L) * m);
   be_.from_host(h.data(), h.size(), x);
   be_.matmul(x, L, dense_, ActPrecision::F32, y);
   std::vector<float> e(size_t(L) * m);
@@ -366,7 +368,7 @@ void attend_all(const float* q, const float* k, const float* v, int L, int H, in
 
 }  // namespace
 
-void VisionEncoder::linear(float* x, int M, const WeightView& W, const Clip& c, float* y) {
+void VisionEncoder::linear(const Buf& x, int M, const WeightView& W, const Clip& c, const Buf& y) {
   const bool clip_in = std::isfinite(c.in_min) || std::isfinite(c.in_max);
   const bool clip_out = std::isfinite(c.out_min) || std::isfinite(c.out_max);
   std::vector<float> h;
@@ -397,10 +399,10 @@ Result<std::vector<float>> VisionEncoder::encode(const PatchGrid& g, std::vector
       return err("image is %d patches wide / %d high; the position table holds %d", g.cols, g.rows,
                  c.position_embedding_size);
   Backend& be = be_;
-  auto buf = [&](size_t n) { return be.alloc(n); };
-  float *x = buf(size_t(L) * d), *xn = buf(size_t(L) * d), *t = buf(size_t(L) * std::max(pp, d));
-  float *q = buf(size_t(L) * H * D), *k = buf(size_t(L) * Hk * D), *v = buf(size_t(L) * Hk * D);
-  float *att = buf(size_t(L) * H * D), *o = buf(size_t(L) * d), *gate = buf(size_t(L) * I), *up = buf(size_t(L) * I);
+  auto buf = [&](size_t n) { return be.alloc_f32(n); };
+  const Buf x = buf(size_t(L) * d), xn = buf(size_t(L) * d), t = buf(size_t(L) * std::max(pp, d));
+  const Buf q = buf(size_t(L) * H * D), k = buf(size_t(L) * Hk * D), v = buf(size_t(L) * Hk * D);
+  const Buf att = buf(size_t(L) * H * D), o = buf(size_t(L) * d), gate = buf(size_t(L) * I), up = buf(size_t(L) * I);
   // Patch embedding: input_proj(2·(pixels − 0.5)) + T[0][x] + T[1][y].
   {
     std::vector<float> p(g.pixels.size());
@@ -467,11 +469,11 @@ Result<std::vector<float>> VisionEncoder::encode(const PatchGrid& g, std::vector
   // embed_vision: RMSNorm without weight, then the projection to the text width.
   be.from_host(pooled_h.data(), pooled_h.size(), x);
   be.rms_norm(x, n_out, d, nullptr, c.rms_eps, ActPrecision::F32, xn);
-  float* feat = buf(size_t(n_out) * c.text_hidden);
+  const Buf feat = buf(size_t(n_out) * c.text_hidden);
   be.matmul(xn, n_out, embed_proj_, ActPrecision::F32, feat);
   std::vector<float> out(size_t(n_out) * c.text_hidden);
   be.to_host(feat, out.size(), out.data());
-  for (float* p : {x, xn, t, q, k, v, att, o, gate, up, feat}) be.free(p);
+  for (const Buf& p : {x, xn, t, q, k, v, att, o, gate, up, feat}) be.free(p);
   return out;
 }
 

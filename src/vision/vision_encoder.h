@@ -98,9 +98,9 @@ class VisionEncoder {
   VisionEncoder(VisionConfig c, Backend& be) : cfg_(c), be_(be) {}
   Result<std::vector<float>> encode_unified(const PatchGrid& g, std::vector<float>* pooled);
   // embed_vision: RMSNorm without weight over rows of x (backend, [n, width]), then the projection.
-  std::vector<float> embed(float* x, int n, int width);
+  std::vector<float> embed(const Buf& x, int n, int width);
   // y = clip(x·Wᵀ) with x clipped first (ClippableLinear), x [M, W.cols] backend buffers.
-  void linear(float* x, int M, const WeightView& W, const Clip& c, float* y);
+  void linear(const Buf& x, int M, const WeightView& W, const Clip& c, const Buf& y);
   float* vec(const std::vector<float>& v);
 
   VisionConfig cfg_;

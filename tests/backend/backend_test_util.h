@@ -21,7 +21,7 @@ inline std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.f) {
 }
 
 // An f32 KV buffer over the given memory (pos: host bookkeeping).
-inline KvBuffer f32_kv(float* k, float* v, int32_t* pos, int capacity, int n_kv_heads, int head_dim, int window) {
+inline KvBuffer f32_kv(const Buf& k, const Buf& v, int32_t* pos, int capacity, int n_kv_heads, int head_dim, int window) {
   KvBuffer b;
   b.k = k;
   b.v = v;
@@ -54,7 +54,7 @@ inline ModelConfig sliding_and_full(int Hk, int D, int window) {
 // Writes rows [from, to) of k/v (backend buffers, row r = position r) into both layers of `c`,
 // `chunk` rows per call, as Model::forward does (reserve, kv_write, advance); `steps` brackets
 // each call as a recorded step (begin_step / end_step).
-inline void feed_cache(Backend& be, KvCache& c, const float* k, const float* v, int from, int to, int chunk,
+inline void feed_cache(Backend& be, KvCache& c, const Buf& k, const Buf& v, int from, int to, int chunk,
                        bool steps = false) {
   for (int p = from; p < to; p += chunk) {
     const int n = std::min(chunk, to - p);
@@ -74,12 +74,18 @@ inline void feed_cache(Backend& be, KvCache& c, const float* k, const float* v, 
 }
 
 // A backend copy of host data / a host copy of backend data.
-inline float* upload(Backend& be, const std::vector<float>& h) {
-  float* d = be.alloc(h.size());
+inline Buf upload(Backend& be, const std::vector<float>& h) {
+  Buf d = be.alloc_f32(h.size());
   be.from_host(h.data(), h.size(), d);
   return d;
 }
-inline std::vector<float> download(Backend& be, const float* d, size_t n) {
+// The same in the backend's activation dtype (bf16 storage on a bf16 device backend: rounded).
+inline Buf upload_act(Backend& be, const std::vector<float>& h) {
+  Buf d = be.alloc_act(h.size());
+  be.from_host(h.data(), h.size(), d);
+  return d;
+}
+inline std::vector<float> download(Backend& be, const Buf& d, size_t n) {
   std::vector<float> h(n);
   be.to_host(d, n, h.data());
   return h;
@@ -111,13 +117,13 @@ inline std::vector<float> attention_scenario(Backend& b, int pos0, int n, int wi
   const auto q = randn(size_t(n * H * D), uint32_t(10 + pos0 + n));
   const auto kall = randn(size_t((pos0 + n) * Hk * D), uint32_t(20 + n));
   const auto vall = randn(size_t((pos0 + n) * Hk * D), uint32_t(30 + n));
-  float* k = b.alloc(size_t(cap * Hk * D));
-  float* v = b.alloc(size_t(cap * Hk * D));
+  Buf k = b.alloc_act(size_t(cap * Hk * D));  // the backend's activation dtype throughout
+  Buf v = b.alloc_act(size_t(cap * Hk * D));
   std::vector<int32_t> pos(size_t(cap), -1);  // host bookkeeping on every backend
-  float* dk = upload(b, kall);
-  float* dv = upload(b, vall);
-  float* dq = upload(b, q);
-  float* dout = b.alloc(q.size());
+  Buf dk = upload_act(b, kall);
+  Buf dv = upload_act(b, vall);
+  Buf dq = upload_act(b, q);
+  Buf dout = b.alloc_act(q.size());
   AttnSeq s;
   s.kv = f32_kv(k, v, pos.data(), cap, Hk, D, window);
   for (int p = 0; p < pos0 + n; ++p) {
@@ -139,7 +145,7 @@ inline std::vector<float> attention_scenario(Backend& b, int pos0, int n, int wi
   if (!blocks.empty()) s.blocks = blk.data();
   b.attention(dq, H, {s}, 0.0625f, ActPrecision::F32, dout);
   std::vector<float> out = download(b, dout, q.size());
-  for (float* p : {k, v, dk, dv, dq, dout}) b.free(p);
+  for (const Buf& p : {k, v, dk, dv, dq, dout}) b.free(p);
   return out;
 }
 

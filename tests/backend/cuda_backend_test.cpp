@@ -20,12 +20,16 @@ namespace g4 {
 namespace {
 using test::randn;
 using test::rel_err;
-float* up(Backend& be, const std::vector<float>& h) { return test::upload(be, h); }
-std::vector<float> down(Backend& be, const float* d, size_t n) { return test::download(be, d, n); }
+Buf up(Backend& be, const std::vector<float>& h) { return test::upload(be, h); }
+std::vector<float> down(Backend& be, const Buf& d, size_t n) { return test::download(be, d, n); }
 
+// The f32 path (BackendOptions::activations = F32): these tests hold it to f32 bounds; the bf16
+// path's own tests are in cuda_bf16_test.cpp.
 std::unique_ptr<Backend> cuda_or_skip() {
   std::string why;
-  auto be = make_cuda_backend(&why);
+  BackendOptions opt;
+  opt.activations = DType::F32;
+  auto be = make_cuda_backend(&why, opt);
   if (!be) std::printf("SKIP: cuda backend unavailable: %s\n", why.c_str());
   return be;
 }
@@ -47,8 +51,8 @@ void check_matmul(Backend& cu, Backend& ref, const WeightView& host_w, const cha
     const auto x = randn(size_t(M) * size_t(host_w.cols), uint32_t(M + host_w.rows));
     std::vector<float> want(size_t(M) * size_t(host_w.rows));
     ref.matmul(x.data(), M, host_w, ActPrecision::F32, want.data());
-    float* dx = up(cu, x);
-    float* dy = cu.alloc(want.size());
+    Buf dx = up(cu, x);
+    Buf dy = cu.alloc_f32(want.size());
     cu.matmul(dx, M, dw, ActPrecision::F32, dy);
     EXPECT_LE(rel_err(down(cu, dy, want.size()), want), 2e-5) << what << " M=" << M;
     cu.free(dx);
@@ -110,11 +114,11 @@ TEST_F(CudaBackendTest, EmbedNormRopeElementwise) {
   const WeightView E{WFormat::GgufQ8_0, V, d, blocks.data(), gguf_row_bytes(WFormat::GgufQ8_0, d)};
   const WeightView dE = cu->place_weight(E);
   const std::vector<int32_t> ids = {3, 0, 49, 3};
-  int32_t* dids = cu->alloc_i32(ids.size());
-  cu->from_host(reinterpret_cast<const float*>(ids.data()), ids.size(), reinterpret_cast<float*>(dids));
+  Buf dids = cu->alloc_i32(ids.size());
+  cu->from_host(ids.data(), ids.size(), dids);
   std::vector<float> want(ids.size() * d);
   ref->embed(E, ids.data(), int(ids.size()), 16.f, ActPrecision::F32, want.data());
-  float* de = cu->alloc(want.size());
+  Buf de = cu->alloc_f32(want.size());
   cu->embed(dE, dids, int(ids.size()), 16.f, ActPrecision::F32, de);
   EXPECT_EQ(down(*cu, de, want.size()), want);
   // K-quant tables (a thread per 32-value unit, many blocks per row) and a width 32 does not divide.
@@ -124,7 +128,7 @@ TEST_F(CudaBackendTest, EmbedNormRopeElementwise) {
     const WeightView K{f, V, w, kb.data(), gguf_row_bytes(f, w)};
     std::vector<float> kwant(ids.size() * w);
     ref->embed(K, ids.data(), int(ids.size()), 0.5f, ActPrecision::F32, kwant.data());
-    float* dk = cu->alloc(kwant.size());
+    Buf dk = cu->alloc_f32(kwant.size());
     cu->embed(cu->place_weight(K), dids, int(ids.size()), 0.5f, ActPrecision::F32, dk);
     EXPECT_EQ(down(*cu, dk, kwant.size()), kwant) << wformat_name(f);
   }
@@ -132,17 +136,17 @@ TEST_F(CudaBackendTest, EmbedNormRopeElementwise) {
     test::OwnedWeight odd = test::random_float(V, 150, WFormat::F32, 11);
     std::vector<float> owant(ids.size() * 150);
     ref->embed(odd.view, ids.data(), int(ids.size()), 2.f, ActPrecision::F32, owant.data());
-    float* dodd = cu->alloc(owant.size());
+    Buf dodd = cu->alloc_f32(owant.size());
     cu->embed(cu->place_weight(odd.view), dids, int(ids.size()), 2.f, ActPrecision::F32, dodd);
     EXPECT_EQ(down(*cu, dodd, owant.size()), owant) << "f32 width 150";
   }
 
   const int rows = 6, dim = 640;
   const auto x = randn(size_t(rows * dim), 3, 2.f), w = randn(size_t(dim), 4), b = randn(size_t(rows * dim), 5);
-  float *dx = up(*cu, x), *dw = up(*cu, w), *db = up(*cu, b), *dy = cu->alloc(x.size());
+  Buf dx = up(*cu, x), dw = up(*cu, w), db = up(*cu, b), dy = cu->alloc_f32(x.size());
   std::vector<float> r(x.size());
   ref->rms_norm(x.data(), rows, dim, w.data(), 1e-6f, ActPrecision::F32, r.data());
-  cu->rms_norm(dx, rows, dim, dw, 1e-6f, ActPrecision::F32, dy);
+  cu->rms_norm(dx, rows, dim, dw.f32(), 1e-6f, ActPrecision::F32, dy);
   EXPECT_LE(rel_err(down(*cu, dy, x.size()), r), 1e-6);
   ref->gelu_mul(x.data(), b.data(), x.size(), ActPrecision::F32, r.data());
   cu->gelu_mul(dx, db, x.size(), ActPrecision::F32, dy);
@@ -175,8 +179,8 @@ TEST_F(CudaBackendTest, EmbedNormRopeElementwise) {
 
   // gather_rows and copy_cols
   const std::vector<int32_t> idx = {5, 0, 2};
-  int32_t* didx = cu->alloc_i32(idx.size());
-  cu->from_host(reinterpret_cast<const float*>(idx.data()), idx.size(), reinterpret_cast<float*>(didx));
+  Buf didx = cu->alloc_i32(idx.size());
+  cu->from_host(idx.data(), idx.size(), didx);
   cu->gather_rows(dx, didx, 3, dim, dy);
   std::vector<float> g(3 * dim);
   ref->gather_rows(x.data(), idx.data(), 3, dim, g.data());
@@ -194,10 +198,10 @@ TEST_F(CudaBackendTest, FusedOpsMatchReference) {
   {  // norm_add: x += rms_norm(o)·w
     std::vector<float> want = x, oh = o;
     ref->norm_add(want.data(), oh.data(), rows, dim, w.data(), 1e-6f, ActPrecision::F32);
-    float *dx = up(*cu, x), *dox = up(*cu, o), *dw = up(*cu, w);
-    cu->norm_add(dx, dox, rows, dim, dw, 1e-6f, ActPrecision::F32);
+    Buf dx = up(*cu, x), dox = up(*cu, o), dw = up(*cu, w);
+    cu->norm_add(dx, dox, rows, dim, dw.f32(), 1e-6f, ActPrecision::F32);
     EXPECT_LE(rel_err(down(*cu, dx, x.size()), want), 1e-6);
-    for (float* p : {dx, dox, dw}) cu->free(p);
+    for (const Buf& p : {dx, dox, dw}) cu->free(p);
   }
   // matmul_norm_add: a projection, then x += rms_norm(y)·w, for one row and for rows past one
   // launch's 8.
@@ -208,15 +212,15 @@ TEST_F(CudaBackendTest, FusedOpsMatchReference) {
     const WeightView W{WFormat::GgufQ4_K, O, C, wb.data(), gguf_row_bytes(WFormat::GgufQ4_K, C)};
     const WeightView dW = cu->place_weight(W);
     const auto pw = randn(size_t(O), 62);
-    float* dpw = up(*cu, pw);
+    Buf dpw = up(*cu, pw);
     for (int M : {1, 11, 40}) {
       const auto xin = randn(size_t(M) * C, uint32_t(63 + M)), res = randn(size_t(M) * O, uint32_t(64 + M), 3.f);
       std::vector<float> want = res, ys(size_t(M) * O);
       ref->matmul_norm_add(xin.data(), M, W, ys.data(), want.data(), pw.data(), 1e-6f, ActPrecision::F32);
-      float *dx = up(*cu, xin), *dr = up(*cu, res), *dys = cu->alloc(ys.size());
-      cu->matmul_norm_add(dx, M, dW, dys, dr, dpw, 1e-6f, ActPrecision::F32);
+      Buf dx = up(*cu, xin), dr = up(*cu, res), dys = cu->alloc_f32(ys.size());
+      cu->matmul_norm_add(dx, M, dW, dys, dr, dpw.f32(), 1e-6f, ActPrecision::F32);
       EXPECT_LE(rel_err(down(*cu, dr, want.size()), want), 2e-6) << "matmul_norm_add M=" << M << " C=" << C;
-      for (float* p : {dx, dr, dys}) cu->free(p);
+      for (const Buf& p : {dx, dr, dys}) cu->free(p);
     }
     cu->free(dpw);
   }
@@ -232,8 +236,8 @@ TEST_F(CudaBackendTest, FusedOpsMatchReference) {
     seqs[1].row0 = 2, seqs[1].n = 1, seqs[1].pos0 = 40;
     std::vector<float> want = q;
     ref->norm_rope(want.data(), H, D, nw.data(), 1e-6f, seqs, t, ActPrecision::F32);
-    float *dq = up(*cu, q), *dw = up(*cu, nw);
-    cu->norm_rope(dq, H, D, dw, 1e-6f, seqs, t, ActPrecision::F32);
+    Buf dq = up(*cu, q), dw = up(*cu, nw);
+    cu->norm_rope(dq, H, D, dw.f32(), 1e-6f, seqs, t, ActPrecision::F32);
     EXPECT_LE(rel_err(down(*cu, dq, q.size()), want), 2e-6) << "rope kind " << int(spec.kind);
     cu->free(dq);
     cu->free(dw);
@@ -248,7 +252,7 @@ TEST_F(CudaBackendTest, FusedOpsMatchReference) {
     const WeightView G{f, I, C, gb.data(), gguf_row_bytes(f, C)}, U{f, I, C, ub.data(), gguf_row_bytes(f, C)};
     const WeightView dG = cu->place_weight(G), dU = cu->place_weight(U);
     const auto nw = randn(size_t(C), 48);
-    float* dnw = up(*cu, nw);
+    Buf dnw = up(*cu, nw);
     for (int M : {1, 5, 11, 45}) {
       for (bool table : {false, true}) {
         for (bool normed : {false, true}) {
@@ -256,15 +260,15 @@ TEST_F(CudaBackendTest, FusedOpsMatchReference) {
           std::vector<float> want(size_t(M) * I), scratch(want.size()), xn(xin.size());
           ref->gate_up_gelu(xin.data(), M, InputNorm{normed ? nw.data() : nullptr, 1e-6f, xn.data()}, G, U, table,
                             ActPrecision::F32, want.data(), scratch.data());
-          float *dx = up(*cu, xin), *dy = cu->alloc(want.size()), *ds = cu->alloc(want.size()),
-                *dxn = cu->alloc(xin.size());
-          cu->gate_up_gelu(dx, M, InputNorm{normed ? dnw : nullptr, 1e-6f, dxn}, dG, dU, table, ActPrecision::F32,
+          Buf dx = up(*cu, xin), dy = cu->alloc_f32(want.size()), ds = cu->alloc_f32(want.size()),
+                dxn = cu->alloc_f32(xin.size());
+          cu->gate_up_gelu(dx, M, InputNorm{normed ? dnw.f32() : nullptr, 1e-6f, dxn}, dG, dU, table, ActPrecision::F32,
                            dy, ds);
           // The ggml table rounds gelu's input to f16: a last-bit difference in the dot can move it
           // one f16 step, so that form gets a looser bound.
           EXPECT_LE(rel_err(down(*cu, dy, want.size()), want), table ? 2e-3 : 2e-5)
               << wformat_name(f) << " C=" << C << " M=" << M << " table " << table << " normed " << normed;
-          for (float* p : {dx, dy, ds, dxn}) cu->free(p);
+          for (const Buf& p : {dx, dy, ds, dxn}) cu->free(p);
         }
       }
     }
@@ -286,19 +290,19 @@ TEST_F(CudaBackendTest, FusedOpsMatchReference) {
         V{fv, 32, C, vb.data(), gguf_row_bytes(fv, C)};
     const WeightView dQ = cu->place_weight(Q), dK = cu->place_weight(K), dV = cu->place_weight(V);
     const auto nw = randn(size_t(C), 49);
-    float* dnw = up(*cu, nw);
+    Buf dnw = up(*cu, nw);
     for (int M : {1, 9, 70}) {
       const auto xin = randn(size_t(M) * C, uint32_t(50 + M), 2.f);
       std::vector<float> q(size_t(M) * 96), k(size_t(M) * 32), v(size_t(M) * 32), xn(xin.size());
       ref->norm_matmuls(xin.data(), M, InputNorm{nw.data(), 1e-6f, xn.data()},
                         {{&Q, q.data()}, {&K, k.data()}, {&V, v.data()}}, ActPrecision::F32);
-      float *dx = up(*cu, xin), *dq = cu->alloc(q.size()), *dk = cu->alloc(k.size()), *dv = cu->alloc(v.size()),
-            *dxn = cu->alloc(xin.size());
-      cu->norm_matmuls(dx, M, InputNorm{dnw, 1e-6f, dxn}, {{&dQ, dq}, {&dK, dk}, {&dV, dv}}, ActPrecision::F32);
+      Buf dx = up(*cu, xin), dq = cu->alloc_f32(q.size()), dk = cu->alloc_f32(k.size()), dv = cu->alloc_f32(v.size()),
+            dxn = cu->alloc_f32(xin.size());
+      cu->norm_matmuls(dx, M, InputNorm{dnw.f32(), 1e-6f, dxn}, {{&dQ, dq}, {&dK, dk}, {&dV, dv}}, ActPrecision::F32);
       EXPECT_LE(rel_err(down(*cu, dq, q.size()), q), 2e-5) << "q M=" << M << " variant " << variant;
       EXPECT_LE(rel_err(down(*cu, dk, k.size()), k), 2e-5) << "k M=" << M << " variant " << variant;
       EXPECT_LE(rel_err(down(*cu, dv, v.size()), v), 2e-5) << "v M=" << M << " variant " << variant;
-      for (float* p : {dx, dq, dk, dv, dxn}) cu->free(p);
+      for (const Buf& p : {dx, dq, dk, dv, dxn}) cu->free(p);
     }
     cu->free(dnw);
   }
@@ -326,13 +330,13 @@ TEST_F(CudaBackendTest, AttnPrepMatchesReference) {
       ref->attn_prep(q.data(), H, with_k ? k.data() : nullptr, v.data(), Hk, D, qw.data(), kw.data(), v_norm, 1e-6f,
                      seqs, t, ActPrecision::F32);
       // Device run.
-      float *dq = up(*cu, q0), *dk = up(*cu, k0), *dv = up(*cu, v0), *dqw = up(*cu, qw), *dkw = up(*cu, kw);
-      float *dkc0 = up(*cu, std::vector<float>(kc0.size(), 0.f)), *dvc0 = up(*cu, std::vector<float>(kc0.size(), 0.f)),
-            *dkc1 = up(*cu, std::vector<float>(kc1.size(), 0.f)), *dvc1 = up(*cu, std::vector<float>(kc1.size(), 0.f));
+      Buf dq = up(*cu, q0), dk = up(*cu, k0), dv = up(*cu, v0), dqw = up(*cu, qw), dkw = up(*cu, kw);
+      Buf dkc0 = up(*cu, std::vector<float>(kc0.size(), 0.f)), dvc0 = up(*cu, std::vector<float>(kc0.size(), 0.f)),
+            dkc1 = up(*cu, std::vector<float>(kc1.size(), 0.f)), dvc1 = up(*cu, std::vector<float>(kc1.size(), 0.f));
       std::vector<AttnSeq> dseqs = seqs;
       dseqs[0].kv = test::f32_kv(dkc0, dvc0, dp0.data(), cap0, Hk, D, 0);
       dseqs[1].kv = test::f32_kv(dkc1, dvc1, dp1.data(), cap1, Hk, D, 4);
-      cu->attn_prep(dq, H, with_k ? dk : nullptr, dv, Hk, D, dqw, dkw, v_norm, 1e-6f, dseqs, t, ActPrecision::F32);
+      cu->attn_prep(dq, H, with_k ? dk : Buf(), dv, Hk, D, dqw.f32(), dkw.f32(), v_norm, 1e-6f, dseqs, t, ActPrecision::F32);
       const std::string what = std::string("v_norm ") + (v_norm ? "on" : "off") + (with_k ? "" : ", q only");
       EXPECT_LE(rel_err(down(*cu, dq, q.size()), q), 2e-6) << what;
       EXPECT_LE(rel_err(down(*cu, dk, k.size()), k), 2e-6) << what;
@@ -343,7 +347,7 @@ TEST_F(CudaBackendTest, AttnPrepMatchesReference) {
       EXPECT_LE(rel_err(down(*cu, dvc1, vc1.size()), vc1), 2e-6) << what;
       EXPECT_EQ(dp0, p0) << what;
       EXPECT_EQ(dp1, p1) << what;
-      for (float* p : {dq, dk, dv, dqw, dkw, dkc0, dvc0, dkc1, dvc1}) cu->free(p);
+      for (const Buf& p : {dq, dk, dv, dqw, dkw, dkc0, dvc0, dkc1, dvc1}) cu->free(p);
     }
   }
 }
@@ -359,10 +363,10 @@ TEST_F(CudaBackendTest, MoeRoutingAndExpertsMatchReference) {
   std::vector<int32_t> ri(size_t(rows) * k), ci(ri.size());
   std::vector<float> rw(ri.size());
   ref->router_topk(scores.data(), rows, E, k, pes.data(), ActPrecision::F32, ri.data(), rw.data());
-  float *ds = up(*cu, scores), *dp = up(*cu, pes), *dw = cu->alloc(rw.size());
-  int32_t* di = cu->alloc_i32(ri.size());
-  cu->router_topk(ds, rows, E, k, dp, ActPrecision::F32, di, dw);
-  cu->to_host(reinterpret_cast<const float*>(di), ci.size(), reinterpret_cast<float*>(ci.data()));
+  Buf ds = up(*cu, scores), dp = up(*cu, pes), dw = cu->alloc_f32(rw.size());
+  Buf di = cu->alloc_i32(ri.size());
+  cu->router_topk(ds, rows, E, k, dp.f32(), ActPrecision::F32, di, dw);
+  cu->to_host(di, ci.size(), ci.data());
   EXPECT_EQ(ci, ri);
   EXPECT_EQ(down(*cu, dw, rw.size()), rw);
   std::vector<std::vector<float>> store;
@@ -379,10 +383,10 @@ TEST_F(CudaBackendTest, MoeRoutingAndExpertsMatchReference) {
   const auto x = randn(size_t(rows) * d, 72);
   std::vector<float> want(size_t(rows) * d);
   ref->moe_experts(x.data(), rows, d, ri.data(), rw.data(), k, g, u, dn, ActPrecision::F32, want.data());
-  float *dx = up(*cu, x), *dout = cu->alloc(want.size());
+  Buf dx = up(*cu, x), dout = cu->alloc_f32(want.size());
   cu->moe_experts(dx, rows, d, di, dw, k, cg, cu_up, cdn, ActPrecision::F32, dout);
   EXPECT_LE(rel_err(down(*cu, dout, want.size()), want), 1e-5);
-  for (float* p : {ds, dp, dw, dx, dout}) cu->free(p);
+  for (const Buf& p : {ds, dp, dw, dx, dout}) cu->free(p);
   cu->free(di);
 }
 
@@ -397,14 +401,14 @@ TEST_F(CudaBackendTest, ArgmaxFirstLargestSkippingNaN) {
   for (int i = 0; i < n; ++i) x[size_t(2) * n + i] = NAN;  // row 2: nothing but NaN -> 0
   x[size_t(2) * n + 7] = -INFINITY;
   std::vector<int32_t> want(rows), got(rows);
-  int32_t* ro = ref->alloc_i32(rows);
+  Buf ro = ref->alloc_i32(rows);
   ref->argmax(x.data(), rows, n, ro);
-  std::copy(ro, ro + rows, want.begin());
+  std::copy(ro.i32(), ro.i32() + rows, want.begin());
   EXPECT_EQ(want, (std::vector<int32_t>{70000, 6, 7}));
-  float* dx = up(*cu, x);
-  int32_t* co = cu->alloc_i32(rows);
+  Buf dx = up(*cu, x);
+  Buf co = cu->alloc_i32(rows);
   cu->argmax(dx, rows, n, co);
-  cu->to_host(reinterpret_cast<const float*>(co), rows, reinterpret_cast<float*>(got.data()));
+  cu->to_host(co, rows, got.data());
   EXPECT_EQ(got, want);
   cu->free(dx);
   cu->free(co);
@@ -422,13 +426,13 @@ TEST_F(CudaBackendTest, TopKMatchesReference) {
     std::vector<float> rv(size_t(rows) * k), rl(rows);
     std::vector<int32_t> ri(size_t(rows) * k);
     ref->top_k(x.data(), rows, n, k, rv.data(), ri.data(), rl.data());
-    float* dx = up(*cu, x);
-    float* dv = cu->alloc(rv.size());
-    int32_t* di = cu->alloc_i32(ri.size());
-    float* dl = cu->alloc(rows);
+    Buf dx = up(*cu, x);
+    Buf dv = cu->alloc_f32(rv.size());
+    Buf di = cu->alloc_i32(ri.size());
+    Buf dl = cu->alloc_f32(rows);
     cu->top_k(dx, rows, n, k, dv, di, dl);
     std::vector<int32_t> gi(ri.size());
-    cu->to_host(reinterpret_cast<const float*>(di), gi.size(), reinterpret_cast<float*>(gi.data()));
+    cu->to_host(di, gi.size(), gi.data());
     const auto gv = down(*cu, dv, rv.size()), gl = down(*cu, dl, rows);
     for (int r = 0; r < rows; ++r) {
       std::vector<int32_t> a(ri.begin() + r * k, ri.begin() + (r + 1) * k), b(gi.begin() + r * k, gi.begin() + (r + 1) * k);
@@ -438,8 +442,7 @@ TEST_F(CudaBackendTest, TopKMatchesReference) {
       EXPECT_NEAR(gl[size_t(r)], rl[size_t(r)], 1e-4f * std::max(1.f, std::fabs(rl[size_t(r)]))) << "row " << r;
       for (int j = 0; j < k; ++j) EXPECT_EQ(gv[size_t(r * k + j)], x[size_t(r) * n + size_t(gi[size_t(r * k + j)])]);
     }
-    for (void* p : {static_cast<void*>(dx), static_cast<void*>(dv), static_cast<void*>(di), static_cast<void*>(dl)})
-      cu->free(p);
+    for (const Buf& p : {dx, dv, di, dl}) cu->free(p);
   }
 }
 
@@ -477,13 +480,13 @@ std::vector<std::vector<float>> decode_steps(Backend& b, int steps) {
   RopeSpec spec;
   spec.theta = 10000.f;
   const RopeTable rt = make_rope_table(spec, D);
-  float* kc = b.alloc(size_t(cap) * Hk * D);
-  float* vc = b.alloc(size_t(cap) * Hk * D);
+  Buf kc = b.alloc_f32(size_t(cap) * Hk * D);
+  Buf vc = b.alloc_f32(size_t(cap) * Hk * D);
   std::vector<int32_t> pos(size_t(cap), -1);
-  float* q = b.alloc(size_t(H) * D);
-  float* k = b.alloc(size_t(Hk) * D);
-  float* v = b.alloc(size_t(Hk) * D);
-  float* out = b.alloc(size_t(H) * D);
+  Buf q = b.alloc_f32(size_t(H) * D);
+  Buf k = b.alloc_f32(size_t(Hk) * D);
+  Buf v = b.alloc_f32(size_t(Hk) * D);
+  Buf out = b.alloc_f32(size_t(H) * D);
   std::vector<std::vector<float>> outs;
   for (int p = 0; p < steps; ++p) {
     b.begin_step();
@@ -504,7 +507,7 @@ std::vector<std::vector<float>> decode_steps(Backend& b, int steps) {
     b.end_step();
     outs.push_back(down(b, out, size_t(H) * D));
   }
-  for (float* p : {kc, vc, q, k, v, out}) b.free(p);
+  for (const Buf& p : {kc, vc, q, k, v, out}) b.free(p);
   return outs;
 }
 
@@ -528,7 +531,7 @@ TEST_F(CudaBackendTest, RecordedStepsReplayAtEveryPosition) {
 using test::feed_cache;
 std::vector<uint8_t> bytes_of(Backend& be, const uint8_t* p, size_t n) {
   std::vector<uint8_t> h(n);
-  be.to_host(reinterpret_cast<const float*>(p), n / 4, reinterpret_cast<float*>(h.data()));
+  be.read_bytes(Buf(const_cast<uint8_t*>(p), DType::U8, int64_t(n), be.on_device() ? 0 : -1), n, h.data());
   return h;
 }
 
@@ -546,7 +549,7 @@ TEST_F(CudaBackendTest, QuantizedKvCacheMatchesReference) {
       const auto q = randn(size_t(H) * D, uint32_t(82 + bits));
       KvCache rc(cfg, *ref, opt), cc(cfg, *cu, opt);
       feed_cache(*ref, rc, k.data(), v.data(), 0, total, 7, false);
-      float *dk = up(*cu, k), *dv = up(*cu, v), *dq = up(*cu, q);
+      Buf dk = up(*cu, k), dv = up(*cu, v), dq = up(*cu, q);
       feed_cache(*cu, cc, dk, dv, 0, 7, 7, false);           // f32, converted at 14 >= 9 ...
       feed_cache(*cu, cc, dk, dv, 7, 14, 7, false);          // ... on the device (kv_write)
       feed_cache(*cu, cc, dk, dv, 14, total, 1, true);       // decode steps, recorded and replayed
@@ -570,12 +573,12 @@ TEST_F(CudaBackendTest, QuantizedKvCacheMatchesReference) {
         std::vector<float> want(size_t(H) * D);
         ref->attention(q.data(), H, {s}, 0.0625f, ActPrecision::F32, want.data());
         s.kv = cc.layer(l);
-        float* dout = cu->alloc(want.size());
+        Buf dout = cu->alloc_f32(want.size());
         cu->attention(dq, H, {s}, 0.0625f, ActPrecision::F32, dout);
         EXPECT_LE(rel_err(down(*cu, dout, want.size()), want), 1e-5) << "layer " << l;
         cu->free(dout);
       }
-      for (float* p : {dk, dv, dq}) cu->free(p);
+      for (const Buf& p : {dk, dv, dq}) cu->free(p);
     }
   }
 }
@@ -595,14 +598,14 @@ TEST_F(CudaBackendTest, AttnPrepIntoQuantizedCache) {
   KvCache rc(cfg, *ref, opt), cc(cfg, *cu, opt);
   // Two rows first (converted after that call), then three more through attn_prep.
   feed_cache(*ref, rc, k0.data(), v0.data(), 0, 2, 2, false);
-  float *dk0 = up(*cu, k0), *dv0 = up(*cu, v0);
+  Buf dk0 = up(*cu, k0), dv0 = up(*cu, v0);
   feed_cache(*cu, cc, dk0, dv0, 0, 2, 2, false);
   ASSERT_TRUE(rc.quantized() && cc.quantized());
   rc.reserve(3);
   cc.reserve(3);
   std::vector<float> q(q0.begin() + 2 * H * D, q0.end()), k(k0.begin() + 2 * Hk * D, k0.end()),
       v(v0.begin() + 2 * Hk * D, v0.end());
-  float *dq = up(*cu, q), *dk = up(*cu, k), *dv = up(*cu, v), *dqw = up(*cu, qw), *dkw = up(*cu, kw);
+  Buf dq = up(*cu, q), dk = up(*cu, k), dv = up(*cu, v), dqw = up(*cu, qw), dkw = up(*cu, kw);
   AttnSeq s;
   s.row0 = 0;
   s.n = 3;
@@ -612,8 +615,8 @@ TEST_F(CudaBackendTest, AttnPrepIntoQuantizedCache) {
   std::vector<float> want(q.size());
   ref->attention(q.data(), H, {s}, 0.0625f, ActPrecision::F32, want.data());
   s.kv = cc.layer(1);
-  cu->attn_prep(dq, H, dk, dv, Hk, D, dqw, dkw, true, 1e-6f, {s}, t, ActPrecision::F32);
-  float* dout = cu->alloc(want.size());
+  cu->attn_prep(dq, H, dk, dv, Hk, D, dqw.f32(), dkw.f32(), true, 1e-6f, {s}, t, ActPrecision::F32);
+  Buf dout = cu->alloc_f32(want.size());
   cu->attention(dq, H, {s}, 0.0625f, ActPrecision::F32, dout);
   EXPECT_LE(rel_err(down(*cu, dq, q.size()), q), 2e-6);
   EXPECT_LE(rel_err(down(*cu, dout, want.size()), want), 1e-3);
@@ -624,7 +627,7 @@ TEST_F(CudaBackendTest, AttnPrepIntoQuantizedCache) {
   size_t differ = 0;
   for (size_t i = 0; i < nb; ++i) differ += got[i] != rf.kq[i];
   EXPECT_LE(differ, nb / 100) << differ << " of " << nb << " code bytes differ";
-  for (float* p : {dk0, dv0, dq, dk, dv, dqw, dkw, dout}) cu->free(p);
+  for (const Buf& p : {dk0, dv0, dq, dk, dv, dqw, dkw, dout}) cu->free(p);
 }
 
 }  // namespace

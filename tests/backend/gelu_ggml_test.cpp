@@ -22,9 +22,9 @@ float ggml_geglu_one(float x, float g) {
 
 std::vector<float> run(g4::Backend& be, const std::vector<float>& gate, const std::vector<float>& up) {
   const size_t n = gate.size();
-  float* dg = be.alloc(n);
-  float* du = be.alloc(n);
-  float* out = be.alloc(n);
+  g4::Buf dg = be.alloc_f32(n);
+  g4::Buf du = be.alloc_f32(n);
+  g4::Buf out = be.alloc_f32(n);
   be.from_host(gate.data(), n, dg);
   be.from_host(up.data(), n, du);
   be.gelu_mul_ggml(dg, du, n, out);

@@ -25,7 +25,9 @@ class CpuBackend final : public HostBackend {
  public:
   std::string name() const override { return "cpu"; }
 
-  void matmul(const float* x, int M, const WeightView& W, ActPrecision P, float* y) override {
+  void matmul(const Buf& x_b, int M, const WeightView& W, ActPrecision P, const Buf& y_b) override {
+    const float* x = x_b.f32();
+    float* y = y_b.f32();
     if (P == ActPrecision::BF16 && is_mlx_parity_format(W.fmt)) {  // parity mode (host_backend.h)
       matmul_mlx_bf16_parity(x, M, W, y);
       return;
@@ -103,31 +105,33 @@ class CpuBackend final : public HostBackend {
   // True when the f32 SIMD kernels apply (checked once: cpu_has_avx512 reads the environment).
   bool simd(ActPrecision P) const { return P == ActPrecision::F32 && avx512_; }
 
-  void gelu_mul(const float* gate, const float* up, size_t n, ActPrecision P, float* out) override {
+  void gelu_mul(const Buf& gate, const Buf& up, size_t n, ActPrecision P, const Buf& out) override {
     if (!simd(P)) return HostBackend::gelu_mul(gate, up, n, P, out);
-    cpu::gelu_mul_avx512(gate, up, n, out);
+    cpu::gelu_mul_avx512(gate.f32(), up.f32(), n, out.f32());
   }
-  void softcap(float* x, size_t n, float cap, ActPrecision P) override {
-    if (!simd(P)) return HostBackend::softcap(x, n, cap, P);
+  void softcap(const Buf& x_b, size_t n, float cap, ActPrecision P) override {
+    if (!simd(P)) return HostBackend::softcap(x_b, n, cap, P);
+    float* x = x_b.f32();
     // Threads over the logits (V = 262144 per row at decode: tanh is ~0.3 ms on one core).
     auto body = [x, cap](int64_t b, int64_t e) { cpu::softcap_avx512(x + b, size_t(e - b), cap); };
     parallel_for(int64_t(n), std::ref(body), 16384);
   }
-  void rms_norm(const float* x, int rows, int dim, const float* w, float eps, ActPrecision P,
-                float* y) override {
+  void rms_norm(const Buf& x, int rows, int dim, const float* w, float eps, ActPrecision P,
+                const Buf& y) override {
     if (!simd(P)) return HostBackend::rms_norm(x, rows, dim, w, eps, P, y);
-    cpu::rms_norm_avx512(x, rows, dim, w, eps, y);
+    cpu::rms_norm_avx512(x.f32(), rows, dim, w, eps, y.f32());
   }
-  void add(const float* a, const float* b, size_t n, ActPrecision P, float* y) override {
+  void add(const Buf& a, const Buf& b, size_t n, ActPrecision P, const Buf& y) override {
     if (!simd(P)) return HostBackend::add(a, b, n, P, y);
-    cpu::add_avx512(a, b, n, y);
+    cpu::add_avx512(a.f32(), b.f32(), n, y.f32());
   }
 
   // HostBackend::rope with cos/sin computed once per (row, pair) instead of once per head:
   // the same std::cos/std::sin values, so the result is bit-identical to the reference.
-  void rope(float* x, int rows, int heads, int head_dim, int pos0, const RopeTable& t,
+  void rope(const Buf& x_b, int rows, int heads, int head_dim, int pos0, const RopeTable& t,
             ActPrecision P) override {
-    if (P != ActPrecision::F32) return HostBackend::rope(x, rows, heads, head_dim, pos0, t, P);
+    if (P != ActPrecision::F32) return HostBackend::rope(x_b, rows, heads, head_dim, pos0, t, P);
+    float* x = x_b.f32();
     const int half = head_dim / 2;
     thread_local std::vector<float> cs;
     cs.resize(size_t(2 * half));
@@ -152,8 +156,10 @@ class CpuBackend final : public HostBackend {
     }
   }
 
-  void attention(const float* q, int H, const std::vector<AttnSeq>& seqs, float scale,
-                 ActPrecision P, float* out) override {
+  void attention(const Buf& q_b, int H, const std::vector<AttnSeq>& seqs, float scale, ActPrecision P,
+                 const Buf& out_b) override {
+    const float* q = q_b.f32();
+    float* out = out_b.f32();
     bool fast = simd(P);
     for (const AttnSeq& s : seqs) fast = fast && s.kv.head_dim % 16 == 0 && H % s.kv.n_kv_heads == 0;
     if (fast) return attention_groups(q, H, seqs, scale, out);
@@ -211,9 +217,12 @@ class CpuBackend final : public HostBackend {
     parallel_for(n, std::ref(body));  // std::ref: no std::function allocation
   }
 
-  void moe_experts(const float* x, int rows, int d, const int32_t* idx, const float* w, int k,
+  void moe_experts(const Buf& x_b, int rows, int d, const Buf& idx_b, const Buf& w_b, int k,
                    const std::vector<WeightView>& gate, const std::vector<WeightView>& up,
-                   const std::vector<WeightView>& down, ActPrecision P, float* out) override {
+                   const std::vector<WeightView>& down, ActPrecision P, const Buf& out_b) override {
+    const float *x = x_b.f32(), *w = w_b.f32();
+    const int32_t* idx = idx_b.i32();
+    float* out = out_b.f32();
     // Group the (row, slot) pairs by expert so each expert's weights run as one M-row matmul.
     const int E = int(gate.size());
     const int64_t I = gate[0].rows;
@@ -262,11 +271,11 @@ class CpuBackend final : public HostBackend {
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
 
-std::unique_ptr<Backend> make_backend(const std::string& name) {
+std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& opt) {
   if (name == "cpu" || name.empty()) return make_cpu_backend();
   if (name == "reference") return make_reference_backend();
   if (name == "ggml") return make_ggml_backend(nullptr);
-  if (name == "cuda") return make_cuda_backend(nullptr);
+  if (name == "cuda") return make_cuda_backend(nullptr, opt);
   return nullptr;
 }
 

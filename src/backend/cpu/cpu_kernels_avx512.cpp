@@ -79,7 +79,7 @@ void attend_group_avx512(const float* q, int group, const KvBuffer& kv, int g, K
     const int p = first + j;
     const int slot = kv.window > 0 ? p % kv.capacity : p;
     G4_CHECK(kv.pos[slot] == p);
-    const float* kr = kv.k + slot * row + size_t(g) * D;
+    const float* kr = kv.k.f32() + slot * row + size_t(g) * D;
     if (quant) {
       detail::dequant_row_avx512(kview, int64_t(slot) * kv.n_kv_heads + g, deq.data());
       kr = deq.data();
@@ -132,7 +132,7 @@ void attend_group_avx512(const float* q, int group, const KvBuffer& kv, int g, K
       for (int j = 0; j < n; ++j) {
         const int p = first + j;
         const int slot = kv.window > 0 ? p % kv.capacity : p;
-        const float* vr = kv.v + slot * row + size_t(g) * D + c0;
+        const float* vr = kv.v.f32() + slot * row + size_t(g) * D + c0;
         const __m512 pj = _mm512_set1_ps(s[j]);
         if (nv == 8) {
           #pragma GCC unroll 8

@@ -1,5 +1,6 @@
-// The CUDA backend's kernels (cuda_kernels.h): simple, correct f32 versions of every dense op.
-// Weights are dequantized per element (cuda_dequant.cuh); each kernel states its thread layout.
+// The CUDA backend's kernels (cuda_kernels.h): every dense op, templated on the activation storage
+// type T (float or bf16, cuda_act.cuh; f32 arithmetic inside). Weights are dequantized per element
+// or per 32-value unit (cuda_dequant.cuh); each kernel states its thread layout.
 #include <cuda_fp16.h>
 
 #include <cstdint>
@@ -13,6 +14,12 @@ namespace g4::cuda {
 namespace {
 
 constexpr int kWarp = 32;
+
+// An L2 load (bypassing L1: written by other blocks of this launch) of a run-time-typed activation.
+__device__ inline float ld_cg(const void* p, int64_t i, bool bf) {
+  if (bf) return __bfloat162float(__ldcg(static_cast<const bf16*>(p) + i));
+  return __ldcg(static_cast<const float*>(p) + i);
+}
 
 struct Sum {
   __device__ float operator()(float a, float b) const { return a + b; }
@@ -47,9 +54,10 @@ __device__ inline float block_sum(float v, float* sh) { return block_reduce(v, s
 // lanes stride over single columns (dequant_at). kM: the most activation rows this instance handles
 // (1 for decode keeps the accumulators, and so the registers, few).
 constexpr int kMaxM = 8;
+// x: f32 (x_bf false: also the normed rows in shared memory) or bf16 activations.
 template <WFormat F, bool kUnits, int kM>
-__device__ inline void row_dot(const float* x, int M, const DevWeight& w, const uint8_t* row, int64_t r, int lane,
-                               float* acc) {
+__device__ inline void row_dot(const void* x, bool x_bf, int M, const DevWeight& w, const uint8_t* row, int64_t r,
+                               int lane, float* acc) {
 #pragma unroll
   for (int m = 0; m < kM; ++m) acc[m] = 0.f;
   if constexpr (kUnits) {
@@ -59,11 +67,11 @@ __device__ inline void row_dot(const float* x, int M, const DevWeight& w, const 
 #pragma unroll
       for (int m = 0; m < kM; ++m) {
         if (m >= M) break;
-        const float4* xm = reinterpret_cast<const float4*>(x + int64_t(m) * w.cols + 32 * u);
+        const int64_t xm = int64_t(m) * w.cols + 32 * u;
         float s = 0.f;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          const float4 v = xm[j];
+          const float4 v = ld4x(x, xm + 4 * j, x_bf);
           s += v.x * wv[4 * j] + v.y * wv[4 * j + 1] + v.z * wv[4 * j + 2] + v.w * wv[4 * j + 3];
         }
         acc[m] += s;
@@ -74,7 +82,7 @@ __device__ inline void row_dot(const float* x, int M, const DevWeight& w, const 
       const float wv = dequant_at(row, w, r, c);
 #pragma unroll
       for (int m = 0; m < kM; ++m)
-        if (m < M) acc[m] += x[int64_t(m) * w.cols + c] * wv;
+        if (m < M) acc[m] += ldx(x, int64_t(m) * w.cols + c, x_bf) * wv;
     }
   }
 }
@@ -104,8 +112,9 @@ enum Act { kPlain = 0, kGelu = 1, kGeluGgml = 2 };
 
 // matmul_norm_add's epilogue, run by every block after its rows: the last block to finish adds
 // rms_norm(y)·post_w to resid, row by row with the whole block; each thread's loads are issued
-// together (kPerT at a time), not one L2 round trip after another.
-__device__ void residual_epilogue(const MatArgs& a, const float* y, int64_t n) {
+// together (kPerT at a time), not one L2 round trip after another. y and resid of type a.xt.
+__device__ void residual_epilogue(const MatArgs& a, const void* y, int64_t n) {
+  const bool bf = a.xt == DType::BF16;
   __shared__ bool last;
   __shared__ float red[32];
   __threadfence();
@@ -117,13 +126,12 @@ __device__ void residual_epilogue(const MatArgs& a, const float* y, int64_t n) {
   constexpr int kPerT = 4;
   const int64_t step = int64_t(kPerT) * blockDim.x;
   for (int m = 0; m < a.M; ++m) {
-    const float* yr = y + int64_t(m) * n;
-    float* xr = a.resid + int64_t(m) * n;
+    const int64_t row = int64_t(m) * n;
     float ss = 0.f;
     for (int64_t c0 = threadIdx.x; c0 < n; c0 += step) {
       float v[kPerT];
 #pragma unroll
-      for (int k = 0; k < kPerT; ++k) v[k] = c0 + k * blockDim.x < n ? __ldcg(yr + c0 + k * blockDim.x) : 0.f;
+      for (int k = 0; k < kPerT; ++k) v[k] = c0 + k * blockDim.x < n ? ld_cg(y, row + c0 + k * blockDim.x, bf) : 0.f;
 #pragma unroll
       for (int k = 0; k < kPerT; ++k) ss += v[k] * v[k];
     }
@@ -134,26 +142,26 @@ __device__ void residual_epilogue(const MatArgs& a, const float* y, int64_t n) {
 #pragma unroll
       for (int k = 0; k < kPerT; ++k) {
         const int64_t c = c0 + k * blockDim.x;
-        v[k] = c < n ? __ldcg(yr + c) : 0.f;
-        r[k] = c < n ? xr[c] : 0.f;
+        v[k] = c < n ? ld_cg(y, row + c, bf) : 0.f;
+        r[k] = c < n ? ldx(a.resid, row + c, bf) : 0.f;
         g[k] = c < n ? a.post_w[c] : 0.f;
       }
 #pragma unroll
       for (int k = 0; k < kPerT; ++k)
-        if (c0 + k * blockDim.x < n) xr[c0 + k * blockDim.x] = r[k] + v[k] * inv * g[k];
+        if (c0 + k * blockDim.x < n) store_out(a.resid, row + c0 + k * blockDim.x, r[k] + v[k] * inv * g[k], !bf);
     }
   }
   if (threadIdx.x == 0) *a.counter = 0u;
 }
 
 // Block-wide rms_norm of one row (M = 1) into shared memory xn: xn[c] = x[c] * inv_rms(x) * w[c].
-__device__ void norm_row_to_shared(const float* x, int64_t cols, const float* w, float eps, float* xn) {
+__device__ void norm_row_to_shared(const void* x, bool bf, int64_t cols, const float* w, float eps, float* xn) {
   __shared__ float red[32];
   float ss = 0.f;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) ss += x[c] * x[c];
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) ss += ldx(x, c, bf) * ldx(x, c, bf);
   ss = block_sum(ss, red);
   const float inv = 1.0f / sqrtf(ss / float(cols) + eps);
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) xn[c] = x[c] * inv * w[c];
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) xn[c] = ldx(x, c, bf) * inv * w[c];
   __syncthreads();
 }
 
@@ -162,16 +170,10 @@ __device__ void norm_row_to_shared(const float* x, int64_t cols, const float* w,
 // split rows (vb = blockIdx.x, + gridDim.x, ...), so that a few resident blocks per SM keep loads
 // in flight instead of thousands of short blocks paying their start and drain.
 template <WFormat F, int kAct>
-__global__ void __launch_bounds__(kMatWarps * kWarp) kquant_decode_kernel(MatArgs a) {
-  extern __shared__ uint4 smem[];
+__device__ void kquant_decode_rows(const MatArgs& a, const void* x, bool x_bf) {
   __shared__ float partial[2][kMatWarps];
   const int split = a.split, warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, part = warp % split;
-  const float* x = a.x;
-  if (a.norm_w) {  // one row, normed once per block
-    float* xn = reinterpret_cast<float*>(smem);
-    norm_row_to_shared(a.x, a.w[0].cols, a.norm_w, a.eps, xn);
-    x = xn;
-  }
+  const bool y_f32 = a.yt == DType::F32;
   const unsigned total = a.first[a.n];
   for (unsigned vb = blockIdx.x; vb < total; vb += gridDim.x) {
     int i = 0;
@@ -183,11 +185,11 @@ __global__ void __launch_bounds__(kMatWarps * kWarp) kquant_decode_kernel(MatArg
       if constexpr (kAct != kPlain) {  // gate and up rows in one pass over x
         const uint8_t* rr[2] = {w.data + r * w.row_bytes, a.w2.data + r * a.w2.row_bytes};
         float acc[2];
-        kquant_rows_dot<F, 2>(rr, x, w.cols, lane, part, split, acc);
+        kquant_rows_dot<F, 2>(rr, x, x_bf, w.cols, lane, part, split, acc);
         s1 = warp_sum(acc[0]);
         s2 = warp_sum(acc[1]);
       } else {
-        s1 = warp_sum(kquant_row_dot<F>(w.data + r * w.row_bytes, x, w.cols, lane, part, split));
+        s1 = warp_sum(kquant_row_dot<F>(w.data + r * w.row_bytes, x, x_bf, w.cols, lane, part, split));
       }
     }
     if (split > 1) {
@@ -201,8 +203,25 @@ __global__ void __launch_bounds__(kMatWarps * kWarp) kquant_decode_kernel(MatArg
       float v = s1;
       if constexpr (kAct == kGelu) v = gelu_tanh_mul(s1, s2);
       if constexpr (kAct == kGeluGgml) v = gelu_ggml_mul(s1, s2, a.table);
-      a.y[i][r] = v;
+      store_out(a.y[i], r, v, y_f32);
     }
+  }
+}
+
+// K-quant decode (M = 1; cuda_kquant_dot.cuh): the MatArgs contract of matmul_kernel, with
+// `split` warps per row and a persistent grid: each block walks virtual blocks of kMatWarps /
+// split rows (vb = blockIdx.x, + gridDim.x, ...), so that a few resident blocks per SM keep loads
+// in flight instead of thousands of short blocks paying their start and drain.
+template <WFormat F, int kAct>
+__global__ void __launch_bounds__(kMatWarps * kWarp) kquant_decode_kernel(MatArgs a) {
+  extern __shared__ uint4 smem[];
+  const bool bf = a.xt == DType::BF16;
+  if (a.norm_w) {  // one row, normed once per block into shared memory
+    float* xn = reinterpret_cast<float*>(smem);
+    norm_row_to_shared(a.x, bf, a.w[0].cols, a.norm_w, a.eps, xn);
+    kquant_decode_rows<F, kAct>(a, xn, false);
+  } else {
+    kquant_decode_rows<F, kAct>(a, a.x, bf);
   }
   if (a.resid) residual_epilogue(a, a.y[0], a.w[0].rows);
 }
@@ -219,6 +238,7 @@ __global__ void __launch_bounds__(kMatWarps * kWarp) kquant_decode_kernel(MatArg
 // each, would hit every cache line many times.
 template <WFormat F, bool kUnits, int kAct, bool kStaged, int kM>
 __global__ void __launch_bounds__(kMatWarps * kWarp) matmul_kernel(MatArgs a) {
+  const bool bf = a.xt == DType::BF16;
   extern __shared__ uint4 smem[];
   int i = 0;
   while (i + 1 < a.n && blockIdx.x >= a.first[i + 1]) ++i;
@@ -241,12 +261,14 @@ __global__ void __launch_bounds__(kMatWarps * kWarp) matmul_kernel(MatArgs a) {
     sm += chunk * (kAct != kPlain ? 2 : 1);
   }
   // The activation rows in chunks of kM: the staged weight rows serve every chunk.
-  float* y = a.y[i];
+  void* y = a.y[i];
+  const bool y_f32 = a.yt == DType::F32;
   for (int m0 = 0; m0 < a.M; m0 += kM) {
     const int mc = a.M - m0 < kM ? a.M - m0 : kM;
-    const float* x = a.x + int64_t(m0) * w.cols;
+    const int64_t x0 = int64_t(m0) * w.cols;  // this chunk's first element of a.x
+    const float* xn = nullptr;  // the normed rows (shared memory), when the launch has an input norm
     if (a.norm_w) {  // xn[m, c] = x[m, c] * inv_rms(x[m]) * norm_w[c] into shared memory (16-byte aligned)
-      float* xn = reinterpret_cast<float*>(sm);
+      float* xs = reinterpret_cast<float*>(sm);
       __shared__ float inv[kMaxM];
       __shared__ float red[32];
       __syncthreads();  // the previous chunk's warps are done reading xn
@@ -255,10 +277,10 @@ __global__ void __launch_bounds__(kMatWarps * kWarp) matmul_kernel(MatArgs a) {
         // blocks norms the same row, and a warp walking it serially cost more than the matmul.
         const int64_t c4n = w.cols / 4;
         for (int m = 0; m < mc; ++m) {
-          const float4* x4 = reinterpret_cast<const float4*>(x + int64_t(m) * w.cols);
+          const int64_t xr = x0 + int64_t(m) * w.cols;
           float ss = 0.f;
           for (int64_t c = threadIdx.x; c < c4n; c += blockDim.x) {
-            const float4 v = x4[c];
+            const float4 v = ld4x(a.x, xr + 4 * c, bf);
             ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
           }
           ss = block_sum(ss, red);
@@ -267,21 +289,27 @@ __global__ void __launch_bounds__(kMatWarps * kWarp) matmul_kernel(MatArgs a) {
       } else {
         for (int m = warp; m < mc; m += kMatWarps) {
           float ss = 0.f;
-          for (int64_t c = lane; c < w.cols; c += kWarp) ss += x[m * w.cols + c] * x[m * w.cols + c];
+          for (int64_t c = lane; c < w.cols; c += kWarp) {
+            const float v = ldx(a.x, x0 + m * w.cols + c, bf);
+            ss += v * v;
+          }
           ss = warp_sum(ss);
           if (lane == 0) inv[m] = 1.0f / sqrtf(ss / float(w.cols) + a.eps);
         }
       }
       __syncthreads();
       for (int64_t e = threadIdx.x; e < int64_t(mc) * w.cols; e += blockDim.x)
-        xn[e] = x[e] * inv[e / w.cols] * a.norm_w[e % w.cols];
-      x = xn;
+        xs[e] = ldx(a.x, x0 + e, bf) * inv[e / w.cols] * a.norm_w[e % w.cols];
+      xn = xs;
     }
     __syncthreads();
     if (r < w.rows) {
       float acc[kM], acc2[kM];
-      row_dot<F, kUnits, kM>(x, mc, w, row, r, lane, acc);
-      if constexpr (kAct != kPlain) row_dot<F, kUnits, kM>(x, mc, a.w2, row2, r, lane, acc2);
+      const void* xp = xn ? static_cast<const void*>(xn)
+                          : static_cast<const void*>(static_cast<const uint8_t*>(a.x) + x0 * (bf ? 2 : 4));
+      const bool xbf = !xn && bf;
+      row_dot<F, kUnits, kM>(xp, xbf, mc, w, row, r, lane, acc);
+      if constexpr (kAct != kPlain) row_dot<F, kUnits, kM>(xp, xbf, mc, a.w2, row2, r, lane, acc2);
 #pragma unroll
       for (int m = 0; m < kM; ++m) {
         if (m >= mc) break;
@@ -289,7 +317,7 @@ __global__ void __launch_bounds__(kMatWarps * kWarp) matmul_kernel(MatArgs a) {
         float v = s;
         if constexpr (kAct == kGelu) v = gelu_tanh_mul(s, warp_sum(acc2[m]));
         if constexpr (kAct == kGeluGgml) v = gelu_ggml_mul(s, warp_sum(acc2[m]), a.table);
-        if (lane == 0) y[int64_t(m0 + m) * w.rows + r] = v;
+        if (lane == 0) store_out(y, int64_t(m0 + m) * w.rows + r, v, y_f32);
       }
     }
   }
@@ -300,12 +328,12 @@ __global__ void __launch_bounds__(kMatWarps * kWarp) matmul_kernel(MatArgs a) {
 // header read, dequant32); else a thread per column. Many blocks per row: the per-layer-input
 // table's rows are 8960 wide, and one block walking a row serially took 225 us.
 constexpr int kEmbedThreads = 128;
-template <WFormat F, bool kUnits>
-__global__ void __launch_bounds__(kEmbedThreads) embed_kernel(DevWeight e, const int32_t* ids, float scale, float* out) {
+template <WFormat F, bool kUnits, class T>
+__global__ void __launch_bounds__(kEmbedThreads) embed_kernel(DevWeight e, const int32_t* ids, float scale, T* out) {
   const int i = blockIdx.x;
   const int64_t id = ids[i];
   const uint8_t* row = e.data + id * e.row_bytes;
-  float* o = out + int64_t(i) * e.cols;
+  T* o = out + int64_t(i) * e.cols;
   const int64_t k = int64_t(blockIdx.y) * kEmbedThreads + threadIdx.x;
   if constexpr (kUnits) {
     if (k >= e.cols / 32) return;
@@ -313,52 +341,56 @@ __global__ void __launch_bounds__(kEmbedThreads) embed_kernel(DevWeight e, const
     dequant32<F>(row, e, id, k, v);
 #pragma unroll
     for (int j = 0; j < 32; j += 4)
-      *reinterpret_cast<float4*>(o + 32 * k + j) = make_float4(v[j] * scale, v[j + 1] * scale, v[j + 2] * scale, v[j + 3] * scale);
+      st4(o + 32 * k + j, make_float4(v[j] * scale, v[j + 1] * scale, v[j + 2] * scale, v[j + 3] * scale));
   } else {
-    if (k < e.cols) o[k] = dequant_at(row, e, id, k) * scale;
+    if (k < e.cols) o[k] = from_f<T>(dequant_at(row, e, id, k) * scale);
   }
 }
 
 // 1 / sqrt(mean(x²) + eps) over x[dim], by the whole block (every thread gets it). Its barriers
 // order the block's reads of x before any write that follows. sh: 32 floats of shared memory.
-__device__ inline float inv_rms(const float* x, int dim, float eps, float* sh) {
+template <class T>
+__device__ inline float inv_rms(const T* x, int dim, float eps, float* sh) {
   float ss = 0.f;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += x[i] * x[i];
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += to_f(x[i]) * to_f(x[i]);
   ss = block_sum(ss, sh);
   return 1.0f / sqrtf(ss / float(dim) + eps);
 }
 
 // One block per row.
-__global__ void rms_norm_kernel(const float* x, int dim, const float* w, float eps, float* y) {
+template <class T>
+__global__ void rms_norm_kernel(const T* x, int dim, const float* w, float eps, T* y) {
   __shared__ float sh[32];
-  const float* xr = x + int64_t(blockIdx.x) * dim;
-  float* yr = y + int64_t(blockIdx.x) * dim;
+  const T* xr = x + int64_t(blockIdx.x) * dim;
+  T* yr = y + int64_t(blockIdx.x) * dim;
   const float inv = inv_rms(xr, dim, eps, sh);
   for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    const float v = xr[i] * inv;
-    yr[i] = w ? v * w[i] : v;
+    const float v = to_f(xr[i]) * inv;
+    yr[i] = from_f<T>(w ? v * w[i] : v);
   }
 }
 
 // x[row] += rms_norm(o[row]) * w: one block per row (rms_norm_kernel's rounding, then the add).
-__global__ void norm_add_kernel(float* x, const float* o, int dim, const float* w, float eps) {
+template <class T>
+__global__ void norm_add_kernel(T* x, const T* o, int dim, const float* w, float eps) {
   __shared__ float sh[32];
-  const float* orow = o + int64_t(blockIdx.x) * dim;
-  float* xr = x + int64_t(blockIdx.x) * dim;
+  const T* orow = o + int64_t(blockIdx.x) * dim;
+  T* xr = x + int64_t(blockIdx.x) * dim;
   const float inv = inv_rms(orow, dim, eps, sh);
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) xr[i] = xr[i] + orow[i] * inv * w[i];
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) xr[i] = from_f<T>(to_f(xr[i]) + to_f(orow[i]) * inv * w[i]);
 }
 
 // One head of x [head_dim] in place, by the whole block: RMSNorm with weight w (none when w is
 // null), then half-split RoPE at position `pos` (pairs with inv_freq 0 are only normalized); the
 // result is also written to `copy` when set (a KV-cache slot). Same rounding as rms_norm_kernel
 // followed by rope_kernel. sh: 32 floats of shared memory.
-__device__ inline void norm_rope_head(float* v, int head_dim, const float* w, float eps, float pos,
-                                      const float* inv_freq, float* copy, float* sh) {
+template <class T>
+__device__ inline void norm_rope_head(T* v, int head_dim, const float* w, float eps, float pos,
+                                      const float* inv_freq, T* copy, float* sh) {
   const int half = head_dim / 2;
   const float inv = w ? inv_rms(v, head_dim, eps, sh) : 1.f;
   for (int j = threadIdx.x; j < half; j += blockDim.x) {
-    float a = v[j], b = v[j + half];
+    float a = to_f(v[j]), b = to_f(v[j + half]);
     if (w) {
       a = a * inv * w[j];
       b = b * inv * w[j + half];
@@ -370,73 +402,80 @@ __device__ inline void norm_rope_head(float* v, int head_dim, const float* w, fl
       a = ra;
       b = rb;
     }
-    v[j] = a;
-    v[j + half] = b;
+    v[j] = from_f<T>(a);
+    v[j + half] = from_f<T>(b);
     if (copy) {
-      copy[j] = a;
-      copy[j + half] = b;
+      copy[j] = from_f<T>(a);
+      copy[j + half] = from_f<T>(b);
     }
   }
 }
 
 // Per-head RMSNorm (weight w) then RoPE, one block per (row, head).
-__global__ void norm_rope_kernel(float* x, int heads, int head_dim, const float* w, float eps, Dyn pos0,
+template <class T>
+__global__ void norm_rope_kernel(T* x, int heads, int head_dim, const float* w, float eps, Dyn pos0,
                                  const float* inv_freq, float position_scale) {
   __shared__ float sh[32];
   const int r = blockIdx.x / heads, h = blockIdx.x % heads;
   const float pos = float(load(pos0) + r) * position_scale;
-  norm_rope_head(x + (int64_t(r) * heads + h) * head_dim, head_dim, w, eps, pos, inv_freq, nullptr, sh);
+  norm_rope_head(x + (int64_t(r) * heads + h) * head_dim, head_dim, w, eps, pos, inv_freq, static_cast<T*>(nullptr), sh);
 }
 
 // A layer's attention inputs for one sequence in one launch (attn_prep): blocks (row, h) for
 // h < H norm and rope query head h; blocks (row, H + g) norm and rope key head g and write it,
 // with value head g (unweighted RMSNorm when v_norm), into the cache slot of the row's position.
+template <class T>
 __global__ void attn_prep_kernel(AttnPrepArgs a) {
   __shared__ float sh[32];
   const int heads = a.H + a.Hk, r = blockIdx.x / heads, h = blockIdx.x % heads, D = a.head_dim;
   const int p = load(a.pos0) + r;
   const float pos = float(p) * a.position_scale;
+  T* const q = static_cast<T*>(a.q);
   if (h < a.H) {
-    norm_rope_head(a.q + (int64_t(r) * a.H + h) * D, D, a.q_norm_w, a.eps, pos, a.inv_freq, nullptr, sh);
+    norm_rope_head(q + (int64_t(r) * a.H + h) * D, D, a.q_norm_w, a.eps, pos, a.inv_freq, static_cast<T*>(nullptr), sh);
     return;
   }
+  T *const k = static_cast<T*>(a.k), *const vv = static_cast<T*>(a.v);
+  T *const kc = static_cast<T*>(a.kc), *const vc = static_cast<T*>(a.vc);
   const int g = h - a.H;
   const int64_t slot = a.window > 0 ? p % a.capacity : p;
   const int64_t at = (slot * a.Hk + g) * D, row = (int64_t(r) * a.Hk + g) * D;
   const KvQuantArgs& qa = a.quant;
-  norm_rope_head(a.k + row, D, a.k_norm_w, a.eps, pos, a.inv_freq, qa.bits ? nullptr : a.kc + at, sh);
-  float* v = a.v + row;
+  norm_rope_head(k + row, D, a.k_norm_w, a.eps, pos, a.inv_freq, qa.bits ? static_cast<T*>(nullptr) : kc + at, sh);
+  T* v = vv + row;
   const float inv = a.v_norm ? inv_rms(v, D, a.eps, sh) : 1.f;
   for (int i = threadIdx.x; i < D; i += blockDim.x) {
-    const float x = a.v_norm ? v[i] * inv : v[i];
+    const T x = from_f<T>(a.v_norm ? to_f(v[i]) * inv : to_f(v[i]));
     v[i] = x;
-    if (!qa.bits) a.vc[at + i] = x;
+    if (!qa.bits) vc[at + i] = x;
   }
   if (qa.bits) {  // the normed, roped K head and the V head (in place above) into the cache's codes
     __shared__ uint8_t codes[512];
     __syncthreads();
     const int64_t hr = slot * a.Hk + g;
-    kv_quantize_head(a.k + row, D, qa.bits, qa.group, qa.bf16_params, hr, qa.kq, qa.ks, qa.kb, codes);
+    kv_quantize_head(k + row, D, qa.bits, qa.group, qa.bf16_params, hr, qa.kq, qa.ks, qa.kb, codes);
     kv_quantize_head(v, D, qa.bits, qa.group, qa.bf16_params, hr, qa.vq, qa.vs, qa.vb, codes);
   }
 }
 
 // One block per (row, head): RoPE alone (norm_rope_head without a weight).
-__global__ void rope_kernel(float* x, int heads, int head_dim, Dyn pos0, const float* inv_freq,
-                            float position_scale) {
+template <class T>
+__global__ void rope_kernel(T* x, int heads, int head_dim, Dyn pos0, const float* inv_freq, float position_scale) {
   __shared__ float sh[32];
   const int r = blockIdx.x / heads, h = blockIdx.x % heads;
   const float pos = float(load(pos0) + r) * position_scale;
-  norm_rope_head(x + (int64_t(r) * heads + h) * head_dim, head_dim, nullptr, 0.f, pos, inv_freq, nullptr, sh);
+  norm_rope_head(x + (int64_t(r) * heads + h) * head_dim, head_dim, nullptr, 0.f, pos, inv_freq,
+                 static_cast<T*>(nullptr), sh);
 }
 
 // One block per new token; copies its K and V rows into their slots (or quantizes them there).
-__global__ void kv_write_kernel(const float* k, const float* v, int row0, Dyn pos0, int n_kv_heads, int head_dim,
-                                int capacity, int window, float* kc, float* vc, KvQuantArgs qa) {
+template <class T>
+__global__ void kv_write_kernel(const T* k, const T* v, int row0, Dyn pos0, int n_kv_heads, int head_dim,
+                                int capacity, int window, T* kc, T* vc, KvQuantArgs qa) {
   const int t = blockIdx.x, pos = load(pos0) + t, row_len = n_kv_heads * head_dim;
   const int64_t slot = window > 0 ? pos % capacity : pos;
-  const float* kr = k + int64_t(row0 + t) * row_len;
-  const float* vr = v + int64_t(row0 + t) * row_len;
+  const T* kr = k + int64_t(row0 + t) * row_len;
+  const T* vr = v + int64_t(row0 + t) * row_len;
   if (qa.bits) {
     __shared__ uint8_t codes[512];
     for (int g = 0; g < n_kv_heads; ++g) {
@@ -460,9 +499,9 @@ __global__ void kv_write_kernel(const float* k, const float* v, int row0, Dyn po
 // One split writes the normalized output; several write (acc[D], m, l) partials, and the last
 // block of each (row, head) to finish merges them.
 constexpr int kAttnWarps = 4;
-template <int kPer, bool kQuant>
-__global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const float* q, int H, AttnArgs a, float scale,
-                                                                       float* partial, unsigned* counters, float* out) {
+template <int kPer, bool kQuant, class T>
+__global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* q, int H, AttnArgs a, float scale,
+                                                                       float* partial, unsigned* counters, T* out) {
   __shared__ float sh_m[kAttnWarps], sh_l[kAttnWarps];
   __shared__ float sh_acc[kAttnWarps][kPer * kWarp];
   const int t = blockIdx.x / H, h = blockIdx.x % H, split = blockIdx.y, S = gridDim.y;
@@ -476,13 +515,13 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const flo
   const int j0 = split * per, j1 = min(n, j0 + per);
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t row = int64_t(a.n_kv_heads) * D;
-  const float* qh = q + (int64_t(a.row0 + t) * H + h) * D;
+  const T* qh = q + (int64_t(a.row0 + t) * H + h) * D;
   auto dim = [lane](int i) { return kQuant ? lane * kPer + i : lane + kWarp * i; };
   float qv[kPer], acc[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int d = dim(i);
-    qv[i] = d < D ? qh[d] : 0.f;
+    qv[i] = d < D ? to_f(qh[d]) : 0.f;
     acc[i] = 0.f;
   }
   // kBatch positions per warp and iteration: their K and V rows are loaded into registers first,
@@ -501,13 +540,13 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const flo
         kv_dequant_run<kPer>(a.quant.kq, a.quant.ks, a.quant.kb, a.quant, hr, D, lane * kPer, kk[b]);
         kv_dequant_run<kPer>(a.quant.vq, a.quant.vs, a.quant.vb, a.quant, hr, D, lane * kPer, vv[b]);
       } else {
-        const float* kr = a.k + int64_t(slot) * row + int64_t(g) * D;
-        const float* vr = a.v + int64_t(slot) * row + int64_t(g) * D;
+        const T* kr = static_cast<const T*>(a.k) + int64_t(slot) * row + int64_t(g) * D;
+        const T* vr = static_cast<const T*>(a.v) + int64_t(slot) * row + int64_t(g) * D;
 #pragma unroll
         for (int i = 0; i < kPer; ++i) {
           const int d = lane + kWarp * i;
-          kk[b][i] = d < D ? kr[d] : 0.f;
-          vv[b][i] = d < D ? vr[d] : 0.f;
+          kk[b][i] = d < D ? to_f(kr[d]) : 0.f;
+          vv[b][i] = d < D ? to_f(vr[d]) : 0.f;
         }
       }
     }
@@ -556,7 +595,7 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const flo
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
       float v = 0.f;
       for (int w = 0; w < kAttnWarps; ++w) v += sh_acc[w][d] * f[w];
-      out[rh * D + d] = v / L;
+      out[rh * D + d] = from_f<T>(v / L);
     }
     return;
   }
@@ -599,7 +638,7 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const flo
     float v = 0.f;
 #pragma unroll 8
     for (int sp = 0; sp < S; ++sp) v += __ldcg(p0 + sp * (D + 2) + d) * sh_ls[sp];
-    out[rh * D + d] = v;
+    out[rh * D + d] = from_f<T>(v);
   }
   if (threadIdx.x == 0) counters[blockIdx.x] = 0u;  // ready for the next launch (graph replays too)
 }
@@ -794,36 +833,42 @@ __global__ void argmax_kernel(const float* x, int n, unsigned long long* slots, 
   }
 }
 
-__global__ void gelu_mul_kernel(const float* gate, const float* up, int64_t n, float* out) {
+template <class T>
+__global__ void gelu_mul_kernel(const T* gate, const T* up, int64_t n, T* out) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  out[i] = gelu_tanh_mul(gate[i], up[i]);
+  out[i] = from_f<T>(gelu_tanh_mul(to_f(gate[i]), to_f(up[i])));
 }
 
-__global__ void gelu_mul_ggml_kernel(const float* gate, const float* up, int64_t n, const uint16_t* table,
-                                     float* out) {
+template <class T>
+__global__ void gelu_mul_ggml_kernel(const T* gate, const T* up, int64_t n, const uint16_t* table, T* out) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  out[i] = gelu_ggml_mul(gate[i], up[i], table);
+  out[i] = from_f<T>(gelu_ggml_mul(to_f(gate[i]), to_f(up[i]), table));
 }
 
-__global__ void add_kernel(const float* a, const float* b, int64_t n, float* y) {
+template <class T>
+__global__ void add_kernel(const T* a, const T* b, int64_t n, T* y) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a[i] + b[i];
+  if (i < n) y[i] = from_f<T>(to_f(a[i]) + to_f(b[i]));
 }
-__global__ void scale_kernel(const float* a, float s, int64_t n, float* y) {
+template <class T>
+__global__ void scale_kernel(const T* a, float s, int64_t n, T* y) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a[i] * s;
+  if (i < n) y[i] = from_f<T>(to_f(a[i]) * s);
 }
-__global__ void softcap_kernel(float* x, int64_t n, float cap) {
+template <class T>
+__global__ void softcap_kernel(T* x, int64_t n, float cap) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) x[i] = tanhf(x[i] / cap) * cap;
+  if (i < n) x[i] = from_f<T>(tanhf(to_f(x[i]) / cap) * cap);
 }
-__global__ void gather_rows_kernel(const float* src, const int32_t* idx, int dim, float* dst) {
+template <class T>
+__global__ void gather_rows_kernel(const T* src, const int32_t* idx, int dim, T* dst) {
   const int i = blockIdx.x;
   for (int c = threadIdx.x; c < dim; c += blockDim.x) dst[int64_t(i) * dim + c] = src[int64_t(idx[i]) * dim + c];
 }
-__global__ void copy_cols_kernel(const float* src, int src_dim, int off, int n, float* dst) {
+template <class T>
+__global__ void copy_cols_kernel(const T* src, int src_dim, int off, int n, T* dst) {
   const int r = blockIdx.x;
   for (int c = threadIdx.x; c < n; c += blockDim.x) dst[int64_t(r) * n + c] = src[int64_t(r) * src_dim + off + c];
 }
@@ -839,7 +884,8 @@ namespace {
 constexpr int kLanesMinRows = 32768;
 constexpr int kGemvWarps = 8;
 template <WFormat F>
-__global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_lanes_kernel(const float* x, DevWeight w, float* y) {
+__global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_lanes_kernel(const void* x, bool bf, DevWeight w, void* y,
+                                                                        bool y_f32) {
   const int64_t r = int64_t(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (r >= w.rows) return;
@@ -860,21 +906,21 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_lanes_kernel(const fl
           const float d = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(b)));
           const unsigned q01 = *reinterpret_cast<const unsigned short*>(b + 2 + j);
           const unsigned q23 = *reinterpret_cast<const unsigned short*>(b + 4 + j);
-          const float4 xv = *reinterpret_cast<const float4*>(x + c);
+          const float4 xv = ld4x(x, c, bf);
           acc += d * (xv.x * float(int8_t(q01 & 0xffu)) + xv.y * float(int8_t(q01 >> 8)) +
                       xv.z * float(int8_t(q23 & 0xffu)) + xv.w * float(int8_t(q23 >> 8)));
         }
       }
     }
   } else if constexpr (kKquantDot<F>) {
-    acc = kquant_row_dot<F>(row, x, w.cols, lane);
+    acc = kquant_row_dot<F>(row, x, bf, w.cols, lane);
   } else {
     for (int64_t c0 = lane; c0 < w.cols; c0 += 4 * kWarp) {
       float xv[4], wv[4];
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const int64_t c = c0 + k * kWarp;
-        xv[k] = c < w.cols ? x[c] : 0.f;
+        xv[k] = c < w.cols ? ldx(x, c, bf) : 0.f;
         wv[k] = c < w.cols ? dequant_at(row, w, r, c) : 0.f;
       }
 #pragma unroll
@@ -882,7 +928,7 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_lanes_kernel(const fl
     }
   }
   acc = warp_sum(acc);
-  if (lane == 0) y[r] = acc;
+  if (lane == 0) store_out(y, r, acc, y_f32);
 }
 
 // Shared memory for a launch: staged weight rows (when `staged`) then the normed input.
@@ -966,7 +1012,8 @@ void matmul_fmt(cudaStream_t s, const MatArgs& a, int M) {
   }
   if constexpr (kAct == kPlain) {
     if (M == 1 && a.n == 1 && !a.norm_w && !a.resid && a.w[0].rows >= kLanesMinRows) {
-      gemv_lanes_kernel<F><<<blocks_for(a.w[0].rows, kGemvWarps), kGemvWarps * kWarp, 0, s>>>(a.x, a.w[0], a.y[0]);
+      gemv_lanes_kernel<F><<<blocks_for(a.w[0].rows, kGemvWarps), kGemvWarps * kWarp, 0, s>>>(
+          a.x, a.xt == DType::BF16, a.w[0], a.y[0], a.yt == DType::F32);
       return;
     }
   }
@@ -985,18 +1032,21 @@ void matmul_any(cudaStream_t s, const MatArgs& a, int M) {
   with_format(a.w[0].fmt, [&](auto f) { matmul_fmt<decltype(f)::value, kAct>(s, a, M); });
 }
 
-template <int kPer>
-void attention_launch(cudaStream_t s, const float* q, int H, const AttnArgs& a, float scale, int splits,
-                      float* partial, unsigned* counters, float* out) {
+template <int kPer, class T>
+void attention_launch(cudaStream_t s, const T* q, int H, const AttnArgs& a, float scale, int splits,
+                      float* partial, unsigned* counters, T* out) {
   const dim3 grid(unsigned(a.n * H), unsigned(splits));
-  if (a.quant.bits) attention_kernel<kPer, true><<<grid, kAttnWarps * kWarp, 0, s>>>(q, H, a, scale, partial, counters, out);
-  else attention_kernel<kPer, false><<<grid, kAttnWarps * kWarp, 0, s>>>(q, H, a, scale, partial, counters, out);
+  if (a.quant.bits)
+    attention_kernel<kPer, true, T><<<grid, kAttnWarps * kWarp, 0, s>>>(q, H, a, scale, partial, counters, out);
+  else attention_kernel<kPer, false, T><<<grid, kAttnWarps * kWarp, 0, s>>>(q, H, a, scale, partial, counters, out);
 }
 }  // namespace
 
-void matmul(cudaStream_t s, const float* x, int M, const DevWeight& w, float* y) {
+void matmul(cudaStream_t s, const void* x, DType xt, int M, const DevWeight& w, void* y, DType yt) {
   MatArgs a{};
   a.x = x;
+  a.xt = xt;
+  a.yt = yt;
   a.n = 1;
   a.w[0] = w;
   a.y[0] = y;
@@ -1017,44 +1067,69 @@ void gate_up_gelu(cudaStream_t s, MatArgs a, int M) {
 
 size_t matmul_norm_smem(int M, int64_t cols) { return size_t(M < kMaxM ? M : kMaxM) * size_t(cols) * 4; }
 
-void embed(cudaStream_t s, const DevWeight& e, const int32_t* ids, int n, float scale, float* out) {
+void embed(cudaStream_t s, const DevWeight& e, const int32_t* ids, int n, float scale, void* out, DType t) {
   if (n <= 0) return;
-  with_format(e.fmt, [&](auto f) {
-    constexpr WFormat F = decltype(f)::value;
-    if (e.cols % 32 == 0)
-      embed_kernel<F, true><<<dim3(n, blocks_for(e.cols / 32, kEmbedThreads)), kEmbedThreads, 0, s>>>(e, ids, scale, out);
-    else
-      embed_kernel<F, false><<<dim3(n, blocks_for(e.cols, kEmbedThreads)), kEmbedThreads, 0, s>>>(e, ids, scale, out);
+  with_act(t, [&](auto tag) {
+    using T = decltype(tag);
+    T* o = static_cast<T*>(out);
+    with_format(e.fmt, [&](auto f) {
+      constexpr WFormat F = decltype(f)::value;
+      if (e.cols % 32 == 0)
+        embed_kernel<F, true, T><<<dim3(n, blocks_for(e.cols / 32, kEmbedThreads)), kEmbedThreads, 0, s>>>(e, ids, scale, o);
+      else
+        embed_kernel<F, false, T><<<dim3(n, blocks_for(e.cols, kEmbedThreads)), kEmbedThreads, 0, s>>>(e, ids, scale, o);
+    });
   });
 }
 
-void rms_norm(cudaStream_t s, const float* x, int rows, int dim, const float* w, float eps, float* y) {
-  if (rows > 0) rms_norm_kernel<<<rows, 256, 0, s>>>(x, dim, w, eps, y);
+void rms_norm(cudaStream_t s, const void* x, int rows, int dim, const float* w, float eps, void* y, DType t) {
+  if (rows <= 0) return;
+  with_act(t, [&](auto tag) {
+    using T = decltype(tag);
+    rms_norm_kernel<T><<<rows, 256, 0, s>>>(static_cast<const T*>(x), dim, w, eps, static_cast<T*>(y));
+  });
 }
 
-void norm_add(cudaStream_t s, float* x, const float* o, int rows, int dim, const float* w, float eps) {
-  if (rows > 0) norm_add_kernel<<<rows, 256, 0, s>>>(x, o, dim, w, eps);
+void norm_add(cudaStream_t s, void* x, const void* o, int rows, int dim, const float* w, float eps, DType t) {
+  if (rows <= 0) return;
+  with_act(t, [&](auto tag) {
+    using T = decltype(tag);
+    norm_add_kernel<T><<<rows, 256, 0, s>>>(static_cast<T*>(x), static_cast<const T*>(o), dim, w, eps);
+  });
 }
 
 void attn_prep(cudaStream_t s, const AttnPrepArgs& a, int rows) {
-  if (rows > 0) attn_prep_kernel<<<rows * (a.H + a.Hk), 128, 0, s>>>(a);
+  if (rows <= 0) return;
+  with_act(a.t, [&](auto tag) { attn_prep_kernel<decltype(tag)><<<rows * (a.H + a.Hk), 128, 0, s>>>(a); });
 }
 
-void norm_rope(cudaStream_t s, float* x, int rows, int heads, int head_dim, const float* w, float eps, Dyn pos0,
-               const float* inv_freq, float position_scale) {
-  if (rows > 0)
-    norm_rope_kernel<<<rows * heads, 128, 0, s>>>(x, heads, head_dim, w, eps, pos0, inv_freq, position_scale);
+void norm_rope(cudaStream_t s, void* x, int rows, int heads, int head_dim, const float* w, float eps, Dyn pos0,
+               const float* inv_freq, float position_scale, DType t) {
+  if (rows <= 0) return;
+  with_act(t, [&](auto tag) {
+    using T = decltype(tag);
+    norm_rope_kernel<T><<<rows * heads, 128, 0, s>>>(static_cast<T*>(x), heads, head_dim, w, eps, pos0, inv_freq,
+                                                     position_scale);
+  });
 }
 
-void rope(cudaStream_t s, float* x, int rows, int heads, int head_dim, Dyn pos0, const float* inv_freq,
-          float position_scale) {
-  if (rows > 0) rope_kernel<<<rows * heads, 128, 0, s>>>(x, heads, head_dim, pos0, inv_freq, position_scale);
+void rope(cudaStream_t s, void* x, int rows, int heads, int head_dim, Dyn pos0, const float* inv_freq,
+          float position_scale, DType t) {
+  if (rows <= 0) return;
+  with_act(t, [&](auto tag) {
+    using T = decltype(tag);
+    rope_kernel<T><<<rows * heads, 128, 0, s>>>(static_cast<T*>(x), heads, head_dim, pos0, inv_freq, position_scale);
+  });
 }
 
-void kv_write(cudaStream_t s, const float* k, const float* v, int row0, int n, Dyn pos0, int n_kv_heads, int head_dim,
-              int capacity, int window, float* kc, float* vc, const KvQuantArgs& quant) {
-  if (n > 0)
-    kv_write_kernel<<<n, 256, 0, s>>>(k, v, row0, pos0, n_kv_heads, head_dim, capacity, window, kc, vc, quant);
+void kv_write(cudaStream_t s, const void* k, const void* v, int row0, int n, Dyn pos0, int n_kv_heads, int head_dim,
+              int capacity, int window, void* kc, void* vc, const KvQuantArgs& quant, DType t) {
+  if (n <= 0) return;
+  with_act(t, [&](auto tag) {
+    using T = decltype(tag);
+    kv_write_kernel<T><<<n, 256, 0, s>>>(static_cast<const T*>(k), static_cast<const T*>(v), row0, pos0, n_kv_heads,
+                                         head_dim, capacity, window, static_cast<T*>(kc), static_cast<T*>(vc), quant);
+  });
 }
 
 int attention_splits(int n, int H, int max_visible) {
@@ -1063,15 +1138,20 @@ int attention_splits(int n, int H, int max_visible) {
   return s < 1 ? 1 : (s > 32 ? 32 : s);
 }
 
-void attention(cudaStream_t s, const float* q, int H, const AttnArgs& a, float scale, int splits, float* partial,
-               unsigned* counters, float* out) {
+void attention(cudaStream_t s, const void* q_in, int H, const AttnArgs& a, float scale, int splits, float* partial,
+               unsigned* counters, void* out_in) {
   if (a.n <= 0) return;
   const int per = (a.head_dim + kWarp - 1) / kWarp;  // dims per lane
-  if (per <= 1) attention_launch<1>(s, q, H, a, scale, splits, partial, counters, out);
-  else if (per <= 2) attention_launch<2>(s, q, H, a, scale, splits, partial, counters, out);
-  else if (per <= 4) attention_launch<4>(s, q, H, a, scale, splits, partial, counters, out);
-  else if (per <= 8) attention_launch<8>(s, q, H, a, scale, splits, partial, counters, out);
-  else attention_launch<16>(s, q, H, a, scale, splits, partial, counters, out);  // head_dim <= 512 (spec)
+  with_act(a.t, [&](auto tag) {
+    using T = decltype(tag);
+    const T* q = static_cast<const T*>(q_in);
+    T* out = static_cast<T*>(out_in);
+    if (per <= 1) attention_launch<1>(s, q, H, a, scale, splits, partial, counters, out);
+    else if (per <= 2) attention_launch<2>(s, q, H, a, scale, splits, partial, counters, out);
+    else if (per <= 4) attention_launch<4>(s, q, H, a, scale, splits, partial, counters, out);
+    else if (per <= 8) attention_launch<8>(s, q, H, a, scale, splits, partial, counters, out);
+    else attention_launch<16>(s, q, H, a, scale, splits, partial, counters, out);  // head_dim <= 512 (spec)
+  });
 }
 
 void argmax(cudaStream_t s, const float* x, int rows, int n, unsigned long long* slots, unsigned* counters,
@@ -1081,41 +1161,66 @@ void argmax(cudaStream_t s, const float* x, int rows, int n, unsigned long long*
 void top_k(cudaStream_t s, const float* x, int rows, int n, int k, float* vals, int32_t* idx, float* lse) {
   if (rows > 0 && k > 0) top_k_kernel<<<rows, kTopKThreads, 0, s>>>(x, n, k, vals, idx, lse);
 }
-void gelu_mul(cudaStream_t s, const float* gate, const float* up, size_t n, float* out) {
-  if (n) gelu_mul_kernel<<<blocks_for(int64_t(n), 256), 256, 0, s>>>(gate, up, int64_t(n), out);
+// Elementwise launches: one thread per element, T from the buffers' dtype.
+#define G4_ELEMENTWISE(kernel, ...)                                                     \
+  with_act(t, [&](auto tag) {                                                           \
+    using T = decltype(tag);                                                            \
+    kernel<T><<<blocks_for(int64_t(n), 256), 256, 0, s>>>(__VA_ARGS__);                 \
+  })
+void gelu_mul(cudaStream_t s, const void* gate, const void* up, size_t n, void* out, DType t) {
+  if (n)
+    G4_ELEMENTWISE(gelu_mul_kernel, static_cast<const T*>(gate), static_cast<const T*>(up), int64_t(n),
+                   static_cast<T*>(out));
 }
-void gelu_mul_ggml(cudaStream_t s, const float* gate, const float* up, size_t n, const uint16_t* table, float* out) {
-  if (n) gelu_mul_ggml_kernel<<<blocks_for(int64_t(n), 256), 256, 0, s>>>(gate, up, int64_t(n), table, out);
+void gelu_mul_ggml(cudaStream_t s, const void* gate, const void* up, size_t n, const uint16_t* table, void* out,
+                   DType t) {
+  if (n)
+    G4_ELEMENTWISE(gelu_mul_ggml_kernel, static_cast<const T*>(gate), static_cast<const T*>(up), int64_t(n), table,
+                   static_cast<T*>(out));
 }
-void add(cudaStream_t s, const float* a, const float* b, size_t n, float* y) {
-  if (n) add_kernel<<<blocks_for(int64_t(n), 256), 256, 0, s>>>(a, b, int64_t(n), y);
+void add(cudaStream_t s, const void* a, const void* b, size_t n, void* y, DType t) {
+  if (n) G4_ELEMENTWISE(add_kernel, static_cast<const T*>(a), static_cast<const T*>(b), int64_t(n), static_cast<T*>(y));
 }
-void scale(cudaStream_t s, const float* a, float f, size_t n, float* y) {
-  if (n) scale_kernel<<<blocks_for(int64_t(n), 256), 256, 0, s>>>(a, f, int64_t(n), y);
+void scale(cudaStream_t s, const void* a, float f, size_t n, void* y, DType t) {
+  if (n) G4_ELEMENTWISE(scale_kernel, static_cast<const T*>(a), f, int64_t(n), static_cast<T*>(y));
 }
-void softcap(cudaStream_t s, float* x, size_t n, float cap) {
-  if (n) softcap_kernel<<<blocks_for(int64_t(n), 256), 256, 0, s>>>(x, int64_t(n), cap);
+void softcap(cudaStream_t s, void* x, size_t n, float cap, DType t) {
+  if (n) G4_ELEMENTWISE(softcap_kernel, static_cast<T*>(x), int64_t(n), cap);
 }
+#undef G4_ELEMENTWISE
 namespace {
-__global__ void moe_combine_kernel(const float* y, const float* w, int k, int d, float* out) {
+template <class T>
+__global__ void moe_combine_kernel(const T* y, const float* w, int k, int d, T* out) {
   const int r = blockIdx.x;
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
     float acc = 0.f;
-    for (int j = 0; j < k; ++j) acc += w[r * k + j] * y[(int64_t(r) * k + j) * d + i];
-    out[int64_t(r) * d + i] = acc;
+    for (int j = 0; j < k; ++j) acc += w[r * k + j] * to_f(y[(int64_t(r) * k + j) * d + i]);
+    out[int64_t(r) * d + i] = from_f<T>(acc);
   }
 }
 }  // namespace
 
-void moe_combine(cudaStream_t s, const float* y, const float* w, int rows, int k, int d, float* out) {
-  if (rows > 0) moe_combine_kernel<<<rows, 256, 0, s>>>(y, w, k, d, out);
+void moe_combine(cudaStream_t s, const void* y, const float* w, int rows, int k, int d, void* out, DType t) {
+  if (rows <= 0) return;
+  with_act(t, [&](auto tag) {
+    using T = decltype(tag);
+    moe_combine_kernel<T><<<rows, 256, 0, s>>>(static_cast<const T*>(y), w, k, d, static_cast<T*>(out));
+  });
 }
 
-void gather_rows(cudaStream_t s, const float* src, const int32_t* idx, int n, int dim, float* dst) {
-  if (n > 0) gather_rows_kernel<<<n, 256, 0, s>>>(src, idx, dim, dst);
+void gather_rows(cudaStream_t s, const void* src, const int32_t* idx, int n, int dim, void* dst, DType t) {
+  if (n <= 0) return;
+  with_act(t, [&](auto tag) {
+    using T = decltype(tag);
+    gather_rows_kernel<T><<<n, 256, 0, s>>>(static_cast<const T*>(src), idx, dim, static_cast<T*>(dst));
+  });
 }
-void copy_cols(cudaStream_t s, const float* src, int rows, int src_dim, int off, int n, float* dst) {
-  if (rows > 0) copy_cols_kernel<<<rows, 256, 0, s>>>(src, src_dim, off, n, dst);
+void copy_cols(cudaStream_t s, const void* src, int rows, int src_dim, int off, int n, void* dst, DType t) {
+  if (rows <= 0) return;
+  with_act(t, [&](auto tag) {
+    using T = decltype(tag);
+    copy_cols_kernel<T><<<rows, 256, 0, s>>>(static_cast<const T*>(src), src_dim, off, n, static_cast<T*>(dst));
+  });
 }
 
 int sm_count() {

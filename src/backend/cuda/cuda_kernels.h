@@ -1,5 +1,8 @@
 // Launchers of the CUDA backend's kernels (cuda_kernels.cu). Every pointer is device memory and
 // every shape is as in backend/backend.h; each launch goes to the given stream, in order.
+// Activation buffers are `void*` of storage type `t` (DType F32 or BF16, cuda_act.cuh): kernels
+// read them into f32, accumulate in f32 and round once on store. Norm weights, RoPE tables, the
+// attention partials, router weights and logits (argmax, top_k) are always f32.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -26,25 +29,28 @@ __device__ inline int load(const Dyn& d) { return d.ptr ? *d.ptr : d.value; }
 struct AttnArgs {
   int row0, n;
   Dyn pos0;
-  const float* k;
-  const float* v;
+  const void* k;  // [capacity, n_kv_heads, head_dim] of the activation type
+  const void* v;
   int capacity, n_kv_heads, head_dim, window;
   KvQuantArgs quant;
   const int32_t* blocks = nullptr;  // device [n, 2] image blocks (backend.h AttnSeq::blocks), or null
+  DType t = DType::F32;             // q, k, v and out storage
 };
 
 // y[M, w.rows] = x[M, w.cols] · Wᵀ: 32-value units per lane when w.cols % 32 == 0, else one
-// element at a time (tests compare both with the reference backend).
-void matmul(cudaStream_t s, const float* x, int M, const DevWeight& w, float* y);
+// element at a time (tests compare both with the reference backend). x of type xt, y of type yt.
+void matmul(cudaStream_t s, const void* x, DType xt, int M, const DevWeight& w, void* y, DType yt);
 // A matmul launch's arguments: y[i][M, w[i].rows] = xn · w[i]ᵀ for i < n (1..3 weights of one
 // format and width), xn = x, or x RMS-normalized with norm_w when that is set. M, first: set by
-// the launchers.
+// the launchers. x (and resid) of type xt; the y of type yt (xt, or F32 for the logits).
 struct MatArgs {
-  const float* x;
+  const void* x;
+  DType xt;
+  DType yt;
   int M;
   int n;
   DevWeight w[3];
-  float* y[3];
+  void* y[3];
   unsigned first[4];
   DevWeight w2;            // gate_up_gelu: the up weight (same format and shape as w[0])
   const uint16_t* table;   // gate_up_gelu: ggml's gelu table, or null for MLX's tanh form
@@ -52,7 +58,7 @@ struct MatArgs {
   float eps;
   // matmul_norm_add: resid[M, w[0].rows] += rms_norm(y[0])·post_w once every block is done (the
   // last block to finish does it; counter: a zero that the kernel leaves zero). null: no epilogue.
-  float* resid;
+  void* resid;
   const float* post_w;
   float post_eps;
   unsigned* counter;
@@ -76,24 +82,26 @@ int sm_count();
 // The tensor-core path (cuda_tc_matmul.cu) that matmul / matmuls / gate_up_gelu take for
 // M >= kTcMinRows activation rows (prefill): the same products at f32 accuracy (3xTF32), without
 // the resid epilogue (callers split prefill's post-norm off). act: 0 plain, 1 gelu (MLX), 2 gelu
-// (ggml table). G4_CUDA_NO_TC=1 turns it off (comparisons).
+// (ggml table). set_tensor_cores(false) (BackendOptions::tensor_cores, `--tensor-cores off`) turns
+// it off for comparisons; the setting is process-wide.
 constexpr int kTcMinRows = 32;
 bool tc_matmul_applies(const MatArgs& a, int M);
 void tc_matmul(cudaStream_t s, const MatArgs& a, int M, int act);
 bool tc_matmul_disabled();
-void embed(cudaStream_t s, const DevWeight& e, const int32_t* ids, int n, float scale, float* out);
-void rms_norm(cudaStream_t s, const float* x, int rows, int dim, const float* w, float eps, float* y);
+void set_tensor_cores(bool on);
+void embed(cudaStream_t s, const DevWeight& e, const int32_t* ids, int n, float scale, void* out, DType t);
+void rms_norm(cudaStream_t s, const void* x, int rows, int dim, const float* w, float eps, void* y, DType t);
 // x[rows, dim] += rms_norm(o)·w.
-void norm_add(cudaStream_t s, float* x, const float* o, int rows, int dim, const float* w, float eps);
+void norm_add(cudaStream_t s, void* x, const void* o, int rows, int dim, const float* w, float eps, DType t);
 // Per-head rms_norm (weight w) then rope of rows at positions pos0.. (one sequence).
-void norm_rope(cudaStream_t s, float* x, int rows, int heads, int head_dim, const float* w, float eps, Dyn pos0,
-               const float* inv_freq, float position_scale);
+void norm_rope(cudaStream_t s, void* x, int rows, int heads, int head_dim, const float* w, float eps, Dyn pos0,
+               const float* inv_freq, float position_scale, DType t);
 // One sequence's attention inputs (Backend::attn_prep): q [rows, H, D] normed (q_norm_w, or none)
 // and roped in place; k [rows, Hk, D] likewise, then k and v (normed when v_norm) written into the
 // cache slots of positions pos0.. (kc/vc [capacity, Hk, D]; ring when window > 0; quant.bits > 0:
 // quantized into quant's rows instead, kc/vc unused). Hk == 0: q only.
 struct AttnPrepArgs {
-  float *q, *k, *v;
+  void *q, *k, *v;  // of type t, as the cache rows kc / vc
   int H, Hk, head_dim;
   const float* q_norm_w;
   const float* k_norm_w;
@@ -102,23 +110,24 @@ struct AttnPrepArgs {
   Dyn pos0;
   const float* inv_freq;
   float position_scale;
-  float *kc, *vc;
+  void *kc, *vc;
   int capacity, window;
   KvQuantArgs quant;
+  DType t;
 };
 void attn_prep(cudaStream_t s, const AttnPrepArgs& a, int rows);
-void rope(cudaStream_t s, float* x, int rows, int heads, int head_dim, Dyn pos0, const float* inv_freq,
-          float position_scale);
+void rope(cudaStream_t s, void* x, int rows, int heads, int head_dim, Dyn pos0, const float* inv_freq,
+          float position_scale, DType t);
 // k/v rows row0..row0+n-1 [Hk * head_dim each] into the cache slots of positions pos0.. (kc/vc,
 // or quantized into quant's rows when quant.bits > 0).
-void kv_write(cudaStream_t s, const float* k, const float* v, int row0, int n, Dyn pos0, int n_kv_heads, int head_dim,
-              int capacity, int window, float* kc, float* vc, const KvQuantArgs& quant);
+void kv_write(cudaStream_t s, const void* k, const void* v, int row0, int n, Dyn pos0, int n_kv_heads, int head_dim,
+              int capacity, int window, void* kc, void* vc, const KvQuantArgs& quant, DType t);
 // Attention of a.n query rows (flash-decoding: online softmax, no score matrix). The visible
 // positions of each (row, head) are cut into `splits` ranges run by separate blocks; with
 // splits > 1, `partial` holds a.n * H * splits * (head_dim + 2) floats and `counters` a.n * H
 // zeros (the kernel leaves them zero again).
-void attention(cudaStream_t s, const float* q, int H, const AttnArgs& a, float scale, int splits, float* partial,
-               unsigned* counters, float* out);
+void attention(cudaStream_t s, const void* q, int H, const AttnArgs& a, float scale, int splits, float* partial,
+               unsigned* counters, void* out);
 // The number of position ranges attention() should use for n rows of H heads when at most
 // max_visible positions are visible (a static bound, so a recorded step stays valid).
 int attention_splits(int n, int H, int max_visible);
@@ -129,15 +138,16 @@ void argmax(cudaStream_t s, const float* x, int rows, int n, unsigned long long*
 // Backend::top_k: per row of x [rows, n], the k (<= 1024, <= n) largest values (ties: lowest
 // indices) into vals / idx [rows, k], unordered, and lse [rows]. One block per row.
 void top_k(cudaStream_t s, const float* x, int rows, int n, int k, float* vals, int32_t* idx, float* lse);
-void gelu_mul(cudaStream_t s, const float* gate, const float* up, size_t n, float* out);
-void gelu_mul_ggml(cudaStream_t s, const float* gate, const float* up, size_t n, const uint16_t* table, float* out);
-void add(cudaStream_t s, const float* a, const float* b, size_t n, float* y);
-void scale(cudaStream_t s, const float* a, float f, size_t n, float* y);
-void softcap(cudaStream_t s, float* x, size_t n, float cap);
-void gather_rows(cudaStream_t s, const float* src, const int32_t* idx, int n, int dim, float* dst);
+void gelu_mul(cudaStream_t s, const void* gate, const void* up, size_t n, void* out, DType t);
+void gelu_mul_ggml(cudaStream_t s, const void* gate, const void* up, size_t n, const uint16_t* table, void* out,
+                   DType t);
+void add(cudaStream_t s, const void* a, const void* b, size_t n, void* y, DType t);
+void scale(cudaStream_t s, const void* a, float f, size_t n, void* y, DType t);
+void softcap(cudaStream_t s, void* x, size_t n, float cap, DType t);
+void gather_rows(cudaStream_t s, const void* src, const int32_t* idx, int n, int dim, void* dst, DType t);
 // MoE combine: out[r, :] = sum over j < k of w[r*k + j] * y[r*k + j, :], in j order (the
 // reference's sum). y [rows*k, d], w [rows*k], out [rows, d].
-void moe_combine(cudaStream_t s, const float* y, const float* w, int rows, int k, int d, float* out);
-void copy_cols(cudaStream_t s, const float* src, int rows, int src_dim, int off, int n, float* dst);
+void moe_combine(cudaStream_t s, const void* y, const float* w, int rows, int k, int d, void* out, DType t);
+void copy_cols(cudaStream_t s, const void* src, int rows, int src_dim, int off, int n, void* dst, DType t);
 
 }  // namespace g4::cuda

@@ -4,6 +4,7 @@
 // rounded on its own (no fused multiply-add), IEEE division, rint, so equal inputs give equal
 // codes, scales and biases.
 #pragma once
+#include "backend/cuda/cuda_act.cuh"
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -76,17 +77,19 @@ __device__ inline void kv_dequant_run(const uint8_t* codes, const float* s, cons
 // row r of (codes, s, b). The whole block calls it (blockDim.x a multiple of 32); one warp per
 // group finds min and max and the codes, then each thread packs whole output bytes.
 // sh_codes: D bytes of shared memory. Ends with __syncthreads.
-__device__ inline void kv_quantize_head(const float* x, int D, int bits, int group, bool bf16_params, int64_t r,
+// x: f32 or bf16 values (the activation type, cuda_act.cuh).
+template <class T>
+__device__ inline void kv_quantize_head(const T* x, int D, int bits, int group, bool bf16_params, int64_t r,
                                         uint8_t* codes, float* s, float* b, uint8_t* sh_codes) {
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const float n_bins = float((1 << bits) - 1);
   const int groups = D / group;
   for (int g = warp; g < groups; g += warps) {
-    const float* w = x + g * group;
+    const T* w = x + g * group;
     float mn = INFINITY, mx = -INFINITY;
     for (int j = lane; j < group; j += 32) {
-      mn = fminf(mn, w[j]);
-      mx = fmaxf(mx, w[j]);
+      mn = fminf(mn, to_f(w[j]));
+      mx = fmaxf(mx, to_f(w[j]));
     }
     for (int o = 16; o > 0; o >>= 1) {
       mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, o));
@@ -103,7 +106,7 @@ __device__ inline void kv_quantize_head(const float* x, int D, int bits, int gro
       bias = edge;
     }
     for (int j = lane; j < group; j += 32) {
-      const float q = rintf(__fdiv_rn(__fsub_rn(w[j], bias), scale));
+      const float q = rintf(__fdiv_rn(__fsub_rn(to_f(w[j]), bias), scale));
       sh_codes[g * group + j] = uint8_t(fminf(fmaxf(q, 0.f), n_bins));
     }
     if (lane == 0) {

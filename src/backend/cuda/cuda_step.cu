@@ -21,9 +21,7 @@ void check(cudaError_t e, const char* what) {
 
 }  // namespace
 
-StepRecorder::StepRecorder(cudaStream_t stream) : stream_(stream) {
-  const char* env = std::getenv("G4_CUDA_GRAPHS");  // "0": never record graphs (A/B measurements)
-  graphs_enabled_ = !(env && std::strcmp(env, "0") == 0);
+StepRecorder::StepRecorder(cudaStream_t stream, bool graphs) : stream_(stream), graphs_enabled_(graphs) {
   check(cudaMallocHost(&dyn_host_, kMaxDyn * sizeof(int32_t)), "cudaMallocHost(scalars)");
   check(cudaMalloc(&dyn_dev_, kMaxDyn * sizeof(int32_t)), "cudaMalloc(scalars)");
   check(cudaMallocHost(&stage_, kStageBytes), "cudaMallocHost(staging)");

@@ -12,7 +12,8 @@
 //   - captures the closures into a new graph when this signature was seen before (a one-off
 //     step, e.g. a prefill, is never captured), or
 //   - runs the closures directly on the stream.
-// G4_CUDA_GRAPHS=0 in the environment runs every step directly (for A/B measurements).
+// With graphs off (BackendOptions::graphs, `--cuda-graphs off`) every step runs directly (A/B
+// measurements).
 // flush() runs what was logged so far directly and leaves step mode (to_host inside a step,
 // a staging overflow). Nothing of a step may be freed before the step's work finished (callers
 // free buffers only outside steps; the backend syncs before begin()).
@@ -32,7 +33,7 @@ namespace g4::cuda {
 
 class StepRecorder {
  public:
-  explicit StepRecorder(cudaStream_t stream);
+  StepRecorder(cudaStream_t stream, bool graphs);
   ~StepRecorder();
   StepRecorder(const StepRecorder&) = delete;
   StepRecorder& operator=(const StepRecorder&) = delete;
@@ -71,7 +72,7 @@ class StepRecorder {
   uint64_t hash() const;
 
   cudaStream_t stream_;
-  bool graphs_enabled_ = true;  // G4_CUDA_GRAPHS=0 turns graphs off
+  bool graphs_enabled_ = true;
   bool active_ = false;
   std::vector<std::function<void(cudaStream_t)>> ops_;
   std::vector<uint64_t> sig_;

@@ -1,4 +1,5 @@
-// Tensor-core matmul for many activation rows (prefill): y = xn · wᵀ with f32 accuracy from TF32
+// Tensor-core matmul for many activation rows (prefill): y = xn · wᵀ (x f32 or bf16, read into f32
+// tiles) with f32 accuracy from TF32
 // tensor cores ("3xTF32": each f32 operand split into a TF32 high part and a TF32 remainder,
 // hi·hi + lo·hi + hi·lo accumulated in f32; what is dropped, lo·lo, is ~2^-22 of each product).
 //
@@ -9,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <atomic>
 #include <cstdlib>
 
 #include "backend/cuda/cuda_act.cuh"
@@ -117,13 +119,17 @@ __global__ void __launch_bounds__(kThreads) tc_matmul_kernel(MatArgs a) {
   const int m0 = blockIdx.y * kBM;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t K = w.cols;
+  const bool bf = a.xt == DType::BF16;  // x's type, at run time (cuda_act.cuh ld4x)
 
   if (a.norm_w) {  // inv_rms of this tile's rows: a warp per row
     for (int r = warp; r < kBM; r += kThreads / 32) {
       float ss = 0.f;
       if (m0 + r < a.M) {
-        const float* xr = a.x + int64_t(m0 + r) * K;
-        for (int64_t c = lane; c < K; c += 32) ss += xr[c] * xr[c];
+        const int64_t xr = int64_t(m0 + r) * K;
+        for (int64_t c = lane; c < K; c += 32) {
+          const float v = ldx(a.x, xr + c, bf);
+          ss += v * v;
+        }
       }
       for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
       if (lane == 0) inv[r] = 1.0f / sqrtf(ss / float(K) + a.eps);
@@ -140,7 +146,7 @@ __global__ void __launch_bounds__(kThreads) tc_matmul_kernel(MatArgs a) {
       float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
       if (m0 + r < a.M) {
         const int64_t c = u * kBK + 4 * c4;
-        v = *reinterpret_cast<const float4*>(a.x + int64_t(m0 + r) * K + c);
+        v = ld4x(a.x, int64_t(m0 + r) * K + c, bf);
         if (a.norm_w) {
           const float s = inv[r];
           v.x *= s * a.norm_w[c];
@@ -164,7 +170,8 @@ __global__ void __launch_bounds__(kThreads) tc_matmul_kernel(MatArgs a) {
   }
 
   // c0, c1: row g, columns 2t, 2t+1; c2, c3: row g+8.
-  float* y = a.y[i];
+  void* y = a.y[i];
+  const bool y_f32 = a.yt == DType::F32;
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int j = 0; j < kNT; ++j) {
@@ -176,7 +183,7 @@ __global__ void __launch_bounds__(kThreads) tc_matmul_kernel(MatArgs a) {
       float v = acc[j][h];
       if constexpr (kAct == 1) v = gelu_tanh_mul(v, acc2[j][h]);
       if constexpr (kAct == 2) v = gelu_ggml_mul(v, acc2[j][h], a.table);
-      y[int64_t(m) * w.rows + n] = v;
+      store_out(y, int64_t(m) * w.rows + n, v, y_f32);
     }
   }
 }
@@ -229,12 +236,10 @@ void tc_matmul(cudaStream_t s, const MatArgs& a, int M, int act) {
   else launch_any<0>(s, a, M);
 }
 
-bool tc_matmul_disabled() {
-  static const bool off = [] {
-    const char* e = std::getenv("G4_CUDA_NO_TC");
-    return e && e[0] == '1';
-  }();
-  return off;
-}
+namespace {
+std::atomic<bool> g_tensor_cores{true};
+}  // namespace
+void set_tensor_cores(bool on) { g_tensor_cores = on; }
+bool tc_matmul_disabled() { return !g_tensor_cores; }
 
 }  // namespace g4::cuda

@@ -24,36 +24,36 @@ class GgmlBackend final : public HostBackend {
  public:
   std::string name() const override { return "ggml"; }
 
-  void matmul(const float* x, int M, const WeightView& W, ActPrecision P, float* y) override {
+  void matmul(const Buf& x, int M, const WeightView& W, ActPrecision P, const Buf& y) override {
     if (P == ActPrecision::F32 && ggml_exact::supports(W)) {
-      ggml_exact::matmul(x, M, W, y);
+      ggml_exact::matmul(x.f32(), M, W, y.f32());
       return;
     }
     HostBackend::matmul(x, M, W, P, y);
   }
 
-  void rms_norm(const float* x, int rows, int dim, const float* w, float eps, ActPrecision P,
-                float* y) override {
+  void rms_norm(const Buf& x, int rows, int dim, const float* w, float eps, ActPrecision P,
+                const Buf& y) override {
     if (P != ActPrecision::F32) return HostBackend::rms_norm(x, rows, dim, w, eps, P, y);
-    ggml_ops::rms_norm(x, rows, dim, w, eps, y);
+    ggml_ops::rms_norm(x.f32(), rows, dim, w, eps, y.f32());
   }
 
-  void rope(float* x, int rows, int heads, int head_dim, int pos0, const RopeTable& t,
+  void rope(const Buf& x, int rows, int heads, int head_dim, int pos0, const RopeTable& t,
             ActPrecision P) override {
     const RopeSpec& s = t.spec;
     if (P != ActPrecision::F32 || s.kind == RopeKind::Proportional) {
       return HostBackend::rope(x, rows, heads, head_dim, pos0, t, P);
     }
     const float freq_scale = s.kind == RopeKind::Linear && s.factor > 0 ? 1.0f / s.factor : 1.0f;
-    ggml_ops::rope_neox(x, rows, heads, head_dim, pos0, s.theta, freq_scale);
+    ggml_ops::rope_neox(x.f32(), rows, heads, head_dim, pos0, s.theta, freq_scale);
   }
 
   // llama.cpp parity mode: its f32 KV cache only (MLX-style quantized KV is not llama.cpp's).
   bool supports_kv_quant() const override { return false; }
   bool supports_image_blocks() const override { return false; }  // llama.cpp's causal attention only
 
-  void attention(const float* q, int H, const std::vector<AttnSeq>& seqs, float scale,
-                 ActPrecision P, float* out) override {
+  void attention(const Buf& q, int H, const std::vector<AttnSeq>& seqs, float scale, ActPrecision P,
+                 const Buf& out) override {
     bool ok = P == ActPrecision::F32;
     int rows = 0;
     for (const AttnSeq& s : seqs) {
@@ -61,7 +61,7 @@ class GgmlBackend final : public HostBackend {
       rows += s.n;
     }
     if (!ok) return HostBackend::attention(q, H, seqs, scale, P, out);
-    ggml_ops::attention(q, H, seqs, scale, rows, out);
+    ggml_ops::attention(q.f32(), H, seqs, scale, rows, out.f32());
   }
 };
 

@@ -152,7 +152,7 @@ void attention(const float* q, int H, const std::vector<AttnSeq>& seqs, float sc
         for (int k = first; k <= pos; ++k) {
           const int slot = slot_of(k);
           G4_CHECK(kv.pos[slot] == k);
-          w[size_t(k)] = vec_dot_f32(kv.k + size_t(slot) * kv_row + size_t(g) * D, qs.data(), D);
+          w[size_t(k)] = vec_dot_f32(kv.k.f32() + size_t(slot) * kv_row + size_t(g) * D, qs.data(), D);
         }
         softmax16(w.data(), (pos + 1 + 15) / 16 * 16, p.data());
         // kqv: lane = position mod 16 (tinyBLAS, one 16-lane accumulator) or mod 64 (vec_dot_f32,
@@ -160,7 +160,7 @@ void attention(const float* q, int H, const std::vector<AttnSeq>& seqs, float sc
         std::fill(acc.begin(), acc.begin() + size_t(lanes) * D, 0.f);
         for (int k = first; k <= pos; ++k) {
           const float pk = p[size_t(k)];
-          const float* vr = kv.v + size_t(slot_of(k)) * kv_row + size_t(g) * D;
+          const float* vr = kv.v.f32() + size_t(slot_of(k)) * kv_row + size_t(g) * D;
           float* a = &acc[size_t(k % lanes) * D];
           for (int j = 0; j < D; ++j) a[j] = std::fma(vr[j], pk, a[j]);
         }

@@ -1,0 +1,170 @@
+// The CUDA backend's bf16 activation path (BackendOptions::activations = BF16, the default) against
+// the f32 reference backend. Inputs are rounded to bf16 once on upload (from_host), and the
+// reference runs on those same rounded values, so what is measured is the kernels' own error: f32
+// accumulation, then one rounding of every stored output to bf16 (2^-9 relative). Bounds are
+// relative to the reference's magnitude (test::rel_err): 8e-3 for one op (output rounding plus
+// the f32 accumulation order), 2e-2 for attention (scores and softmax weights from bf16 q, k, v).
+// An f32 output (the logits) from bf16 inputs must match to f32 accuracy (2e-5).
+// Skips, printing why, when the build has no CUDA or the machine no GPU (CI).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../quant/gguf_test_util.h"
+#include "../quant/quant_test_util.h"
+#include "backend/backend.h"
+#include "backend_test_util.h"
+#include "core/dtype.h"
+
+namespace g4 {
+namespace {
+using test::randn;
+using test::rel_err;
+
+std::vector<float> bf16_rounded(std::vector<float> v) {
+  for (float& x : v) x = round_bf16(x);
+  return v;
+}
+
+class CudaBf16Test : public ::testing::Test {
+ public:
+  void SetUp() override {
+    std::string why;
+    BackendOptions opt;
+    opt.activations = DType::BF16;
+    cu = make_cuda_backend(&why, opt);
+    if (!cu) {
+      std::printf("SKIP: cuda backend unavailable: %s\n", why.c_str());
+      GTEST_SKIP() << "no CUDA";
+    }
+    ASSERT_EQ(cu->activation_dtype(), DType::BF16);
+    ref = make_reference_backend();
+  }
+  // A bf16 device buffer of h (rounded on the way) and the rounded values the reference sees.
+  Buf up(const std::vector<float>& h) { return test::upload_act(*cu, h); }
+  std::vector<float> down(const Buf& d, size_t n) { return test::download(*cu, d, n); }
+  std::unique_ptr<Backend> cu, ref;
+};
+
+void check(CudaBf16Test& t, const WeightView& W, const char* what) {
+  const WeightView dW = t.cu->place_weight(W);
+  for (int M : {1, 9, 40}) {  // decode GEMV, the CUDA-core matmul, the tensor-core path
+    const auto x = bf16_rounded(randn(size_t(M) * size_t(W.cols), uint32_t(M + W.rows)));
+    std::vector<float> want(size_t(M) * size_t(W.rows));
+    t.ref->matmul(x.data(), M, W, ActPrecision::F32, want.data());
+    Buf dx = t.up(x), dy = t.cu->alloc_act(want.size()), df = t.cu->alloc_f32(want.size());
+    t.cu->matmul(dx, M, dW, ActPrecision::BF16, dy);
+    EXPECT_LE(rel_err(t.down(dy, want.size()), want), 8e-3) << what << " M=" << M << " (bf16 out)";
+    t.cu->matmul(dx, M, dW, ActPrecision::BF16, df);  // the logits' form: bf16 in, f32 out
+    EXPECT_LE(rel_err(t.down(df, want.size()), want), 2e-5) << what << " M=" << M << " (f32 out)";
+    for (const Buf& p : {dx, dy, df}) t.cu->free(p);
+  }
+}
+
+TEST_F(CudaBf16Test, MatmulEveryKernelFamily) {
+  std::mt19937 rng(7);
+  for (WFormat f : {WFormat::GgufQ4_K, WFormat::GgufQ6_K, WFormat::GgufQ8_0, WFormat::GgufQ5_0}) {
+    auto data = test::random_blocks(f, 37, 1024, rng);
+    check(*this, WeightView{f, 37, 1024, data.data(), gguf_row_bytes(f, 1024)}, std::string(wformat_name(f)).c_str());
+  }
+  {  // the tall one-row kernel (LM head shape)
+    auto data = test::random_blocks(WFormat::GgufQ6_K, 32768 + 5, 256, rng);
+    check(*this, WeightView{WFormat::GgufQ6_K, 32768 + 5, 256, data.data(), gguf_row_bytes(WFormat::GgufQ6_K, 256)},
+          "tall Q6_K");
+  }
+  test::OwnedWeight mlx = test::random_mlx(45, 512, 4, 64, DType::BF16, 3);
+  check(*this, mlx.view, "mlx affine 4-bit");
+  test::OwnedWeight bf = test::random_float(33, 160, WFormat::BF16, 9);
+  check(*this, bf.view, "bf16");
+  test::OwnedWeight odd = test::random_float(17, 150, WFormat::F32, 10);  // the per-element kernel
+  check(*this, odd.view, "f32 odd width");
+}
+
+TEST_F(CudaBf16Test, NormsElementwiseEmbed) {
+  const int rows = 5, dim = 640;
+  const auto x = bf16_rounded(randn(size_t(rows * dim), 21, 2.f)), b = bf16_rounded(randn(size_t(rows * dim), 22));
+  const auto w = randn(size_t(dim), 23);
+  Buf dx = up(x), db = up(b), dy = cu->alloc_act(x.size()), dw = cu->alloc_f32(dim);
+  cu->from_host(w.data(), w.size(), dw);
+  std::vector<float> r(x.size());
+  ref->rms_norm(x.data(), rows, dim, w.data(), 1e-6f, ActPrecision::F32, r.data());
+  cu->rms_norm(dx, rows, dim, dw.f32(), 1e-6f, ActPrecision::BF16, dy);
+  EXPECT_LE(rel_err(down(dy, x.size()), r), 8e-3) << "rms_norm";
+  ref->gelu_mul(x.data(), b.data(), x.size(), ActPrecision::F32, r.data());
+  cu->gelu_mul(dx, db, x.size(), ActPrecision::BF16, dy);
+  EXPECT_LE(rel_err(down(dy, x.size()), r), 8e-3) << "gelu_mul";
+  ref->add(x.data(), b.data(), x.size(), ActPrecision::F32, r.data());
+  cu->add(dx, db, x.size(), ActPrecision::BF16, dy);
+  EXPECT_LE(rel_err(down(dy, x.size()), r), 8e-3) << "add";
+  {  // x += rms_norm(b)·w, in place
+    std::vector<float> want = x, bh = b;
+    ref->norm_add(want.data(), bh.data(), rows, dim, w.data(), 1e-6f, ActPrecision::F32);
+    cu->norm_add(dx, db, rows, dim, dw.f32(), 1e-6f, ActPrecision::BF16);
+    EXPECT_LE(rel_err(down(dx, x.size()), want), 8e-3) << "norm_add";
+  }
+  std::mt19937 rng(24);
+  auto blocks = test::random_blocks(WFormat::GgufQ4_K, 40, 1280, rng);
+  const WeightView E{WFormat::GgufQ4_K, 40, 1280, blocks.data(), gguf_row_bytes(WFormat::GgufQ4_K, 1280)};
+  const std::vector<int32_t> ids = {3, 0, 39};
+  Buf dids = cu->alloc_i32(ids.size()), de = cu->alloc_act(ids.size() * 1280);
+  cu->from_host(ids.data(), ids.size(), dids);
+  std::vector<float> want(ids.size() * 1280);
+  ref->embed(E, ids.data(), int(ids.size()), 0.5f, ActPrecision::F32, want.data());
+  cu->embed(cu->place_weight(E), dids, int(ids.size()), 0.5f, ActPrecision::BF16, de);
+  EXPECT_EQ(down(de, want.size()), bf16_rounded(want)) << "embed: the exact values, rounded once";
+  for (const Buf& p : {dx, db, dy, dw, dids, de}) cu->free(p);
+}
+
+TEST_F(CudaBf16Test, FusedDecodeOps) {
+  std::mt19937 rng(31);
+  const int64_t C = 2048, O = 640;
+  auto wb = test::random_blocks(WFormat::GgufQ4_K, O, C, rng);
+  const WeightView W{WFormat::GgufQ4_K, O, C, wb.data(), gguf_row_bytes(WFormat::GgufQ4_K, C)};
+  const WeightView dW = cu->place_weight(W);
+  const auto pw = randn(size_t(O), 32), nw = randn(size_t(C), 33);
+  Buf dpw = cu->alloc_f32(O), dnw = cu->alloc_f32(C);
+  cu->from_host(pw.data(), pw.size(), dpw);
+  cu->from_host(nw.data(), nw.size(), dnw);
+  for (int M : {1, 3}) {
+    const auto x = bf16_rounded(randn(size_t(M) * C, uint32_t(34 + M))), res = bf16_rounded(randn(size_t(M) * O, 35, 3.f));
+    {  // x_resid += rms_norm(x·Wᵀ)·w (o_proj / down_proj with the residual epilogue)
+      std::vector<float> want = res, ys(size_t(M) * O);
+      ref->matmul_norm_add(x.data(), M, W, ys.data(), want.data(), pw.data(), 1e-6f, ActPrecision::F32);
+      Buf dx = up(x), dr = up(res), dys = cu->alloc_act(ys.size());
+      cu->matmul_norm_add(dx, M, dW, dys, dr, dpw.f32(), 1e-6f, ActPrecision::BF16);
+      EXPECT_LE(rel_err(down(dr, want.size()), want), 8e-3) << "matmul_norm_add M=" << M;
+      for (const Buf& p : {dx, dr, dys}) cu->free(p);
+    }
+    {  // gelu(xn·Gᵀ) * (xn·Uᵀ) with the input norm in the kernel (the dense MLP's first half)
+      auto gb = test::random_blocks(WFormat::GgufQ4_K, O, C, rng), ub = test::random_blocks(WFormat::GgufQ4_K, O, C, rng);
+      const WeightView G{WFormat::GgufQ4_K, O, C, gb.data(), gguf_row_bytes(WFormat::GgufQ4_K, C)};
+      const WeightView U{WFormat::GgufQ4_K, O, C, ub.data(), gguf_row_bytes(WFormat::GgufQ4_K, C)};
+      std::vector<float> want(size_t(M) * O), us(want.size()), xn(x.size());
+      ref->gate_up_gelu(x.data(), M, InputNorm{nw.data(), 1e-6f, xn.data()}, G, U, false, ActPrecision::F32, want.data(),
+                        us.data());
+      Buf dx = up(x), dg = cu->alloc_act(want.size()), du = cu->alloc_act(want.size()), dxn = cu->alloc_act(x.size());
+      cu->gate_up_gelu(dx, M, InputNorm{dnw.f32(), 1e-6f, dxn}, cu->place_weight(G), cu->place_weight(U), false,
+                       ActPrecision::BF16, dg, du);
+      EXPECT_LE(rel_err(down(dg, want.size()), want), 1e-2) << "gate_up_gelu M=" << M;
+      for (const Buf& p : {dx, dg, du, dxn}) cu->free(p);
+    }
+  }
+  for (const Buf& p : {dpw, dnw}) cu->free(p);
+}
+
+TEST_F(CudaBf16Test, AttentionOverABf16Cache) {
+  // test::attention_scenario stores q, K, V and the output in the backend's activation dtype; the
+  // reference gets the unrounded values, so the bound also covers the inputs' bf16 rounding.
+  for (auto [pos0, n, window] : {std::tuple{0, 1, 0}, {300, 1, 0}, {40, 7, 16}, {1000, 2, 0}}) {
+    EXPECT_LE(rel_err(test::attention_scenario(*cu, pos0, n, window), test::attention_scenario(*ref, pos0, n, window)),
+              2e-2)
+        << "pos0 " << pos0 << " n " << n << " window " << window;
+  }
+}
+
+}  // namespace
+}  // namespace g4
