@@ -22,13 +22,7 @@ std::vector<uint8_t> rank_input(int r, size_t count, DType t, uint32_t seed) {
   std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<uint8_t> out(count * dtype_size(t));
   for (size_t i = 0; i < count; ++i) {
-    const float v = nd(rng) * float(1 + r);
-    if (t == DType::F32) {
-      std::memcpy(out.data() + 4 * i, &v, 4);
-    } else {
-      const uint16_t h = f32_to_bf16(v);
-      std::memcpy(out.data() + 2 * i, &h, 2);
-    }
+    test::store_float(out, t, i, nd(rng) * float(1 + r));
   }
   return out;
 }
@@ -39,12 +33,7 @@ std::vector<uint8_t> serial_sum(const std::vector<std::vector<uint8_t>>& in, siz
   for (size_t i = 0; i < count; ++i) {
     float acc = load_float(in[0].data(), t, i);
     for (size_t r = 1; r < in.size(); ++r) acc += load_float(in[r].data(), t, i);
-    if (t == DType::F32) {
-      std::memcpy(out.data() + 4 * i, &acc, 4);
-    } else {
-      const uint16_t h = f32_to_bf16(acc);
-      std::memcpy(out.data() + 2 * i, &h, 2);
-    }
+    test::store_float(out, t, i, acc);
   }
   return out;
 }

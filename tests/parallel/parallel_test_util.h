@@ -44,30 +44,31 @@ inline std::string tp_format_name(TpFormat f) {
   return "?";
 }
 
-// A random [rows, cols] matrix in format f. Float formats: N(0, 1) values (BF16 rounded); MLX:
-// N(0, 1) values through affine_quantize (4 bits, groups of 64, f32 scales); GGUF: random blocks
-// with finite f16 scales (gguf_test_util.h).
-inline OwnedWeight random_weight(TpFormat f, int64_t rows, int64_t cols, uint32_t seed) {
+// A random GGUF matrix [rows, cols] of format f: random blocks with finite f16 scales.
+inline OwnedWeight random_gguf(WFormat f, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const std::vector<uint8_t> blocks = random_blocks(f, rows, cols, rng);
   OwnedWeight o;
-  if (f == TpFormat::Q8_0 || f == TpFormat::Q4_K || f == TpFormat::Q6_K) {
-    const WFormat wf = f == TpFormat::Q8_0 ? WFormat::GgufQ8_0
-                       : f == TpFormat::Q4_K ? WFormat::GgufQ4_K
-                                             : WFormat::GgufQ6_K;
-    std::mt19937 rng(seed);
-    const std::vector<uint8_t> blocks = random_blocks(wf, rows, cols, rng);
-    o.data.resize(blocks.size() / 4 + 1);
-    std::memcpy(o.data.data(), blocks.data(), blocks.size());
-    o.view.fmt = wf;
-    o.view.rows = rows;
-    o.view.cols = cols;
-    o.view.data = o.data.data();
-    o.view.row_bytes = gguf_row_bytes(wf, cols);
-    return o;
+  o.data.resize(blocks.size() / 4 + 1);
+  std::memcpy(o.data.data(), blocks.data(), blocks.size());
+  o.view = WeightView{f, rows, cols, o.data.data(), gguf_row_bytes(f, cols)};
+  return o;
+}
+
+// A random [rows, cols] matrix in format f. Float formats: N(0, 1) values (BF16 rounded); MLX:
+// N(0, 1) values through affine_quantize (4 bits, groups of 64, f32 scales); GGUF: random_gguf.
+inline OwnedWeight random_weight(TpFormat f, int64_t rows, int64_t cols, uint32_t seed) {
+  switch (f) {
+    case TpFormat::Q8_0: return random_gguf(WFormat::GgufQ8_0, rows, cols, seed);
+    case TpFormat::Q4_K: return random_gguf(WFormat::GgufQ4_K, rows, cols, seed);
+    case TpFormat::Q6_K: return random_gguf(WFormat::GgufQ6_K, rows, cols, seed);
+    case TpFormat::F32: return random_float(rows, cols, WFormat::F32, seed);
+    case TpFormat::BF16: return random_float(rows, cols, WFormat::BF16, seed);
+    case TpFormat::Mlx4g64: break;
   }
-  if (f == TpFormat::F32 || f == TpFormat::BF16)
-    return random_float(rows, cols, f == TpFormat::F32 ? WFormat::F32 : WFormat::BF16, seed);
   const int bits = 4, group = 64;
   const std::vector<float> v = random_x(rows * cols, seed);
+  OwnedWeight o;
   o.data.resize(v.size() * bits / 32);
   o.scales.resize(v.size() / group * 4);
   o.biases.resize(v.size() / group * 4);
@@ -108,6 +109,11 @@ inline double rel_err(const std::vector<float>& a, const std::vector<float>& b) 
     den = std::max(den, double(std::fabs(b[i])));
   }
   return den > 0 ? num / den : num;
+}
+
+// "cpu_Q4_K_2ranks": a test-case name for a backend, format and rank count.
+inline std::string tp_case_name(const std::string& backend, TpFormat f, int ranks) {
+  return backend + "_" + tp_format_name(f) + "_" + std::to_string(ranks) + "ranks";
 }
 
 // A backend of the given kind ("cpu" or "reference"): each rank makes its own.

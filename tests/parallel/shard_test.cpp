@@ -51,17 +51,7 @@ struct FormatCase {
 
 template <WFormat F>
 test::OwnedWeight gguf(int64_t rows, int64_t cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  test::OwnedWeight o;
-  const auto blocks = test::random_blocks(F, rows, cols, rng);
-  o.data.resize(blocks.size() / 4 + 1);
-  std::memcpy(o.data.data(), blocks.data(), blocks.size());
-  o.view.fmt = F;
-  o.view.rows = rows;
-  o.view.cols = cols;
-  o.view.data = o.data.data();
-  o.view.row_bytes = gguf_row_bytes(F, cols);
-  return o;
+  return test::random_gguf(F, rows, cols, seed);
 }
 template <WFormat F>
 test::OwnedWeight floats(int64_t rows, int64_t cols, uint32_t seed) {

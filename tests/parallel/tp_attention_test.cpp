@@ -100,8 +100,7 @@ TEST_P(TpAttentionTest, HeadShardedEqualsSingleRank) {
 }
 
 std::string attn_name(const ::testing::TestParamInfo<AttnParam>& p) {
-  return std::get<0>(p.param) + "_" + test::tp_format_name(std::get<1>(p.param)) + "_" +
-         std::to_string(std::get<2>(p.param)) + "ranks";
+  return test::tp_case_name(std::get<0>(p.param), std::get<1>(p.param), std::get<2>(p.param));
 }
 
 INSTANTIATE_TEST_SUITE_P(Parallel, TpAttentionTest,

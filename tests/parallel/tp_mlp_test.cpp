@@ -85,8 +85,8 @@ TEST_P(TpMlpTest, ShardedEqualsSingleRank) {
 }
 
 std::string mlp_name(const ::testing::TestParamInfo<MlpParam>& p) {
-  return std::get<0>(p.param) + "_" + test::tp_format_name(std::get<1>(p.param)) + "_" +
-         std::to_string(std::get<2>(p.param)) + "ranks_M" + std::to_string(std::get<3>(p.param));
+  return test::tp_case_name(std::get<0>(p.param), std::get<1>(p.param), std::get<2>(p.param)) + "_M" +
+         std::to_string(std::get<3>(p.param));
 }
 
 INSTANTIATE_TEST_SUITE_P(Parallel, TpMlpTest,
