@@ -11,10 +11,17 @@
 //   may be reused. Every rank of the group calls the same collectives, with the same count and
 //   dtype, in the same order; a rank that calls something else is a programming error (the
 //   in-process implementation aborts naming both calls; NCCL would hang or corrupt).
-// - Deterministic: all_reduce_sum adds the ranks' values in rank order, acc = x0 + x1 + ... +
-//   x(n-1), in f32, and every rank receives the same bits. F32 results therefore equal a serial
-//   f32 sum in rank order exactly; BF16 and F16 inputs are widened to f32, summed in rank order
-//   and rounded to the dtype once (round to nearest even), not after each addition.
+// - Deterministic: every rank receives the same bits, and the same inputs give the same result on
+//   every call. all_reduce_sum adds the ranks' values in rank order, acc = x0 + x1 + ... + x(n-1),
+//   in f32: F32 results equal a serial f32 sum in rank order exactly; BF16 and F16 inputs are
+//   widened to f32, summed in rank order and rounded to the dtype once (round to nearest even),
+//   not after each addition. (An implementation that calls ncclAllReduce directly sums in NCCL's
+//   ring or tree order instead: it must still give every rank the same bits, must say that it
+//   does not keep the rank order, and comparisons with the in-process result then take a
+//   tolerance. ncclAllGather followed by a local rank-order sum keeps the order exactly, at n
+//   times the traffic.)
+// - Uneven shards: all_gather takes one count for every rank (as NCCL does); slices of unequal
+//   length are gathered padded to the longest, or reduced first (a vocabulary shard's argmax).
 // - Errors: collectives run inside the forward pass, where nothing returns errors; an unusable
 //   dtype or a failed transport aborts with a message naming the collective.
 #pragma once

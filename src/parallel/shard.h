@@ -70,7 +70,8 @@ class PackedWeight {
 
 // Column-parallel shard: rows [r0, r1) of w, r0/r1 = shard_range(w.rows, unit, rank, size) (unit:
 // rows per indivisible unit: head_dim to split q/k/v by heads, col_split_unit(down) for gate/up).
-// Zero-copy: points into w's storage (MlxAffine scales and biases offset too), valid while it is.
+// Zero-copy: points into w's storage (MlxAffine scales and biases offset too), valid while it is;
+// a device backend's place_weight then copies only these rows.
 Result<WeightView> shard_rows(const WeightView& w, int rank, int size, const char* name, int64_t unit = 1);
 
 // Row-parallel shard: columns [c0, c1) of every row, c0/c1 = shard_range(w.cols, unit, rank, size),
