@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/common.h"
+#include "cli/lora_options.h"
 #include "core/thread_pool.h"
 #include "runtime/bundle.h"
 #include "train/trainer.h"
@@ -74,19 +75,16 @@ Status write_adapter_config(const std::string& path, const Args& a, const train:
 }
 
 int run_lora(const std::vector<std::string>& argv) {
-  const Args a = parse_args(argv, {"--mask-prompt", "--test", "--train", "--grad-checkpoint"});
+  VerbCli cli("lora", "LoRA fine-tuning on jsonl data, with mlx_lm.lora's flags and defaults; writes an adapter "
+              "for --adapter-path.");
+  add_lora_options(cli);
+  Args parsed;
+  if (int rc = cli.parse(argv, parsed); rc >= 0) return rc;
+  const Args& a = parsed;
   auto fail_ = [](const std::string& m) { return fail("lora", m); };
-  // --train: mlx_lm.lora's switch (this verb always trains); --grad-checkpoint: always done here.
-  static constexpr const char* kOwn[] = {
-      "--data", "--adapter-path", "--iters", "--batch-size", "--learning-rate", "--optimizer", "--num-layers", "--rank",
-      "--scale", "--dropout", "--mask-prompt", "--max-seq-length", "--grad-accumulation-steps", "--steps-per-report",
-      "--steps-per-eval", "--val-batches", "--save-every", "--resume-adapter-file", "--seed", "--test", "--test-batches",
-      "--chat-template", "--log-file", "--enable-thinking", "--fine-tune-type", "--train", "--grad-checkpoint"};
-  if (Status s = reject_unknown_flags(a, {kLoadFlags, kOwn}); !s)
-    return fail_(s.message());
   if (a.get("--fine-tune-type", "lora") != "lora")
     return fail_("--fine-tune-type " + a.get("--fine-tune-type") + ": only lora is supported (not dora or full)");
-  const std::string backend = a.get("--backend", "cpu");
+  const std::string backend = a.get("--backend");
   if (backend != "cpu" && backend != "reference")
     return fail_("--backend " + backend + ": training runs on the host (cpu or reference)");
   if (!a.has("--data")) return fail_("--data DIR is required (a directory with train.jsonl and valid.jsonl)");
