@@ -11,6 +11,7 @@
 
 #include "cli/common.h"
 #include "cli/options.h"
+#include "core/progress.h"
 #include "core/thread_pool.h"
 
 namespace g4::cli {
@@ -61,15 +62,25 @@ int cmd_bench(const std::vector<std::string>& argv) {
   for (int r = 0; r < repeat; ++r) {
     auto cache = model.new_cache();
     auto t0 = clk::now();
-    for (int i = 0; i < np; i += chunk) {
-      const int n = std::min(chunk, np - i);
-      model.forward({SeqInput{cache.get(), prompt.data() + i, n, false}}, P.value(), logits.data());
+    {
+      ProgressTask progress("bench prefill", uint64_t(np), ProgressUnit::Tokens, uint64_t(chunk) + 1);
+      for (int i = 0; i < np; i += chunk) {
+        const int n = std::min(chunk, np - i);
+        model.forward({SeqInput{cache.get(), prompt.data() + i, n, false}}, P.value(), logits.data());
+        progress.add(uint64_t(n));
+      }
     }
     auto t1 = clk::now();
     if (r == 0) ttft = std::chrono::duration<double>(t1 - g_process_start).count();
     // Greedy, as generation picks tokens (greedy_step: the argmax on the device where there is one).
     int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    for (int i = 0; i < ng; ++i) next = greedy_step(model, *cache, next, P.value(), logits);
+    {
+      ProgressTask progress("bench decode", uint64_t(ng), ProgressUnit::Tokens, 256);
+      for (int i = 0; i < ng; ++i) {
+        next = greedy_step(model, *cache, next, P.value(), logits);
+        progress.add(1);
+      }
+    }
     auto t2 = clk::now();
     best_prefill = std::max(best_prefill, np / std::chrono::duration<double>(t1 - t0).count());
     best_decode = std::max(best_decode, ng / std::chrono::duration<double>(t2 - t1).count());

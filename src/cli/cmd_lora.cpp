@@ -17,12 +17,15 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/common.h"
 #include "cli/lora_options.h"
+#include "cli/progress_bar.h"
+#include "core/progress.h"
 #include "core/thread_pool.h"
 #include "runtime/bundle.h"
 #include "train/trainer.h"
@@ -178,6 +181,7 @@ int run_lora(const std::vector<std::string>& argv) {
     if (!log) return fail_(a.get("--log-file") + ": cannot write");
   }
   auto report = [&](const Report& r) {
+    clear_progress_line();
     nlohmann::ordered_json j{{"kind", r.kind}, {"iteration", r.iteration}};
     if (r.kind == "val") {
       std::printf("Iter %d: Val loss %.3f, Val took %.3fs\n", r.iteration, r.loss, r.seconds);
@@ -201,13 +205,12 @@ int run_lora(const std::vector<std::string>& argv) {
   train::NumpyLegacyRng rng(o.seed);
   progress("training: " + std::to_string(o.iters) + " iterations, batch " + std::to_string(o.batch_size) + ", " +
            opt->name() + " lr " + a.get("--learning-rate", "1e-05") + ", " + std::to_string(num_threads()) + " threads");
-  // On a terminal, a progress line between reports (an iteration of a large model takes a while).
-  const bool tty = isatty(STDERR_FILENO);
-  auto step = [&](int it) {
-    if (tty) std::fprintf(stderr, "\r[gemma4] iteration %d/%d\r", it, o.iters);
-  };
+  // On a terminal, a progress bar with the time left between reports (cli/progress_bar.h).
+  std::optional<ProgressTask> iterations(std::in_place, "training", uint64_t(o.iters), ProgressUnit::Iterations);
+  auto step = [&](int) { iterations->add(1); };
   if (Status s = train::train(tm, params.value(), opt.value(), sets[0], sets[1], o, rng, report, step); !s)
     return fail_(s.message());
+  iterations.reset();  // the bar's last line, before the test report
   if (a.has("--test")) {
     auto tl = train::evaluate(tm, sets[2], o.batch_size, test_batches, o.max_seq_length, rng);
     if (!tl.is_ok()) return fail_(tl.message());

@@ -43,6 +43,9 @@ int cmd_serve(const std::vector<std::string>& argv) {
   cli.value("--prefix-cache-mb", "memory for the prompt-prefix cache; 0 disables it", "256")->type_name("MiB")
       ->check(CLI::Range(0, 1 << 20));
   cli.flag("--no-prefix-cache", "disable the prompt-prefix cache");
+  cli.value("--log-format", "the request log on stderr, one line per request: text, json, or none", "text")
+      ->type_name("FORMAT")->check(one_of({"text", "json", "none"}));
+  cli.flag("-v,--verbose", "add each request's prefill / decode speed and the engine's load to its log line");
   Args a;
   if (int rc = cli.parse(argv, a); rc >= 0) return rc;
   server::ServerOptions o;
@@ -55,6 +58,10 @@ int cmd_serve(const std::vector<std::string>& argv) {
   o.max_queue = std::stoi(a.get("--max-queue"));
   o.max_context = std::stoi(a.get("--context"));
   o.default_max_tokens = std::stoi(a.get("--max-tokens"));
+  const std::string log_format = a.get("--log-format");
+  o.log.format = log_format == "json" ? server::LogFormat::Json
+               : log_format == "none" ? server::LogFormat::None : server::LogFormat::Text;
+  o.log.verbose = a.has("--verbose");
   o.prefix_cache_bytes = a.has("--no-prefix-cache") ? 0 : size_t(std::stoi(a.get("--prefix-cache-mb"))) << 20;
   // Same tokens for a sequence whether it runs alone or in a batch (and with or without a
   // prefix-cache hit): row-exact kernels for every batch size, so --batch-invariant is on by

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/progress_bar.h"
 
 #ifndef G4_VERSION
 #define G4_VERSION "unknown"
@@ -78,6 +79,7 @@ int main(int argc, char** argv) {
     version();
     return 0;
   }
+  g4::cli::install_progress_bar();
   std::vector<std::string> args(argv + 2, argv + argc);
   std::string verb = first;
   if (verb == "help") {  // gemma4 help [VERB]
