@@ -177,3 +177,13 @@ def test_load_refuses_a_bad_conversation_file(ready, tmp_path):
     assert r.returncode == 0
     assert f"{bad}: message 1: role 'robot' is not system, user or assistant" in r.stderr
     assert "none.json: cannot read" in r.stderr
+
+
+def test_weight_reading_shows_a_progress_bar_on_a_terminal_only(ready, tmux, tmp_path):
+    cmd = f"{ready} generate -t 2 -n 1 --weights copy Hello"
+    tmux.start(cmd, {"GEMMA4_HISTORY": tmp_path / "h"})
+    screen = tmux.wait(r"EXITED 0", timeout=240)
+    bar = re.search(r"reading gemma-3-270m-q4_k_m\.gguf \[#{24}\] 100% (\d+\.\d) MiB of (\d+\.\d) MiB, [\d.]+ MiB/s", screen)
+    assert bar and bar.group(1) == bar.group(2), screen[-2000:]
+    piped = subprocess.run(cmd.split(), capture_output=True, text=True, timeout=240)
+    assert piped.returncode == 0 and "reading gemma" not in piped.stderr and "\r" not in piped.stderr

@@ -115,13 +115,14 @@ def test_page_streams_answers_stops_and_keeps_conversations(gemma4_bin, browser)
 def test_page_asks_for_the_api_key(gemma4_bin, browser):
     if not STARTER.exists():
         pytest.skip(f"{STARTER} is missing: run `make starter-model` first")
-    p, url = start_server(gemma4_bin, "-n", "2", "--api-key", "sk-web")
+    p, url = start_server(gemma4_bin, "--api-key", "sk-web")
     try:
         browser.get(url + "/")  # the page itself needs no key
         browser.execute_script("localStorage.clear();")
         browser.refresh()
         wait_for(lambda: "needs an API key" in browser.find_element("id", "status").text, 30, "the key notice")
-        browser.execute_script("window.prompt = () => 'sk-web';")  # what a person types into the prompt
+        browser.execute_script("window.prompt = () => 'sk-web';"  # what a person types into the prompt
+                               "document.getElementById('max_tokens').value = '2';")
         send(browser, "Hi")
         done = wait_for(lambda: (a := last_answer(browser)) and a["finish"] and a, 120, "the answer")
         assert done["finish"] in ("stop", "length")
