@@ -199,6 +199,7 @@ std::string human_bytes(uint64_t b) {
 
 }  // namespace g4::cli
 
+#include "core/mapped_file.h"
 #include "io/model_dir.h"
 #include "model/model.h"
 #include <filesystem>
@@ -221,7 +222,13 @@ std::string FitReport::summary() const {
 Result<FitReport> plan_fit(const std::string& model_path, const std::string& backend, PlanInput in,
                            bool context_given) {
   G4_ASSIGN_OR_RETURN(std::string path, resolve_model_path(model_path));
-  G4_ASSIGN_OR_RETURN(OpenedModel om, open_model(path));
+  // Planning reads the headers only: the files are mapped, never copied, whatever --weights says.
+  const WeightResidency residency = weight_residency();
+  set_weight_residency(WeightResidency::Mmap);
+  Result<OpenedModel> opened = open_model(path);
+  set_weight_residency(residency);
+  if (!opened) return err("%s", opened.message().c_str());
+  OpenedModel om = std::move(opened).value();
   FitReport r;
   r.model = std::filesystem::path(om.path).filename().string();
   r.config = om.config;

@@ -82,6 +82,7 @@ Status read_all(int fd, uint8_t* dst, size_t size, const std::string& path) {
 }  // namespace
 
 void set_weight_residency(WeightResidency r) { g_residency.store(r); }
+WeightResidency weight_residency() { return g_residency.load(); }
 
 std::optional<WeightResidency> parse_weight_residency(const std::string& s) {
   if (s == "auto") return WeightResidency::Auto;

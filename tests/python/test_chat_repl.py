@@ -183,7 +183,8 @@ def test_weight_reading_shows_a_progress_bar_on_a_terminal_only(ready, tmux, tmp
     cmd = f"{ready} generate -t 2 -n 1 --weights copy Hello"
     tmux.start(cmd, {"GEMMA4_HISTORY": tmp_path / "h"})
     screen = tmux.wait(r"EXITED 0", timeout=240)
-    bar = re.search(r"reading gemma-3-270m-q4_k_m\.gguf \[#{24}\] 100% (\d+\.\d) MiB of (\d+\.\d) MiB, [\d.]+ MiB/s", screen)
+    bar = re.search(r"reading gemma-3-270m-q4_k_m\.gguf \[#{24}\] 100% (\d+\.\d) MiB of (\d+\.\d) MiB, [\d.]+ [MG]iB/s", screen)
     assert bar and bar.group(1) == bar.group(2), screen[-2000:]
+    assert screen.count("reading gemma") == 1  # read once (planning only maps the file)
     piped = subprocess.run(cmd.split(), capture_output=True, text=True, timeout=240)
     assert piped.returncode == 0 and "reading gemma" not in piped.stderr and "\r" not in piped.stderr
