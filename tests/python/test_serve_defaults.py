@@ -68,7 +68,7 @@ def test_request_log_has_one_line_per_request(gemma4_bin):
         _, err = p.communicate(timeout=60)
     lines = [json.loads(l) for l in err.splitlines() if l.startswith("{")]
     assert [(l["method"], l["path"], l["status"]) for l in lines] == [
-        ("POST", "/v1/chat/completions", 200), ("POST", "/v1/chat/completions", 200), ("GET", "/nope", 404)]
+        ("POST", "/v1/chat/completions", 200), ("POST", "/v1/chat/completions", 200), ("GET", "/nope", 404)], err
     first, streamed, missing = lines
     assert first["prompt_tokens"] == usage["prompt_tokens"] and first["completion_tokens"] == usage["completion_tokens"]
     assert 0 < first["ttft_s"] <= first["total_s"]
