@@ -10,6 +10,8 @@
 #include <cstdlib>
 
 #include "cli/common.h"
+#include "cli/options.h"
+#include "core/progress.h"
 #include "core/thread_pool.h"
 
 namespace g4::cli {
@@ -19,21 +21,33 @@ const auto g_process_start = std::chrono::steady_clock::now();
 
 int cmd_bench(const std::vector<std::string>& argv) {
   using clk = std::chrono::steady_clock;
-  Args a = parse_args(argv);
-  static constexpr const char* kOwn[] = {"--chunk", "--dtype", "--gen-tokens", "--prompt-tokens", "--repeat"};
-  if (Status s = reject_unknown_flags(a, {kLoadFlags, kModelOptionFlags, kOwn}); !s)
-    return fail("bench", s.message());
-  const int np = std::atoi(a.get("--prompt-tokens", "128").c_str());
-  const int ng = std::atoi(a.get("--gen-tokens", "64").c_str());
-  const int chunk = std::atoi(a.get("--chunk", "512").c_str());
-  const int repeat = std::max(1, std::atoi(a.get("--repeat", "1").c_str()));
-  if (np <= 0 || ng <= 0 || chunk <= 0) return fail("bench", "token counts must be positive");
+  VerbCli cli("bench", "Measure prefill / decode tok/s, time to first token and peak memory; one JSON line on "
+              "stdout.");
+  add_load_options(cli);
+  add_model_options(cli);
+  cli.value("--prompt-tokens", "prompt length in tokens (at most the model's positions)", "128")->type_name("N")
+      ->check(CLI::Range(1, 1 << 24));
+  cli.value("--gen-tokens", "tokens to decode after the prompt", "64")->type_name("N")->check(CLI::Range(1, 1 << 24));
+  cli.value("--chunk", "prefill chunk size in tokens", "512")->type_name("N")->check(CLI::Range(1, 1 << 24));
+  cli.value("--repeat", "runs; the best of them is reported", "1")->type_name("N")->check(CLI::Range(1, 1000));
+  cli.value("--dtype", "activation precision (f32 default; on cuda: the storage dtype)")
+      ->type_name("f32|bf16")->check(one_of({"f32", "bf16"}));
+  Args a;
+  if (int rc = cli.parse(argv, a); rc >= 0) return rc;
+  const int np = std::atoi(a.get("--prompt-tokens").c_str());
+  const int ng = std::atoi(a.get("--gen-tokens").c_str());
+  const int chunk = std::atoi(a.get("--chunk").c_str());
+  const int repeat = std::atoi(a.get("--repeat").c_str());
   auto m = load_model_from_args(a);
   if (!m) return fail("bench", m.message());
   Model& model = *m.value();
-  auto P = parse_precision(a.get("--dtype", "f32"), model);  // the engine's precision
+  auto P = parse_precision(a.has("--dtype") ? a.get("--dtype") : "f32", model);  // the engine's precision
   if (!P) return fail("bench", P.message());
   if (Status ks = apply_model_flags(a, model, P.value()); !ks) return fail("bench", ks.message());
+  if (const int maxpos = model.config().max_positions; maxpos > 0 && np + ng > maxpos)
+    return fail("bench", "--prompt-tokens " + std::to_string(np) + " + --gen-tokens " + std::to_string(ng) +
+                             ": the model holds at most " + std::to_string(maxpos) +
+                             " positions (max_position_embeddings)");
   const int V = model.config().vocab;
   // A fixed pseudo-random prompt of ordinary token ids (no specials).
   std::vector<int32_t> prompt(static_cast<size_t>(np));
@@ -49,15 +63,25 @@ int cmd_bench(const std::vector<std::string>& argv) {
   for (int r = 0; r < repeat; ++r) {
     auto cache = model.new_cache();
     auto t0 = clk::now();
-    for (int i = 0; i < np; i += chunk) {
-      const int n = std::min(chunk, np - i);
-      model.forward({SeqInput{cache.get(), prompt.data() + i, n, false}}, P.value(), logits.data());
+    {
+      ProgressTask progress("bench prefill", uint64_t(np), ProgressUnit::Tokens, uint64_t(chunk) + 1);
+      for (int i = 0; i < np; i += chunk) {
+        const int n = std::min(chunk, np - i);
+        model.forward({SeqInput{cache.get(), prompt.data() + i, n, false}}, P.value(), logits.data());
+        progress.add(uint64_t(n));
+      }
     }
     auto t1 = clk::now();
     if (r == 0) ttft = std::chrono::duration<double>(t1 - g_process_start).count();
     // Greedy, as generation picks tokens (greedy_step: the argmax on the device where there is one).
     int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    for (int i = 0; i < ng; ++i) next = greedy_step(model, *cache, next, P.value(), logits);
+    {
+      ProgressTask progress("bench decode", uint64_t(ng), ProgressUnit::Tokens, 256);
+      for (int i = 0; i < ng; ++i) {
+        next = greedy_step(model, *cache, next, P.value(), logits);
+        progress.add(1);
+      }
+    }
     auto t2 = clk::now();
     best_prefill = std::max(best_prefill, np / std::chrono::duration<double>(t1 - t0).count());
     best_decode = std::max(best_decode, ng / std::chrono::duration<double>(t2 - t1).count());

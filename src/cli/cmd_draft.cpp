@@ -17,6 +17,7 @@
 #include <future>
 
 #include "cli/common.h"
+#include "cli/options.h"
 #include "model/drafter.h"
 #include "runtime/engine.h"
 
@@ -57,11 +58,25 @@ int generate(Model& model, const std::vector<int32_t>& ids, int n, ActPrecision 
 }
 
 int cmd_draft(const std::vector<std::string>& argv) {
-  Args a = parse_args(argv);
-  static constexpr const char* kOwn[] = {"--dtype", "--from", "--generate", "--ids", "--logits-out", "--seed",
-      "--states-out", "--temperature", "--top-k", "--without-drafter"};
-  if (Status s = reject_unknown_flags(a, {kLoadFlags, kModelOptionFlags, kOwn}); !s)
-    return fail("draft", s.message());
+  VerbCli cli("draft", "Speculative-decoding check: the drafter's proposals from every position, or engine "
+              "decoding with it (--generate).");
+  add_load_options(cli);
+  add_model_options(cli);
+  cli.app().get_option("--draft-model")->required();
+  cli.value("--ids", "the token ids, comma-separated or a JSON list")->type_name("IDS")->required();
+  cli.value("--from", "first position to draft from", "1")->type_name("P")->check(CLI::Range(1, 1 << 24));
+  cli.value("--dtype", "activation precision (default: the model format's)")->type_name("f32|bf16")
+      ->check(one_of({"f32", "bf16"}));
+  cli.value("--logits-out", "write the tied head's logits of every draft step")->type_name("F.npy");
+  cli.value("--states-out", "write the post-projected states of every draft step")->type_name("F.npy");
+  cli.value("--generate", "decode N tokens through the engine with the drafter")->type_name("N")
+      ->check(CLI::Range(1, 1 << 24));
+  cli.value("--temperature", "sampling temperature for --generate", "0")->type_name("T")->check(CLI::Range(0.0, 100.0));
+  cli.value("--top-k", "top-k for --generate; 0: all", "0")->type_name("K")->check(CLI::Range(0, 1 << 24));
+  cli.value("--seed", "sampling seed for --generate", "0")->type_name("S")->check(CLI::NonNegativeNumber);
+  cli.flag("--without-drafter", "with --generate: the same run after the drafter is removed");
+  Args a;
+  if (int rc = cli.parse(argv, a); rc >= 0) return rc;
   auto ids = parse_ids(a.get("--ids"));
   if (!ids) return fail("draft", ids.message());
   if (!a.has("--draft-model")) return fail("draft", "--draft-model DIR is required");
@@ -78,7 +93,7 @@ int cmd_draft(const std::vector<std::string>& argv) {
     auto n = int_flag(a, "--generate", 16, 1, 1 << 20);
     if (!n) return fail("draft", n.message());
     SamplingParams sp;
-    sp.temperature = float(std::atof(a.get("--temperature", "0").c_str()));
+    sp.temperature = float(std::atof(a.get("--temperature").c_str()));
     auto k = int_flag(a, "--top-k", 0, 0, V);
     auto seed = int_flag(a, "--seed", 0, 0, INT32_MAX);
     if (!k || !seed) return fail("draft", !k ? k.message() : seed.message());

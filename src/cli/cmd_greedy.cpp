@@ -7,18 +7,26 @@
 #include <cstdlib>
 
 #include "cli/common.h"
+#include "cli/options.h"
 
 namespace g4::cli {
 namespace {
 
 int cmd_greedy(const std::vector<std::string>& argv) {
-  Args a = parse_args(argv);
-  static constexpr const char* kOwn[] = {"--chunk", "--dtype", "--ids", "--steps"};
-  if (Status s = reject_unknown_flags(a, {kLoadFlags, kModelOptionFlags, kImageFlags, kOwn}); !s)
-    return fail("greedy", s.message());
+  VerbCli cli("greedy", "Greedy (argmax) continuation of a token sequence, as a JSON id list (no stop tokens).");
+  add_load_options(cli);
+  add_model_options(cli);
+  add_image_options(cli);
+  cli.value("--ids", "the token ids, comma-separated or a JSON list")->type_name("IDS")->required();
+  cli.value("--steps", "tokens to generate", "16")->type_name("N")->check(CLI::Range(1, 1 << 24));
+  cli.value("--dtype", "activation precision (default: bf16 for MLX / HF checkpoints, f32 for GGUF)")
+      ->type_name("f32|bf16")->check(one_of({"f32", "bf16"}));
+  cli.value("--chunk", "prompt chunk size in tokens", "512")->type_name("N")->check(CLI::Range(1, 1 << 24));
+  Args a;
+  if (int rc = cli.parse(argv, a); rc >= 0) return rc;
   auto ids = parse_ids(a.get("--ids"));
   if (!ids) return fail("greedy", ids.message());
-  const int steps = std::atoi(a.get("--steps", "16").c_str());
+  const int steps = std::atoi(a.get("--steps").c_str());
   auto m = load_model_from_args(a, true);
   if (!m) return fail("greedy", m.message());
   Model& model = *m.value();
@@ -27,7 +35,7 @@ int cmd_greedy(const std::vector<std::string>& argv) {
   if (Status ks = apply_model_flags(a, model, P.value()); !ks) return fail("greedy", ks.message());
   const int V = model.config().vocab;
   const int L = int(ids->size());
-  int chunk = a.has("--chunk") ? std::atoi(a.get("--chunk").c_str()) : 512;
+  int chunk = std::atoi(a.get("--chunk").c_str());
   if (chunk <= 0) return fail("greedy", "--chunk must be positive");
   auto soft = image_features_from_args(a, model, ids.value());
   if (!soft) return fail("greedy", soft.message());

@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/common.h"
+#include "cli/memory_plan.h"
+#include "cli/options.h"
 #include "io/gguf_model.h"
 #include "io/model_dir.h"
 #include "io/safetensors_source.h"
@@ -46,31 +48,10 @@ const char* fmt_name(WFormat f) {
   return "?";
 }
 
-// Bytes one view occupies in the file (packed data + MLX scales/biases).
-uint64_t view_bytes(const WeightView& v) {
-  uint64_t n = uint64_t(v.rows) * uint64_t(v.row_bytes);
-  if (v.fmt == WFormat::MlxAffine && v.group_size > 0)
-    n += 2ull * uint64_t(v.rows) * uint64_t(v.cols / v.group_size) * dtype_size(v.scale_dtype);
-  return n;
-}
-
 std::string mib(uint64_t b) {
   char s[64];
   std::snprintf(s, sizeof s, "%.2f MiB", double(b) / (1024.0 * 1024.0));
   return s;
-}
-
-// K+V elements cached for `context` tokens (mlx-lm make_cache: only layers < first_kv_shared own a
-// cache; sliding layers keep at most `window` tokens).
-// full_only: only the full-attention layers (those --kv-bits quantizes).
-uint64_t kv_elements(const ModelConfig& c, int64_t context, bool full_only = false) {
-  uint64_t n = 0;
-  for (const LayerSpec& L : c.layers) {
-    if (L.kv_source >= 0 || (full_only && L.kind == AttnKind::Sliding)) continue;
-    int64_t tokens = L.kind == AttnKind::Sliding && L.window > 0 ? std::min<int64_t>(context, L.window) : context;
-    n += uint64_t(tokens) * uint64_t(L.n_kv_heads) * uint64_t(L.head_dim) * 2;  // K and V
-  }
-  return n;
 }
 
 // The engine's cache bytes with --kv-bits `bits` (0: f32 rows) and group 64: full layers as codes
@@ -82,9 +63,15 @@ uint64_t engine_kv_bytes(const ModelConfig& c, int64_t context, int bits) {
 }
 
 int cmd_info(const std::vector<std::string>& argv) {
-  Args a = parse_args(argv, {"--json", "--config-only"});
-  static constexpr const char* kOwn[] = {"--config-only", "--context", "--json", "--model"};
-  if (Status s = reject_unknown_flags(a, {kOwn}); !s) return fail("info", s.message());
+  VerbCli cli("info", "Resolved architecture per layer, quantization per module, weight and KV-cache memory; "
+              "validates every weight.");
+  cli.value("-m,--model", "model directory, .gguf file, or a directory holding one (default: the starter model)")
+      ->type_name("PATH");
+  add_context_option(cli, "", "context for the KV-cache size (default: the model's max_position_embeddings)");
+  cli.flag("--json", "print JSON");
+  cli.flag("--config-only", "read config.json only, not the weights");
+  Args a;
+  if (int rc = cli.parse(argv, a); rc >= 0) return rc;
   std::string path = a.get("--model");
   if (path.empty()) path = default_model_path();
   if (path.empty()) return fail("info", no_model_message());
@@ -107,11 +94,11 @@ int cmd_info(const std::vector<std::string>& argv) {
   const OpenedModel& m = om.value();
   const ModelConfig& c = m.config;
   int64_t context = c.max_positions > 0 ? c.max_positions : 4096;
-  if (a.has("--context")) {
-    char* end = nullptr;
-    long long v = std::strtoll(a.get("--context").c_str(), &end, 10);
-    if (*end || v <= 0) return fail("info", "--context: expected a positive number of tokens");
-    context = v;
+  if (a.has("--context")) {  // range-checked by the parser
+    context = std::stoll(a.get("--context"));
+    if (c.max_positions > 0 && context > c.max_positions)
+      return fail("info", "--context " + std::to_string(context) + ": the model holds at most " +
+                              std::to_string(c.max_positions) + " positions (max_position_embeddings)");
   }
   const bool as_json = a.has("--json");
   const auto* sts = dynamic_cast<const SafetensorsSource*>(m.weights.get());

@@ -11,15 +11,25 @@
 #include <cstdlib>
 
 #include "cli/common.h"
+#include "cli/options.h"
 
 namespace g4::cli {
 namespace {
 
 int cmd_logits(const std::vector<std::string>& argv) {
-  Args a = parse_args(argv);
-  static constexpr const char* kOwn[] = {"--chunk", "--dtype", "--ids", "--out", "--tap-dir"};
-  if (Status s = reject_unknown_flags(a, {kLoadFlags, kModelOptionFlags, kImageFlags, kOwn}); !s)
-    return fail("logits", s.message());
+  VerbCli cli("logits", "Score a token sequence: float32 logits [L, V] for every position, as .npy.");
+  add_load_options(cli);
+  add_model_options(cli);
+  add_image_options(cli);
+  cli.value("--ids", "the token ids, comma-separated or a JSON list")->type_name("IDS")->required();
+  cli.value("--out", "the .npy file to write")->type_name("F.npy")->required();
+  cli.value("--dtype", "activation precision (default: bf16 for MLX / HF checkpoints, f32 for GGUF)")
+      ->type_name("f32|bf16")->check(one_of({"f32", "bf16"}));
+  cli.value("--chunk", "run the prompt in chunks of N tokens; 1: token by token (default: all at once)")
+      ->type_name("N")->check(CLI::Range(1, 1 << 24));
+  cli.value("--tap-dir", "write every named intermediate of the first chunk as DIR/NAME.npy")->type_name("DIR");
+  Args a;
+  if (int rc = cli.parse(argv, a); rc >= 0) return rc;
   auto ids = parse_ids(a.get("--ids"));
   if (!ids) return fail("logits", ids.message());
   const std::string out = a.get("--out");

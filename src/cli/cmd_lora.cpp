@@ -17,11 +17,15 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/common.h"
+#include "cli/lora_options.h"
+#include "cli/progress_bar.h"
+#include "core/progress.h"
 #include "core/thread_pool.h"
 #include "runtime/bundle.h"
 #include "train/trainer.h"
@@ -74,19 +78,16 @@ Status write_adapter_config(const std::string& path, const Args& a, const train:
 }
 
 int run_lora(const std::vector<std::string>& argv) {
-  const Args a = parse_args(argv, {"--mask-prompt", "--test", "--train", "--grad-checkpoint"});
+  VerbCli cli("lora", "LoRA fine-tuning on jsonl data, with mlx_lm.lora's flags and defaults; writes an adapter "
+              "for --adapter-path.");
+  add_lora_options(cli);
+  Args parsed;
+  if (int rc = cli.parse(argv, parsed); rc >= 0) return rc;
+  const Args& a = parsed;
   auto fail_ = [](const std::string& m) { return fail("lora", m); };
-  // --train: mlx_lm.lora's switch (this verb always trains); --grad-checkpoint: always done here.
-  static constexpr const char* kOwn[] = {
-      "--data", "--adapter-path", "--iters", "--batch-size", "--learning-rate", "--optimizer", "--num-layers", "--rank",
-      "--scale", "--dropout", "--mask-prompt", "--max-seq-length", "--grad-accumulation-steps", "--steps-per-report",
-      "--steps-per-eval", "--val-batches", "--save-every", "--resume-adapter-file", "--seed", "--test", "--test-batches",
-      "--chat-template", "--log-file", "--enable-thinking", "--fine-tune-type", "--train", "--grad-checkpoint"};
-  if (Status s = reject_unknown_flags(a, {kLoadFlags, kOwn}); !s)
-    return fail_(s.message());
   if (a.get("--fine-tune-type", "lora") != "lora")
     return fail_("--fine-tune-type " + a.get("--fine-tune-type") + ": only lora is supported (not dora or full)");
-  const std::string backend = a.get("--backend", "cpu");
+  const std::string backend = a.get("--backend");
   if (backend != "cpu" && backend != "reference")
     return fail_("--backend " + backend + ": training runs on the host (cpu or reference)");
   if (!a.has("--data")) return fail_("--data DIR is required (a directory with train.jsonl and valid.jsonl)");
@@ -180,6 +181,7 @@ int run_lora(const std::vector<std::string>& argv) {
     if (!log) return fail_(a.get("--log-file") + ": cannot write");
   }
   auto report = [&](const Report& r) {
+    clear_progress_line();
     nlohmann::ordered_json j{{"kind", r.kind}, {"iteration", r.iteration}};
     if (r.kind == "val") {
       std::printf("Iter %d: Val loss %.3f, Val took %.3fs\n", r.iteration, r.loss, r.seconds);
@@ -203,13 +205,12 @@ int run_lora(const std::vector<std::string>& argv) {
   train::NumpyLegacyRng rng(o.seed);
   progress("training: " + std::to_string(o.iters) + " iterations, batch " + std::to_string(o.batch_size) + ", " +
            opt->name() + " lr " + a.get("--learning-rate", "1e-05") + ", " + std::to_string(num_threads()) + " threads");
-  // On a terminal, a progress line between reports (an iteration of a large model takes a while).
-  const bool tty = isatty(STDERR_FILENO);
-  auto step = [&](int it) {
-    if (tty) std::fprintf(stderr, "\r[gemma4] iteration %d/%d\r", it, o.iters);
-  };
+  // On a terminal, a progress bar with the time left between reports (cli/progress_bar.h).
+  std::optional<ProgressTask> iterations(std::in_place, "training", uint64_t(o.iters), ProgressUnit::Iterations);
+  auto step = [&](int) { iterations->add(1); };
   if (Status s = train::train(tm, params.value(), opt.value(), sets[0], sets[1], o, rng, report, step); !s)
     return fail_(s.message());
+  iterations.reset();  // the bar's last line, before the test report
   if (a.has("--test")) {
     auto tl = train::evaluate(tm, sets[2], o.batch_size, test_batches, o.max_seq_length, rng);
     if (!tl.is_ok()) return fail_(tl.message());

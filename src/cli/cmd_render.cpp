@@ -22,6 +22,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/options.h"
 #include "io/gguf.h"
 #include "runtime/bundle.h"
 #include "text/chat_template.h"
@@ -99,10 +100,20 @@ Result<ChatTemplate> template_of_gguf(const std::string& path, ChatRenderOptions
 }
 
 int cmd_render(const std::vector<std::string>& argv) {
-  Args a = parse_args(argv, {"--no-generation-prompt"});
-  static constexpr const char* kOwn[] = {"--batch", "--bos", "--eos", "--kwargs", "--messages", "--model",
-      "--no-generation-prompt", "--template", "--thinking", "--tools"};
-  if (Status s = reject_unknown_flags(a, {kOwn}); !s) return fail_render(s.message());
+  VerbCli cli("render", "Apply a chat template to messages, as HF apply_chat_template(tokenize=False) does.");
+  cli.value("--template", "the Jinja template file")->type_name("FILE");
+  cli.value("-m,--model", "take the template of a model directory or .gguf file")->type_name("PATH");
+  cli.value("--messages", "a JSON list of messages, or {\"messages\": [...], \"tools\": [...]}")->type_name("FILE");
+  cli.value("--tools", "a JSON list of tools (overrides the messages file's)")->type_name("FILE");
+  cli.value("--thinking", "pass enable_thinking (default: unset)")->type_name("on|off")
+      ->check(one_of({"on", "off"}));
+  cli.flag("--no-generation-prompt", "leave out the generation prompt");
+  cli.value("--bos", "the bos_token text")->type_name("TEXT");
+  cli.value("--eos", "the eos_token text")->type_name("TEXT");
+  cli.value("--kwargs", "extra template variables, a JSON object")->type_name("JSON");
+  cli.value("--batch", "render one case per line and print one JSON line each")->type_name("FILE.jsonl");
+  Args a;
+  if (int rc = cli.parse(argv, a); rc >= 0) return rc;
   if (a.has("--batch")) return run_batch(a.get("--batch"));
   ChatRenderOptions o;
   Result<ChatTemplate> tpl = err("one of --template FILE or --model DIR is required");

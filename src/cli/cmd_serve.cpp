@@ -1,9 +1,6 @@
-// gemma4 serve [--model PATH] [--host 127.0.0.1] [--port 8080] [--parallel N] [--api-key KEY]
-//              [--max-queue N] [--context N] [--max-tokens N] [--chat-template FILE]
-//              [--threads N] [--backend cpu|reference|ggml|cuda] [--model-id NAME] [--batch-invariant on|off]
-//              [--prefix-cache-mb N (default 256; 0 disables)] [--no-prefix-cache]
-//              [--kv-bits N [--kv-group-size G] [--quantized-kv-start T]] (quantized KV cache)
-// OpenAI- and Anthropic-compatible HTTP server. Loopback by default. Prints load progress, then
+// gemma4 serve [-m PATH] [--host 127.0.0.1] [--port 8080] [--parallel N] ... (`gemma4 serve --help`)
+// OpenAI- and Anthropic-compatible HTTP server. Loopback by default. A Gemma 3 base model (the
+// starter) chats through the built-in Gemma 3 turn template unless --chat-template says otherwise. Prints load progress, then
 // "ready: http://HOST:PORT" once the model is loaded. SIGINT/SIGTERM drain running requests and exit.
 #include <csignal>
 #include <cstdio>
@@ -11,7 +8,10 @@
 #include <thread>
 
 #include "cli/common.h"
+#include "cli/memory_plan.h"
+#include "cli/options.h"
 #include "core/thread_pool.h"
+#include "runtime/builtin_template.h"
 #include "runtime/bundle.h"
 #include "server/server.h"
 
@@ -24,39 +24,72 @@ void on_signal(int s) { g_signal.store(s); }
 void progress(const std::string& m) { std::fprintf(stderr, "[gemma4 serve] %s\n", m.c_str()); }
 
 int cmd_serve(const std::vector<std::string>& argv) {
-  Args a = parse_args(argv, {"--no-prefix-cache"});
-  static constexpr const char* kOwn[] = {"--api-key", "--chat-template", "--context", "--host", "--max-queue",
-      "--max-tokens", "--model-id", "--no-prefix-cache", "--parallel", "--port", "--prefix-cache-mb"};
-  if (Status s = reject_unknown_flags(a, {kLoadFlags, kModelOptionFlags, kOwn}); !s)
-    return fail("serve", s.message());
+  VerbCli cli("serve", "OpenAI- and Anthropic-compatible HTTP server (loopback by default).");
+  add_load_options(cli);
+  add_model_options(cli);
+  cli.value("--host", "address to listen on", "127.0.0.1")->type_name("ADDR");
+  cli.value("--port", "port to listen on; 0: any free one", "8080")->type_name("N")->check(CLI::Range(0, 65535));
+  cli.value("--parallel", "sequences decoded together (continuous batching)", "4")->type_name("N")
+      ->check(CLI::Range(1, 256));
+  cli.value("--max-queue", "requests waiting beyond --parallel before 503", "32")->type_name("N")
+      ->check(CLI::Range(0, 100000));
+  add_context_option(cli, "8192", "context length per sequence in tokens, at most the model's");
+  cli.value("-n,--max-tokens", "answer length when a request gives none", "512")->type_name("N")
+      ->check(CLI::Range(1, 1 << 20));
+  cli.value("--api-key", "require `Authorization: Bearer KEY` (or x-api-key)")->type_name("KEY");
+  cli.value("--model-id", "the model name /v1/models reports (default: the model's file or directory name)")
+      ->type_name("NAME");
+  add_chat_template_option(cli);
+  cli.value("--prefix-cache-mb", "memory for the prompt-prefix cache; 0 disables it", "256")->type_name("MiB")
+      ->check(CLI::Range(0, 1 << 20));
+  cli.flag("--no-prefix-cache", "disable the prompt-prefix cache");
+  cli.value("--log-format", "the request log on stderr, one line per request: text, json, or none", "text")
+      ->type_name("FORMAT")->check(one_of({"text", "json", "none"}));
+  cli.flag("-v,--verbose", "add each request's prefill / decode speed and the engine's load to its log line");
+  Args a;
+  if (int rc = cli.parse(argv, a); rc >= 0) return rc;
   server::ServerOptions o;
-  o.host = a.get("--host", "127.0.0.1");
+  // The values were range-checked by the parser; absent ones are the declared defaults.
+  o.host = a.get("--host");
   o.api_key = a.get("--api-key");
   o.model_id = a.get("--model-id");
-  for (auto [flag, dst, def, lo, hi] : {std::tuple{"--port", &o.port, 8080, 0, 65535},
-                                        std::tuple{"--parallel", &o.parallel, 4, 1, 256},
-                                        std::tuple{"--max-queue", &o.max_queue, 32, 0, 100000},
-                                        std::tuple{"--context", &o.max_context, 8192, 16, 1 << 20},
-                                        std::tuple{"--max-tokens", &o.default_max_tokens, 512, 1, 1 << 20}}) {
-    auto v = int_flag(a, flag, def, lo, hi);
-    if (!v) return fail("serve", v.message());
-    *dst = v.value();
-  }
-  auto pc = int_flag(a, "--prefix-cache-mb", 256, 0, 1 << 20);
-  if (!pc) return fail("serve", pc.message());
-  o.prefix_cache_bytes = a.has("--no-prefix-cache") ? 0 : size_t(pc.value()) << 20;
+  o.port = std::stoi(a.get("--port"));
+  o.parallel = std::stoi(a.get("--parallel"));
+  o.max_queue = std::stoi(a.get("--max-queue"));
+  o.max_context = std::stoi(a.get("--context"));
+  o.default_max_tokens = std::stoi(a.get("--max-tokens"));
+  const std::string log_format = a.get("--log-format");
+  o.log.format = log_format == "json" ? server::LogFormat::Json
+               : log_format == "none" ? server::LogFormat::None : server::LogFormat::Text;
+  o.log.verbose = a.has("--verbose");
+  o.prefix_cache_bytes = a.has("--no-prefix-cache") ? 0 : size_t(std::stoi(a.get("--prefix-cache-mb"))) << 20;
   // Same tokens for a sequence whether it runs alone or in a batch (and with or without a
   // prefix-cache hit): row-exact kernels for every batch size, so --batch-invariant is on by
   // default here. Off trades that for faster single-stream decode.
   if (Status s = apply_process_flags(a, /*batch_invariant_default=*/true); !s) return fail("serve", s.message());
+  PlanInput plan;  // checked against the machine before anything loads
+  plan.context = o.max_context;
+  plan.parallel = o.parallel;
+  plan.kv_bits = a.has("--kv-bits") ? std::stoi(a.get("--kv-bits")) : 0;
+  plan.kv_group = std::stoi(a.get("--kv-group-size"));
+  plan.chunk = EngineOptions{}.prefill_chunk;
+  plan.extra_bytes = o.prefix_cache_bytes;
+  auto fit = plan_fit(a.get("--model"), a.get("--backend"), plan, a.has("--context"));
+  if (!fit) return fail("serve", fit.message());
+  if (Status st = refuse_if_not_fitting(fit.value(), "--context"); !st) return fail("serve", st.message());
+  o.max_context = int(fit.value().input.context);
   auto bo = backend_options_from_args(a);
   if (!bo) return fail("serve", bo.message());
-  auto b = load_bundle(a.get("--model"), a.get("--backend", "cpu"), progress, bo.value());
+  auto b = load_bundle(a.get("--model"), a.get("--backend"), progress, bo.value());
   if (!b) return fail("serve", b.message());
   if (a.has("--chat-template")) {
     auto ct = ChatTemplate::from_file(a.get("--chat-template"));
     if (!ct) return fail("serve", ct.message());
     b.value().chat_template = std::move(ct).value();
+  } else {
+    auto note = adopt_builtin_chat_template(b.value());
+    if (!note) return fail("serve", note.message());
+    if (!note.value().empty()) progress("note: " + note.value());
   }
   if (Status ks = apply_model_flags(a, *b.value().model, EngineOptions{}.precision); !ks) return fail("serve", ks.message());
   if (!b.value().chat_template)

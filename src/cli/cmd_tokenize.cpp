@@ -22,6 +22,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/options.h"
 #include "text/detokenizer.h"
 #include "text/tokenizer.h"
 #include "text/tokenizer_gguf.h"
@@ -129,9 +130,17 @@ Result<std::vector<int>> parse_id_list(std::string_view s, const std::string& wh
 }
 
 int cmd_tokenize(const std::vector<std::string>& argv) {
-  Args a = parse_args(argv, {"--special", "--bos", "--stats"});
-  static constexpr const char* kOwn[] = {"--bos", "--file", "--jsonl", "--model", "--special", "--stats"};
-  if (Status s = reject_unknown_flags(a, {kOwn}, true); !s) return fail_verb("tokenize", s.message());
+  VerbCli cli("tokenize", "Text -> token ids (a JSON list); --jsonl for batches.");
+  cli.value("-m,--model", "a tokenizer.json, a model directory, or a .gguf file (default: the starter model)")
+      ->type_name("PATH");
+  cli.flag("--special", "special-token text (\"<bos>\") becomes its id");
+  cli.flag("--bos", "prepend BOS");
+  cli.flag("--stats", "print the encode calls' bytes, tokens and seconds on stderr");
+  cli.value("--file", "encode the raw bytes of F")->type_name("F");
+  cli.value("--jsonl", "one JSON string per line (- for stdin); one id list per line out")->type_name("F");
+  cli.words("TEXT", "the text to encode");
+  Args a;
+  if (int rc = cli.parse(argv, a); rc >= 0) return rc;
   auto tok = load_tokenizer(a.get("--model"));
   if (!tok) return fail_verb("tokenize", tok.message());
   const bool special = a.has("--special"), bos = a.has("--bos");
@@ -181,9 +190,16 @@ int cmd_tokenize(const std::vector<std::string>& argv) {
 }
 
 int cmd_detokenize(const std::vector<std::string>& argv) {
-  Args a = parse_args(argv, {"--skip-special", "--json", "--stream"});
-  static constexpr const char* kOwn[] = {"--json", "--jsonl", "--model", "--skip-special", "--stream"};
-  if (Status s = reject_unknown_flags(a, {kOwn}, true); !s) return fail_verb("detokenize", s.message());
+  VerbCli cli("detokenize", "Token ids -> text; --json, --jsonl, --stream.");
+  cli.value("-m,--model", "a tokenizer.json, a model directory, or a .gguf file (default: the starter model)")
+      ->type_name("PATH");
+  cli.flag("--skip-special", "leave special tokens out of the text");
+  cli.flag("--json", "print the text as a JSON string");
+  cli.value("--jsonl", "one JSON id list per line (- for stdin); one JSON string per line out")->type_name("F");
+  cli.flag("--stream", "with --jsonl: the pieces the streaming detokenizer produced");
+  cli.words("IDS", "a JSON id list (\"[2,105]\" or \"2,105\")");
+  Args a;
+  if (int rc = cli.parse(argv, a); rc >= 0) return rc;
   auto tok = load_tokenizer(a.get("--model"));
   if (!tok) return fail_verb("detokenize", tok.message());
   const bool skip = a.has("--skip-special");

@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "cli/common.h"
+#include "cli/options.h"
 #include "vision/image.h"
 #include "vision/vision_encoder.h"
 
@@ -15,13 +16,19 @@ namespace g4::cli {
 namespace {
 
 int cmd_vision(const std::vector<std::string>& argv) {
-  Args a = parse_args(argv);
-  static constexpr const char* kOwn[] = {"--features-out", "--pixels-out", "--pooled-out", "--positions-out"};
-  if (Status s = reject_unknown_flags(a, {kLoadFlags, kImageFlags, kOwn}); !s) return fail("vision", s.message());
-  if (!a.has("--image")) return fail("vision", "--image FILE is required");
+  VerbCli cli("vision", "Image-input check: HF-exact preprocessing and the vision encoder's outputs, as JSON.");
+  add_load_options(cli);
+  add_image_options(cli);
+  cli.app().get_option("--image")->required();
+  cli.value("--pixels-out", "write the patch pixels [patches, 768]")->type_name("F.npy");
+  cli.value("--positions-out", "write the patch positions [patches, 2]")->type_name("F.npy");
+  cli.value("--pooled-out", "write the pooled encoder output [soft tokens, hidden]")->type_name("F.npy");
+  cli.value("--features-out", "write the text-space features [soft tokens, text hidden]")->type_name("F.npy");
+  Args a;
+  if (int rc = cli.parse(argv, a); rc >= 0) return rc;
   if (Status s = apply_process_flags(a); !s) return fail("vision", s.message());
-  auto be = make_backend(a.get("--backend", "cpu"));
-  if (!be) return fail("vision", "unknown or unavailable backend '" + a.get("--backend", "cpu") + "'");
+  auto be = make_backend(a.get("--backend"));
+  if (!be) return fail("vision", "unknown or unavailable backend '" + a.get("--backend") + "'");
   auto enc = VisionEncoder::load(a.get("--model"), *be);
   if (!enc) return fail("vision", enc.message());
   VisionEncoder& v = *enc.value();

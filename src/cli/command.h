@@ -2,6 +2,7 @@
 // itself with G4_COMMAND; main.cpp only dispatches. A verb returns the process exit code and
 // prints errors as one line on stderr ("gemma4 <verb>: <message>").
 #pragma once
+#include <map>
 #include <string>
 #include <vector>
 
@@ -18,15 +19,16 @@ struct CommandInfo {
 bool register_command(const CommandInfo& c);
 const std::vector<CommandInfo>& commands();
 
-// Small argument helpers shared by verbs: "--flag value" / "--flag=value".
+// A verb's parsed command line (cli/options.h fills it): the values given, in order, and the
+// declared defaults of the options not given.
 struct Args {
   std::vector<std::string> positional;
-  std::vector<std::pair<std::string, std::string>> flags;  // in order; value "" for bare flags
-  bool has(const std::string& name) const;
+  std::vector<std::pair<std::string, std::string>> flags;  // in order; value "" for switches
+  std::map<std::string, std::string> defaults;             // option -> declared default
+  bool has(const std::string& name) const;                 // given on the command line
+  // The last value given, else the declared default, else `def`.
   std::string get(const std::string& name, const std::string& def = "") const;
 };
-// `bare` lists flags that take no value.
-Args parse_args(const std::vector<std::string>& argv, const std::vector<std::string>& bare = {});
 
 }  // namespace g4::cli
 

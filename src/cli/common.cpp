@@ -75,23 +75,10 @@ Status apply_process_flags(const Args& a, bool batch_invariant_default) {
   return {};
 }
 
-Status reject_unknown_flags(const Args& a, std::initializer_list<std::span<const char* const>> known,
-                            bool positional_ok) {
-  for (const auto& [name, value] : a.flags) {
-    bool ok = false;
-    for (const auto& set : known)
-      for (const char* k : set) ok = ok || name == k;
-    if (!ok) return err("unknown option %s", name.c_str());
-  }
-  if (!positional_ok && !a.positional.empty())
-    return err("unexpected argument '%s' (options take the form --name value)", a.positional[0].c_str());
-  return Status::ok();
-}
-
 Result<int> int_flag(const Args& a, const char* name, int def, int lo, int hi) {
-  if (!a.has(name)) return def;
-  char* end = nullptr;
   const std::string v = a.get(name);
+  if (!a.has(name) && v.empty()) return def;
+  char* end = nullptr;
   long n = std::strtol(v.c_str(), &end, 10);
   if (v.empty() || *end != '\0' || n < lo || n > hi)
     return err("%s: expected an integer in [%d, %d], got '%s'", name, lo, hi, v.c_str());
@@ -137,7 +124,7 @@ Result<BackendOptions> backend_options_from_args(const Args& a) {
   G4_TRY(on_off("--cuda-timing", o.timing));
   const std::string dt = a.get("--dtype");
   if (!dt.empty() && dt != "f32" && dt != "bf16") return err("--dtype: expected f32 or bf16, got '%s'", dt.c_str());
-  o.activations = dt == "f32" ? DType::F32 : DType::BF16;  // device backends; host backends store f32
+  o.activations = dt == "bf16" ? DType::BF16 : DType::F32;  // device backends; host backends store f32
   return o;
 }
 
@@ -147,7 +134,7 @@ Result<std::unique_ptr<Model>> load_model_from_args(const Args& a, bool quiet) {
   std::string path = a.get("--model");
   auto t0 = std::chrono::steady_clock::now();
   if (!quiet) std::fprintf(stderr, "loading %s ...\n", path.empty() ? "default model" : path.c_str());
-  auto m = load_model(path, a.get("--backend", "cpu"), bo);
+  auto m = load_model(path, a.get("--backend"), bo);
   if (m && !quiet) {
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fprintf(stderr, "loaded in %.2f s (%.1f MiB of weights)\n", s,

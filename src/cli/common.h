@@ -1,7 +1,5 @@
 // Helpers shared by the model-running verbs: model/backend/thread flags, id lists, .npy output.
 #pragma once
-#include <initializer_list>
-#include <span>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,21 +21,8 @@ Result<ActPrecision> parse_precision(const std::string& s, Model& model);
 // (quant/matmul.h; default: batch_invariant_default): process-wide settings, applied before a
 // model is loaded.
 Status apply_process_flags(const Args& a, bool batch_invariant_default = false);
-// The flags the shared helpers read, for reject_unknown_flags: loading a model
-// (load_model_from_args / load_bundle + apply_process_flags), the options applied to a loaded
-// model (apply_model_flags) and image input (image_features_from_args, run's --image).
-inline constexpr const char* kLoadFlags[] = {"--model",       "--backend",      "--threads",     "--weights",
-                                             "--batch-invariant", "--cuda-graphs", "--tensor-cores", "--cuda-profile",
-                                             "--cuda-timing"};
-inline constexpr const char* kModelOptionFlags[] = {"--kv-bits",      "--kv-group-size", "--quantized-kv-start",
-                                                    "--adapter-path", "--draft-model",   "--draft-tokens"};
-inline constexpr const char* kImageFlags[] = {"--image", "--max-soft-tokens"};
-// An error naming the first flag of `a` that is in none of the `known` sets (and the first
-// positional argument when the verb takes none), so that a mistyped or unsupported option is
-// refused instead of silently ignored.
-Status reject_unknown_flags(const Args& a, std::initializer_list<std::span<const char* const>> known,
-                            bool positional_ok = false);
-// An integer flag in [lo, hi] (def when absent); the error names the flag.
+// An integer flag in [lo, hi]: the value given, else its declared default, else def; the error
+// names the flag.
 Result<int> int_flag(const Args& a, const char* name, int def, int lo, int hi);
 // Options applied to a loaded model:
 //   --kv-bits N (2..8; absent: f32 KV), --kv-group-size G (32|64|128, default 64) and
@@ -51,7 +36,7 @@ Status apply_model_flags(const Args& a, Model& m, ActPrecision P);
 // The device backend's options (BackendOptions) from --cuda-graphs on|off (default on),
 // --tensor-cores on|off (on), --cuda-profile on|off (off: per-op device times on stderr at exit)
 // and --cuda-timing on|off (off: per-step host/device times on stderr at exit); and the device
-// activations' dtype from --dtype f32|bf16 (default bf16), for the verbs that take --dtype.
+// activations' dtype from --dtype f32|bf16 (default f32), for the verbs that take --dtype.
 Result<BackendOptions> backend_options_from_args(const Args& a);
 // Loads --model (or the default starter model) on --backend, after apply_process_flags.
 // Prints load progress on stderr unless quiet.

@@ -1,10 +1,20 @@
 // gemma4: one binary with verbs (run, generate, logits, info, bench, serve, tokenize, ...).
+// `gemma4 --help` lists the verbs, `gemma4 VERB --help` (or `gemma4 help VERB`) a verb's options,
+// `gemma4 --version` the version and the backends of this build; all on stdout, exit 0.
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/progress_bar.h"
+
+#ifndef G4_VERSION
+#define G4_VERSION "unknown"
+#endif
+#ifndef G4_GIT_REV
+#define G4_GIT_REV "unknown"
+#endif
 
 namespace g4::cli {
 
@@ -26,48 +36,63 @@ bool Args::has(const std::string& name) const {
 std::string Args::get(const std::string& name, const std::string& def) const {
   for (auto it = flags.rbegin(); it != flags.rend(); ++it)
     if (it->first == name) return it->second;
+  if (auto d = defaults.find(name); d != defaults.end()) return d->second;
   return def;
-}
-Args parse_args(const std::vector<std::string>& argv, const std::vector<std::string>& bare) {
-  Args a;
-  for (size_t i = 0; i < argv.size(); ++i) {
-    const std::string& s = argv[i];
-    if (s.size() > 2 && s.rfind("--", 0) == 0) {
-      auto eq = s.find('=');
-      if (eq != std::string::npos) {
-        a.flags.emplace_back(s.substr(0, eq), s.substr(eq + 1));
-        continue;
-      }
-      bool is_bare = false;
-      for (auto& b : bare) is_bare |= (b == s);
-      if (!is_bare && i + 1 < argv.size()) {
-        a.flags.emplace_back(s, argv[++i]);
-      } else {
-        a.flags.emplace_back(s, "");
-      }
-    } else {
-      a.positional.push_back(s);
-    }
-  }
-  return a;
 }
 
 }  // namespace g4::cli
 
-static void usage() {
-  std::fprintf(stderr, "usage: gemma4 <verb> [options]\n\nverbs:\n");
-  for (const auto& c : g4::cli::commands()) std::fprintf(stderr, "  %-12s %s\n", c.name, c.summary);
+static void usage(FILE* out) {
+  std::fprintf(out, "gemma4 %s: run Gemma 4 (and Gemma 3) models\n\nusage: gemma4 <verb> [options]\n\nverbs:\n",
+               G4_VERSION);
+  for (const auto& c : g4::cli::commands()) std::fprintf(out, "  %-12s %s\n", c.name, c.summary);
+  std::fprintf(out,
+               "\n`gemma4 VERB --help` (or `gemma4 help VERB`) lists a verb's options with their defaults.\n"
+               "Without --model (-m), model verbs use the starter model (Gemma 3 270M).\n"
+               "  gemma4 run                      interactive chat\n"
+               "  gemma4 run -n 64 \"Hello!\"       one answer, at most 64 tokens\n"
+               "  gemma4 serve --port 8080        API server and web chat page at http://127.0.0.1:8080/\n"
+               "  gemma4 fit -m MODEL -c 32768    does it fit this machine?\n");
+}
+
+static void version() {
+  std::printf("gemma4 %s (git %s)\nbackends: cpu, reference, ggml%s\n", G4_VERSION, G4_GIT_REV,
+#ifdef G4_BUILD_CUDA
+              ", cuda"
+#else
+              " (no cuda: build with `make build-cuda`)"
+#endif
+  );
 }
 
 int main(int argc, char** argv) {
-  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
-    usage();
-    return argc < 2 ? 2 : 0;
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
   }
+  const std::string first = argv[1];
+  if (first == "--help" || first == "-h") {
+    usage(stdout);
+    return 0;
+  }
+  if (first == "--version" || first == "-V" || first == "version") {
+    version();
+    return 0;
+  }
+  g4::cli::install_progress_bar();
   std::vector<std::string> args(argv + 2, argv + argc);
+  std::string verb = first;
+  if (verb == "help") {  // gemma4 help [VERB]
+    if (args.empty()) {
+      usage(stdout);
+      return 0;
+    }
+    verb = args[0];
+    args = {"--help"};
+  }
   for (const auto& c : g4::cli::commands())
-    if (c.name == std::string(argv[1])) return c.fn(args);
-  std::fprintf(stderr, "gemma4: unknown verb '%s'\n", argv[1]);
-  usage();
+    if (c.name == verb) return c.fn(args);
+  std::fprintf(stderr, "gemma4: unknown verb '%s'\n\n", verb.c_str());
+  usage(stderr);
   return 2;
 }

@@ -13,15 +13,9 @@
 
 namespace g4::cli {
 
-// The flags parse_text_args reads (for reject_unknown_flags).
-inline constexpr const char* kTextFlags[] = {"--max-tokens",         "--temp",           "--temperature",
-                                             "--top-k",              "--top-p",          "--min-p",
-                                             "--repetition-penalty", "--presence-penalty", "--frequency-penalty",
-                                             "--seed",               "--stop",           "--logit-bias"};
-
 struct TextArgs {
   SamplingParams sampling;
-  int max_tokens = 512;
+  int max_tokens = 512;  // -n/--max-tokens (declared in cli/options.cpp) when given
   std::vector<std::string> stop;
 };
 

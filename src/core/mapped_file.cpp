@@ -1,4 +1,5 @@
 #include "core/mapped_file.h"
+#include "core/progress.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -40,6 +41,9 @@ bool should_copy(size_t size) {
   return size <= kAutoCopyMaxBytes && size <= mem_available() / 4;
 }
 
+// Copies smaller than this finish before a progress bar would help.
+constexpr size_t kProgressMinBytes = size_t(64) << 20;
+
 // Reads [0, size) of fd into dst with pread, in 2 MiB pieces shared by up to 4 threads (the
 // page faults that zero the huge pages are the cost, and they scale with threads).
 Status read_all(int fd, uint8_t* dst, size_t size, const std::string& path) {
@@ -47,6 +51,8 @@ Status read_all(int fd, uint8_t* dst, size_t size, const std::string& path) {
   const unsigned nthreads = std::max(1u, std::min({4u, std::thread::hardware_concurrency(), unsigned(pieces)}));
   std::atomic<size_t> next{0};
   std::atomic<int> failure{0};  // errno of the first failed read, or -1 for a short file
+  ProgressTask progress("reading " + path.substr(path.find_last_of('/') + 1), size, ProgressUnit::Bytes,
+                        kProgressMinBytes);
   auto worker = [&] {
     for (size_t i; failure.load() == 0 && (i = next.fetch_add(1)) < pieces;) {
       size_t off = i * kHugePage, end = std::min(size, off + kHugePage);
@@ -59,6 +65,7 @@ Status read_all(int fd, uint8_t* dst, size_t size, const std::string& path) {
           return;
         }
         off += size_t(n);
+        progress.add(uint64_t(n));
       }
     }
   };
@@ -75,6 +82,7 @@ Status read_all(int fd, uint8_t* dst, size_t size, const std::string& path) {
 }  // namespace
 
 void set_weight_residency(WeightResidency r) { g_residency.store(r); }
+WeightResidency weight_residency() { return g_residency.load(); }
 
 std::optional<WeightResidency> parse_weight_residency(const std::string& s) {
   if (s == "auto") return WeightResidency::Auto;

@@ -28,6 +28,7 @@ enum class WeightResidency { Auto, Mmap, Copy };
 constexpr uint64_t kAutoCopyMaxBytes = uint64_t(1) << 30;
 
 void set_weight_residency(WeightResidency r);
+WeightResidency weight_residency();
 // "auto" | "mmap" | "copy"; nullopt for anything else.
 std::optional<WeightResidency> parse_weight_residency(const std::string& s);
 

@@ -11,6 +11,7 @@
 #include "runtime/bundle.h"
 #include "runtime/engine.h"
 #include "server/api_types.h"
+#include "server/request_log.h"
 
 namespace g4::server {
 
@@ -26,6 +27,7 @@ struct ServerOptions {
   int http_threads = 0;        // 0: parallel + max_queue + 4
   std::string model_id;        // name reported by /v1/models (default: the model's file name)
   size_t prefix_cache_bytes = size_t(256) << 20;
+  RequestLogOptions log;       // one line per request on stderr (server/request_log.h)
 };
 
 struct Metrics {

@@ -1,4 +1,5 @@
 #include "server/live_generation.h"
+#include "server/request_log.h"
 
 #include <algorithm>
 
@@ -92,6 +93,7 @@ bool LiveGeneration::next(std::vector<TextEvent>& out, std::chrono::milliseconds
     usage_.prompt_tokens = ev.prompt_tokens;
     usage_.cached_tokens = ev.cached_tokens;
     usage_.completion_tokens = ev.completion_tokens;
+    note_tokens(ev.prompt_tokens, ev.cached_tokens, ev.completion_tokens);  // for the request log
     if (ev.done) {
       reason_ = ev.reason;
       error_ = ev.error;

@@ -1,4 +1,6 @@
 #include "server/server.h"
+#include "server/request_log.h"
+#include "server/web_page.h"
 
 #include <chrono>
 #include <cstdio>
@@ -100,11 +102,16 @@ void Server::register_routes() {
   const int threads = opt_.http_threads > 0 ? opt_.http_threads : opt_.parallel + opt_.max_queue + 4;
   http_.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
   http_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (opt_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    begin_request();  // the request log's clock (server/request_log.h)
+    // The web page (it asks for the key itself) and /health are open.
+    if (opt_.api_key.empty() || req.path == "/health" || req.path == "/")
+      return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
     const std::string xkey = req.get_header_value("x-api-key");
     if (auth == "Bearer " + opt_.api_key || xkey == opt_.api_key) return httplib::Server::HandlerResponse::Unhandled;
     ApiError e{401, "authentication_error", "missing or invalid API key", ""};
+    // The body was not read: a next request on this connection would be parsed from it.
+    res.set_header("Connection", "close");
     metrics_.count(req.path, 401);
     if (req.path == "/v1/messages") send_anthropic_error(res, e); else send_openai_error(res, e);
     return httplib::Server::HandlerResponse::Handled;
@@ -130,6 +137,10 @@ void Server::register_routes() {
   http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_text(), "text/plain; version=0.0.4");
   });
+  http_.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    log_request(opt_.log, req.method, req.path, res.status, engine_.get());
+  });
+  register_web_page(http_);
   register_openai_routes(http_, *ctx_);
   register_anthropic_routes(http_, *ctx_);
 }

@@ -4,6 +4,7 @@ What a person does: `gemma4 generate "..."`, `gemma4 run "question"`, and an int
 `gemma4 run` session with /reset, /exit and Ctrl-C. The starter model is a base model without a
 chat template, so `run` must say so and complete the text instead.
 """
+import json
 import os
 import re
 import signal
@@ -41,11 +42,32 @@ def test_generate_continues_raw_text(cli):
     assert "loading weights" in r.stderr  # load progress is shown
 
 
-def test_run_with_prompt_says_base_model_and_answers(cli):
-    r = run(cli, "run", "--max-tokens", "16", "What is the capital of France?")
+def test_run_chats_with_the_base_starter_through_the_builtin_template(cli, tmp_path):
+    """The starter has no chat template: run says so once and renders the built-in Gemma 3 turn
+    template, which is templates/gemma3_chat.jinja byte for byte (same prompt token count)."""
+    q = "What is the capital of France?"
+    r = run(cli, "run", "--max-tokens", "4", q)
     assert r.returncode == 0, r.stderr
     assert "base (pre-trained) model" in r.stderr
-    assert "Paris" in r.stdout
+    assert r.stderr.count("built-in Gemma 3 turn template") == 1
+    msgs = tmp_path / "m.json"
+    msgs.write_text(json.dumps([{"role": "user", "content": q}]))
+    rendered = subprocess.run([str(cli), "render", "--template", str(REPO / "templates/gemma3_chat.jinja"),
+                               "--messages", str(msgs), "--bos", "<bos>"], capture_output=True, text=True)
+    assert rendered.stdout.startswith("<bos><start_of_turn>user\n" + q)
+    ids = subprocess.run([str(cli), "tokenize", "--special", "--file", "/dev/stdin"], input=rendered.stdout,
+                         capture_output=True, text=True)
+    n = len(json.loads(ids.stdout))
+    assert re.search(rf"prompt: {n} tokens", r.stderr), (n, r.stderr)
+
+
+def test_chat_answer_ends_at_the_turn_end(cli):
+    """An answer stops at <end_of_turn> (id 106 in Gemma 3's vocabulary) instead of running to the
+    token limit. The pre-trained starter seldom emits it by itself, so a logit bias makes it."""
+    r = run(cli, "run", "--max-tokens", "200", "--logit-bias", "106=30", "Hi")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"decode: 1 tokens", r.stderr), r.stderr
+    assert r.stdout.strip() == ""  # the end-of-turn marker is not shown
 
 
 def test_generate_is_deterministic_greedy(cli):

@@ -25,7 +25,9 @@ from conftest import run_oracle_script
 
 DRAFTERS = [("dense-q4g64", "dense-q4g64-drafter"), ("estyle-q4g64", "estyle-q4g64-drafter"),
             ("dense-q4g64", "dense-q4g64-drafter-copy")]
-DRAFT_TOL = 2e-3
+# The drafter reads the target's own KV and hidden state, so the target's f32 differences feed it:
+# 6e-4 with AVX-512's 16-wide sums, 2.0e-3 with 8-wide AVX2 ones (CPUs without AVX-512).
+DRAFT_TOL = 3e-3
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 // The CUDA backend: every dense op of backend.h as an f32 kernel (cuda_kernels.cu), weights copied
 // to device memory once at load (place_weight), activations and KV caches in device memory as typed
-// buffers (backend/buffer.h) of BackendOptions::activations (bf16 by default, f32 for parity
-// checks; kernels accumulate in f32, logits are f32), one device, one stream of its own. Each forward step is recorded
+// buffers (backend/buffer.h) of BackendOptions::activations (f32 by default, or bf16; kernels
+// accumulate in f32, logits are f32), one device, one stream of its own. Each forward step is recorded
 // and, from its second sighting on, replayed as a CUDA graph (cuda_step.h): a decode step is one
 // graph launch, with no host sync before the logits are read. Mixture-of-experts layers route
 // through the host (a sync per MoE layer). Not yet: a grouped expert GEMM. Every

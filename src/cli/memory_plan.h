@@ -1,0 +1,96 @@
+// What running a model needs in memory, from what can be known before loading it: the stored
+// weights, the KV cache (from the model's geometry, as model/kv_cache.h allocates it) and the
+// scratch of a forward step; and what this machine has free (host RAM, or VRAM on a CUDA device).
+// Used by `gemma4 fit`, and by run and serve to refuse up front what cannot fit.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "core/status.h"
+#include "io/model_config.h"
+#include "io/weight_source.h"
+
+namespace g4::cli {
+
+struct PlanInput {
+  int64_t context = 8192;     // tokens per sequence (prompt + answer)
+  int parallel = 1;           // sequences held at once
+  int kv_bits = 0;            // 0: f32 KV cache
+  int kv_group = 64;
+  int chunk = 256;            // prompt tokens per sequence per forward step
+  uint64_t extra_bytes = 0;   // e.g. serve's prompt-prefix cache
+};
+
+struct MemoryNeed {
+  uint64_t weights = 0;   // stored tensors (as read from the files)
+  uint64_t kv = 0;        // all sequences' KV caches at the full context
+  uint64_t scratch = 0;   // activations and logits of one forward step
+  uint64_t runtime = 0;   // tokenizer, thread pool, code: a fixed estimate; + the CUDA context on a GPU
+  uint64_t extra = 0;     // PlanInput::extra_bytes
+  uint64_t total() const { return weights + kv + scratch + runtime + extra; }
+};
+
+// K+V elements one sequence caches for `context` tokens (only layers that own a cache; sliding
+// layers keep at most their window). full_only: the full-attention layers alone.
+uint64_t kv_elements(const ModelConfig& c, int64_t context, bool full_only = false);
+// One sequence's KV-cache bytes as model/kv_cache.h allocates them for `context` tokens: full
+// layers grown by doubling from 256 slots, sliding layers window + chunk - 1 slots; with
+// --kv-bits the full layers' codes plus an f32 scale and bias per group.
+uint64_t kv_cache_bytes(const ModelConfig& c, int64_t context, int kv_bits, int kv_group, int chunk);
+// Bytes the stored tensors of the model take (packed matrices with their scales, vectors).
+Result<uint64_t> stored_weight_bytes(const ModelConfig& c, const WeightSource& w);
+// Bytes one view occupies in the file (packed data + MLX scales/biases).
+uint64_t view_bytes(const WeightView& v);
+
+MemoryNeed memory_need(const ModelConfig& c, uint64_t weight_bytes, const PlanInput& in, bool on_gpu);
+// The largest context (a multiple of 256, at most the model's positions) whose need fits in
+// `available` bytes; 0 when not even 256 tokens fit.
+int64_t largest_fitting_context(const ModelConfig& c, uint64_t weight_bytes, PlanInput in, bool on_gpu,
+                                uint64_t available);
+
+struct FreeMemory {
+  uint64_t bytes = 0;
+  std::string source;  // where the number comes from ("MemAvailable", "cgroup memory.max", "NVIDIA H200")
+};
+// Host memory this process can still use: /proc/meminfo's MemAvailable, or the cgroup's limit
+// minus its use when that is smaller.
+FreeMemory host_free_memory();
+// Free memory of CUDA device 0, through the CUDA runtime (libcudart, loaded when present) or
+// NVML; the error says why there is none (no CUDA library, no CUDA device).
+Result<FreeMemory> cuda_free_memory();
+
+// "1.23 GiB" / "456.7 MiB".
+std::string human_bytes(uint64_t b);
+
+}  // namespace g4::cli
+
+namespace g4::cli {
+
+// The plan of one model on one backend: what it needs and what the machine has.
+struct FitReport {
+  std::string model;          // display name
+  ModelConfig config;
+  PlanInput input;
+  bool on_gpu = false;
+  MemoryNeed need;
+  bool free_known = false;    // false: no CUDA device (free_error says why)
+  FreeMemory free;
+  std::string free_error;
+  int64_t largest_context = 0;  // that fits the free memory (0: none, or unknown)
+  bool fits() const { return free_known && need.total() <= free.bytes; }
+  // "needs 1.2 GiB (weights ..., KV cache ... for P x C tokens, scratch ..., runtime ...); 3.4 GiB free (SOURCE)"
+  std::string summary() const;
+};
+
+// Opens `model_path` ("" : the starter model) without loading its weights and plans `in` on
+// `backend` (cuda: device memory; anything else: host memory). in.context 0: the model's positions.
+// A context beyond the model's positions is an error naming both when `context_given`, else
+// lowered to them.
+Result<FitReport> plan_fit(const std::string& model_path, const std::string& backend, PlanInput in,
+                           bool context_given = true);
+
+// For run and serve: an error with the numbers and the largest context that fits when the plan
+// does not fit the machine; ok when it fits or when the free memory cannot be known.
+Status refuse_if_not_fitting(const FitReport& r, const char* context_flag);
+
+}  // namespace g4::cli
