@@ -74,16 +74,14 @@ __attribute__((optimize("fp-contract=off"))) void dequant_row(const WeightView& 
     case WFormat::F32:
       std::memcpy(out, row, size_t(w.cols) * 4);
       return;
-    case WFormat::F16: {
-      const uint16_t* p = reinterpret_cast<const uint16_t*>(row);
-      for (int64_t c = 0; c < w.cols; ++c) out[c] = f16_to_f32(p[c]);
+    // 16-bit rows may sit at odd addresses (safetensors data offsets need only be byte-aligned):
+    // load_float copies each value out.
+    case WFormat::F16:
+      for (int64_t c = 0; c < w.cols; ++c) out[c] = load_float(row, DType::F16, size_t(c));
       return;
-    }
-    case WFormat::BF16: {
-      const uint16_t* p = reinterpret_cast<const uint16_t*>(row);
-      for (int64_t c = 0; c < w.cols; ++c) out[c] = bf16_to_f32(p[c]);
+    case WFormat::BF16:
+      for (int64_t c = 0; c < w.cols; ++c) out[c] = load_float(row, DType::BF16, size_t(c));
       return;
-    }
     case WFormat::MlxAffine: {
       const int64_t ng = detail::groups_per_row(w);
       for (int64_t k = 0; k < ng; ++k) {
