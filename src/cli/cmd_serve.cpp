@@ -3,8 +3,11 @@
 //              [--threads N] [--backend cpu|reference|ggml|cuda] [--model-id NAME] [--batch-invariant on|off]
 //              [--prefix-cache-mb N (default 256; 0 disables)] [--no-prefix-cache]
 //              [--kv-bits N [--kv-group-size G] [--quantized-kv-start T]] (quantized KV cache)
+//              [--shutdown-timeout S (default 30)] [--allow-special-in-content]
+//              [--max-connections N (default 512)] [--cors-origin ORIGIN[,ORIGIN...] ('*': any)]
 // OpenAI- and Anthropic-compatible HTTP server. Loopback by default. Prints load progress, then
-// "ready: http://HOST:PORT" once the model is loaded. SIGINT/SIGTERM drain running requests and exit.
+// "ready: http://HOST:PORT" once the model is loaded. SIGINT/SIGTERM drain running requests (for at
+// most --shutdown-timeout seconds, then cancel them) and exit.
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -24,20 +27,29 @@ void on_signal(int s) { g_signal.store(s); }
 void progress(const std::string& m) { std::fprintf(stderr, "[gemma4 serve] %s\n", m.c_str()); }
 
 int cmd_serve(const std::vector<std::string>& argv) {
-  Args a = parse_args(argv, {"--no-prefix-cache"});
-  static constexpr const char* kOwn[] = {"--api-key", "--chat-template", "--context", "--host", "--max-queue",
-      "--max-tokens", "--model-id", "--no-prefix-cache", "--parallel", "--port", "--prefix-cache-mb"};
+  Args a = parse_args(argv, {"--no-prefix-cache", "--allow-special-in-content"});
+  static constexpr const char* kOwn[] = {"--allow-special-in-content", "--api-key", "--chat-template", "--context",
+      "--host", "--max-queue", "--max-tokens", "--model-id", "--no-prefix-cache", "--parallel", "--port",
+      "--prefix-cache-mb", "--shutdown-timeout", "--max-connections", "--cors-origin"};
   if (Status s = reject_unknown_flags(a, {kLoadFlags, kModelOptionFlags, kOwn}); !s)
     return fail("serve", s.message());
   server::ServerOptions o;
   o.host = a.get("--host", "127.0.0.1");
   o.api_key = a.get("--api-key");
   o.model_id = a.get("--model-id");
+  o.allow_special_in_content = a.has("--allow-special-in-content");
+  for (std::string rest = a.get("--cors-origin"); !rest.empty();) {  // comma-separated origins
+    const size_t c = rest.find(',');
+    if (c != 0) o.cors_origins.push_back(rest.substr(0, c));
+    rest = c == std::string::npos ? std::string() : rest.substr(c + 1);
+  }
   for (auto [flag, dst, def, lo, hi] : {std::tuple{"--port", &o.port, 8080, 0, 65535},
                                         std::tuple{"--parallel", &o.parallel, 4, 1, 256},
                                         std::tuple{"--max-queue", &o.max_queue, 32, 0, 100000},
                                         std::tuple{"--context", &o.max_context, 8192, 16, 1 << 20},
-                                        std::tuple{"--max-tokens", &o.default_max_tokens, 512, 1, 1 << 20}}) {
+                                        std::tuple{"--max-tokens", &o.default_max_tokens, 512, 1, 1 << 20},
+                                        std::tuple{"--shutdown-timeout", &o.shutdown_timeout_s, 30, 0, 86400},
+                                        std::tuple{"--max-connections", &o.max_connections, 512, 1, 65536}}) {
     auto v = int_flag(a, flag, def, lo, hi);
     if (!v) return fail("serve", v.message());
     *dst = v.value();

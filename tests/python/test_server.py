@@ -358,7 +358,7 @@ def test_client_disconnect_cancels_generation(srv):
     before = srv.metric("gemma4_generated_tokens_total")
     sock = socket.create_connection(("127.0.0.1", srv.port))
     body = json.dumps({"prompt": "Once upon a time", "max_tokens": 4000, "stream": True}).encode()
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     got = b""
     while got.count(b"data: ") < 3:
@@ -492,7 +492,7 @@ def test_queue_full_429_and_queued_clients_equal_alone(gemma4_bin):
         for i in range(3):
             sk = socket.create_connection(("127.0.0.1", s.port))
             body = json.dumps({"prompt": f"Story {i}", "max_tokens": 3000, "stream": True}).encode()
-            sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
             socks.append(sk)
         deadline = time.time() + 30
