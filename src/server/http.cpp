@@ -110,6 +110,7 @@ struct Server::Impl {
   std::function<bool(const Request&, Response&)> pre_routing;
   Handler error_handler;
   std::function<void(const Request&, Response&, std::exception_ptr)> exception_handler;
+  std::function<void(const Request&, const Response&)> logger;
 
   // Declared before the io_context, destroyed after it: the sessions its handlers hold use them.
   std::atomic<int> connections{0};
@@ -237,7 +238,9 @@ class Session : public std::enable_shared_from_this<Session> {
     Response res;
     srv_.dispatch(req, res);
     if (!res.provider) {
+      const Response logged = srv_.logger ? res : Response{};
       enqueue(srv_.serialize(&req, res, keep_alive_), true);
+      if (srv_.logger) srv_.logger(req, logged);
       return;
     }
     bhttp::response<bhttp::empty_body> head;
@@ -272,6 +275,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (!finished) abort();  // the stream ended without its last chunk: the client must not see it as complete
     if (res.provider_done) res.provider_done(finished && ok);
+    if (srv_.logger) srv_.logger(req, res);
   }
 
   // On the I/O thread.
@@ -461,6 +465,7 @@ void Server::set_error_handler(Handler h) { impl_->error_handler = std::move(h);
 void Server::set_exception_handler(std::function<void(const Request&, Response&, std::exception_ptr)> h) {
   impl_->exception_handler = std::move(h);
 }
+void Server::set_logger(std::function<void(const Request&, const Response&)> h) { impl_->logger = std::move(h); }
 
 Result<int> Server::bind(const std::string& host, int port) {
   beast::error_code ec;

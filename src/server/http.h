@@ -101,6 +101,9 @@ class Server {
   void set_error_handler(Handler h);
   // A handler threw: fills the response (500).
   void set_exception_handler(std::function<void(const Request&, Response&, std::exception_ptr)> h);
+  // Called once per request a handler answered, after its response (a stream: after its last
+  // chunk), on the thread that ran the handler.
+  void set_logger(std::function<void(const Request&, const Response&)> h);
 
   // Binds and listens (port 0: a free one); returns the port.
   Result<int> bind(const std::string& host, int port);
