@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "quant/gguf_quant.h"
@@ -164,7 +165,7 @@ bool cpu_has_avx512() {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+           __builtin_cpu_supports("fma") && cpu_has_f16c();
   }();
   return ok;
 }
@@ -173,7 +174,7 @@ bool cpu_has_avx2() {
   static const bool ok = [] {
     if (const char* e = std::getenv("G4_NO_AVX2"); e && std::strcmp(e, "0") != 0) return false;
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
   }();
   return ok;
 }
