@@ -9,7 +9,7 @@ JOBS      ?= 2
 STAMPS    := .stamps
 FIXTURES  := tests/fixtures/generated
 
-.PHONY: chat test build build-cuda setup fixtures starter-model test-asan clean bench bench-llamacpp bench-mlx bench-tokenizer bench-lora
+.PHONY: chat test build build-cuda setup fixtures starter-model test-asan test-fuzz clean bench bench-llamacpp bench-mlx bench-tokenizer bench-lora
 
 chat: build starter-model
 	$(BUILD)/bin/gemma4 run
@@ -65,6 +65,15 @@ test-asan: $(STAMPS)/apt
 	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DG4_ASAN=ON >/dev/null
 	cmake --build $(BUILD)-asan -j$(JOBS) --target test_io
 	cd $(BUILD)-asan && ctest --output-on-failure -L io
+
+# libFuzzer harnesses (fuzz/) under ASan + UBSan, built with clang, each run for FUZZ_SECONDS on
+# seeds made from the fixtures (tools/make_fuzz_seeds.py); fails on any crash, leak or timeout.
+FUZZ_SECONDS ?= 20
+test-fuzz: $(STAMPS)/venv
+	CC=clang CXX=clang++ cmake -S . -B $(BUILD)-fuzz -DCMAKE_BUILD_TYPE=Release -DG4_FUZZ=ON >/dev/null
+	cmake --build $(BUILD)-fuzz -j$(JOBS) --target fuzz_all
+	$(PY) tools/make_fuzz_seeds.py --out $(BUILD)-fuzz/seeds
+	tools/run_fuzzers.sh $(BUILD)-fuzz $(FUZZ_SECONDS)
 
 # Benchmarks against peers (not part of `make test`; numbers go in issue notes).
 # llama.cpp (llama-cpp-python builds it from source: minutes on 2 cores) is pinned separately.

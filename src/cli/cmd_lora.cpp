@@ -4,7 +4,7 @@
 //     [--learning-rate 1e-5] [--optimizer adam|adamw|sgd] [--num-layers 16] [--rank 8] [--scale 20]
 //     [--dropout 0] [--mask-prompt] [--max-seq-length 2048] [--grad-accumulation-steps 1]
 //     [--steps-per-report 10] [--steps-per-eval 200] [--val-batches 25] [--save-every 100]
-//     [--resume-adapter-file F] [--seed 0] [--test [--test-batches 500]] [--chat-template F]
+//     [--resume-adapter-file F] [--resume | --overwrite] [--seed 0] [--test [--test-batches 500]] [--chat-template F]
 //     [--log-file F.jsonl] [--enable-thinking on|off] [--threads N] [--backend cpu|reference]
 //
 // mlx-lm's flags and defaults. DIR holds train.jsonl (and valid.jsonl, test.jsonl) in mlx-lm's
@@ -12,7 +12,8 @@
 // --enable-thinking says otherwise). Writes DIR_OUT/adapter_config.json (as mlx-lm does: the run's
 // settings, read back by --adapter-path here and by mlx-lm's load_adapters) and
 // adapters.safetensors. Reports go to stdout in mlx-lm's wording; --log-file also writes each
-// as a JSON line.
+// as a JSON line. An existing adapter in --adapter-path is refused unless --resume (continue
+// training it) or --overwrite (replace it) is given (train/adapter_dir.h).
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -26,8 +27,10 @@
 #include "cli/lora_options.h"
 #include "cli/progress_bar.h"
 #include "core/progress.h"
+#include "core/atomic_file.h"
 #include "core/thread_pool.h"
 #include "runtime/bundle.h"
+#include "train/adapter_dir.h"
 #include "train/trainer.h"
 
 namespace g4::cli {
@@ -70,11 +73,7 @@ Status write_adapter_config(const std::string& path, const Args& a, const train:
   j["grad_accumulation_steps"] = o.grad_accumulation_steps;
   j["seed"] = o.seed;
   j["lora_parameters"] = {{"rank", lc.rank}, {"dropout", lc.dropout}, {"scale", lc.scale}};
-  std::ofstream f(path);
-  if (!f) return err("%s: cannot write", path.c_str());
-  f << j.dump(4) << "\n";
-  if (!f.flush()) return err("%s: write failed", path.c_str());
-  return Status::ok();
+  return write_file_atomic(path, j.dump(4) + "\n");
 }
 
 int run_lora(const std::vector<std::string>& argv) {
@@ -122,6 +121,12 @@ int run_lora(const std::vector<std::string>& argv) {
   if (auto tb = int_flag(a, "--test-batches", 500, -1, 1 << 30); tb.is_ok()) test_batches = tb.value();
   else return fail_(tb.message());
   o.adapter_dir = a.get("--adapter-path", "adapters");
+  if (a.has("--resume") && a.has("--overwrite")) return fail_("--resume and --overwrite exclude each other");
+  if (a.has("--resume") && a.has("--resume-adapter-file"))
+    return fail_("--resume starts from the adapter in --adapter-path; --resume-adapter-file names another: pass one");
+  const train::ExistingAdapter existing = a.has("--resume")      ? train::ExistingAdapter::Resume
+                                          : a.has("--overwrite") ? train::ExistingAdapter::Overwrite
+                                                                 : train::ExistingAdapter::Refuse;
 
   if (Status s = apply_process_flags(a); !s) return fail_(s.message());
   auto bundle = load_bundle(a.get("--model"), backend, progress);
@@ -159,13 +164,13 @@ int run_lora(const std::vector<std::string>& argv) {
 
   auto params = train::LoraParams::create(cfg, lc, train::lora_layer_prefix(cfg), o.seed);
   if (!params.is_ok()) return fail_(params.message());
-  if (a.has("--resume-adapter-file")) {
-    progress("loading fine-tuned weights from " + a.get("--resume-adapter-file"));
-    if (Status s = params->load(a.get("--resume-adapter-file")); !s) return fail_(s.message());
+  auto resume_from = train::prepare_adapter_dir(o.adapter_dir, existing, lc);
+  if (!resume_from.is_ok()) return fail_(resume_from.message());
+  if (a.has("--resume-adapter-file")) resume_from.value() = a.get("--resume-adapter-file");
+  if (resume_from.value()) {
+    progress("loading fine-tuned weights from " + *resume_from.value());
+    if (Status s = params->load(*resume_from.value()); !s) return fail_(s.message());
   }
-  std::error_code ec;
-  fs::create_directories(o.adapter_dir, ec);
-  if (ec) return fail_(o.adapter_dir + ": cannot create: " + ec.message());
   if (Status s = write_adapter_config((fs::path(o.adapter_dir) / "adapter_config.json").string(), a, lc, o, b.path,
                                      opt->name(), lr.value());
       !s)

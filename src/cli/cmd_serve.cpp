@@ -1,7 +1,8 @@
 // gemma4 serve [-m PATH] [--host 127.0.0.1] [--port 8080] [--parallel N] ... (`gemma4 serve --help`)
 // OpenAI- and Anthropic-compatible HTTP server. Loopback by default. A Gemma 3 base model (the
 // starter) chats through the built-in Gemma 3 turn template unless --chat-template says otherwise. Prints load progress, then
-// "ready: http://HOST:PORT" once the model is loaded. SIGINT/SIGTERM drain running requests and exit.
+// "ready: http://HOST:PORT" once the model is loaded. SIGINT/SIGTERM drain running requests (for at
+// most --shutdown-timeout seconds, then cancel them) and exit.
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -46,6 +47,14 @@ int cmd_serve(const std::vector<std::string>& argv) {
   cli.value("--log-format", "the request log on stderr, one line per request: text, json, or none", "text")
       ->type_name("FORMAT")->check(one_of({"text", "json", "none"}));
   cli.flag("-v,--verbose", "add each request's prefill / decode speed and the engine's load to its log line");
+  cli.value("--shutdown-timeout", "SIGTERM/SIGINT: seconds running requests get before they are cancelled", "30")
+      ->type_name("S")->check(CLI::Range(0, 86400));
+  cli.value("--max-connections", "open connections; one more is answered 503", "512")->type_name("N")
+      ->check(CLI::Range(1, 65536));
+  cli.value("--cors-origin", "browser origins allowed to call the API, comma-separated ('*': any)")
+      ->type_name("ORIGIN[,...]");
+  cli.flag("--allow-special-in-content", "parse special-token text in message contents too (lets a client "
+           "write control tokens and forge turns)");
   Args a;
   if (int rc = cli.parse(argv, a); rc >= 0) return rc;
   server::ServerOptions o;
@@ -63,6 +72,14 @@ int cmd_serve(const std::vector<std::string>& argv) {
                : log_format == "none" ? server::LogFormat::None : server::LogFormat::Text;
   o.log.verbose = a.has("--verbose");
   o.prefix_cache_bytes = a.has("--no-prefix-cache") ? 0 : size_t(std::stoi(a.get("--prefix-cache-mb"))) << 20;
+  o.shutdown_timeout_s = std::stoi(a.get("--shutdown-timeout"));
+  o.max_connections = std::stoi(a.get("--max-connections"));
+  o.allow_special_in_content = a.has("--allow-special-in-content");
+  for (std::string rest = a.get("--cors-origin"); !rest.empty();) {  // comma-separated origins
+    const size_t c = rest.find(',');
+    if (c != 0) o.cors_origins.push_back(rest.substr(0, c));
+    rest = c == std::string::npos ? std::string() : rest.substr(c + 1);
+  }
   // Same tokens for a sequence whether it runs alone or in a batch (and with or without a
   // prefix-cache hit): row-exact kernels for every batch size, so --batch-invariant is on by
   // default here. Off trades that for faster single-stream decode.

@@ -8,6 +8,8 @@ void add_lora_options(VerbCli& cli) {
   cli.value("--data", "directory with train.jsonl and valid.jsonl (and test.jsonl); required")->type_name("DIR");
   cli.value("--adapter-path", "where the adapter is written", "adapters")->type_name("DIR");
   cli.value("--resume-adapter-file", "start from these adapter weights")->type_name("F");
+  cli.flag("--resume", "continue training the adapter already in --adapter-path (its rank, scale and layers)");
+  cli.flag("--overwrite", "replace an adapter already in --adapter-path (otherwise it is refused)");
   cli.value("--log-file", "also write every report as a JSON line")->type_name("F.jsonl");
   add_chat_template_option(cli);
   cli.value("--enable-thinking", "enable_thinking for chat records (default: on for Gemma 4 tokenizers)")

@@ -12,6 +12,11 @@
 
 namespace g4 {
 
+// The largest sliding window a config may declare: each sliding layer's KV ring is allocated up
+// front with window + chunk - 1 slots (model/kv_cache.h), so the window bounds that allocation.
+// Real checkpoints use 512-4096.
+constexpr int kMaxSlidingWindow = 1 << 16;
+
 enum class AttnKind : uint8_t { Sliding, Full };
 
 enum class RopeKind : uint8_t {

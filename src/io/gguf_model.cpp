@@ -150,7 +150,8 @@ Result<int> sliding_window(const GgufFile& f, const std::string& a, bool require
     return 0;
   }
   G4_ASSIGN_OR_RETURN(int64_t w, f.get_int(k));
-  if (w < 0 || w > (1ll << 30)) return err("%s: %s %lld out of range", f.path().c_str(), k.c_str(), (long long)w);
+  if (w < 0 || w > kMaxSlidingWindow)
+    return err("%s: %s %lld out of range (0..%d)", f.path().c_str(), k.c_str(), (long long)w, kMaxSlidingWindow);
   return int(w);
 }
 

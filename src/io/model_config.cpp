@@ -4,6 +4,8 @@
 // and utils.load_model (quantization block).
 #include "io/model_config.h"
 
+#include "io/json_bounded.h"
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -25,11 +27,10 @@ std::string one_line(std::string m) {
 }
 
 Result<json> parse_json(std::string_view text, const std::string& label) {
-  try {
-    return json::parse(text.begin(), text.end());
-  } catch (const json::exception& e) {
-    return err("%s: not valid JSON: %s", label.c_str(), one_line(e.what()).c_str());
-  }
+  std::string why;
+  auto j = parse_json_bounded<json>(text, JsonLimits{}, why);
+  if (!j) return err("%s: not valid JSON: %s", label.c_str(), one_line(why).c_str());
+  return std::move(*j);
 }
 
 // Typed field access on one JSON object; `prefix` is prepended to field names in errors
@@ -309,7 +310,7 @@ Result<LoadedConfig> parse_config(std::string_view config_json, std::string_view
   }
   G4_ASSIGN_OR_RETURN(c.n_kv_shared, f.integer("num_kv_shared_layers", 20, 0, 4096));
   G4_ASSIGN_OR_RETURN(c.ple_width, f.integer("hidden_size_per_layer_input", 256, 0, kMaxDim, true));
-  G4_ASSIGN_OR_RETURN(int window, f.integer("sliding_window", 512, 1, INT32_MAX));
+  G4_ASSIGN_OR_RETURN(int window, f.integer("sliding_window", 512, 1, kMaxSlidingWindow));
   G4_ASSIGN_OR_RETURN(int pattern, f.integer("sliding_window_pattern", 5, 1, 4096));
   G4_ASSIGN_OR_RETURN(c.max_positions, f.integer("max_position_embeddings", 131072, 1, INT32_MAX));
   G4_ASSIGN_OR_RETURN(bool k_eq_v, f.boolean("attention_k_eq_v", false));

@@ -3,6 +3,8 @@
 // size == product(shape) * dtype size; plus overlap and duplicate-name checks.
 #include "io/safetensors.h"
 
+#include "io/json_bounded.h"
+
 #include <algorithm>
 #include <cstring>
 #include <set>
@@ -104,6 +106,9 @@ Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::parse(const uint8_t* b
   std::set<std::string> seen;
   std::string dup;
   json::parser_callback_t cb = [&](int depth, json::parse_event_t ev, json& parsed) {
+    if ((ev == json::parse_event_t::object_start || ev == json::parse_event_t::array_start) &&
+        depth >= JsonLimits{}.max_depth)
+      throw std::runtime_error("nesting deeper than " + std::to_string(JsonLimits{}.max_depth) + " levels");
     if (ev == json::parse_event_t::key && depth == 1 && parsed.is_string()) {
       const auto& k = parsed.get_ref<const std::string&>();
       if (!seen.insert(k).second && dup.empty()) dup = k;
@@ -113,7 +118,7 @@ Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::parse(const uint8_t* b
   json h;
   try {
     h = json::parse(hb, hb + hlen, cb, /*allow_exceptions=*/true);
-  } catch (const json::exception& e) {
+  } catch (const std::exception& e) {
     std::string m = e.what();
     for (char& c : m)
       if (c == '\n' || c == '\r') c = ' ';

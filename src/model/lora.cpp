@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
+#include "io/json_bounded.h"
 #include "io/safetensors.h"
 
 namespace g4 {
@@ -58,8 +59,12 @@ Result<std::unique_ptr<LoraAdapter>> load_lora_adapter(const std::string& dir, c
                                          "adapters.safetensors)", dir.c_str());
   std::ifstream f(cfg_path);
   if (!f) return err("%s: cannot read", cfg_path.c_str());
-  nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return err("%s: not a JSON object", cfg_path.c_str());
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::string why;
+  auto parsed = parse_json_bounded<nlohmann::json>(text, JsonLimits{}, why);
+  if (!parsed) return err("%s: not valid JSON: %s", cfg_path.c_str(), why.c_str());
+  const nlohmann::json j = std::move(*parsed);
+  if (!j.is_object()) return err("%s: not a JSON object", cfg_path.c_str());
   const std::string type = j.value("fine_tune_type", std::string("lora"));
   if (type == "dora") return err("%s: fine_tune_type \"dora\": DoRA adapters are not supported (LoRA only)", cfg_path.c_str());
   if (type == "full")
@@ -94,6 +99,10 @@ Result<std::unique_ptr<LoraAdapter>> load_lora_adapter(const std::string& dir, c
                  "per-layer input gate/projection)", st_path.c_str(), t.name.c_str());
     if (layer >= int(cfg.layers.size()))
       return err("%s: tensor %s: the model has %zu layers", st_path.c_str(), t.name.c_str(), cfg.layers.size());
+    if (ad->num_layers > 0 && layer < int(cfg.layers.size()) - ad->num_layers)
+      return err("%s: tensor %s: %s says the adapter covers the last %d layers, but this tensor is in layer %d "
+                 "(the config does not describe these weights)", st_path.c_str(), t.name.c_str(), cfg_path.c_str(),
+                 ad->num_layers, layer);
     if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16)
       return err("%s: tensor %s: dtype must be F32, F16 or BF16", st_path.c_str(), t.name.c_str());
     Pair& p = found[{layer, module}];

@@ -14,6 +14,7 @@
 #pragma GCC target("amx-tile,amx-int8")
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -219,7 +220,10 @@ bool amx_enabled() { return g_amx_on && cpu_has_amx(); }
 
 bool cpu_has_amx() {
   static const bool ok = [] {
-    if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-int8")) return false;
+    // CPUID.(EAX=7, ECX=0):EDX bit 24 AMX-TILE, bit 25 AMX-INT8 (read directly: clang's
+    // __builtin_cpu_supports has no AMX names).
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25))) return false;
     // Linux: ask for the XTILEDATA state (ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18).
     return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
   }();

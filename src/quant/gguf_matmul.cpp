@@ -5,6 +5,7 @@
 #include <functional>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "core/thread_pool.h"
 #include "quant/gguf_act.h"
 #include "quant/gguf_amx.h"
@@ -100,7 +101,7 @@ void quantize_act_pair(const float* x, int64_t M, int64_t cols, int bias, ActPai
 bool cpu_has_avx512_vnni() {
   static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
-                         __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+                         cpu_has_f16c() && __builtin_cpu_supports("fma");
   return ok;
 }
 

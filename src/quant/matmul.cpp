@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "quant/gguf_quant.h"
@@ -74,16 +75,14 @@ __attribute__((optimize("fp-contract=off"))) void dequant_row(const WeightView& 
     case WFormat::F32:
       std::memcpy(out, row, size_t(w.cols) * 4);
       return;
-    case WFormat::F16: {
-      const uint16_t* p = reinterpret_cast<const uint16_t*>(row);
-      for (int64_t c = 0; c < w.cols; ++c) out[c] = f16_to_f32(p[c]);
+    // 16-bit rows may sit at odd addresses (safetensors data offsets need only be byte-aligned):
+    // load_float copies each value out.
+    case WFormat::F16:
+      for (int64_t c = 0; c < w.cols; ++c) out[c] = load_float(row, DType::F16, size_t(c));
       return;
-    }
-    case WFormat::BF16: {
-      const uint16_t* p = reinterpret_cast<const uint16_t*>(row);
-      for (int64_t c = 0; c < w.cols; ++c) out[c] = bf16_to_f32(p[c]);
+    case WFormat::BF16:
+      for (int64_t c = 0; c < w.cols; ++c) out[c] = load_float(row, DType::BF16, size_t(c));
       return;
-    }
     case WFormat::MlxAffine: {
       const int64_t ng = detail::groups_per_row(w);
       for (int64_t k = 0; k < ng; ++k) {
@@ -166,7 +165,7 @@ bool cpu_has_avx512() {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+           __builtin_cpu_supports("fma") && cpu_has_f16c();
   }();
   return ok;
 }
@@ -175,7 +174,7 @@ bool cpu_has_avx2() {
   static const bool ok = [] {
     if (const char* e = std::getenv("G4_NO_AVX2"); e && std::strcmp(e, "0") != 0) return false;
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
   }();
   return ok;
 }

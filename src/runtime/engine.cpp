@@ -115,13 +115,15 @@ Status Engine::run_exclusive(const std::function<void()>& fn) {
   return Status::ok();
 }
 
+void Engine::request_stop(bool drain) {
+  std::lock_guard<std::mutex> lk(mu_);
+  stop_ = true;
+  drain_ = drain;
+  cv_.notify_all();
+}
+
 void Engine::shutdown(bool drain) {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    stop_ = true;
-    drain_ = drain;
-    cv_.notify_all();
-  }
+  request_stop(drain);
   if (thread_.joinable()) thread_.join();
 }
 

@@ -91,6 +91,9 @@ class Engine {
   Status run_exclusive(const std::function<void()>& fn);
   // Stops the engine thread. drain=true lets running and queued requests finish first.
   void shutdown(bool drain);
+  // The same without waiting: new requests are refused from now on; request_stop(false) after
+  // request_stop(true) cancels what is still running (a drain's deadline).
+  void request_stop(bool drain);
   EngineStats stats() const;
 
  private:

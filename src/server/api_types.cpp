@@ -1,5 +1,6 @@
 #include "server/api_types.h"
 
+#include "io/json_bounded.h"
 #include "server/data_url.h"
 
 #include <cmath>
@@ -179,11 +180,10 @@ std::optional<ApiError> normalize_openai_messages(const ojson& messages, ojson& 
         ojson call = c;
         const ojson& args = c["function"].contains("arguments") ? c["function"]["arguments"] : ojson();
         if (args.is_string()) {
-          try {
-            call["function"]["arguments"] = ojson::parse(args.get<std::string>());
-          } catch (const std::exception&) {
-            return bad(where + ".tool_calls", "function.arguments is not valid JSON");
-          }
+          std::string why;
+          auto parsed = parse_json_bounded<ojson>(args.get<std::string>(), kRequestJsonLimits, why);
+          if (!parsed) return bad(where + ".tool_calls", "function.arguments is not valid JSON: " + why);
+          call["function"]["arguments"] = std::move(*parsed);
         } else if (args.is_null()) {
           call["function"]["arguments"] = ojson::object();
         }
@@ -196,6 +196,48 @@ std::optional<ApiError> normalize_openai_messages(const ojson& messages, ojson& 
     out.push_back(std::move(nm));
   }
   return std::nullopt;
+}
+
+// The body of either OpenAI endpoint.
+std::optional<ApiError> read_openai_request(const ojson& body, bool chat, int vocab, TextRequest& r) {
+  r.chat = chat;
+  if (auto err = read_openai_sampling(body, vocab, r)) return err;
+  if (chat) {
+    if (!body.contains("messages"))
+      return ApiError{400, "invalid_request_error", "'messages' is required", "messages"};
+    if (auto err = normalize_openai_messages(body["messages"], r.messages, r.images)) return err;
+    if (auto err = normalize_openai_tools(body.value("tools", ojson()), r.tools)) return err;
+    if (body.contains("tool_choice") && body["tool_choice"].is_string() && body["tool_choice"] == "none")
+      r.tools = nullptr;
+    // Thinking: chat_template_kwargs.enable_thinking, or reasoning_effort (none/low/medium/high).
+    if (auto k = body.find("chat_template_kwargs"); k != body.end() && k->is_object()) {
+      if (auto t = k->find("enable_thinking"); t != k->end() && t->is_boolean()) r.thinking = t->get<bool>();
+    }
+    if (auto re = body.find("reasoning_effort"); re != body.end() && re->is_string())
+      r.thinking = re->get<std::string>() != "none";
+  } else {
+    auto p = body.find("prompt");
+    if (p == body.end() || !(p->is_string() || (p->is_array() && p->size() == 1 && (*p)[0].is_string())))
+      return ApiError{400, "invalid_request_error", "'prompt' must be a string", "prompt"};
+    r.prompt = p->is_string() ? p->get<std::string>() : (*p)[0].get<std::string>();
+  }
+  return std::nullopt;
+}
+
+// Recursion depth is bounded by the request parser (io/json_bounded.h).
+ojson mark_literal_strings(const ojson& j, const Tokenizer& tok) {
+  if (j.is_string()) return tok.mark_literal(j.get_ref<const std::string&>());
+  if (j.is_array()) {
+    ojson out = ojson::array();
+    for (const auto& x : j) out.push_back(mark_literal_strings(x, tok));
+    return out;
+  }
+  if (j.is_object()) {
+    ojson out = ojson::object();
+    for (auto it = j.begin(); it != j.end(); ++it) out[tok.mark_literal(it.key())] = mark_literal_strings(it.value(), tok);
+    return out;
+  }
+  return j;
 }
 
 std::optional<ApiError> normalize_openai_tools(const ojson& tools, ojson& out) {

@@ -9,6 +9,7 @@
 
 #include "runtime/engine.h"
 #include "runtime/image_prompt.h"
+#include "text/tokenizer.h"
 
 namespace g4::server {
 
@@ -56,6 +57,14 @@ std::optional<ApiError> read_openai_sampling(const ojson& body, int vocab, TextR
 // tool results. Image parts (image_url / input_image with a base64 data: URL) become
 // {"type": "image"} parts and their bytes are appended to `images`; remote URLs are refused.
 std::optional<ApiError> normalize_openai_messages(const ojson& messages, ojson& out, std::vector<ImageInput>& images);
+// A request body -> TextRequest: OpenAI chat completions (chat) or completions (vocab: the
+// model's, for logit_bias ids), and Anthropic messages. Errors name the field.
+std::optional<ApiError> read_openai_request(const ojson& body, bool chat, int vocab, TextRequest& r);
+std::optional<ApiError> read_anthropic_request(const ojson& body, TextRequest& r);
+// A copy of client JSON whose strings (values and keys) have their special tokens' text marked
+// literal (Tokenizer::mark_literal): rendered into a chat template and encoded with
+// Tokenizer::encode_marked, only the template's own markup becomes control tokens.
+ojson mark_literal_strings(const ojson& j, const Tokenizer& tok);
 // Validates an OpenAI `tools` array ({type: function, function: {name, description, parameters}}).
 std::optional<ApiError> normalize_openai_tools(const ojson& tools, ojson& out);
 

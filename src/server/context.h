@@ -1,12 +1,13 @@
 // State shared by the HTTP handlers: the model bundle, the engine, options and counters.
 // Handlers translate JSON into TextRequests and LiveGenerations; they never touch the model.
 #pragma once
-#include <httplib.h>
+#include "server/http.h"
 
 #include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "runtime/bundle.h"
 #include "runtime/engine.h"
@@ -28,14 +29,29 @@ struct ServerOptions {
   std::string model_id;        // name reported by /v1/models (default: the model's file name)
   size_t prefix_cache_bytes = size_t(256) << 20;
   RequestLogOptions log;       // one line per request on stderr (server/request_log.h)
+  // Parse special tokens in the text of messages too (a client can then write control tokens,
+  // and forge turns); off: only the chat template's own markup yields special tokens.
+  bool allow_special_in_content = false;
+  int shutdown_timeout_s = 30;  // SIGTERM: running requests get this long, then are cancelled
+  int max_connections = 512;    // open connections; one more is answered 503
+  std::vector<std::string> cors_origins;  // browser origins allowed to call the API ("*": any)
 };
 
+// Request counters for /metrics. Labels come from fixed sets (the routes this server has, "other";
+// the status codes it sends), never from what a client wrote, so counters cannot be forged or
+// grow without bound.
 struct Metrics {
   std::mutex mu;
   std::map<std::string, uint64_t> requests;  // "endpoint status" -> count
+  static std::string endpoint_label(const std::string& path) {
+    for (const char* known : {"/", "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/messages", "/health", "/metrics"})
+      if (path == known) return known;
+    return "other";
+  }
   void count(const std::string& endpoint, int status) {
+    if (status < 100 || status > 599) status = 500;
     std::lock_guard<std::mutex> lk(mu);
-    ++requests[endpoint + " " + std::to_string(status)];
+    ++requests[endpoint_label(endpoint) + " " + std::to_string(status)];
   }
 };
 
@@ -62,15 +78,15 @@ struct InflightGuard {
 };
 
 // Error bodies in each API's shape.
-void send_openai_error(httplib::Response& res, const ApiError& e);
-void send_anthropic_error(httplib::Response& res, const ApiError& e);
+void send_openai_error(http::Response& res, const ApiError& e);
+void send_anthropic_error(http::Response& res, const ApiError& e);
 // Parses a JSON object body; on failure fills `e` (400 with the parser's message).
-bool parse_body(const httplib::Request& req, ojson& out, ApiError& e);
+bool parse_body(const http::Request& req, ojson& out, ApiError& e);
 // A fresh id like "chatcmpl-1a2b3c..." and the current UNIX time.
 std::string new_id(const char* prefix);
 long unix_time();
 
-void register_openai_routes(httplib::Server& svr, Context& ctx);
-void register_anthropic_routes(httplib::Server& svr, Context& ctx);
+void register_openai_routes(http::Server& svr, Context& ctx);
+void register_anthropic_routes(http::Server& svr, Context& ctx);
 
 }  // namespace g4::server

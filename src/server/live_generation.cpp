@@ -4,7 +4,6 @@
 #include <algorithm>
 
 namespace g4::server {
-
 LiveGeneration::LiveGeneration(Engine& e, const ModelBundle& b, TextStreamOptions o)
     : engine_(e), bundle_(b), q_(std::make_shared<Queue>()), stream_(*b.tokenizer, std::move(o)) {}
 
@@ -13,7 +12,8 @@ LiveGeneration::~LiveGeneration() {
 }
 
 std::variant<std::shared_ptr<LiveGeneration>, ApiError> LiveGeneration::start(
-    Engine& engine, const ModelBundle& b, const TextRequest& req, int default_max_tokens) {
+    Engine& engine, const ModelBundle& b, const TextRequest& req, int default_max_tokens,
+    bool allow_special_in_content) {
   std::vector<int32_t> prompt;
   TextStreamOptions to;
   to.stop_strings = req.stop;
@@ -25,10 +25,18 @@ std::variant<std::shared_ptr<LiveGeneration>, ApiError> LiveGeneration::start(
     ChatRenderOptions ro = b.render_defaults;
     ro.add_generation_prompt = true;
     if (req.thinking) ro.enable_thinking = *req.thinking;
-    auto text = b.chat_template->render(req.messages, req.tools, ro);
+    auto text = allow_special_in_content
+                    ? b.chat_template->render(req.messages, req.tools, ro)
+                    : b.chat_template->render(mark_literal_strings(req.messages, *b.tokenizer),
+                                              mark_literal_strings(req.tools, *b.tokenizer), ro);
     if (!text) return ApiError{400, "invalid_request_error", "chat template: " + text.message(), "messages"};
     to.reasoning_open_in_prompt = prompt_opens_reasoning(text.value());
-    prompt = encode_chat_prompt(b, text.value());
+    if (allow_special_in_content) {
+      prompt = encode_chat_prompt(b, text.value());
+    } else {
+      const std::vector<int> ids = b.tokenizer->encode_marked(text.value());
+      prompt.assign(ids.begin(), ids.end());
+    }
   } else {
     to.split_reasoning = false;
     to.parse_tool_calls = false;

@@ -23,9 +23,13 @@ struct Usage {
 class LiveGeneration {
  public:
   // Builds the prompt and submits it. Errors: template failures (400), prompt + max_tokens over
-  // the context (400), queue full (429).
+  // the context (400), queue full (429). Chat prompts: the text of the client's messages and
+  // tools is never read as control tokens (a "<end_of_turn>" in a message stays text), only the
+  // template's own markup is; `allow_special_in_content` parses special tokens in the whole
+  // rendered prompt instead (--allow-special-in-content).
   static std::variant<std::shared_ptr<LiveGeneration>, ApiError> start(
-      Engine& engine, const ModelBundle& bundle, const TextRequest& req, int default_max_tokens);
+      Engine& engine, const ModelBundle& bundle, const TextRequest& req, int default_max_tokens,
+      bool allow_special_in_content);
   ~LiveGeneration();
 
   // Waits up to `wait` for more output; appends new events to `out`. Returns false once the

@@ -29,48 +29,7 @@ std::string sse(const ojson& j) {
   return "data: " + j.dump(-1, ' ', false, ojson::error_handler_t::replace) + "\n\n";
 }
 
-// Parses the body of either endpoint into a TextRequest.
-bool read_request(Context& ctx, const httplib::Request& hreq, bool chat, TextRequest& r, ApiError& e) {
-  ojson body;
-  if (!parse_body(hreq, body, e)) return false;
-  r.chat = chat;
-  if (auto err = read_openai_sampling(body, ctx.bundle.model->config().vocab, r)) {
-    e = *err;
-    return false;
-  }
-  if (chat) {
-    if (!body.contains("messages")) {
-      e = {400, "invalid_request_error", "'messages' is required", "messages"};
-      return false;
-    }
-    if (auto err = normalize_openai_messages(body["messages"], r.messages, r.images)) {
-      e = *err;
-      return false;
-    }
-    if (auto err = normalize_openai_tools(body.value("tools", ojson()), r.tools)) {
-      e = *err;
-      return false;
-    }
-    if (body.contains("tool_choice") && body["tool_choice"].is_string() && body["tool_choice"] == "none")
-      r.tools = nullptr;
-    // Thinking: chat_template_kwargs.enable_thinking, or reasoning_effort (none/low/medium/high).
-    if (auto k = body.find("chat_template_kwargs"); k != body.end() && k->is_object()) {
-      if (auto t = k->find("enable_thinking"); t != k->end() && t->is_boolean()) r.thinking = t->get<bool>();
-    }
-    if (auto re = body.find("reasoning_effort"); re != body.end() && re->is_string())
-      r.thinking = re->get<std::string>() != "none";
-  } else {
-    auto p = body.find("prompt");
-    if (p == body.end() || !(p->is_string() || (p->is_array() && p->size() == 1 && (*p)[0].is_string()))) {
-      e = {400, "invalid_request_error", "'prompt' must be a string", "prompt"};
-      return false;
-    }
-    r.prompt = p->is_string() ? p->get<std::string>() : (*p)[0].get<std::string>();
-  }
-  return true;
-}
-
-void handle(Context& ctx, const httplib::Request& hreq, httplib::Response& res, bool chat) {
+void handle(Context& ctx, const http::Request& hreq, http::Response& res, bool chat) {
   const char* endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
   TextRequest r;
   ApiError e;
@@ -79,11 +38,16 @@ void handle(Context& ctx, const httplib::Request& hreq, httplib::Response& res, 
     return send_openai_error(res, {503, "server_error", "the server is shutting down", ""});
   }
   auto guard = std::make_shared<InflightGuard>(ctx.inflight);
-  if (!read_request(ctx, hreq, chat, r, e)) {
+  ojson body;
+  if (parse_body(hreq, body, e)) {
+    if (auto err = read_openai_request(body, chat, ctx.bundle.model->config().vocab, r)) e = *err;
+  }
+  if (!e.message.empty()) {
     ctx.metrics.count(endpoint, e.status);
     return send_openai_error(res, e);
   }
-  auto started = LiveGeneration::start(ctx.engine, ctx.bundle, r, ctx.opt.default_max_tokens);
+  auto started = LiveGeneration::start(ctx.engine, ctx.bundle, r, ctx.opt.default_max_tokens,
+                                       ctx.opt.allow_special_in_content);
   if (auto* err = std::get_if<ApiError>(&started)) {
     ctx.metrics.count(endpoint, err->status);
     return send_openai_error(res, *err);
@@ -99,6 +63,10 @@ void handle(Context& ctx, const httplib::Request& hreq, httplib::Response& res, 
     ojson calls = ojson::array();
     std::vector<TextEvent> evs;
     while (gen->next(evs, milliseconds(100))) {
+      if (hreq.is_connection_closed()) {  // the client went away: free the slot
+        gen->cancel();
+        return;
+      }
       for (auto& te : evs) {
         if (te.kind == TextEvent::kContent) content += te.text;
         if (te.kind == TextEvent::kReasoning) reasoning += te.text;
@@ -138,7 +106,7 @@ void handle(Context& ctx, const httplib::Request& hreq, httplib::Response& res, 
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [gen, chunk, state, chat, include_usage, guard](size_t, httplib::DataSink& sink) -> bool {
+      [gen, chunk, state, chat, include_usage, guard](size_t, http::DataSink& sink) -> bool {
         auto send = [&](const std::string& s) {
           if (!sink.is_writable() || !sink.write(s.data(), s.size())) {
             gen->cancel();
@@ -192,10 +160,10 @@ void handle(Context& ctx, const httplib::Request& hreq, httplib::Response& res, 
 
 }  // namespace
 
-void register_openai_routes(httplib::Server& svr, Context& ctx) {
-  svr.Post("/v1/chat/completions", [&ctx](const httplib::Request& q, httplib::Response& r) { handle(ctx, q, r, true); });
-  svr.Post("/v1/completions", [&ctx](const httplib::Request& q, httplib::Response& r) { handle(ctx, q, r, false); });
-  svr.Get("/v1/models", [&ctx](const httplib::Request&, httplib::Response& res) {
+void register_openai_routes(http::Server& svr, Context& ctx) {
+  svr.Post("/v1/chat/completions", [&ctx](const http::Request& q, http::Response& r) { handle(ctx, q, r, true); });
+  svr.Post("/v1/completions", [&ctx](const http::Request& q, http::Response& r) { handle(ctx, q, r, false); });
+  svr.Get("/v1/models", [&ctx](const http::Request&, http::Response& res) {
     ojson m = {{"id", ctx.model_id}, {"object", "model"}, {"created", unix_time()}, {"owned_by", "local"}};
     ojson out = {{"object", "list"}, {"data", ojson::array({m})}};
     res.set_content(out.dump(), "application/json");

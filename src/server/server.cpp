@@ -2,6 +2,9 @@
 #include "server/request_log.h"
 #include "server/web_page.h"
 
+#include "io/json_bounded.h"
+#include "server/access.h"
+
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -9,14 +12,14 @@
 
 namespace g4::server {
 
-void send_openai_error(httplib::Response& res, const ApiError& e) {
+void send_openai_error(http::Response& res, const ApiError& e) {
   ojson err = {{"message", e.message}, {"type", e.type}, {"param", e.param.empty() ? ojson() : ojson(e.param)},
                {"code", nullptr}};
   res.status = e.status;
   res.set_content(ojson{{"error", err}}.dump(-1, ' ', false, ojson::error_handler_t::replace), "application/json");
 }
 
-void send_anthropic_error(httplib::Response& res, const ApiError& e) {
+void send_anthropic_error(http::Response& res, const ApiError& e) {
   std::string type = e.type;
   if (e.status == 429) type = "rate_limit_error";
   if (e.status == 401) type = "authentication_error";
@@ -26,13 +29,14 @@ void send_anthropic_error(httplib::Response& res, const ApiError& e) {
                   "application/json");
 }
 
-bool parse_body(const httplib::Request& req, ojson& out, ApiError& e) {
-  try {
-    out = ojson::parse(req.body);
-  } catch (const std::exception& ex) {
-    e = {400, "invalid_request_error", std::string("malformed JSON body: ") + ex.what(), ""};
+bool parse_body(const http::Request& req, ojson& out, ApiError& e) {
+  std::string why;
+  auto parsed = parse_json_bounded<ojson>(req.body, kRequestJsonLimits, why);
+  if (!parsed) {
+    e = {400, "invalid_request_error", "malformed JSON body: " + why, ""};
     return false;
   }
+  out = std::move(*parsed);
   if (!out.is_object()) {
     e = {400, "invalid_request_error", "the request body must be a JSON object", ""};
     return false;
@@ -98,86 +102,88 @@ std::string Server::metrics_text() {
 }
 
 void Server::register_routes() {
-  http_.set_payload_max_length(opt_.max_body_bytes);
-  const int threads = opt_.http_threads > 0 ? opt_.http_threads : opt_.parallel + opt_.max_queue + 4;
-  http_.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
-  http_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+  http::Limits lim;
+  lim.max_body_bytes = opt_.max_body_bytes;
+  lim.max_connections = opt_.max_connections;
+  lim.worker_threads = opt_.http_threads > 0 ? opt_.http_threads : opt_.parallel + opt_.max_queue + 4;
+  http_ = std::make_unique<http::Server>(lim);
+  auto send_error = [](const http::Request& req, http::Response& res, const ApiError& e) {
+    if (req.path == "/v1/messages") send_anthropic_error(res, e); else send_openai_error(res, e);
+  };
+  http_->set_pre_routing_handler([this, send_error](const http::Request& req, http::Response& res) {
     begin_request();  // the request log's clock (server/request_log.h)
-    // The web page (it asks for the key itself) and /health are open.
-    if (opt_.api_key.empty() || req.path == "/health" || req.path == "/")
-      return httplib::Server::HandlerResponse::Unhandled;
-    const std::string auth = req.get_header_value("Authorization");
-    const std::string xkey = req.get_header_value("x-api-key");
-    if (auth == "Bearer " + opt_.api_key || xkey == opt_.api_key) return httplib::Server::HandlerResponse::Unhandled;
-    ApiError e{401, "authentication_error", "missing or invalid API key", ""};
-    // The body was not read: a next request on this connection would be parsed from it.
-    res.set_header("Connection", "close");
-    metrics_.count(req.path, 401);
-    if (req.path == "/v1/messages") send_anthropic_error(res, e); else send_openai_error(res, e);
-    return httplib::Server::HandlerResponse::Handled;
+    auto refused = check_access(req, opt_, res);
+    if (!refused) return false;
+    if (refused->status == 204) {  // a CORS preflight, answered
+      res.status = 204;
+      return true;
+    }
+    metrics_.count(req.path, refused->status);
+    send_error(req, res, *refused);
+    return true;
   });
-  http_.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  http_->set_error_handler([send_error](const http::Request& req, http::Response& res) {
     if (!res.body.empty()) return;
-    ApiError e{res.status, res.status == 404 ? "not_found_error" : "invalid_request_error",
-               res.status == 404 ? "no such endpoint: " + req.method + " " + req.path
-               : res.status == 413 ? "request body too large" : "bad request", ""};
-    if (req.path == "/v1/messages") send_anthropic_error(res, e); else send_openai_error(res, e);
+    const std::string why = !res.error_message.empty() ? res.error_message
+                            : res.status == 404         ? "no such endpoint: " + req.method + " " + req.path
+                                                        : "bad request";
+    ApiError e{res.status, res.status == 404 ? "not_found_error" : res.status >= 500 ? "server_error" : "invalid_request_error",
+               why, ""};
+    send_error(req, res, e);
   });
-  http_.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+  http_->set_exception_handler([send_error](const http::Request& req, http::Response& res, std::exception_ptr ep) {
     std::string what = "internal error";
     try { if (ep) std::rethrow_exception(ep); } catch (const std::exception& ex) { what = ex.what(); } catch (...) {}
-    const ApiError e{500, "server_error", what, ""};
-    if (req.path == "/v1/messages") send_anthropic_error(res, e); else send_openai_error(res, e);
+    send_error(req, res, ApiError{500, "server_error", what, ""});
   });
-  http_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+  http_->Get("/health", [this](const http::Request&, http::Response& res) {
     EngineStats s = engine_->stats();
     res.set_content(ojson{{"status", stopping_.load() ? "stopping" : "ok"}, {"model", ctx_->model_id},
                           {"active", s.active}, {"queued", s.queued}}.dump(), "application/json");
   });
-  http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+  http_->Get("/metrics", [this](const http::Request&, http::Response& res) {
     res.set_content(metrics_text(), "text/plain; version=0.0.4");
   });
-  http_.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+  http_->set_logger([this](const http::Request& req, const http::Response& res) {
     log_request(opt_.log, req.method, req.path, res.status, engine_.get());
   });
-  register_web_page(http_);
-  register_openai_routes(http_, *ctx_);
-  register_anthropic_routes(http_, *ctx_);
+  register_web_page(*http_);
+  register_openai_routes(*http_, *ctx_);
+  register_anthropic_routes(*http_, *ctx_);
 }
 
 Status Server::start() {
-  if (opt_.port == 0) {
-    port_ = http_.bind_to_any_port(opt_.host);
-    if (port_ <= 0) return err("cannot bind %s on any port", opt_.host.c_str());
-  } else {
-    if (!http_.bind_to_port(opt_.host, opt_.port)) return err("cannot bind %s:%d (in use?)", opt_.host.c_str(), opt_.port);
-    port_ = opt_.port;
-  }
-  thread_ = std::thread([this] { http_.listen_after_bind(); });
+  auto port = http_->bind(opt_.host, opt_.port);
+  if (!port) return Error{port.message()};
+  port_ = port.value();
+  if (opt_.api_key.empty() && !is_loopback_host(opt_.host))
+    std::fprintf(stderr, "[gemma4 serve] warning: listening on %s without --api-key: anyone who can reach port %d "
+                 "can use this server\n", opt_.host.c_str(), port_);
+  http_->start();
   return {};
 }
 
 void Server::stop(bool drain) {
-  if (stopping_.exchange(true)) {
-    if (thread_.joinable()) thread_.join();
-    return;
-  }
-  if (drain) {
-    engine_->shutdown(true);  // running requests finish...
-    // ...and their handlers write the last events before the HTTP server stops (httplib ends
-    // chunked responses as soon as it is stopped).
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  if (stopping_.exchange(true)) return;
+  // Handlers must write their last events before the HTTP server stops (stopping closes every
+  // connection).
+  auto wait_handlers = [this](std::chrono::steady_clock::duration d) {
+    const auto deadline = std::chrono::steady_clock::now() + d;
     while (ctx_->inflight.load() > 0 && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  };
+  if (drain) {
+    engine_->request_stop(true);  // running requests finish, for at most the drain deadline...
+    wait_handlers(std::chrono::seconds(opt_.shutdown_timeout_s));
   }
-  http_.stop();
-  if (thread_.joinable()) thread_.join();
+  engine_->request_stop(false);  // ...then what is left is cancelled and its handlers finish
+  wait_handlers(std::chrono::seconds(2));
+  http_->stop();
   engine_->shutdown(false);
 }
 
 void Server::wait() {
   while (!stopping_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  if (thread_.joinable()) thread_.join();
 }
 
 }  // namespace g4::server

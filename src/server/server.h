@@ -32,8 +32,7 @@ class Server {
   Metrics metrics_;
   std::atomic<bool> stopping_{false};
   std::unique_ptr<Context> ctx_;
-  httplib::Server http_;
-  std::thread thread_;
+  std::unique_ptr<http::Server> http_;
   int port_ = 0;
 };
 

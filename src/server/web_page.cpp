@@ -9,10 +9,10 @@ std::string_view web_chat_page() {
   return kPage;
 }
 
-void register_web_page(httplib::Server& http) {
-  http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+void register_web_page(http::Server& http) {
+  http.Get("/", [](const http::Request&, http::Response& res) {
     const std::string_view page = web_chat_page();
-    res.set_content(page.data(), page.size(), "text/html; charset=utf-8");
+    res.set_content(std::string(page), "text/html; charset=utf-8");
     res.set_header("Cache-Control", "no-cache");
   });
 }

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "io/json_bounded.h"
+
 namespace g4 {
 
 using ojson = nlohmann::ordered_json;
@@ -24,9 +26,10 @@ Result<std::string> read_text(const std::string& path) {
 
 Result<ojson> read_json(const std::string& path) {
   G4_ASSIGN_OR_RETURN(std::string text, read_text(path));
-  ojson j = ojson::parse(text, nullptr, false);
-  if (j.is_discarded()) return err("%s: invalid JSON", path.c_str());
-  return j;
+  std::string why;
+  auto j = parse_json_bounded<ojson>(text, JsonLimits{}, why);
+  if (!j) return err("%s: invalid JSON: %s", path.c_str(), why.c_str());
+  return std::move(*j);
 }
 
 // A special token in tokenizer_config.json: "<bos>" or an AddedToken dict {"content": "<bos>"}.

@@ -794,7 +794,13 @@ Value arith(const std::string& op, const Value& a, const Value& b) {
     if (cnt.is_integral() && (seq.is_string() || seq.is_list())) {
       int64_t n = std::max<int64_t>(0, cnt.as_int());
       size_t unit = seq.is_string() ? seq.s.size() : seq.list->size();
-      if (unit && uint64_t(n) > (uint64_t(1) << 28) / unit) fail("repeated sequence too large");
+      const uint64_t cap = seq.is_string() ? kMaxStringBytes : kMaxListItems;
+      if (unit && uint64_t(n) > cap / unit) fail("repeated sequence too large");
+      if (seq.is_list()) {  // copies of its strings count too
+        uint64_t bytes = 0;
+        for (const Value& x : *seq.list) bytes += x.s.size();
+        if (bytes && uint64_t(n) > kMaxStringBytes / bytes) fail("repeated sequence too large");
+      }
       if (seq.is_string()) {
         std::string s;
         for (int64_t k = 0; k < n; ++k) s += seq.s;
@@ -1141,7 +1147,7 @@ void add_globals(Dict& d) {
     List l;
     for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
       l.push_back(Value::integer(i));
-      if (l.size() > 10000000) fail("range too big");
+      if (l.size() > kMaxListItems) fail("range too big");
     }
     return Value::make_list(std::move(l));
   }));

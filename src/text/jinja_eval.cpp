@@ -32,16 +32,40 @@ enum class Flow { Normal, Break, Continue };
 
 constexpr int kMaxCallDepth = 256;
 
+// A render's budget (Template::render's max_steps, value sizes of jinja_value.h): a template (a GGUF
+// file's, say) that loops or grows values without bound ends with an error instead of holding a
+// thread or the memory.
 struct Interp {
   int depth = 0;
+  uint64_t steps = 0, max_steps = Template::kMaxSteps;
   // Scopes that macros close over stay alive for the whole render (a macro stored in a namespace
   // may outlive its loop iteration); held here rather than by the macro to avoid ownership cycles.
   std::vector<ScopeP> macro_scopes;
   const Value* block_input = nullptr;  // operand of a filter chain whose innermost operand is null
 
+  void step() {
+    if (++steps > max_steps)
+      throw JinjaError("the template exceeded its budget of " + std::to_string(max_steps) + " steps (a runaway loop?)");
+  }
+
+  static void check_size(const Value& v) {
+    if (v.is_string() && v.s.size() > kMaxStringBytes)
+      throw JinjaError("a string grew beyond " + std::to_string(kMaxStringBytes >> 20) + " MiB");
+    if (v.is_list() && v.list->size() > kMaxListItems)
+      throw JinjaError("a list grew beyond " + std::to_string(kMaxListItems) + " items");
+  }
+
+  static void check_output(const std::string& out) {
+    if (out.size() > kMaxStringBytes)
+      throw JinjaError("the output grew beyond " + std::to_string(kMaxStringBytes >> 20) + " MiB");
+  }
+
   Value eval(const Expr& e, const ScopeP& sc) {
     try {
-      return eval_inner(e, sc);
+      step();
+      Value v = eval_inner(e, sc);
+      check_size(v);
+      return v;
     } catch (JinjaError& x) {
       if (!x.line) x.line = e.line;
       throw;
@@ -177,9 +201,10 @@ struct Interp {
   }
 
   Flow exec_one(const Stmt& s, const ScopeP& sc, std::string& out) {
+    step();
     switch (s.kind) {
-      case SK::Text: out += s.text; return Flow::Normal;
-      case SK::Print: out += to_str(eval(*s.expr, sc)); return Flow::Normal;
+      case SK::Text: out += s.text; check_output(out); return Flow::Normal;
+      case SK::Print: out += to_str(eval(*s.expr, sc)); check_output(out); return Flow::Normal;
       case SK::If:
         for (size_t k = 0; k < s.bodies.size(); ++k)
           if (!s.conds[k] || truthy(eval(*s.conds[k], sc))) return exec(s.bodies[k], sc, out);
@@ -208,6 +233,7 @@ struct Interp {
         std::string captured;
         check_flow(exec(s.bodies[0], std::make_shared<Scope>(sc), captured), s.line);
         out += to_str(with_block_input(Value::string(captured), *s.expr, sc));
+        check_output(out);
         return Flow::Normal;
       }
       case SK::Macro: sc->set(s.text, make_macro(s, sc)); return Flow::Normal;
@@ -286,6 +312,7 @@ struct Interp {
         }
     };
     for (int64_t i = 0; i < n; ++i) {
+      step();  // an iteration is a step even when its body is empty
       auto ls = std::make_shared<Scope>(sc);
       bind(s.targets, items[i], *ls, s.line);
       *index = i;
@@ -372,8 +399,9 @@ Result<Template> Template::parse(const std::string& source, const LexOptions& op
   }
 }
 
-Result<std::string> Template::render(const Value& context) const {
+Result<std::string> Template::render(const Value& context, uint64_t max_steps) const {
   Interp in;
+  in.max_steps = max_steps;
   try {
     auto globals = std::make_shared<Scope>(nullptr);
     Dict g;

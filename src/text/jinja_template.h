@@ -35,8 +35,11 @@ class Template {
   // Errors read "line N: message". `options` defaults to HF's trim_blocks + lstrip_blocks.
   static Result<Template> parse(const std::string& source, const LexOptions& options = {});
   // `context` must be a Dict (or Undefined for none); its keys become template variables on top of
-  // the globals. Errors read "line N: message".
-  Result<std::string> render(const Value& context) const;
+  // the globals. Errors read "line N: message". A render that takes more than `max_steps` steps
+  // (statements and expressions evaluated) ends with an error; value sizes are bounded as
+  // jinja_value.h says.
+  static constexpr uint64_t kMaxSteps = 10'000'000;  // real chat templates: a few hundred per message
+  Result<std::string> render(const Value& context, uint64_t max_steps = kMaxSteps) const;
 
  private:
   std::shared_ptr<const std::vector<std::unique_ptr<Stmt>>> body_;

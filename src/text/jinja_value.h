@@ -25,6 +25,11 @@ struct JinjaError : std::runtime_error {
   int line;
 };
 
+// Size bounds of one render's values (the interpreter and the builtins check them where values
+// are made): a hostile template ends with an error instead of taking the machine's memory.
+constexpr size_t kMaxStringBytes = size_t(16) << 20;  // any string value, and the output
+constexpr size_t kMaxListItems = size_t(1) << 20;     // any list (range(), repetition, ...)
+
 struct Value;
 struct Dict;
 struct CallArgs;

@@ -109,6 +109,48 @@ Tokenizer::Tokenizer() : impl_(std::make_shared<Impl>()) {}
 Tokenizer::Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
 
 std::vector<int> Tokenizer::encode(std::string_view text, bool parse_special, bool add_bos) const {
+  return encode_impl(text, parse_special, add_bos, {});
+}
+
+std::string Tokenizer::mark_literal(std::string_view text) const {
+  const tok::AddedMatcher& matcher = impl_->raw_added;
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    if (text.compare(i, kLiteralMark.size(), kLiteralMark) == 0) {
+      i += kLiteralMark.size();
+      continue;
+    }
+    size_t len = 0;
+    const int id = matcher.may_start(static_cast<unsigned char>(text[i])) ? matcher.match_at(text, i, &len) : -1;
+    if (id >= 0 && (impl_->flags[id] & tok::kFlagSpecial)) {
+      out += kLiteralMark;
+      out.append(text.substr(i, len));
+      i += len;
+      continue;
+    }
+    out += text[i++];
+  }
+  return out;
+}
+
+std::vector<int> Tokenizer::encode_marked(std::string_view text, bool add_bos) const {
+  std::string plain;
+  plain.reserve(text.size());
+  std::vector<size_t> literal_at;  // offsets in `plain` where a mark stood
+  for (size_t i = 0; i < text.size();) {
+    if (text.compare(i, kLiteralMark.size(), kLiteralMark) == 0) {
+      literal_at.push_back(plain.size());
+      i += kLiteralMark.size();
+    } else {
+      plain += text[i++];
+    }
+  }
+  return encode_impl(plain, true, add_bos, literal_at);
+}
+
+std::vector<int> Tokenizer::encode_impl(std::string_view text, bool parse_special, bool add_bos,
+                                        std::span<const size_t> literal_at) const {
   const Impl& m = *impl_;
   std::vector<int> out;
   out.reserve(text.size() / 3 + 4);
@@ -127,8 +169,11 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool parse_special, bo
     }
     for (auto w : words) m.encode_word(w, out);
   };
-  // Splits `s` on the tokens of `matcher`; plain pieces go to on_text.
-  auto split_added = [&](const tok::AddedMatcher& matcher, std::string_view s, auto&& on_text) {
+  // Splits `s` on the tokens of `matcher`; plain pieces go to on_text. `literal` (raw text only):
+  // sorted offsets where a special token is kept as text.
+  auto split_added = [&](const tok::AddedMatcher& matcher, std::string_view s, std::span<const size_t> literal,
+                         auto&& on_text) {
+    size_t next_literal = 0;
     size_t i = 0, start = 0;
     while (i < s.size()) {
       if (!matcher.may_start(static_cast<unsigned char>(s[i]))) {
@@ -141,7 +186,9 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool parse_special, bo
         ++i;
         continue;
       }
-      if (!parse_special && (m.flags[id] & tok::kFlagSpecial)) {  // kept as text
+      while (next_literal < literal.size() && literal[next_literal] < i) ++next_literal;
+      const bool literal_here = next_literal < literal.size() && literal[next_literal] == i;
+      if ((!parse_special || literal_here) && (m.flags[id] & tok::kFlagSpecial)) {  // kept as text
         i += len;
         continue;
       }
@@ -168,10 +215,10 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool parse_special, bo
       run_model(norm);
     } else {
       std::string local = norm;  // run_model's views must outlive nested calls
-      split_added(m.norm_added, local, run_model);
+      split_added(m.norm_added, local, {}, run_model);
     }
   };
-  split_added(m.raw_added, text, on_raw);
+  split_added(m.raw_added, text, literal_at, on_raw);
   return out;
 }
 

@@ -69,6 +69,15 @@ class Tokenizer {
   // always matched (tokenizers' `encode_special_tokens` semantics). add_bos prepends bos_id()
   // (when the vocabulary has one); nothing is ever added implicitly.
   std::vector<int> encode(std::string_view text, bool parse_special = false, bool add_bos = false) const;
+  // Text whose special tokens must stay text, such as a chat message's content rendered into a
+  // template: mark_literal() puts kLiteralMark before each special token's text in `text` (and
+  // drops marks already there), and encode_marked() encodes a string holding such marked text
+  // with parse_special, except that a special token right after a mark is encoded as ordinary
+  // text; the marks themselves are removed. The mark is U+FDD0, a Unicode noncharacter (reserved
+  // for internal use), so no real text loses anything but that code point.
+  static constexpr std::string_view kLiteralMark = "\xEF\xB7\x90";
+  std::string mark_literal(std::string_view text) const;
+  std::vector<int> encode_marked(std::string_view text, bool add_bos = false) const;
   // Ids -> text. skip_special drops special tokens. Runs of byte-fallback tokens are joined and,
   // if not well-formed UTF-8, become one U+FFFD per byte (tokenizers' ByteFallback decoder).
   std::string decode(std::span<const int> ids, bool skip_special = false) const;
@@ -100,6 +109,8 @@ class Tokenizer {
 
  private:
   explicit Tokenizer(std::shared_ptr<const Impl> impl);
+  std::vector<int> encode_impl(std::string_view text, bool parse_special, bool add_bos,
+                               std::span<const size_t> literal_at) const;
   std::shared_ptr<const Impl> impl_;
 };
 

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/json_bounded.h"
+
 namespace g4::train {
 namespace fs = std::filesystem;
 using ojson = nlohmann::ordered_json;
@@ -69,8 +71,10 @@ Result<Dataset> load_jsonl(const std::string& path, const ModelBundle& b, const 
     ++lineno;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = path + ":" + std::to_string(lineno);
-    ojson rec = ojson::parse(line, nullptr, false);
-    if (rec.is_discarded()) return err("%s: not valid JSON", where.c_str());
+    std::string why;
+    auto parsed = parse_json_bounded<ojson>(line, kRequestJsonLimits, why);
+    if (!parsed) return err("%s: not valid JSON: %s", where.c_str(), why.c_str());
+    const ojson rec = std::move(*parsed);
     if (!rec.is_object()) return err("%s: each line must be a JSON object", where.c_str());
     if (first) {  // the format is the first record's, as mlx-lm's create_dataset decides
       if (rec.contains(opt.prompt_feature) && rec.contains(opt.completion_feature)) fmt = Format::Completions;

@@ -1,5 +1,7 @@
 #include "train/lora_params.h"
 
+#include "core/atomic_file.h"
+
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -106,20 +108,13 @@ Status LoraParams::save(const std::string& path) const {
   }
   std::string h = header.dump();
   while (h.size() % 8) h.push_back(' ');
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return err("%s: cannot write", tmp.c_str());
-    const uint64_t n = h.size();
-    f.write(reinterpret_cast<const char*>(&n), 8);
-    f.write(h.data(), std::streamsize(h.size()));
-    for (const auto& [v, name] : order) f.write(reinterpret_cast<const char*>(v->data()), std::streamsize(v->size() * 4));
-    if (!f.flush()) return err("%s: write failed", tmp.c_str());
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return err("%s: cannot rename to %s: %s", tmp.c_str(), path.c_str(), ec.message().c_str());
-  return Status::ok();
+  std::string bytes;
+  bytes.reserve(8 + h.size() + off);
+  const uint64_t n = h.size();
+  bytes.append(reinterpret_cast<const char*>(&n), 8);
+  bytes += h;
+  for (const auto& [v, name] : order) bytes.append(reinterpret_cast<const char*>(v->data()), v->size() * 4);
+  return write_file_atomic(path, bytes);
 }
 
 void LoraParams::zero_grads() {

@@ -15,6 +15,17 @@ namespace g4 {
 
 namespace {
 
+// The declared size against kMaxImageSide and kMaxImagePixels, before any pixel is decoded.
+std::optional<Error> check_image_size(int64_t w, int64_t h, const std::string& label) {
+  if (w <= 0 || h <= 0 || w > kMaxImageSide || h > kMaxImageSide)
+    return err("%s: image is %lldx%lld; each side must be 1..%d pixels", label.c_str(), (long long)w, (long long)h,
+               kMaxImageSide);
+  if (w * h > kMaxImagePixels)
+    return err("%s: image is %lldx%lld = %lld pixels; at most %lld are decoded", label.c_str(), (long long)w,
+               (long long)h, (long long)(w * h), (long long)kMaxImagePixels);
+  return std::nullopt;
+}
+
 // libjpeg errors longjmp back here instead of exiting the process.
 struct JpegError {
   jpeg_error_mgr mgr;
@@ -48,12 +59,9 @@ std::optional<Result<RgbImage>> decode_jpeg(const std::string& bytes, const std:
     jpeg_destroy_decompress(&cinfo);
     return std::nullopt;
   }
-  if (cinfo.image_width == 0 || cinfo.image_height == 0 || cinfo.image_width > unsigned(kMaxImageSide) ||
-      cinfo.image_height > unsigned(kMaxImageSide)) {
-    const unsigned w = cinfo.image_width, h = cinfo.image_height;
+  if (auto bad = check_image_size(int64_t(cinfo.image_width), int64_t(cinfo.image_height), label)) {
     jpeg_destroy_decompress(&cinfo);
-    return Result<RgbImage>(
-        err("%s: image is %ux%u; each side must be 1..%d pixels", label.c_str(), w, h, kMaxImageSide));
+    return Result<RgbImage>(std::move(*bad));
   }
   cinfo.out_color_space = JCS_RGB;
   jpeg_start_decompress(&cinfo);
@@ -94,8 +102,7 @@ Result<RgbImage> decode_image(const std::string& bytes, const std::string& label
   int w = 0, h = 0, comp = 0;
   if (!stbi_info_from_memory(p, int(bytes.size()), &w, &h, &comp))
     return err("%s: not a decodable image (%s)", label.c_str(), stbi_failure_reason());
-  if (w <= 0 || h <= 0 || w > kMaxImageSide || h > kMaxImageSide)
-    return err("%s: image is %dx%d; each side must be 1..%d pixels", label.c_str(), w, h, kMaxImageSide);
+  if (auto bad = check_image_size(w, h, label)) return std::move(*bad);
   stbi_uc* data = stbi_load_from_memory(p, int(bytes.size()), &w, &h, &comp, 4);
   if (!data) return err("%s: cannot decode image (%s)", label.c_str(), stbi_failure_reason());
   RgbImage img;

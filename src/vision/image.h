@@ -24,6 +24,9 @@ struct RgbImage {
 
 // Largest accepted side (pixels); larger images are refused rather than allocated.
 constexpr int kMaxImageSide = 16384;
+// Decoded pixels per image (8192 x 4096): a small compressed file can declare a huge canvas, and
+// decoding holds 7 bytes per pixel, so the bound is checked from the header before decoding.
+constexpr int64_t kMaxImagePixels = int64_t(1) << 25;
 
 // Decodes an image file's bytes into RGB as HF's processors do (convert_to_rgb): grey and
 // palettes expanded, transparency (an alpha channel or a transparent palette entry) composited
