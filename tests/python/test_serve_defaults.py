@@ -90,8 +90,9 @@ def test_request_log_text_by_default(gemma4_bin):
 
 
 def test_a_refused_key_does_not_poison_the_connection(gemma4_bin):
-    """A 401 is answered before the body is read: the connection is closed so that the client's next
-    request (the browser page retries with the key) is not parsed from the unread body."""
+    """After a 401 the client's next request on the same connection (the browser page retries with
+    the key) is answered on its own: the HTTP layer reads every body before routing, so none is left
+    unread to be parsed as the next request."""
     if not STARTER.exists():
         pytest.skip(f"{STARTER} is missing: run `make starter-model` first")
     p, port = _serve(gemma4_bin, "--api-key", "k", "--log-format", "none")
@@ -101,7 +102,7 @@ def test_a_refused_key_does_not_poison_the_connection(gemma4_bin):
         c.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
         r = c.getresponse()
         r.read()
-        assert r.status == 401 and r.getheader("Connection") == "close"
+        assert r.status == 401
         c.request("POST", "/v1/chat/completions", body=body,
                   headers={"Content-Type": "application/json", "Authorization": "Bearer k"})
         r = c.getresponse()
