@@ -58,6 +58,17 @@ def parity_report() -> list:
     return _REPORT
 
 
+def cpu_has_int8_gguf_kernels() -> bool:
+    """Whether this CPU runs the cpu backend's int8 GGUF kernels (AVX-512 F, BW, VL with VNNI:
+    quant/gguf_act.h cpu_has_avx512_vnni): llama.cpp's 8-bit activation rounding and the row-exact
+    batch-invariant kernels. Without them GGUF products are computed in exact f32."""
+    try:
+        flags = set(open("/proc/cpuinfo").read().split())
+    except OSError:
+        return False
+    return {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags
+
+
 def run_oracle_script(repo_root: Path, fixtures: Path, script: str, timeout: int = 900) -> None:
     """Runs tools/<script> --fixtures DIR (a derived-reference script, a no-op when up to date);
     fails the test session's fixture with its output when it fails."""

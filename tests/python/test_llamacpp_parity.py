@@ -42,6 +42,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import cpu_has_int8_gguf_kernels
+
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "llamacpp"
 sys.path.insert(0, str(ROOT / "tools"))
@@ -198,21 +200,10 @@ def test_greedy_identical_with_ggml_backend(gemma4_bin, model, ref, ggml_backend
     assert not bad, "ggml backend greedy differs from llama.cpp:\n" + "\n".join(bad)
 
 
-def _cpu_rounds_activations_like_llamacpp() -> bool:
-    """Whether the cpu backend's GGUF matmuls quantize activations to 8 bits as llama.cpp does: its
-    int8 kernels need AVX-512 (F, BW, VL) with VNNI (quant/gguf_act.h cpu_has_avx512_vnni); without
-    them it computes the products in exact f32 (gguf_matmul_f32)."""
-    try:
-        flags = set(open("/proc/cpuinfo").read().split())
-    except OSError:
-        return False
-    return {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags
-
-
 def test_greedy_matches_llamacpp(gemma4_bin, model, ref, parity_report):
     # The near-tie rule below assumes the same activation rounding as llama.cpp; an exact-f32
     # engine parts from it elsewhere too (the docstring's numpy floor), so this check needs that CPU.
-    if not _cpu_rounds_activations_like_llamacpp():
+    if not cpu_has_int8_gguf_kernels():
         _skip("this CPU has no AVX-512 VNNI: the cpu backend computes GGUF products in exact f32, not "
               "with llama.cpp's 8-bit activations, so its greedy runs are not held to llama.cpp's")
     meta, _ = ref

