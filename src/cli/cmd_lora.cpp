@@ -164,6 +164,11 @@ int run_lora(const std::vector<std::string>& argv) {
 
   auto params = train::LoraParams::create(cfg, lc, train::lora_layer_prefix(cfg), o.seed);
   if (!params.is_ok()) return fail_(params.message());
+  {  // every refusal before the adapter directory is touched: a refused run writes nothing there
+    train::NumpyLegacyRng probe(o.seed);
+    auto batches = train::BatchIterator::create(sets[0], o.batch_size, &probe, false);
+    if (!batches.is_ok()) return fail_(batches.message());
+  }
   auto resume_from = train::prepare_adapter_dir(o.adapter_dir, existing, lc);
   if (!resume_from.is_ok()) return fail_(resume_from.message());
   if (a.has("--resume-adapter-file")) resume_from.value() = a.get("--resume-adapter-file");
