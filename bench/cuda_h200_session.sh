@@ -25,6 +25,12 @@
 #          each synthetic file, prompt 512, 128 decoded tokens, medians of 3 processes
 # gemma4:  Gemma 4 geometries (G4_VARIANTS="e2b e4b 26b-a4b 31b"): ours and llama-bench on each synthetic
 #          file (tools/make_synthetic_gemma4_gguf.py), prompt 512, 128 decoded tokens
+# peer:    starts building llama.cpp's llama-bench and llama-batched-bench with CUDA in the background
+#          (../shared/peer/llama_cuda_kit.sh, packed into .devpeer); the gemma4 step waits for it
+# formats: random-weight safetensors checkpoints (tools/make_synthetic_gemma4_checkpoint.py) in the
+#          formats of G4_FORMATS (variant:format, format mlxB[gG][mM] = MLX affine B bits, group G,
+#          mixed M on v/down; bf16), ours on CUDA, prompt 512, 128 decoded, medians of 3 processes,
+#          with the weight-read floor at 4.3 TB/s
 # llama:   llama.cpp's llama-bench (CUDA build carried in .devllama) on the same GGUF. Made on the
 #          workstation (the CUDA toolkit compiles there; ~30 min on 2 cores) from the llama.cpp that
 #          the pinned llama-cpp-python sdist (requirements-peer.txt) vendors:
@@ -56,6 +62,16 @@ import json,sys,statistics as s
 r=[json.loads(l) for l in sys.stdin if l.startswith("{")]
 print("prefill %.1f decode %.1f tok/s (median of %d)" % (s.median(x["prefill_tok_s"] for x in r), s.median(x["decode_tok_s"] for x in r), len(r)))'
 }
+run_median() {  # LABEL, then gemma4 bench options: median of 3 processes at prompt 512, 128 decoded
+  local label=$1; shift
+  for i in 1 2 3; do timeout -s KILL 150 $B/gemma4 bench --backend cuda --prompt-tokens 512 --gen-tokens 128 \
+    --repeat 2 "$@" 2>$OUT/bench.err | tail -1; done | python3 -c '
+import json,sys,statistics as s
+r=[json.loads(l) for l in sys.stdin if l.startswith("{")]
+print("'"$label"' ours: prefill %.0f decode %.1f tok/s (median of %d)" % (s.median(x["prefill_tok_s"] for x in r), s.median(x["decode_tok_s"] for x in r), len(r)) if r else "'"$label"' ours: FAILED")' || true
+  [ -s $OUT/bench.err ] && grep -iE "error|abort|fail" $OUT/bench.err | head -3
+}
+DTYPE_ARGS=${G4_DTYPE:+--dtype $G4_DTYPE}
 for step in "$@"; do
   echo "=== $step"
   case $step in
@@ -144,19 +160,32 @@ for (n, g), (us, c) in sorted(acc.items(), key=lambda kv: -kv[1][0])[:25]:
 PY
       ;;
     hf) timeout -s KILL 300 python3 bench/bench_cuda_vs_hf.py --bin $B/gemma4 --gguf $G --gen-tokens 128 2>&1 | tail -5 ;;
+    peer) bash .devpeer/llama_cuda_kit.sh build .devpeer ;;
+    formats)
+      for VF in ${G4_FORMATS:-e2b:mlx4 e4b:mlx4 e4b:mlx8 e4b:bf16}; do
+        V=${VF%%:*}; FM=${VF#*:}; D=/tmp/ck-$V-$FM; rm -rf $D
+        if [ "$FM" = bf16 ]; then GA="--format bf16"
+        else b=${FM#mlx}; GA="--format mlx --bits ${b%%[gm]*}"
+          case $b in *g*) g=${b#*g}; GA="$GA --group ${g%%m*}";; esac
+          case $b in *m*) GA="$GA --mixed ${b#*m}";; esac; fi
+        FLOOR=$(python3 tools/make_synthetic_gemma4_checkpoint.py $D --variant $V $GA 2>/dev/null | awk '/^decode_read_bytes/ {print $2}')
+        run_median "$V $FM" --model $D $DTYPE_ARGS
+        echo "  floor: $(python3 -c "print('%.0f tok/s (%.2f GB read per token at 4.3 TB/s)' % (4.3e12 / $FLOOR, $FLOOR / 1e9))")"
+        rm -rf $D
+      done ;;
     gemma4)  # Gemma 4 geometries (G4_VARIANTS, default "e2b e4b"): synthetic Q4_K_M-like GGUFs, ours
              # (median of 3 processes) then llama-bench on the same file, prompt 512 and 128 decoded
-      [ -x /tmp/llama-bench ] || xz -d -c .devllama/llama-bench.xz > /tmp/llama-bench && chmod +x /tmp/llama-bench
+      LB=/tmp/llb/bin/llama-bench
+      if [ -d .devpeer ]; then bash .devpeer/llama_cuda_kit.sh wait || LB=; else
+        [ -x /tmp/llama-bench ] || xz -d -c .devllama/llama-bench.xz > /tmp/llama-bench && chmod +x /tmp/llama-bench
+        LB=/tmp/llama-bench; fi
       CUDA_LIBS=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/lib 2>/dev/null | tr '\n' ':')
       for V in ${G4_VARIANTS:-e2b e4b}; do
         GV=/tmp/synth-$V.gguf
-        [ -f $GV ] || python3 tools/make_synthetic_gemma4_gguf.py $GV --variant $V 2>/dev/null | tail -1
-        for i in 1 2 3; do timeout -s KILL 120 $B/gemma4 bench --model $GV --backend cuda --prompt-tokens 512 \
-          --gen-tokens 128 --repeat 2 2>/dev/null | tail -1; done | python3 -c '
-import json,sys,statistics as s
-r=[json.loads(l) for l in sys.stdin if l.startswith("{")]
-print("'$V' ours: prefill %.0f decode %.1f tok/s (median of %d)" % (s.median(x["prefill_tok_s"] for x in r), s.median(x["decode_tok_s"] for x in r), len(r)))'
-        LD_LIBRARY_PATH=$PWD/.devllama:$CUDA_LIBS$LD_LIBRARY_PATH timeout -s KILL 240 /tmp/llama-bench -m $GV -p 512 \
+        FLOOR=$(python3 tools/make_synthetic_gemma4_gguf.py $GV --variant $V 2>/dev/null | awk '/^decode_read_bytes/ {print $2}')
+        run_median "$V Q4_K_M" --model $GV $DTYPE_ARGS
+        [ -n "$FLOOR" ] && echo "  floor: $(python3 -c "print('%.0f tok/s (%.2f GB read per token at 4.3 TB/s)' % (4.3e12 / $FLOOR, $FLOOR / 1e9))")"
+        [ -n "$LB" ] && LD_LIBRARY_PATH=$PWD/.devllama:$CUDA_LIBS$LD_LIBRARY_PATH timeout -s KILL 240 $LB -m $GV -p 512 \
           -n 128 -ngl 99 -fa 0,1 -r 3 -o md 2>&1 | grep -E "pp512|tg128"
         rm -f $GV
       done ;;

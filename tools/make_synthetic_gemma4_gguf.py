@@ -53,8 +53,9 @@ def use_more_bits(i: int, n: int) -> bool:  # llama-quant.cpp
 class Writer:
     def __init__(self, w, rng, gguf):
         self.w, self.rng, self.gguf, self.bytes = w, rng, gguf, 0
+        self.decode_bytes = 0.0  # bytes one decode step reads (decode_read_bytes)
 
-    def quant(self, name: str, rows: int, cols: int, qtype: int, count: int = 1):
+    def quant(self, name: str, rows: int, cols: int, qtype: int, count: int = 1, read: float = 1.0):
         """A [count x] rows x cols matrix (ggml ne = {cols, rows[, count]}) of random blocks."""
         if cols % BLOCKS[qtype][0]:
             qtype = FALLBACK[qtype]
@@ -71,10 +72,12 @@ class Writer:
         shape = (count, rows, cols // per * nbytes) if count > 1 else (rows, cols // per * nbytes)
         self.w.add_tensor(name, raw.reshape(shape), raw_dtype=self.gguf.GGMLQuantizationType(qtype))
         self.bytes += raw.size
+        self.decode_bytes += read * raw.size
 
     def f32(self, name: str, values: np.ndarray):
         self.w.add_tensor(name, values.astype(np.float32))
         self.bytes += values.size * 4
+        self.decode_bytes += values.size * 4
 
     def norm(self, name: str, n: int, scale: float = 1.0):
         self.f32(name, scale * (1.0 + 0.1 * self.rng.standard_normal(n)))
@@ -154,7 +157,7 @@ def main() -> int:
     t.quant("token_embd.weight", VOCAB, d, Q6_K)
     t.norm("output_norm.weight", d)
     if P:
-        t.quant("per_layer_token_embd.weight", VOCAB, n * P, Q4_K)
+        t.quant("per_layer_token_embd.weight", VOCAB, n * P, Q4_K, read=0.0)  # one row per token
         t.quant("per_layer_model_proj.weight", n * P, d, Q4_K)
         t.norm("per_layer_proj_norm.weight", P)
     for i in range(n):
@@ -183,8 +186,8 @@ def main() -> int:
             E, I = v["experts"], v["expert_ff"]
             t.f32(b + "ffn_gate_inp.weight", 0.05 * t.rng.standard_normal((E, d)))
             t.norm(b + "ffn_gate_inp.scale", d)
-            t.quant(b + "ffn_gate_up_exps.weight", 2 * I, d, Q4_K, count=E)
-            t.quant(b + "ffn_down_exps.weight", d, I, Q6_K if more else Q4_K, count=E)
+            t.quant(b + "ffn_gate_up_exps.weight", 2 * I, d, Q4_K, count=E, read=v["top_k"] / E)
+            t.quant(b + "ffn_down_exps.weight", d, I, Q6_K if more else Q4_K, count=E, read=v["top_k"] / E)
             t.f32(b + "ffn_down_exps.scale", 1.0 + 0.1 * t.rng.standard_normal(E))
             t.norm(b + "pre_ffw_norm_2.weight", d)
             t.norm(b + "post_ffw_norm_1.weight", d)
@@ -201,6 +204,8 @@ def main() -> int:
     w.close()
     print(f"wrote {a.out}: gemma-4-{a.variant}, {n} layers, {Path(a.out).stat().st_size / 2**30:.2f} GiB "
           f"in {time.time() - t0:.0f} s")
+    print(f"decode_read_bytes {t.decode_bytes:.0f} (weights one decode step reads: all but the per-layer "
+          f"embedding table, of which one row, and the routed {v.get('top_k', 0)} experts' share)")
     return 0
 
 

@@ -133,6 +133,7 @@ struct BackendOptions {
   bool tensor_cores = true;  // CUDA: prefill matmuls on the tensor cores
   bool profile = false;      // CUDA: every op timed by events; per-op table on stderr at exit
   bool timing = false;       // CUDA: host/device time per step; medians on stderr at exit
+  int device = 0;            // CUDA: the GPU (CUDA device number) the backend runs on
 };
 
 class Backend {

@@ -10,6 +10,7 @@
 #include "core/thread_pool.h"
 #include "runtime/builtin_template.h"
 #include "runtime/image_prompt.h"
+#include "server/api_types.h"
 
 namespace g4::cli {
 namespace {
@@ -146,9 +147,13 @@ Result<std::vector<int32_t>> chat_prompt(Session& s, const nlohmann::ordered_jso
   ChatRenderOptions ro = s.b.render_defaults;
   ro.add_generation_prompt = true;
   ro.enable_thinking = thinking;
-  G4_ASSIGN_OR_RETURN(std::string text, s.b.chat_template->render(messages, nullptr, ro));
+  // What the user typed stays text: a "<start_of_turn>" in a message is not a turn marker (as in
+  // serve without --allow-special-in-content); only the template's own markup is special.
+  G4_ASSIGN_OR_RETURN(std::string text,
+                      s.b.chat_template->render(server::mark_literal_strings(messages, *s.b.tokenizer), nullptr, ro));
   *reasoning_open = prompt_opens_reasoning(text);
-  return encode_chat_prompt(s.b, text);
+  const std::vector<int> ids = s.b.tokenizer->encode_marked(text);
+  return std::vector<int32_t>(ids.begin(), ids.end());
 }
 
 }  // namespace g4::cli

@@ -122,6 +122,7 @@ Result<BackendOptions> backend_options_from_args(const Args& a) {
   G4_TRY(on_off("--tensor-cores", o.tensor_cores));
   G4_TRY(on_off("--cuda-profile", o.profile));
   G4_TRY(on_off("--cuda-timing", o.timing));
+  G4_ASSIGN_OR_RETURN(o.device, int_flag(a, "--cuda-device", 0, 0, 63));
   const std::string dt = a.get("--dtype");
   if (!dt.empty() && dt != "f32" && dt != "bf16") return err("--dtype: expected f32 or bf16, got '%s'", dt.c_str());
   o.activations = dt == "bf16" ? DType::BF16 : DType::F32;  // device backends; host backends store f32

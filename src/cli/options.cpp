@@ -121,6 +121,8 @@ void add_load_options(VerbCli& cli) {
             "(default: on for serve and with --draft-model, else off)")
       ->type_name("on|off")->check(one_of({"on", "off"}));
   cli.group("CUDA backend (BackendOptions)");
+  cli.value("--cuda-device", "the GPU to run on (its CUDA device number)", "0")
+      ->type_name("N")->check(CLI::Range(0, 63));
   cli.value("--cuda-graphs", "record each forward step and replay it as a CUDA graph", "on")
       ->type_name("on|off")->check(one_of({"on", "off"}));
   cli.value("--tensor-cores", "prefill matmuls on the tensor cores", "on")

@@ -1,7 +1,10 @@
 #include "model/weights.h"
 
 #include <cmath>
+#include <optional>
 #include <string>
+
+#include "core/progress.h"
 
 namespace g4 {
 namespace {
@@ -63,7 +66,12 @@ Result<ModelWeights> load_weights(const ModelConfig& cfg, const WeightSource& sr
     G4_TRY(L.norm("per_layer_projection_norm.weight", P, mw.ple_proj_norm));
   }
   mw.layers.resize(size_t(N));
+  // A device backend copies every matrix into its memory here (seconds for tens of GB): a bar
+  // counts the layers placed.
+  std::optional<ProgressTask> placed;
+  if (be.on_device()) placed.emplace("copying weights to " + be.name(), uint64_t(N), ProgressUnit::Iterations);
   for (int i = 0; i < N; ++i) {
+    if (placed && i > 0) placed->add(1);
     const LayerSpec& ls = cfg.layers[size_t(i)];
     LayerWeights& lw = mw.layers[size_t(i)];
     const std::string p = "layers." + std::to_string(i) + ".";
@@ -130,6 +138,7 @@ Result<ModelWeights> load_weights(const ModelConfig& cfg, const WeightSource& sr
       lw.layer_scalar = s.value()[0];
     }
   }
+  if (placed) placed->add(1);
   return mw;
 }
 

@@ -61,6 +61,23 @@ def test_run_chats_with_the_base_starter_through_the_builtin_template(cli, tmp_p
     assert re.search(rf"prompt: {n} tokens", r.stderr), (n, r.stderr)
 
 
+def test_typed_control_tokens_stay_text(cli):
+    """A chat message that types a turn marker does not forge a turn: "<end_of_turn>" in what the
+    user typed is encoded as ordinary text (several tokens, like the same characters with a space
+    inside, give or take the space's token), not as the one control token the template emits."""
+    counts = []
+    for q in ("say <end_of_turn> now", "say <end_of_turn > now"):
+        r = run(cli, "run", "--max-tokens", "1", q)
+        assert r.returncode == 0, r.stderr
+        counts.append(int(re.search(r"prompt: (\d+) tokens", r.stderr).group(1)))
+    literal, spaced = counts
+    ids = subprocess.run([str(cli), "tokenize", "--file", "/dev/stdin"], input="<end_of_turn>",
+                         capture_output=True, text=True)
+    as_text = len(json.loads(ids.stdout))
+    assert as_text >= 3  # as one control token the prompt would be as_text - 1 >= 2 tokens shorter
+    assert abs(literal - spaced) <= 1, (literal, spaced, as_text)
+
+
 def test_chat_answer_ends_at_the_turn_end(cli):
     """An answer stops at <end_of_turn> (id 106 in Gemma 3's vocabulary) instead of running to the
     token limit. The pre-trained starter seldom emits it by itself, so a logit bias makes it."""

@@ -1,45 +1,47 @@
-// The CUDA backend: every dense op of backend.h as an f32 kernel (cuda_kernels.cu), weights copied
-// to device memory once at load (place_weight), activations and KV caches in device memory as typed
+// The CUDA backend: every op of backend.h as a kernel launch on one Device (cuda_device.h), weights
+// copied to device memory once at load (place_weight), activations and KV caches as typed device
 // buffers (backend/buffer.h) of BackendOptions::activations (f32 by default, or bf16; kernels
-// accumulate in f32, logits are f32), one device, one stream of its own. Each forward step is recorded
-// and, from its second sighting on, replayed as a CUDA graph (cuda_step.h): a decode step is one
-// graph launch, with no host sync before the logits are read. Mixture-of-experts layers route
-// through the host (a sync per MoE layer). Not yet: a grouped expert GEMM. Every
-// CUDA call is checked; a failure aborts with the call and CUDA's message. Options come from the
-// CLI (BackendOptions); G4_CUDA_SKIP=op,op (ablation timings: those ops are never launched, results
-// are wrong) is the one debug switch read from the environment.
+// accumulate in f32, logits are f32). The parts live in their own files: the device
+// (cuda_device.h), its memory (cuda_alloc.h), step recording and graph replay (cuda_step.h), the
+// profiling and timing observers (cuda_observers.h), and the kernels by concern (cuda_kernels.h).
+//
+// Every op goes through launch(name, launcher, args...): the launcher is a cuda:: function and
+// args are exactly what it is called with, so a recorded step's key (cuda_step.h) is derived from
+// the launch itself: its name and the value of every argument (pointers by address, structs by
+// their bytes; argument structs are value-initialized, so their padding is zero). A decode step is
+// one graph launch, with no host sync before the logits are read, MoE layers included (their
+// prefill still routes through the host, a sync per MoE layer). Every CUDA call is checked; a failure aborts with the
+// call and CUDA's message. Options come from the CLI (BackendOptions); G4_CUDA_SKIP=name,name
+// (ablation timings: those launches never run, results are wrong) is the one debug switch read
+// from the environment.
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
-#include <cstring>
-#include <map>
-#include <type_traits>
-#include <cstdio>
+#include <cstdint>
 #include <cstdlib>
-#include <mutex>
+#include <cstring>
+#include <memory>
 #include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_alloc.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_moe.h"
+#include "backend/cuda/cuda_observers.h"
 #include "backend/cuda/cuda_step.h"
 #include "backend/host_backend.h"
 #include "core/status.h"
 
 namespace g4 {
 namespace {
-
-void check(cudaError_t e, const char* what, const char* file, int line) {
-  if (e == cudaSuccess) return;
-  std::fprintf(stderr, "%s:%d: CUDA error in %s: %s\n", file, line, what, cudaGetErrorString(e));
-  std::abort();
-}
-#define G4_CUDA(call) check((call), #call, __FILE__, __LINE__)
-// After kernel launches: launch-configuration errors surface here, faults at the next sync.
-#define G4_CUDA_LAUNCHED() check(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
 
 size_t view_data_bytes(const WeightView& w) { return size_t(w.rows) * size_t(w.row_bytes); }
 size_t view_scale_bytes(const WeightView& w) {
@@ -48,86 +50,45 @@ size_t view_scale_bytes(const WeightView& w) {
 }
 
 cuda::DevWeight dev(const WeightView& w) {
-  return cuda::DevWeight{w.fmt, w.rows, w.cols, w.row_bytes, static_cast<const uint8_t*>(w.data),
-                         w.bits, w.group_size, w.scales, w.biases, w.scale_dtype};
+  cuda::DevWeight d{};  // value-initialized: its bytes are part of a step's key
+  d.fmt = w.fmt;
+  d.rows = w.rows;
+  d.cols = w.cols;
+  d.row_bytes = w.row_bytes;
+  d.data = static_cast<const uint8_t*>(w.data);
+  d.bits = w.bits;
+  d.group_size = w.group_size;
+  d.scales = w.scales;
+  d.biases = w.biases;
+  d.scale_dtype = w.scale_dtype;
+  return d;
 }
 
-// One signature word of a launch argument (cuda_step.h): pointers by address, floats by bits.
+// The key words of one launch argument (cuda_step.h): pointers by address, numbers by value
+// (floats by their bits), enums by value, the kernels' argument structs by their bytes.
 template <class T>
-uint64_t word(T v) {
+void add_key(cuda::StepRecorder& rec, const T& v) {
   if constexpr (std::is_pointer_v<T>) {
-    return reinterpret_cast<uintptr_t>(v);
+    rec.key(reinterpret_cast<uintptr_t>(v));
   } else if constexpr (std::is_floating_point_v<T>) {
     const float f = float(v);
     uint32_t bits;
     std::memcpy(&bits, &f, 4);
-    return bits;
+    rec.key(bits);
+  } else if constexpr (std::is_integral_v<T> || std::is_enum_v<T>) {
+    rec.key(uint64_t(int64_t(v)));
   } else {
-    return uint64_t(int64_t(v));
+    static_assert(std::is_trivially_copyable_v<T>, "launch arguments are plain values");
+    uint64_t w[(sizeof(T) + 7) / 8] = {};
+    std::memcpy(w, &v, sizeof(T));
+    for (uint64_t x : w) rec.key(x);
   }
 }
+uint64_t name_key(std::string_view op) { return std::hash<std::string_view>{}(op); }
 
-// BackendOptions::profile: every op runs directly (no graphs), between two events; at exit, stderr gets
-// the device time per op kind (matmuls per weight shape), largest first. For finding where a step's
-// time goes; the per-op events themselves add launch gaps, so totals exceed a plain run's.
-class OpProfile {
- public:
-  ~OpProfile() {
-    resolve();
-    std::vector<std::pair<std::string, Acc>> rows(acc_.begin(), acc_.end());
-    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
-    double total = 0;
-    for (const auto& r : rows) total += r.second.ms;
-    std::fprintf(stderr, "cuda profile: %.3f ms of device time in ops\n%-34s %8s %10s %9s %6s\n", total, "op", "calls",
-                 "total ms", "us/call", "share");
-    for (const auto& [k, a] : rows)
-      std::fprintf(stderr, "%-34s %8ld %10.3f %9.2f %5.1f%%\n", k.c_str(), a.n, a.ms, 1e3 * a.ms / double(a.n),
-                   100.0 * a.ms / total);
-  }
-  template <class F>
-  void time(cudaStream_t s, std::string key, F&& f) {
-    cudaEvent_t a, b;
-    G4_CUDA(cudaEventCreate(&a));
-    G4_CUDA(cudaEventCreate(&b));
-    G4_CUDA(cudaEventRecord(a, s));
-    f();
-    G4_CUDA(cudaEventRecord(b, s));
-    pending_.push_back({std::move(key), a, b});
-    if (pending_.size() > 4096) resolve();
-  }
-  void resolve() {
-    for (Pending& p : pending_) {
-      G4_CUDA(cudaEventSynchronize(p.b));
-      float ms = 0;
-      G4_CUDA(cudaEventElapsedTime(&ms, p.a, p.b));
-      Acc& a = acc_[p.key];
-      a.ms += ms;
-      ++a.n;
-      cudaEventDestroy(p.a);
-      cudaEventDestroy(p.b);
-    }
-    pending_.clear();
-  }
-
- private:
-  struct Pending {
-    std::string key;
-    cudaEvent_t a, b;
-  };
-  struct Acc {
-    double ms = 0;
-    long n = 0;
-  };
-  std::vector<Pending> pending_;
-  std::map<std::string, Acc> acc_;
-};
-
-const char* op_name(uint64_t op) {
-  static const char* names[] = {"?",   "copy",  "embed",   "matmul",      "rms_norm",   "rope",     "kv_write",
-                                "attention", "gelu_mul", "gelu_mul_ggml", "add", "scale", "softcap", "gather_rows",
-                                "copy_cols", "norm_add", "norm_rope", "gate_up_gelu", "norm_matmuls", "argmax", "big_matmul", "attn_prep",
-                                "matmul_norm_add", "top_k", "moe_combine"};
-  return op < sizeof(names) / sizeof(names[0]) ? names[op] : "?";
+// A device-to-device copy as a launcher (copy_bytes).
+void copy_device(cudaStream_t s, const void* src, size_t bytes, void* dst) {
+  G4_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
 }
 
 // A buffer that must be f32 (logits, router weights, top-k outputs).
@@ -155,45 +116,26 @@ int32_t* I(const Buf& b) {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(const BackendOptions& opt) : opt_(opt) {
-    G4_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    rec_ = std::make_unique<cuda::StepRecorder>(stream_, opt.graphs);
+  explicit CudaBackend(const BackendOptions& opt) : opt_(opt), dev_(opt.device), mem_(dev_), tables_(mem_) {
+    rec_ = std::make_unique<cuda::StepRecorder>(dev_.stream(), opt.graphs);
     cuda::set_tensor_cores(opt.tensor_cores);
-    G4_CUDA(cudaMalloc(&counter_, sizeof(unsigned)));
-    G4_CUDA(cudaMemsetAsync(counter_, 0, sizeof(unsigned), stream_));
-    if (opt.profile) prof_ = std::make_unique<OpProfile>();
+    if (opt.profile) profile_ = cuda::make_op_profile();
+    if (opt.timing) timer_ = cuda::make_step_timer();
     if (const char* skip = std::getenv("G4_CUDA_SKIP")) {  // ablation: "attention,norm_add": never launch those
-      const std::string list = std::string(",") + skip + ",";
-      for (uint64_t op = 1; op < 32; ++op)
-        if (list.find(std::string(",") + op_name(op) + ",") != std::string::npos) skip_ |= 1u << op;
-    }
-    timing_ = opt.timing;
-    if (timing_) {
-      G4_CUDA(cudaEventCreate(&ev_[0]));
-      G4_CUDA(cudaEventCreate(&ev_[1]));
+      std::string list = skip;
+      for (size_t at = 0; at <= list.size();) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        if (comma > at) skip_.insert(list.substr(at, comma - at));
+        at = comma + 1;
+      }
     }
   }
   ~CudaBackend() override {
-    if (timing_ && !t_wait_.empty()) {
-      auto med = [](std::vector<double> v) {
-        std::sort(v.begin(), v.end());
-        return v.empty() ? 0.0 : 1e6 * v[v.size() / 2];
-      };
-      std::fprintf(stderr, "cuda timing: %zu steps, medians per step: host enqueue %.1f us, end_step %.1f us, "
-                           "logits wait %.1f us, host between steps %.1f us; device time of the step's work %.1f "
-                           "us\n", t_wait_.size(), med(t_enqueue_), med(t_end_), med(t_wait_), med(t_outside_),
-                   med(t_gpu_));
-    }
-    prof_.reset();
+    profile_.reset();
+    timer_.reset();
     rec_.reset();  // waits for the stream
-    free_retired();
-    for (void* p : owned_) cudaFree(p);
-    if (partial_) cudaFree(partial_);
-    if (counters_) cudaFree(counters_);
-    cudaFree(counter_);
-    if (argmax_slots_) cudaFree(argmax_slots_);
+    mem_.collect();
     if (bounce_) cudaFreeHost(bounce_);
-    cudaStreamDestroy(stream_);
   }
   std::string name() const override { return "cuda"; }
   // Kernels compute in their buffers' dtype (activation_dtype()); the host backends' bf16 rounding
@@ -203,28 +145,20 @@ class CudaBackend final : public Backend {
 
   WeightView place_weight(const WeightView& w) override {
     WeightView d = w;
-    d.data = upload(w.data, view_data_bytes(w));
+    d.data = mem_.upload(w.data, view_data_bytes(w));
     if (const size_t sb = view_scale_bytes(w)) {
-      d.scales = upload(w.scales, sb);
-      d.biases = upload(w.biases, sb);
+      d.scales = mem_.upload(w.scales, sb);
+      d.biases = mem_.upload(w.biases, sb);
     }
     return d;
   }
 
   Buf alloc(DType t, size_t n) override {
     // Whole 4-byte words (byte buffers of quantized KV codes are read as words).
-    return Buf(raw_alloc((std::max<size_t>(n, 1) * dtype_size(t) + 3) / 4 * 4), t, int64_t(n), 0);
+    return Buf(mem_.alloc((std::max<size_t>(n, 1) * dtype_size(t) + 3) / 4 * 4), t, int64_t(n), dev_.id());
   }
   using Backend::free;
-  void free(void* p) override {
-    if (!p) return;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!owned_.erase(p)) return;
-    }
-    if (rec_->active()) retired_.push_back(p);  // a logged launch may still use it
-    else G4_CUDA(cudaFree(p));
-  }
+  void free(void* p) override { mem_.free(p, /*deferred=*/rec_->active()); }
   void read_bytes(const Buf& src_b, size_t bytes, void* dst) override {
     rec_->flush();
     if (!bytes) return;
@@ -233,29 +167,21 @@ class CudaBackend final : public Backend {
       G4_CUDA(cudaMallocHost(&bounce_, bytes));
       bounce_n_ = bytes;
     }
-    G4_CUDA(cudaMemcpyAsync(bounce_, src_b.data, bytes, cudaMemcpyDeviceToHost, stream_));
-    G4_CUDA(cudaStreamSynchronize(stream_));
+    G4_CUDA(cudaMemcpyAsync(bounce_, src_b.data, bytes, cudaMemcpyDeviceToHost, dev_.stream()));
+    dev_.sync();
     std::memcpy(dst, bounce_, bytes);
-    if (timing_) {
-      float ms = 0;
-      if (cudaEventElapsedTime(&ms, ev_[0], ev_[1]) == cudaSuccess) t_gpu_.push_back(1e-3 * ms);
-      t_wait_.push_back(seconds_since(t_mark_));
-      t_mark_ = std::chrono::steady_clock::now();
-    }
+    if (timer_) timer_->output_read();
   }
   void write_bytes(const void* src, size_t bytes, const Buf& dst_b) override {
     void* dst = dst_b.data;
     if (!bytes || rec_->stage_copy(src, bytes, dst)) return;
     rec_->flush();
-    G4_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
-    G4_CUDA(cudaStreamSynchronize(stream_));  // src may go away when this returns
+    G4_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, dev_.stream()));
+    dev_.sync();  // src may go away when this returns
   }
   void copy_bytes(const Buf& src_b, size_t bytes, const Buf& dst_b) override {
     if (!bytes) return;
-    const void* src = src_b.data;
-    void* dst = dst_b.data;
-    launch([=](cudaStream_t s) { G4_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s)); }, 1, src,
-           bytes, dst);
+    launch("copy", copy_device, static_cast<const void*>(src_b.data), bytes, dst_b.data);
   }
 
   void embed(const WeightView& E, const Buf& ids_b, int n, float scale, ActPrecision P, const Buf& out_b) override {
@@ -263,8 +189,7 @@ class CudaBackend final : public Backend {
     void* out = out_b.data;
     const DType t = act_type({&out_b});
     const cuda::DevWeight e = dev(E);
-    launch([=](cudaStream_t s) { cuda::embed(s, e, ids, n, scale, out, t); }, 2, e.data, e.rows, e.cols, ids, n, scale,
-           out, int(t));
+    launch("embed", cuda::embed, e, ids, n, scale, out, t);
   }
   void matmul(const Buf& x_b, int M, const WeightView& W, ActPrecision P, const Buf& y_b) override {
     const void* x = x_b.data;
@@ -272,26 +197,24 @@ class CudaBackend final : public Backend {
     const DType xt = act_type({&x_b}), yt = act_type({&y_b});
     G4_CHECK((yt == xt || yt == DType::F32) && "cuda matmul: y is of x's type or f32");
     const cuda::DevWeight w = dev(W);
-    if (prof_) key_ = "matmul " + std::to_string(w.rows) + "x" + std::to_string(w.cols) + " M=" + std::to_string(M);
+    if (profile_) label_ = "matmul " + std::to_string(w.rows) + "x" + std::to_string(w.cols) + " M=" + std::to_string(M);
     // Op 20 ("big_matmul", >= 64Ki rows: the LM head) only to tell it apart in G4_CUDA_SKIP ablations.
-    launch([=](cudaStream_t s) { cuda::matmul(s, x, xt, M, w, y, yt); }, w.rows >= 65536 ? 20 : 3, x, M, w.data,
-           w.rows, w.cols, y, int(xt), int(yt));
+    launch((w.rows >= 65536 ? "big_matmul" : "matmul"), cuda::matmul, x, xt, M, w, y, yt);
   }
   void rms_norm(const Buf& x_b, int rows, int dim, const float* w, float eps, ActPrecision P,
                 const Buf& y_b) override {
     const void* x = x_b.data;
     void* y = y_b.data;
     const DType t = act_type({&x_b, &y_b});
-    launch([=](cudaStream_t s) { cuda::rms_norm(s, x, rows, dim, w, eps, y, t); }, 4, x, rows, dim, w, eps, y, int(t));
+    launch("rms_norm", cuda::rms_norm, x, rows, dim, w, eps, y, t);
   }
   void rope(const Buf& x_b, int rows, int heads, int head_dim, int pos0, const RopeTable& t, ActPrecision P) override {
     void* x = x_b.data;
     const DType at = act_type({&x_b});
-    const float* inv = inv_freq_on_device(t);
+    const float* inv = tables_.inv_freq(t.inv_freq);
     const float ps = t.position_scale;
     const cuda::Dyn p = rec_->dyn(pos0);
-    launch([=](cudaStream_t s) { cuda::rope(s, x, rows, heads, head_dim, p, inv, ps, at); }, 5, x, rows, heads,
-           head_dim, inv, ps, int(at));
+    launch("rope", cuda::rope, x, rows, heads, head_dim, p, inv, ps, at);
   }
   bool supports_kv_quant() const override { return true; }
   bool supports_image_blocks() const override { return true; }
@@ -303,9 +226,7 @@ class CudaBackend final : public Backend {
     const DType t = act_type({&k_b, &v_b, &kv.k, &kv.v});
     const cuda::KvQuantArgs q = quant_args(kv);
     const cuda::Dyn p = rec_->dyn(s.pos0);
-    launch([=](cudaStream_t st) { cuda::kv_write(st, k, v, row0, n, p, hk, hd, cap, win, kc, vc, q, t); }, 6, k, v,
-           row0, n, hk, hd, cap, win, kc, vc, q.bits, q.group, int(q.bf16_params), q.kq, q.vq, q.ks, q.kb, q.vs,
-           q.vb, int(t));
+    launch("kv_write", cuda::kv_write, k, v, row0, n, p, hk, hd, cap, win, kc, vc, q, t);
     record_positions(s);
   }
   void attention(const Buf& q_b, int H, const std::vector<AttnSeq>& seqs, float scale, ActPrecision P,
@@ -320,79 +241,84 @@ class CudaBackend final : public Backend {
       // An image block can reach past a sliding window (never past the ring, which holds the call).
       const int max_visible = kv.window > 0 && !sq.blocks ? std::min(kv.window, kv.capacity) : kv.capacity;
       const int splits = cuda::attention_splits(sq.n, H, max_visible);
-      float* partial = splits > 1 ? partial_floats(size_t(sq.n) * H * splits * (kv.head_dim + 2)) : nullptr;
-      unsigned* counters = splits > 1 ? split_counters(size_t(sq.n) * H) : nullptr;
+      float* partial = splits > 1 ? static_cast<float*>(partial_.get(mem_, size_t(sq.n) * H * splits * (kv.head_dim + 2) * 4, dev_)) : nullptr;
+      unsigned* counters = splits > 1 ? static_cast<unsigned*>(counters_.get(mem_, size_t(sq.n) * H * sizeof(unsigned), dev_, true)) : nullptr;
       G4_CHECK(kv.quantized() || act_type({&kv.k, &kv.v}) == t);
-      const cuda::AttnArgs a{sq.row0, sq.n,        rec_->dyn(sq.pos0), kv.k.data,     kv.v.data,
-                             kv.capacity, kv.n_kv_heads, kv.head_dim,   kv.window,     quant_args(kv),
-                             sq.blocks ? device_blocks(sq.blocks, sq.n) : nullptr, t};
-      const cuda::KvQuantArgs& qa = a.quant;
-      launch([=](cudaStream_t s) { cuda::attention(s, q, H, a, scale, splits, partial, counters, out); }, 7, q, H,
-             a.row0, a.n, a.k, a.v, a.capacity, a.n_kv_heads, a.head_dim, a.window, scale, splits, partial, counters,
-             out, qa.bits, qa.group, qa.kq, qa.vq, qa.ks, qa.kb, qa.vs, qa.vb, a.blocks, int(t));
+      cuda::AttnArgs a{};  // value-initialized: its bytes are part of the step's key
+      a.row0 = sq.row0;
+      a.n = sq.n;
+      a.pos0 = rec_->dyn(sq.pos0);
+      a.k = kv.k.data;
+      a.v = kv.v.data;
+      a.capacity = kv.capacity;
+      a.n_kv_heads = kv.n_kv_heads;
+      a.head_dim = kv.head_dim;
+      a.window = kv.window;
+      a.quant = quant_args(kv);
+      a.blocks = sq.blocks ? device_blocks(sq.blocks, sq.n) : nullptr;
+      a.t = t;
+      launch("attention", cuda::attention, q, H, a, scale, splits, partial, counters, out);
     }
   }
   void gelu_mul(const Buf& gate_b, const Buf& up_b, size_t n, ActPrecision P, const Buf& out_b) override {
     const void *gate = gate_b.data, *up = up_b.data;
     void* out = out_b.data;
     const DType t = act_type({&gate_b, &up_b, &out_b});
-    launch([=](cudaStream_t s) { cuda::gelu_mul(s, gate, up, n, out, t); }, 8, gate, up, n, out, int(t));
+    launch("gelu_mul", cuda::gelu_mul, gate, up, n, out, t);
   }
   void gelu_mul_ggml(const Buf& gate_b, const Buf& up_b, size_t n, const Buf& out_b) override {
     const void *gate = gate_b.data, *up = up_b.data;
     void* out = out_b.data;
     const DType at = act_type({&gate_b, &up_b, &out_b});
-    const uint16_t* t = gelu_table();
-    launch([=](cudaStream_t s) { cuda::gelu_mul_ggml(s, gate, up, n, t, out, at); }, 9, gate, up, n, t, out, int(at));
+    const uint16_t* t = tables_.gelu_table();
+    launch("gelu_mul_ggml", cuda::gelu_mul_ggml, gate, up, n, t, out, at);
   }
   void add(const Buf& a_b, const Buf& b_b, size_t n, ActPrecision P, const Buf& y_b) override {
     const void *a = a_b.data, *b = b_b.data;
     void* y = y_b.data;
     const DType t = act_type({&a_b, &b_b, &y_b});
-    launch([=](cudaStream_t s) { cuda::add(s, a, b, n, y, t); }, 10, a, b, n, y, int(t));
+    launch("add", cuda::add, a, b, n, y, t);
   }
   void scale(const Buf& a_b, float f, size_t n, ActPrecision P, const Buf& y_b) override {
     const void* a = a_b.data;
     void* y = y_b.data;
     const DType t = act_type({&a_b, &y_b});
-    launch([=](cudaStream_t s) { cuda::scale(s, a, f, n, y, t); }, 11, a, f, n, y, int(t));
+    launch("scale", cuda::scale, a, f, n, y, t);
   }
   void softcap(const Buf& x_b, size_t n, float cap, ActPrecision P) override {
     void* x = x_b.data;
     const DType t = act_type({&x_b});
-    launch([=](cudaStream_t s) { cuda::softcap(s, x, n, cap, t); }, 12, x, n, cap, int(t));
+    launch("softcap", cuda::softcap, x, n, cap, t);
   }
   void gather_rows(const Buf& src_b, const Buf& idx_b, int n, int dim, const Buf& dst_b) override {
     const void* src = src_b.data;
     const int32_t* idx = I(idx_b);
     void* dst = dst_b.data;
     const DType t = act_type({&src_b, &dst_b});
-    launch([=](cudaStream_t s) { cuda::gather_rows(s, src, idx, n, dim, dst, t); }, 13, src, idx, n, dim, dst, int(t));
+    launch("gather_rows", cuda::gather_rows, src, idx, n, dim, dst, t);
   }
   void copy_cols(const Buf& src_b, int rows, int src_dim, int off, int n, const Buf& dst_b) override {
     const void* src = src_b.data;
     void* dst = dst_b.data;
     const DType t = act_type({&src_b, &dst_b});
-    launch([=](cudaStream_t s) { cuda::copy_cols(s, src, rows, src_dim, off, n, dst, t); }, 14, src, rows, src_dim,
-           off, n, dst, int(t));
+    launch("copy_cols", cuda::copy_cols, src, rows, src_dim, off, n, dst, t);
   }
   void norm_add(const Buf& x_b, const Buf& o_b, int rows, int dim, const float* w, float eps,
                 ActPrecision P) override {
     void *x = x_b.data, *o = o_b.data;
     const DType t = act_type({&x_b, &o_b});
-    launch([=](cudaStream_t s) { cuda::norm_add(s, x, o, rows, dim, w, eps, t); }, 15, x, o, rows, dim, w, eps, int(t));
+    launch("norm_add", cuda::norm_add, x, o, rows, dim, w, eps, t);
   }
   void norm_rope(const Buf& x_b, int heads, int head_dim, const float* w, float eps, const std::vector<AttnSeq>& seqs,
                  const RopeTable& t, ActPrecision P) override {
     const DType at = act_type({&x_b});
-    const float* inv = inv_freq_on_device(t);
+    const float* inv = tables_.inv_freq(t.inv_freq);
     const float ps = t.position_scale;
     for (const AttnSeq& sq : seqs) {
       void* xs = x_b.at(int64_t(sq.row0) * heads * head_dim).data;
       const int n = sq.n;
       const cuda::Dyn p = rec_->dyn(sq.pos0);
-      launch([=](cudaStream_t s) { cuda::norm_rope(s, xs, n, heads, head_dim, w, eps, p, inv, ps, at); }, 16, xs, n,
-             heads, head_dim, w, eps, inv, ps, int(at));
+      launch("norm_rope", cuda::norm_rope, xs, n, heads, head_dim, w, eps, p, inv, ps, at);
     }
   }
   void matmul_norm_add(const Buf& x_b, int M, const WeightView& W, const Buf& y_b, const Buf& resid_b,
@@ -401,7 +327,6 @@ class CudaBackend final : public Backend {
       Backend::matmul_norm_add(x_b, M, W, y_b, resid_b, w, eps, P);
       return;
     }
-    const void* x = x_b.data;
     void *y_scratch = y_b.data, *x_resid = resid_b.data;
     cuda::MatArgs a = mat_args(x_b, InputNorm{});
     G4_CHECK(act_type({&x_b, &y_b, &resid_b}) == a.xt);
@@ -411,18 +336,17 @@ class CudaBackend final : public Backend {
     a.resid = x_resid;
     a.post_w = w;
     a.post_eps = eps;
-    a.counter = counter_;
-    if (prof_) key_ = "matmul_norm_add " + std::to_string(W.rows) + "x" + std::to_string(W.cols) + " M=" +
+    a.counter = static_cast<unsigned*>(epilogue_counter_.get(mem_, sizeof(unsigned), dev_, true));
+    if (profile_) label_ = "matmul_norm_add " + std::to_string(W.rows) + "x" + std::to_string(W.cols) + " M=" +
                       std::to_string(M);
-    launch([=](cudaStream_t s) { cuda::matmuls(s, a, M); }, 22, x, M, a.w[0].data, W.rows, W.cols, y_scratch, x_resid,
-           w, eps, int(a.xt));
+    launch("matmul_norm_add", cuda::matmuls, a, M);
   }
   void attn_prep(const Buf& q_b, int H, const Buf& k_b, const Buf& v_b, int Hk, int head_dim, const float* q_norm_w,
                  const float* k_norm_w, bool v_norm, float eps, const std::vector<AttnSeq>& seqs, const RopeTable& t,
                  ActPrecision P) override {
     const bool has_k = bool(k_b);
     const DType at = act_type({&q_b, &k_b, &v_b});
-    const float* inv = inv_freq_on_device(t);
+    const float* inv = tables_.inv_freq(t.inv_freq);
     for (const AttnSeq& sq : seqs) {
       const KvBuffer& kv = sq.kv;
       cuda::AttnPrepArgs a{};
@@ -449,10 +373,7 @@ class CudaBackend final : public Backend {
       if (has_k && a.quant.bits) G4_CHECK(head_dim <= 512 && head_dim % a.quant.group == 0);
       a.pos0 = rec_->dyn(sq.pos0);
       const int n = sq.n;
-      const cuda::KvQuantArgs& qa = a.quant;
-      launch([=](cudaStream_t s) { cuda::attn_prep(s, a, n); }, 21, a.q, a.k, a.v, H, a.Hk, head_dim, q_norm_w,
-             k_norm_w, int(v_norm), eps, inv, t.position_scale, a.kc, a.vc, a.capacity, a.window, n, qa.bits, qa.group,
-             int(qa.bf16_params), qa.kq, qa.vq, qa.ks, qa.kb, qa.vs, qa.vb, int(at));
+      launch("attn_prep", cuda::attn_prep, a, n);
       if (has_k) record_positions(sq);
     }
   }
@@ -491,37 +412,40 @@ class CudaBackend final : public Backend {
     a.w[0] = dev(G);
     a.w2 = dev(U);
     a.y[0] = gate_out;
-    a.table = ggml_table ? gelu_table() : nullptr;
-    if (prof_) key_ = "gate_up_gelu " + std::to_string(G.rows) + "x" + std::to_string(G.cols) + " M=" + std::to_string(M);
-    launch([=](cudaStream_t s) { cuda::gate_up_gelu(s, a, M); }, 17, a.x, M, a.w[0].data, a.w2.data, G.rows, G.cols,
-           a.table, gate_out, a.norm_w, a.eps, int(a.xt));
+    a.table = ggml_table ? tables_.gelu_table() : nullptr;
+    if (profile_) label_ = "gate_up_gelu " + std::to_string(G.rows) + "x" + std::to_string(G.cols) + " M=" + std::to_string(M);
+    launch("gate_up_gelu", cuda::gate_up_gelu, a, M);
   }
   void top_k(const Buf& x_b, int rows, int n, int k, const Buf& vals_b, const Buf& idx_b, const Buf& lse_b) override {
     const float* x = F(x_b);
     float *vals = F(vals_b), *lse = F(lse_b);
     int32_t* idx = I(idx_b);
     G4_CHECK(k > 0 && k <= n && k <= 1024);
-    launch([=](cudaStream_t s) { cuda::top_k(s, x, rows, n, k, vals, idx, lse); }, 23, x, rows, n, k, vals, idx, lse);
+    launch("top_k", cuda::top_k, x, rows, n, k, vals, idx, lse);
   }
   void argmax(const Buf& x_b, int rows, int n, const Buf& out_b) override {
     const float* x = F(x_b);
     int32_t* out = I(out_b);
-    if (size_t(rows) > argmax_rows_) {  // per-row slots and counters, zero between launches
-      if (argmax_slots_) retired_.push_back(argmax_slots_);
-      G4_CUDA(cudaMalloc(&argmax_slots_, size_t(rows) * 12));
-      G4_CUDA(cudaMemsetAsync(argmax_slots_, 0, size_t(rows) * 12, stream_));
-      argmax_rows_ = size_t(rows);
-    }
-    auto* slots = static_cast<unsigned long long*>(argmax_slots_);
+    // Per-row 64-bit slots, then per-row counters: zeros that the kernel leaves zero.
+    if (size_t(rows) > argmax_rows_) argmax_rows_ = size_t(rows);
+    auto* slots = static_cast<unsigned long long*>(argmax_.get(mem_, argmax_rows_ * 12, dev_, true));
     auto* counters = reinterpret_cast<unsigned*>(slots + argmax_rows_);
-    launch([=](cudaStream_t s) { cuda::argmax(s, x, rows, n, slots, counters, out); }, 19, x, rows, n, slots, out);
+    launch("argmax", cuda::argmax, x, rows, n, slots, counters, out);
   }
-  bool on_device() const override { return true; }
-  // MoE (26B-A4B). The routing comes back to the host, which groups each expert's rows: a step
-  // with MoE layers syncs there (it runs op by op after the first, not as a graph). Correct
-  // first; a device-side grouped GEMM is what makes it fast.
+  // MoE (26B-A4B). Decode (rows <= kMoeDeviceRows): the router's top-k and the routed experts'
+  // GEMVs run on the device (cuda_moe.cu), reading only the chosen experts' rows, with no host
+  // sync, so the step replays as one graph. Prefill: the routing comes back to the host, which
+  // groups each expert's rows into one matmul per expert (a sync per MoE layer); a grouped
+  // tensor-core GEMM is what makes that fast.
+  static constexpr int kMoeDeviceRows = 8;
   void router_topk(const Buf& scores, int rows, int E, int k, const float* per_expert_scale, ActPrecision P,
                    const Buf& idx, const Buf& weights) override {
+    if (cuda::router_topk_applies(E, k)) {
+      const void* sc = scores.data;
+      const DType st = act_type({&scores});
+      launch("router_topk", cuda::router_topk, sc, st, rows, E, k, per_expert_scale, I(idx), F(weights));
+      return;
+    }
     std::vector<float> hs(size_t(rows) * E), hp(static_cast<size_t>(E)), hw(size_t(rows) * k);
     std::vector<int32_t> hi(size_t(rows) * k);
     to_host(scores, hs.size(), hs.data());
@@ -535,6 +459,11 @@ class CudaBackend final : public Backend {
                    const std::vector<WeightView>& down, ActPrecision P, const Buf& out_b) override {
     const int E = int(gate.size());
     const int64_t I = gate[0].rows;
+    if (rows <= kMoeDeviceRows && one_format(gate, gate[0].fmt) && one_format(up, gate[0].fmt) &&
+        one_format(down, down[0].fmt)) {
+      moe_experts_on_device(x, rows, d, idx, w_b, k, gate, up, down, out_b);
+      return;
+    }
     std::vector<int32_t> hidx(size_t(rows) * k);
     to_host(idx, hidx.size(), hidx.data());
     // Each expert's (row, slot) items, and where its outputs land in y (expert after expert).
@@ -578,63 +507,102 @@ class CudaBackend final : public Backend {
     const float* w = F(w_b);
     void* out = out_b.data;
     const DType t = act_type({&moe_y_, &out_b});
-    launch([=](cudaStream_t s) { cuda::moe_combine(s, yv, w, rows, k, d, out, t); }, 24, yv, w, rows, k, d, out,
-           int(t));
+    launch("moe_combine", cuda::moe_combine, yv, w, rows, k, d, out, t);
   }
   void sync() override {
     rec_->flush();
-    G4_CUDA(cudaStreamSynchronize(stream_));
-    free_retired();
+    dev_.sync();
+    mem_.collect();
   }
   void begin_step() override {
-    if (prof_) return;  // profiled ops run one by one
-    rec_->begin();      // waits for the previous step
-    free_retired();
-    if (timing_) {
-      if (!t_wait_.empty()) t_outside_.push_back(seconds_since(t_mark_));
-      t_mark_ = std::chrono::steady_clock::now();
-    }
+    if (profile_) return;  // profiled ops run one by one
+    rec_->begin();         // waits for the previous step
+    mem_.collect();
+    if (timer_) timer_->step_begin();
   }
   void end_step() override {
     // This step's image blocks are forgotten (the next step's arrays may reuse the host
-    // addresses) and freed once its work is done (free_retired: next begin_step or sync).
-    for (const auto& b : blocks_) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (owned_.erase(b.second)) retired_.push_back(b.second);
-    }
+    // addresses) and freed once its work is done (collect: next begin_step or sync).
+    for (const auto& b : blocks_) mem_.free(b.second, /*deferred=*/true);
     blocks_.clear();
-    if (timing_) {
-      t_enqueue_.push_back(seconds_since(t_mark_));
-      t_mark_ = std::chrono::steady_clock::now();
-    }
-    if (timing_) G4_CUDA(cudaEventRecord(ev_[0], stream_));
+    if (timer_) timer_->step_logged(dev_.stream());
     rec_->end();
-    if (timing_) {
-      G4_CUDA(cudaEventRecord(ev_[1], stream_));
-      t_end_.push_back(seconds_since(t_mark_));
-      t_mark_ = std::chrono::steady_clock::now();
-    }
+    if (timer_) timer_->step_launched(dev_.stream());
   }
 
  private:
-  // Runs f on the stream now, or logs it with its signature words when a step is being recorded.
-  template <class F, class... A>
-  void launch(F f, uint64_t op, A... args) {
-    if (skip_ >> op & 1u) return;  // G4_CUDA_SKIP (timing ablations only: results are wrong)
+  // Runs fn(stream, args...) now, or logs it with its key when a step is being recorded. The key
+  // is the name and every argument (add_key), so two launches replay as one graph exactly when
+  // they would launch the same kernels on the same memory with the same scalars.
+  template <class... P, class... A>
+  void launch(const char* op, void (*fn)(cudaStream_t, P...), A&&... args) {
+    static_assert(sizeof...(P) == sizeof...(A), "launch: one argument per launcher parameter");
+    std::string label = std::move(label_);
+    label_.clear();
+    if (!skip_.empty() && skip_.count(op)) return;  // G4_CUDA_SKIP (timing ablations only)
+    const std::tuple<std::decay_t<P>...> t(std::forward<A>(args)...);
+    auto call = [fn, t](cudaStream_t s) {
+      std::apply([&](const auto&... v) { fn(s, v...); }, t);
+      G4_CUDA_LAUNCHED();
+    };
     if (rec_->active()) {
-      rec_->sig({op, word(args)...});
-      rec_->add([f](cudaStream_t s) {
-        f(s);
-        G4_CUDA_LAUNCHED();
-      });
-    } else if (prof_) {
-      prof_->time(stream_, key_.empty() ? op_name(op) : key_, [&] { f(stream_); });
-      G4_CUDA_LAUNCHED();
-      key_.clear();
+      rec_->key(name_key(op));
+      std::apply([&](const auto&... v) { (add_key(*rec_, v), ...); }, t);
+      rec_->add(std::move(call));
+    } else if (profile_) {
+      profile_->before(label.empty() ? op : label, dev_.stream());
+      call(dev_.stream());
+      profile_->after(dev_.stream());
     } else {
-      f(stream_);
-      G4_CUDA_LAUNCHED();
+      call(dev_.stream());
     }
+  }
+  static bool one_format(const std::vector<WeightView>& ws, WFormat f) {
+    for (const WeightView& w : ws)
+      if (w.fmt != f) return false;
+    return !ws.empty();
+  }
+  // The device array of every expert's DevWeight for one projection, uploaded once (keyed by the
+  // first expert's device address: placed weights live as long as the backend).
+  const cuda::DevWeight* expert_table(const std::vector<WeightView>& ws) {
+    const cuda::DevWeight*& t = expert_tables_[ws[0].data];
+    if (!t) {
+      std::vector<cuda::DevWeight> h;
+      for (const WeightView& w : ws) h.push_back(dev(w));
+      t = static_cast<const cuda::DevWeight*>(mem_.upload(h.data(), h.size() * sizeof(cuda::DevWeight)));
+    }
+    return t;
+  }
+  // Decode MoE: h[item] = gelu(x·G_e) * (x·U_e), y[item] = h[item]·D_e for the rows * k routed
+  // (row, expert) items, then out = the router-weighted sum over each row's k items.
+  void moe_experts_on_device(const Buf& x, int rows, int d, const Buf& idx, const Buf& w_b, int k,
+                             const std::vector<WeightView>& gate, const std::vector<WeightView>& up,
+                             const std::vector<WeightView>& down, const Buf& out_b) {
+    const int items = rows * k;
+    const int64_t hidden = gate[0].rows;
+    const DType t = act_type({&x, &out_b});
+    void* h = moe_h_.get(mem_, size_t(items) * size_t(hidden) * dtype_size(t), dev_);
+    void* y = moe_dy_.get(mem_, size_t(items) * size_t(d) * dtype_size(t), dev_);
+    cuda::MoeMatArgs a{};
+    a.x = x.data;
+    a.xt = t;
+    a.x_div = k;
+    a.w = expert_table(gate);
+    a.w2 = expert_table(up);
+    a.idx = I(idx);
+    a.y = h;
+    launch("moe_gate_up", cuda::moe_matmul, a, items, hidden, gate[0].fmt, true);
+    cuda::MoeMatArgs b{};
+    b.x = h;
+    b.xt = t;
+    b.x_div = 1;
+    b.w = expert_table(down);
+    b.idx = I(idx);
+    b.y = y;
+    launch("moe_down", cuda::moe_matmul, b, items, int64_t(d), down[0].fmt, false);
+    const float* w = F(w_b);
+    void* out = out_b.data;
+    launch("moe_combine", cuda::moe_combine, static_cast<const void*>(y), w, rows, k, d, out, t);
   }
   // Whether an input norm of M rows of `cols` fits the matmul kernels' shared memory (or there is none).
   static bool norm_fits(const InputNorm& norm, int M, int64_t cols) {
@@ -661,17 +629,13 @@ class CudaBackend final : public Backend {
     return mat_args(norm.scratch, InputNorm{});
   }
   void launch_matmuls(const cuda::MatArgs& a, int M) {
-    if (prof_) key_ = "matmuls x" + std::to_string(a.n) + " " + std::to_string(a.w[0].rows) + "x" +
-                      std::to_string(a.w[0].cols) + " M=" + std::to_string(M);
-    const cuda::DevWeight& w0 = a.w[0];
-    const cuda::DevWeight& w1 = a.n > 1 ? a.w[1] : a.w[0];
-    const cuda::DevWeight& w2 = a.n > 2 ? a.w[2] : a.w[0];
-    launch([=](cudaStream_t s) { cuda::matmuls(s, a, M); }, 18, a.x, M, a.n, a.norm_w, a.eps, w0.data, w0.rows,
-           a.y[0], w1.data, w1.rows, a.y[a.n > 1 ? 1 : 0], w2.data, w2.rows, a.y[a.n > 2 ? 2 : 0], w0.cols, int(a.xt));
+    if (profile_) label_ = "matmuls x" + std::to_string(a.n) + " " + std::to_string(a.w[0].rows) + "x" +
+                           std::to_string(a.w[0].cols) + " M=" + std::to_string(M);
+    launch("norm_matmuls", cuda::matmuls, a, M);
   }
-  // A KV buffer's quantized storage as the kernels take it (bits 0: f32 rows).
+  // A KV buffer's quantized storage as the kernels take it (bits 0: plain rows).
   static cuda::KvQuantArgs quant_args(const KvBuffer& kv) {
-    cuda::KvQuantArgs q;
+    cuda::KvQuantArgs q{};
     if (!kv.quantized()) return q;
     q.bits = kv.quant.bits;
     q.group = kv.quant.group_size;
@@ -695,122 +659,34 @@ class CudaBackend final : public Backend {
       kv.pos[slot] = pos;
     }
   }
-  void* raw_alloc(size_t bytes) {
-    void* p = nullptr;
-    G4_CUDA(cudaMalloc(&p, bytes));
-    std::lock_guard<std::mutex> lock(mu_);
-    owned_.insert(p);
-    return p;
-  }
-  void* upload(const void* host, size_t bytes) {
-    // 16 bytes of slack: staged matmuls copy whole 16-byte words (cuda_kernels.cu stage_rows).
-    void* d = raw_alloc(bytes + 16);
-    if (bytes) G4_CUDA(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice));
-    return d;
-  }
-  void free_retired() {
-    for (void* p : retired_) G4_CUDA(cudaFree(p));
-    retired_.clear();
-  }
-  // One device copy per RoPE table (the Model keeps its tables for its lifetime); the host
-  // contents are kept beside it, so a table whose address is reused is uploaded again.
-  const float* inv_freq_on_device(const RopeTable& t) {
-    std::lock_guard<std::mutex> lock(mu_);
-    RopeCopy& c = rope_[t.inv_freq.data()];
-    if (c.dev && c.host == t.inv_freq) return c.dev;
-    if (c.dev) {  // launches logged or in flight may still read the old table
-      retired_.push_back(c.dev);
-      owned_.erase(c.dev);
-      c.dev = nullptr;
-    }
-    void* d = nullptr;
-    G4_CUDA(cudaMalloc(&d, std::max<size_t>(t.inv_freq.size(), 1) * 4));
-    owned_.insert(d);
-    c.dev = static_cast<float*>(d);
-    G4_CUDA(cudaMemcpy(c.dev, t.inv_freq.data(), t.inv_freq.size() * 4, cudaMemcpyHostToDevice));
-    c.host = t.inv_freq;
-    return c.dev;
-  }
-  const uint16_t* gelu_table() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!gelu_) {
-      const std::vector<uint16_t>& t = ggml_gelu_f16_table();
-      void* d = nullptr;
-      G4_CUDA(cudaMalloc(&d, t.size() * 2));
-      G4_CUDA(cudaMemcpy(d, t.data(), t.size() * 2, cudaMemcpyHostToDevice));
-      owned_.insert(d);
-      gelu_ = static_cast<const uint16_t*>(d);
-    }
-    return gelu_;
-  }
-  // Attention partials: one buffer that only grows; a replaced one is retired, since logged
-  // launches of this step may still point at it.
   // A step's image blocks (AttnSeq::blocks) on the device, uploaded once per host array and step
   // (every layer's attention passes the same array).
   const int32_t* device_blocks(const int32_t* host, int n) {
     for (const auto& b : blocks_)
       if (b.first == host) return b.second;
     int32_t* d = I(alloc_i32(size_t(n) * 2));
-    from_host(host, size_t(n) * 2, Buf(d, DType::I32, int64_t(n) * 2, 0));
+    from_host(host, size_t(n) * 2, Buf(d, DType::I32, int64_t(n) * 2, dev_.id()));
     blocks_.push_back({host, d});
     return d;
   }
-  float* partial_floats(size_t n) {
-    if (n > partial_n_) {
-      if (partial_) retired_.push_back(partial_);
-      G4_CUDA(cudaMalloc(&partial_, n * 4));
-      partial_n_ = n;
-    }
-    return partial_;
-  }
-
-  // Attention's per-(row, head) split counters: zeros that the kernel leaves zero; grows like the
-  // partials; zeroed on the stream, ahead of every launch that uses it.
-  unsigned* split_counters(size_t n) {
-    if (n > counters_n_) {
-      if (counters_) retired_.push_back(counters_);
-      G4_CUDA(cudaMalloc(&counters_, n * sizeof(unsigned)));
-      G4_CUDA(cudaMemsetAsync(counters_, 0, n * sizeof(unsigned), stream_));
-      counters_n_ = n;
-    }
-    return counters_;
-  }
 
   BackendOptions opt_;
-  cudaStream_t stream_ = nullptr;
+  cuda::Device dev_;
+  cuda::DeviceAllocator mem_;
+  cuda::DeviceTables tables_;
   std::unique_ptr<cuda::StepRecorder> rec_;
-  std::unique_ptr<OpProfile> prof_;  // BackendOptions::profile
-  // BackendOptions::timing: host seconds per step spent logging ops, in end_step (graph launch or direct
-  // launches), waiting for the logits (the device finishing the step, plus their copy), and between
-  // the logits' arrival and the next step (the caller's own work: sampling).
-  static double seconds_since(std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-  }
-  bool timing_ = false;
-  uint32_t skip_ = 0;  // G4_CUDA_SKIP: op codes never launched
-  std::chrono::steady_clock::time_point t_mark_;
-  std::vector<double> t_enqueue_, t_end_, t_wait_, t_outside_, t_gpu_;
-  cudaEvent_t ev_[2] = {nullptr, nullptr};  // around the step's launch (device time of its work)
-  std::string key_;                  // the profile key of the op being launched (matmul shapes)
-  std::mutex mu_;
-  std::unordered_set<void*> owned_;
+  std::unique_ptr<cuda::LaunchObserver> profile_;  // BackendOptions::profile
+  std::unique_ptr<cuda::StepObserver> timer_;      // BackendOptions::timing
+  std::string label_;                              // the profile label of the next launch (matmul shapes)
+  std::unordered_set<std::string> skip_;           // G4_CUDA_SKIP: launch names never run
   std::unique_ptr<Backend> host_ops_ = make_reference_backend();  // MoE routing on the host
   Buf moe_xs_, moe_g_, moe_u_, moe_ys_, moe_y_, moe_ids_;
   size_t moe_cap_ = 0;
   std::vector<std::pair<const int32_t*, int32_t*>> blocks_;  // device_blocks of the current step
-  std::vector<void*> retired_;  // freed by the caller during a step: cudaFree'd after it
-  struct RopeCopy {
-    std::vector<float> host;
-    float* dev = nullptr;
-  };
-  std::unordered_map<const float*, RopeCopy> rope_;
-  const uint16_t* gelu_ = nullptr;
-  float* partial_ = nullptr;
-  size_t partial_n_ = 0;
-  unsigned* counters_ = nullptr;
-  size_t counters_n_ = 0;
-  unsigned* counter_ = nullptr;  // matmul_norm_add's block counter (zero between launches)
-  void* argmax_slots_ = nullptr;  // argmax: rows 64-bit slots then rows counters
+  // Scratch that kernels leave zero (counters, argmax slots) or overwrite (attention partials).
+  cuda::GrowBuffer partial_, counters_, argmax_, epilogue_counter_;
+  cuda::GrowBuffer moe_h_, moe_dy_;  // decode MoE: the items' gated hidden rows and expert outputs
+  std::unordered_map<const void*, const cuda::DevWeight*> expert_tables_;
   size_t argmax_rows_ = 0;
   float* bounce_ = nullptr;
   size_t bounce_n_ = 0;
@@ -831,6 +707,11 @@ std::unique_ptr<Backend> make_cuda_backend(std::string* why, const BackendOption
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
     if (why) *why = std::string("no usable CUDA device (") + (e != cudaSuccess ? cudaGetErrorString(e) : "none found") + ")";
+    return nullptr;
+  }
+  if (opt.device < 0 || opt.device >= n) {
+    if (why) *why = "--cuda-device " + std::to_string(opt.device) + ": this machine has " + std::to_string(n) +
+                    " CUDA device" + (n == 1 ? "" : "s") + " (0.." + std::to_string(n - 1) + ")";
     return nullptr;
   }
   if (opt.activations != DType::F32 && opt.activations != DType::BF16) {

@@ -50,10 +50,10 @@ __device__ inline void scale_min_k4_words(int j, uint32_t s0, uint32_t s1, uint3
 // `split` warps share the rows. The caller sums acc[k] over the warp (and the parts). The loop is
 // unrolled so that several super-blocks' loads are in flight at once: one lane's loads are few
 // and small, and a row-at-a-time loop left decode bound by memory latency, not bandwidth.
-// x: f32 (x_bf false) or bf16 activations.
-template <WFormat F, int R>
-__device__ inline void kquant_rows_dot(const uint8_t* const* rows, const void* __restrict__ x, bool x_bf, int64_t cols,
-                                       int lane, int part, int split, float* acc) {
+// x: f32 or bf16 activations (TX, fixed at compile time: this loop is instruction-bound).
+template <WFormat F, int R, class TX>
+__device__ inline void kquant_rows_dot(const uint8_t* const* rows, const TX* __restrict__ x, int64_t cols, int lane,
+                                       int part, int split, float* acc) {
   const int64_t nsb = cols / 256;
 #pragma unroll
   for (int k = 0; k < R; ++k) acc[k] = 0.f;
@@ -61,8 +61,8 @@ __device__ inline void kquant_rows_dot(const uint8_t* const* rows, const void* _
     const int p = lane >> 3, l0 = 4 * (lane & 7), j0 = 2 * p, j1 = 2 * p + 1;
 #pragma unroll 4
     for (int64_t sb = part; sb < nsb; sb += split) {
-      const float4 x0 = ld4x(x, sb * 256 + 32 * j0 + l0, x_bf);
-      const float4 x1 = ld4x(x, sb * 256 + 32 * j1 + l0, x_bf);
+      const float4 x0 = ld4(x + sb * 256 + 32 * j0 + l0);
+      const float4 x1 = ld4(x + sb * 256 + 32 * j1 + l0);
       const float sx0 = x0.x + x0.y + x0.z + x0.w, sx1 = x1.x + x1.y + x1.z + x1.w;
 #pragma unroll
       for (int k = 0; k < R; ++k) {
@@ -86,8 +86,8 @@ __device__ inline void kquant_rows_dot(const uint8_t* const* rows, const void* _
     const int sa = t, sb2 = t + 2, g = 8 * h + (l0 >> 4);
 #pragma unroll 4
     for (int64_t sb = part; sb < nsb; sb += split) {
-      const float4 xa = ld4x(x, sb * 256 + 128 * h + 32 * sa + l0, x_bf);
-      const float4 xb = ld4x(x, sb * 256 + 128 * h + 32 * sb2 + l0, x_bf);
+      const float4 xa = ld4(x + sb * 256 + 128 * h + 32 * sa + l0);
+      const float4 xb = ld4(x + sb * 256 + 128 * h + 32 * sb2 + l0);
 #pragma unroll
       for (int k = 0; k < R; ++k) {
         const uint8_t* b = rows[k] + sb * 210;
@@ -107,11 +107,11 @@ __device__ inline void kquant_rows_dot(const uint8_t* const* rows, const void* _
   }
 }
 
-template <WFormat F>
-__device__ inline float kquant_row_dot(const uint8_t* row, const void* __restrict__ x, bool x_bf, int64_t cols, int lane,
-                                       int part = 0, int split = 1) {
+template <WFormat F, class TX>
+__device__ inline float kquant_row_dot(const uint8_t* row, const TX* __restrict__ x, int64_t cols, int lane, int part = 0,
+                                       int split = 1) {
   float acc;
-  kquant_rows_dot<F, 1>(&row, x, x_bf, cols, lane, part, split, &acc);
+  kquant_rows_dot<F, 1, TX>(&row, x, cols, lane, part, split, &acc);
   return acc;
 }
 

@@ -11,7 +11,7 @@ namespace {
 constexpr int kMaxDyn = 4096;                 // scalars per step
 constexpr size_t kStageBytes = size_t(1) << 20;  // staged from_host bytes per step
 constexpr size_t kMaxGraphs = 16;             // recorded graphs kept (least recently used dropped)
-constexpr size_t kMaxSeen = 4096;             // remembered one-off signatures before forgetting
+constexpr size_t kMaxSeen = 4096;             // remembered one-off keys before forgetting
 
 void check(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return;
@@ -37,7 +37,7 @@ StepRecorder::~StepRecorder() {
 
 void StepRecorder::reset() {
   ops_.clear();
-  sig_.clear();
+  key_.clear();
   n_dyn_ = 0;
   stage_used_ = 0;
 }
@@ -57,8 +57,9 @@ Dyn StepRecorder::dyn(int value) {
     return Dyn{value, nullptr};
   }
   dyn_host_[n_dyn_] = value;
-  sig_.push_back(0xD1D1000000000000ull | uint64_t(n_dyn_));
-  return Dyn{value, dyn_dev_ + n_dyn_++};
+  Dyn d{};  // value-initialized: a Dyn's bytes are part of the step's key
+  d.ptr = dyn_dev_ + n_dyn_++;
+  return d;
 }
 
 bool StepRecorder::stage_copy(const void* src, size_t n, void* dst) {
@@ -66,7 +67,9 @@ bool StepRecorder::stage_copy(const void* src, size_t n, void* dst) {
   uint8_t* at = stage_ + stage_used_;
   std::memcpy(at, src, n);
   stage_used_ += (n + 15) & ~size_t(15);
-  sig({0x57A6E000ull, reinterpret_cast<uintptr_t>(dst), uint64_t(at - stage_), uint64_t(n)});
+  for (uint64_t w : {uint64_t(0x57A6E000ull), uint64_t(reinterpret_cast<uintptr_t>(dst)), uint64_t(at - stage_),
+                     uint64_t(n)})
+    key(w);
   add([=](cudaStream_t s) { check(cudaMemcpyAsync(dst, at, n, cudaMemcpyHostToDevice, s), "staged copy"); });
   return true;
 }
@@ -88,7 +91,7 @@ void StepRecorder::flush() {
 
 uint64_t StepRecorder::hash() const {
   uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
-  for (uint64_t w : sig_) h = (h ^ w) * 1099511628211ull;
+  for (uint64_t w : key_) h = (h ^ w) * 1099511628211ull;
   return h ^ uint64_t(n_dyn_);
 }
 
@@ -96,7 +99,7 @@ void StepRecorder::end() {
   if (!active_) return;
   active_ = false;
   for (auto it = graphs_.begin(); it != graphs_.end(); ++it) {
-    if (it->sig != sig_) continue;
+    if (it->key != key_) continue;
     graphs_.splice(graphs_.begin(), graphs_, it);
     check(cudaGraphLaunch(graphs_.front().exec, stream_), "cudaGraphLaunch");
     ++counts_.replayed;
@@ -116,7 +119,7 @@ void StepRecorder::end() {
   run_direct();
   check(cudaStreamEndCapture(stream_, &g), "cudaStreamEndCapture");
   Graph rec;
-  rec.sig = sig_;
+  rec.key = key_;
   check(cudaGraphInstantiate(&rec.exec, g, 0), "cudaGraphInstantiate");
   cudaGraphDestroy(g);
   check(cudaGraphLaunch(rec.exec, stream_), "cudaGraphLaunch");

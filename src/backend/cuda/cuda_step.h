@@ -2,14 +2,15 @@
 // again (decode: every token runs the same kernels on the same buffers, only positions differ).
 //
 // Contract (backend.h begin_step/end_step): between begin() and end() the backend does not
-// launch; each op adds a launch closure, the words that identify it (signature: op code, device
-// pointers, shapes, constant scalars) and its per-step scalars (positions) through dyn(). Scalars
+// launch; each op adds a launch closure and the words that identify it (its key: the backend
+// derives them from the launch's name and every argument the closure passes to its launcher,
+// cuda_backend.cu launch()), and takes its per-step scalars (positions) through dyn(). Scalars
 // live in a pinned host array that is copied to the device as the step's first node, so kernels
 // read them through Dyn pointers and a graph recorded at one position replays at any other.
 // Host data for from_host is staged in pinned memory at offsets fixed by the op order, so the
 // graph's copy nodes read the step's own data. end() then:
-//   - replays the graph recorded for this signature (the common decode case), or
-//   - captures the closures into a new graph when this signature was seen before (a one-off
+//   - replays the graph recorded for this key (the common decode case), or
+//   - captures the closures into a new graph when this key was seen before (a one-off
 //     step, e.g. a prefill, is never captured), or
 //   - runs the closures directly on the stream.
 // With graphs off (BackendOptions::graphs, `--cuda-graphs off`) every step runs directly (A/B
@@ -43,12 +44,11 @@ class StepRecorder {
   void end();
   void flush();
 
-  // In a step: records `value` as the step's next scalar and returns its device slot; outside
-  // one: the value itself (Dyn with no pointer).
+  // In a step: records `value` as the step's next scalar and returns its device slot (value 0, so
+  // that the Dyn's bytes are the same at every position); outside one: the value itself.
   Dyn dyn(int value);
-  // Appends identifying words to the step's signature.
-  void sig(std::initializer_list<uint64_t> words) { sig_.insert(sig_.end(), words); }
-  void sig_ptr(const void* p) { sig_.push_back(reinterpret_cast<uintptr_t>(p)); }
+  // Appends an identifying word to the step's key.
+  void key(uint64_t word) { key_.push_back(word); }
   // Adds one op's launch (run with the step's stream, in order, when the step ends).
   void add(std::function<void(cudaStream_t)> launch) { ops_.push_back(std::move(launch)); }
   // Copies n bytes of host data into the step's pinned staging area and logs the copy to dst.
@@ -64,7 +64,7 @@ class StepRecorder {
 
  private:
   struct Graph {
-    std::vector<uint64_t> sig;
+    std::vector<uint64_t> key;
     cudaGraphExec_t exec = nullptr;
   };
   void run_direct();
@@ -75,14 +75,14 @@ class StepRecorder {
   bool graphs_enabled_ = true;
   bool active_ = false;
   std::vector<std::function<void(cudaStream_t)>> ops_;
-  std::vector<uint64_t> sig_;
+  std::vector<uint64_t> key_;
   // Pinned scalars (host) and their device copy; pinned staging for from_host data.
   int32_t* dyn_host_ = nullptr;
   int32_t* dyn_dev_ = nullptr;
   int n_dyn_ = 0;
   uint8_t* stage_ = nullptr;
   size_t stage_used_ = 0;
-  std::unordered_map<uint64_t, int> seen_;  // signature hash -> steps seen (capture on the 2nd)
+  std::unordered_map<uint64_t, int> seen_;  // key hash -> steps seen (capture on the 2nd)
   std::list<Graph> graphs_;                 // most recently used first
   Counts counts_;
 };

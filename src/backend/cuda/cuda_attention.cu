@@ -1,0 +1,199 @@
+// Attention over the KV cache (flash-decoding with position splits; f32, bf16 or quantized rows).
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_act.cuh"
+#include "backend/cuda/cuda_dequant.cuh"
+#include "backend/cuda/cuda_kernel_util.cuh"
+#include "backend/cuda/cuda_kernels.h"
+
+namespace g4::cuda {
+namespace {
+
+// Flash-decoding attention. Grid (a.n * H, splits), kAttnWarps warps per block: block (row t,
+// head h, split) takes its share of the visible positions; warp w of it every kAttnWarps-th
+// position; lane l holds dims l, l + 32, ... (kPer of them, coalesced loads; a quantized cache:
+// dims l*kPer .. l*kPer+kPer-1, whose codes are contiguous words of one group). Each warp keeps an
+// online softmax (running max m, sum l, weighted V sum); the warps merge through shared memory.
+// One split writes the normalized output; several write (acc[D], m, l) partials, and the last
+// block of each (row, head) to finish merges them.
+constexpr int kAttnWarps = 4;
+template <int kPer, bool kQuant, class T>
+__global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* q, int H, AttnArgs a, float scale,
+                                                                       float* partial, unsigned* counters, T* out) {
+  __shared__ float sh_m[kAttnWarps], sh_l[kAttnWarps];
+  __shared__ float sh_acc[kAttnWarps][kPer * kWarp];
+  const int t = blockIdx.x / H, h = blockIdx.x % H, split = blockIdx.y, S = gridDim.y;
+  const int pos = load(a.pos0) + t, D = a.head_dim, g = h / (H / a.n_kv_heads);
+  int first = a.window > 0 ? max(0, pos - a.window + 1) : 0, last_pos = pos;
+  if (a.blocks && a.blocks[2 * t + 1] > 0) {  // the row's image block (visible_keys)
+    first = min(first, a.blocks[2 * t]);
+    last_pos = max(last_pos, a.blocks[2 * t + 1] - 1);
+  }
+  const int n = last_pos - first + 1, per = (n + S - 1) / S;
+  const int j0 = split * per, j1 = min(n, j0 + per);
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int64_t row = int64_t(a.n_kv_heads) * D;
+  const T* qh = q + (int64_t(a.row0 + t) * H + h) * D;
+  auto dim = [lane](int i) { return kQuant ? lane * kPer + i : lane + kWarp * i; };
+  float qv[kPer], acc[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int d = dim(i);
+    qv[i] = d < D ? to_f(qh[d]) : 0.f;
+    acc[i] = 0.f;
+  }
+  // kBatch positions per warp and iteration: their K and V rows are loaded into registers first,
+  // so every load of the iteration is in flight at once (one memory latency per iteration).
+  constexpr int kBatch = kPer <= 8 ? 4 : 2;
+  float m = -INFINITY, l = 0.f;
+  for (int j = j0 + warp; j < j1; j += kAttnWarps * kBatch) {
+    float kk[kBatch][kPer], vv[kBatch][kPer];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int jj = min(j + b * kAttnWarps, j1 - 1);  // past the end: a valid row, masked below
+      const int p = first + jj;
+      const int slot = a.window > 0 ? p % a.capacity : p;
+      if constexpr (kQuant) {  // a quantized cache: this lane's kPer contiguous values of the row
+        const int64_t hr = int64_t(slot) * a.n_kv_heads + g;
+        kv_dequant_run<kPer>(a.quant.kq, a.quant.ks, a.quant.kb, a.quant, hr, D, lane * kPer, kk[b]);
+        kv_dequant_run<kPer>(a.quant.vq, a.quant.vs, a.quant.vb, a.quant, hr, D, lane * kPer, vv[b]);
+      } else {
+        const T* kr = static_cast<const T*>(a.k) + int64_t(slot) * row + int64_t(g) * D;
+        const T* vr = static_cast<const T*>(a.v) + int64_t(slot) * row + int64_t(g) * D;
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) {
+          const int d = lane + kWarp * i;
+          kk[b][i] = d < D ? to_f(kr[d]) : 0.f;
+          vv[b][i] = d < D ? to_f(vr[d]) : 0.f;
+        }
+      }
+    }
+    float sc[kBatch], mn = m;
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      float d = 0.f;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) d += qv[i] * kk[b][i];
+      sc[b] = d;
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      sc[b] = j + b * kAttnWarps < j1 ? warp_sum(sc[b]) * scale : -INFINITY;
+      mn = fmaxf(mn, sc[b]);
+    }
+    const float c = expf(m - mn);
+    l *= c;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) acc[i] *= c;
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const float e = expf(sc[b] - mn);  // 0 for masked positions
+      l += e;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) acc[i] += e * vv[b][i];
+    }
+    m = mn;
+  }
+  if (lane == 0) {
+    sh_m[warp] = m;
+    sh_l[warp] = l;
+  }
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) sh_acc[warp][dim(i)] = acc[i];
+  __syncthreads();
+  float M = -INFINITY;
+  for (int w = 0; w < kAttnWarps; ++w) M = fmaxf(M, sh_m[w]);
+  float f[kAttnWarps], L = 0.f;
+  for (int w = 0; w < kAttnWarps; ++w) {
+    f[w] = sh_m[w] == -INFINITY ? 0.f : expf(sh_m[w] - M);
+    L += sh_l[w] * f[w];
+  }
+  const int64_t rh = int64_t(a.row0 + t) * H + h;
+  if (S == 1) {
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+      float v = 0.f;
+      for (int w = 0; w < kAttnWarps; ++w) v += sh_acc[w][d] * f[w];
+      out[rh * D + d] = from_f<T>(v / L);
+    }
+    return;
+  }
+  float* pp = partial + ((int64_t(blockIdx.x) * S) + split) * (D + 2);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float v = 0.f;
+    for (int w = 0; w < kAttnWarps; ++w) v += sh_acc[w][d] * f[w];
+    pp[d] = v;
+  }
+  if (threadIdx.x == 0) {
+    pp[D] = M;
+    pp[D + 1] = L;
+  }
+  // The last split block of this (row, head) to finish merges all partials (no second launch):
+  // publish this block's partial, count it, and let the block that completes the count merge.
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&counters[blockIdx.x], 1u) == unsigned(S - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // Each split's weight exp(m_s - M) / L, from the headers read in parallel (one thread each).
+  const float* p0 = partial + int64_t(blockIdx.x) * S * (D + 2);
+  __shared__ float sh_ms[32], sh_ls[32];
+  if (threadIdx.x < S) {
+    sh_ms[threadIdx.x] = __ldcg(p0 + threadIdx.x * (D + 2) + D);
+    sh_ls[threadIdx.x] = __ldcg(p0 + threadIdx.x * (D + 2) + D + 1);
+  }
+  __syncthreads();
+  float Mg = -INFINITY;
+  for (int sp = 0; sp < S; ++sp) Mg = fmaxf(Mg, sh_ms[sp]);
+  float Lg = 0.f;
+  for (int sp = 0; sp < S; ++sp)
+    if (sh_ms[sp] != -INFINITY) Lg += sh_ls[sp] * expf(sh_ms[sp] - Mg);
+  __syncthreads();
+  if (threadIdx.x < S) sh_ls[threadIdx.x] = sh_ms[threadIdx.x] == -INFINITY ? 0.f : expf(sh_ms[threadIdx.x] - Mg) / Lg;
+  __syncthreads();
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float v = 0.f;
+#pragma unroll 8
+    for (int sp = 0; sp < S; ++sp) v += __ldcg(p0 + sp * (D + 2) + d) * sh_ls[sp];
+    out[rh * D + d] = from_f<T>(v);
+  }
+  if (threadIdx.x == 0) counters[blockIdx.x] = 0u;  // ready for the next launch (graph replays too)
+}
+
+template <int kPer, class T>
+void attention_launch(cudaStream_t s, const T* q, int H, const AttnArgs& a, float scale, int splits,
+                      float* partial, unsigned* counters, T* out) {
+  const dim3 grid(unsigned(a.n * H), unsigned(splits));
+  if (a.quant.bits)
+    attention_kernel<kPer, true, T><<<grid, kAttnWarps * kWarp, 0, s>>>(q, H, a, scale, partial, counters, out);
+  else attention_kernel<kPer, false, T><<<grid, kAttnWarps * kWarp, 0, s>>>(q, H, a, scale, partial, counters, out);
+}
+
+}  // namespace
+
+int attention_splits(int n, int H, int max_visible) {
+  if (n * H >= 128) return 1;  // enough blocks already
+  const int s = (max_visible + 31) / 32;
+  return s < 1 ? 1 : (s > 32 ? 32 : s);
+}
+
+void attention(cudaStream_t s, const void* q_in, int H, const AttnArgs& a, float scale, int splits, float* partial,
+               unsigned* counters, void* out_in) {
+  if (a.n <= 0) return;
+  const int per = (a.head_dim + kWarp - 1) / kWarp;  // dims per lane
+  with_act(a.t, [&](auto tag) {
+    using T = decltype(tag);
+    const T* q = static_cast<const T*>(q_in);
+    T* out = static_cast<T*>(out_in);
+    if (per <= 1) attention_launch<1>(s, q, H, a, scale, splits, partial, counters, out);
+    else if (per <= 2) attention_launch<2>(s, q, H, a, scale, splits, partial, counters, out);
+    else if (per <= 4) attention_launch<4>(s, q, H, a, scale, splits, partial, counters, out);
+    else if (per <= 8) attention_launch<8>(s, q, H, a, scale, splits, partial, counters, out);
+    else attention_launch<16>(s, q, H, a, scale, splits, partial, counters, out);  // head_dim <= 512 (spec)
+  });
+}
+
+}  // namespace g4::cuda

@@ -1,0 +1,138 @@
+// Embedding lookups and the elementwise kernels (gelu_mul, add, scale, softcap, row gathers and
+// column copies): one thread per element or 32-value unit, T from the buffers' dtype.
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_act.cuh"
+#include "backend/cuda/cuda_dequant.cuh"
+#include "backend/cuda/cuda_kernel_util.cuh"
+#include "backend/cuda/cuda_kernels.h"
+
+namespace g4::cuda {
+namespace {
+
+// Grid (tokens, column chunks). kUnits (cols % 32 == 0): a thread per 32-value unit (one block
+// header read, dequant32); else a thread per column. Many blocks per row: the per-layer-input
+// table's rows are 8960 wide, and one block walking a row serially took 225 us.
+constexpr int kEmbedThreads = 128;
+template <WFormat F, bool kUnits, class T>
+__global__ void __launch_bounds__(kEmbedThreads) embed_kernel(DevWeight e, const int32_t* ids, float scale, T* out) {
+  const int i = blockIdx.x;
+  const int64_t id = ids[i];
+  const uint8_t* row = e.data + id * e.row_bytes;
+  T* o = out + int64_t(i) * e.cols;
+  const int64_t k = int64_t(blockIdx.y) * kEmbedThreads + threadIdx.x;
+  if constexpr (kUnits) {
+    if (k >= e.cols / 32) return;
+    float v[32];
+    dequant32<F>(row, e, id, k, v);
+#pragma unroll
+    for (int j = 0; j < 32; j += 4)
+      st4(o + 32 * k + j, make_float4(v[j] * scale, v[j + 1] * scale, v[j + 2] * scale, v[j + 3] * scale));
+  } else {
+    if (k < e.cols) o[k] = from_f<T>(dequant_at(row, e, id, k) * scale);
+  }
+}
+
+template <class T>
+__global__ void gelu_mul_kernel(const T* gate, const T* up, int64_t n, T* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  out[i] = from_f<T>(gelu_tanh_mul(to_f(gate[i]), to_f(up[i])));
+}
+
+template <class T>
+__global__ void gelu_mul_ggml_kernel(const T* gate, const T* up, int64_t n, const uint16_t* table, T* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  out[i] = from_f<T>(gelu_ggml_mul(to_f(gate[i]), to_f(up[i]), table));
+}
+
+template <class T>
+__global__ void add_kernel(const T* a, const T* b, int64_t n, T* y) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = from_f<T>(to_f(a[i]) + to_f(b[i]));
+}
+template <class T>
+__global__ void scale_kernel(const T* a, float s, int64_t n, T* y) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = from_f<T>(to_f(a[i]) * s);
+}
+template <class T>
+__global__ void softcap_kernel(T* x, int64_t n, float cap) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = from_f<T>(tanhf(to_f(x[i]) / cap) * cap);
+}
+template <class T>
+__global__ void gather_rows_kernel(const T* src, const int32_t* idx, int dim, T* dst) {
+  const int i = blockIdx.x;
+  for (int c = threadIdx.x; c < dim; c += blockDim.x) dst[int64_t(i) * dim + c] = src[int64_t(idx[i]) * dim + c];
+}
+template <class T>
+__global__ void copy_cols_kernel(const T* src, int src_dim, int off, int n, T* dst) {
+  const int r = blockIdx.x;
+  for (int c = threadIdx.x; c < n; c += blockDim.x) dst[int64_t(r) * n + c] = src[int64_t(r) * src_dim + off + c];
+}
+
+}  // namespace
+
+void embed(cudaStream_t s, const DevWeight& e, const int32_t* ids, int n, float scale, void* out, DType t) {
+  if (n <= 0) return;
+  with_act(t, [&](auto tag) {
+    using T = decltype(tag);
+    T* o = static_cast<T*>(out);
+    with_format(e.fmt, [&](auto f) {
+      constexpr WFormat F = decltype(f)::value;
+      if (e.cols % 32 == 0)
+        embed_kernel<F, true, T><<<dim3(n, blocks_for(e.cols / 32, kEmbedThreads)), kEmbedThreads, 0, s>>>(e, ids, scale, o);
+      else
+        embed_kernel<F, false, T><<<dim3(n, blocks_for(e.cols, kEmbedThreads)), kEmbedThreads, 0, s>>>(e, ids, scale, o);
+    });
+  });
+}
+
+// Elementwise launches: one thread per element, T from the buffers' dtype.
+#define G4_ELEMENTWISE(kernel, ...)                                                     \
+  with_act(t, [&](auto tag) {                                                           \
+    using T = decltype(tag);                                                            \
+    kernel<T><<<blocks_for(int64_t(n), 256), 256, 0, s>>>(__VA_ARGS__);                 \
+  })
+void gelu_mul(cudaStream_t s, const void* gate, const void* up, size_t n, void* out, DType t) {
+  if (n)
+    G4_ELEMENTWISE(gelu_mul_kernel, static_cast<const T*>(gate), static_cast<const T*>(up), int64_t(n),
+                   static_cast<T*>(out));
+}
+void gelu_mul_ggml(cudaStream_t s, const void* gate, const void* up, size_t n, const uint16_t* table, void* out,
+                   DType t) {
+  if (n)
+    G4_ELEMENTWISE(gelu_mul_ggml_kernel, static_cast<const T*>(gate), static_cast<const T*>(up), int64_t(n), table,
+                   static_cast<T*>(out));
+}
+void add(cudaStream_t s, const void* a, const void* b, size_t n, void* y, DType t) {
+  if (n) G4_ELEMENTWISE(add_kernel, static_cast<const T*>(a), static_cast<const T*>(b), int64_t(n), static_cast<T*>(y));
+}
+void scale(cudaStream_t s, const void* a, float f, size_t n, void* y, DType t) {
+  if (n) G4_ELEMENTWISE(scale_kernel, static_cast<const T*>(a), f, int64_t(n), static_cast<T*>(y));
+}
+void softcap(cudaStream_t s, void* x, size_t n, float cap, DType t) {
+  if (n) G4_ELEMENTWISE(softcap_kernel, static_cast<T*>(x), int64_t(n), cap);
+}
+#undef G4_ELEMENTWISE
+
+void gather_rows(cudaStream_t s, const void* src, const int32_t* idx, int n, int dim, void* dst, DType t) {
+  if (n <= 0) return;
+  with_act(t, [&](auto tag) {
+    using T = decltype(tag);
+    gather_rows_kernel<T><<<n, 256, 0, s>>>(static_cast<const T*>(src), idx, dim, static_cast<T*>(dst));
+  });
+}
+void copy_cols(cudaStream_t s, const void* src, int rows, int src_dim, int off, int n, void* dst, DType t) {
+  if (rows <= 0) return;
+  with_act(t, [&](auto tag) {
+    using T = decltype(tag);
+    copy_cols_kernel<T><<<rows, 256, 0, s>>>(static_cast<const T*>(src), src_dim, off, n, static_cast<T*>(dst));
+  });
+}
+
+}  // namespace g4::cuda

@@ -1,0 +1,31 @@
+// Launchers of the device MoE kernels (cuda_moe.cu): the router's top-k and the routed experts'
+// GEMVs. Pointers are device memory; launches go to the given stream, in order.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_dequant.cuh"
+
+namespace g4::cuda {
+
+// Backend::router_topk on the device (cuda_moe.cu), when router_topk_applies(E, k) (E <= 256,
+// k <= 32): scores [rows, E] of type st; idx / w [rows, k] as the host rule gives them (ties to the
+// higher expert index, softmax over the chosen in f32, times per_expert_scale [E]).
+void router_topk(cudaStream_t s, const void* scores, DType st, int rows, int E, int k, const float* per_expert_scale,
+                 int32_t* idx, float* w);
+bool router_topk_applies(int E, int k);
+// The routed experts' GEMVs (decode): for item i < items, e = idx[i], x row i / x_div:
+// y[i, :rows] = x·W_eᵀ, or with gelu gelu(x·W_eᵀ) * (x·U_eᵀ) (tanh form). w / w2: device arrays of
+// every expert's DevWeight (one format, fmt); x and y of type xt.
+struct MoeMatArgs {
+  const void* x;
+  DType xt;
+  int x_div;
+  const DevWeight* w;
+  const DevWeight* w2;
+  const int32_t* idx;
+  void* y;
+};
+void moe_matmul(cudaStream_t s, const MoeMatArgs& a, int items, int64_t rows, WFormat fmt, bool gelu);
+}  // namespace g4::cuda

@@ -1,0 +1,201 @@
+// RMSNorm, the fused norm + residual add, RoPE, and the attention inputs (per-head norm and RoPE
+// of q and k, then the KV-cache write, plain or quantized): one block per row or (row, head).
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_act.cuh"
+#include "backend/cuda/cuda_dequant.cuh"
+#include "backend/cuda/cuda_kernel_util.cuh"
+#include "backend/cuda/cuda_kernels.h"
+
+namespace g4::cuda {
+namespace {
+
+// One block per row.
+template <class T>
+__global__ void rms_norm_kernel(const T* x, int dim, const float* w, float eps, T* y) {
+  __shared__ float sh[32];
+  const T* xr = x + int64_t(blockIdx.x) * dim;
+  T* yr = y + int64_t(blockIdx.x) * dim;
+  const float inv = inv_rms(xr, dim, eps, sh);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = to_f(xr[i]) * inv;
+    yr[i] = from_f<T>(w ? v * w[i] : v);
+  }
+}
+
+// x[row] += rms_norm(o[row]) * w: one block per row (rms_norm_kernel's rounding, then the add).
+template <class T>
+__global__ void norm_add_kernel(T* x, const T* o, int dim, const float* w, float eps) {
+  __shared__ float sh[32];
+  const T* orow = o + int64_t(blockIdx.x) * dim;
+  T* xr = x + int64_t(blockIdx.x) * dim;
+  const float inv = inv_rms(orow, dim, eps, sh);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) xr[i] = from_f<T>(to_f(xr[i]) + to_f(orow[i]) * inv * w[i]);
+}
+
+// One head of x [head_dim] in place, by the whole block: RMSNorm with weight w (none when w is
+// null), then half-split RoPE at position `pos` (pairs with inv_freq 0 are only normalized); the
+// result is also written to `copy` when set (a KV-cache slot). Same rounding as rms_norm_kernel
+// followed by rope_kernel. sh: 32 floats of shared memory.
+template <class T>
+__device__ inline void norm_rope_head(T* v, int head_dim, const float* w, float eps, float pos,
+                                      const float* inv_freq, T* copy, float* sh) {
+  const int half = head_dim / 2;
+  const float inv = w ? inv_rms(v, head_dim, eps, sh) : 1.f;
+  for (int j = threadIdx.x; j < half; j += blockDim.x) {
+    float a = to_f(v[j]), b = to_f(v[j + half]);
+    if (w) {
+      a = a * inv * w[j];
+      b = b * inv * w[j + half];
+    }
+    if (inv_freq[j] != 0.f) {
+      float sn, cs;
+      sincosf(pos * inv_freq[j], &sn, &cs);
+      const float ra = a * cs - b * sn, rb = a * sn + b * cs;
+      a = ra;
+      b = rb;
+    }
+    v[j] = from_f<T>(a);
+    v[j + half] = from_f<T>(b);
+    if (copy) {
+      copy[j] = from_f<T>(a);
+      copy[j + half] = from_f<T>(b);
+    }
+  }
+}
+
+// Per-head RMSNorm (weight w) then RoPE, one block per (row, head).
+template <class T>
+__global__ void norm_rope_kernel(T* x, int heads, int head_dim, const float* w, float eps, Dyn pos0,
+                                 const float* inv_freq, float position_scale) {
+  __shared__ float sh[32];
+  const int r = blockIdx.x / heads, h = blockIdx.x % heads;
+  const float pos = float(load(pos0) + r) * position_scale;
+  norm_rope_head(x + (int64_t(r) * heads + h) * head_dim, head_dim, w, eps, pos, inv_freq, static_cast<T*>(nullptr), sh);
+}
+
+// A layer's attention inputs for one sequence in one launch (attn_prep): blocks (row, h) for
+// h < H norm and rope query head h; blocks (row, H + g) norm and rope key head g and write it,
+// with value head g (unweighted RMSNorm when v_norm), into the cache slot of the row's position.
+template <class T>
+__global__ void attn_prep_kernel(AttnPrepArgs a) {
+  __shared__ float sh[32];
+  const int heads = a.H + a.Hk, r = blockIdx.x / heads, h = blockIdx.x % heads, D = a.head_dim;
+  const int p = load(a.pos0) + r;
+  const float pos = float(p) * a.position_scale;
+  T* const q = static_cast<T*>(a.q);
+  if (h < a.H) {
+    norm_rope_head(q + (int64_t(r) * a.H + h) * D, D, a.q_norm_w, a.eps, pos, a.inv_freq, static_cast<T*>(nullptr), sh);
+    return;
+  }
+  T *const k = static_cast<T*>(a.k), *const vv = static_cast<T*>(a.v);
+  T *const kc = static_cast<T*>(a.kc), *const vc = static_cast<T*>(a.vc);
+  const int g = h - a.H;
+  const int64_t slot = a.window > 0 ? p % a.capacity : p;
+  const int64_t at = (slot * a.Hk + g) * D, row = (int64_t(r) * a.Hk + g) * D;
+  const KvQuantArgs& qa = a.quant;
+  norm_rope_head(k + row, D, a.k_norm_w, a.eps, pos, a.inv_freq, qa.bits ? static_cast<T*>(nullptr) : kc + at, sh);
+  T* v = vv + row;
+  const float inv = a.v_norm ? inv_rms(v, D, a.eps, sh) : 1.f;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    const T x = from_f<T>(a.v_norm ? to_f(v[i]) * inv : to_f(v[i]));
+    v[i] = x;
+    if (!qa.bits) vc[at + i] = x;
+  }
+  if (qa.bits) {  // the normed, roped K head and the V head (in place above) into the cache's codes
+    __shared__ uint8_t codes[512];
+    __syncthreads();
+    const int64_t hr = slot * a.Hk + g;
+    kv_quantize_head(k + row, D, qa.bits, qa.group, qa.bf16_params, hr, qa.kq, qa.ks, qa.kb, codes);
+    kv_quantize_head(v, D, qa.bits, qa.group, qa.bf16_params, hr, qa.vq, qa.vs, qa.vb, codes);
+  }
+}
+
+// One block per (row, head): RoPE alone (norm_rope_head without a weight).
+template <class T>
+__global__ void rope_kernel(T* x, int heads, int head_dim, Dyn pos0, const float* inv_freq, float position_scale) {
+  __shared__ float sh[32];
+  const int r = blockIdx.x / heads, h = blockIdx.x % heads;
+  const float pos = float(load(pos0) + r) * position_scale;
+  norm_rope_head(x + (int64_t(r) * heads + h) * head_dim, head_dim, nullptr, 0.f, pos, inv_freq,
+                 static_cast<T*>(nullptr), sh);
+}
+
+// One block per new token; copies its K and V rows into their slots (or quantizes them there).
+template <class T>
+__global__ void kv_write_kernel(const T* k, const T* v, int row0, Dyn pos0, int n_kv_heads, int head_dim,
+                                int capacity, int window, T* kc, T* vc, KvQuantArgs qa) {
+  const int t = blockIdx.x, pos = load(pos0) + t, row_len = n_kv_heads * head_dim;
+  const int64_t slot = window > 0 ? pos % capacity : pos;
+  const T* kr = k + int64_t(row0 + t) * row_len;
+  const T* vr = v + int64_t(row0 + t) * row_len;
+  if (qa.bits) {
+    __shared__ uint8_t codes[512];
+    for (int g = 0; g < n_kv_heads; ++g) {
+      const int64_t hr = slot * n_kv_heads + g;
+      kv_quantize_head(kr + g * head_dim, head_dim, qa.bits, qa.group, qa.bf16_params, hr, qa.kq, qa.ks, qa.kb, codes);
+      kv_quantize_head(vr + g * head_dim, head_dim, qa.bits, qa.group, qa.bf16_params, hr, qa.vq, qa.vs, qa.vb, codes);
+    }
+    return;
+  }
+  for (int i = threadIdx.x; i < row_len; i += blockDim.x) {
+    kc[slot * row_len + i] = kr[i];
+    vc[slot * row_len + i] = vr[i];
+  }
+}
+
+}  // namespace
+
+void rms_norm(cudaStream_t s, const void* x, int rows, int dim, const float* w, float eps, void* y, DType t) {
+  if (rows <= 0) return;
+  with_act(t, [&](auto tag) {
+    using T = decltype(tag);
+    rms_norm_kernel<T><<<rows, 256, 0, s>>>(static_cast<const T*>(x), dim, w, eps, static_cast<T*>(y));
+  });
+}
+
+void norm_add(cudaStream_t s, void* x, const void* o, int rows, int dim, const float* w, float eps, DType t) {
+  if (rows <= 0) return;
+  with_act(t, [&](auto tag) {
+    using T = decltype(tag);
+    norm_add_kernel<T><<<rows, 256, 0, s>>>(static_cast<T*>(x), static_cast<const T*>(o), dim, w, eps);
+  });
+}
+
+void attn_prep(cudaStream_t s, const AttnPrepArgs& a, int rows) {
+  if (rows <= 0) return;
+  with_act(a.t, [&](auto tag) { attn_prep_kernel<decltype(tag)><<<rows * (a.H + a.Hk), 128, 0, s>>>(a); });
+}
+
+void norm_rope(cudaStream_t s, void* x, int rows, int heads, int head_dim, const float* w, float eps, Dyn pos0,
+               const float* inv_freq, float position_scale, DType t) {
+  if (rows <= 0) return;
+  with_act(t, [&](auto tag) {
+    using T = decltype(tag);
+    norm_rope_kernel<T><<<rows * heads, 128, 0, s>>>(static_cast<T*>(x), heads, head_dim, w, eps, pos0, inv_freq,
+                                                     position_scale);
+  });
+}
+
+void rope(cudaStream_t s, void* x, int rows, int heads, int head_dim, Dyn pos0, const float* inv_freq,
+          float position_scale, DType t) {
+  if (rows <= 0) return;
+  with_act(t, [&](auto tag) {
+    using T = decltype(tag);
+    rope_kernel<T><<<rows * heads, 128, 0, s>>>(static_cast<T*>(x), heads, head_dim, pos0, inv_freq, position_scale);
+  });
+}
+
+void kv_write(cudaStream_t s, const void* k, const void* v, int row0, int n, Dyn pos0, int n_kv_heads, int head_dim,
+              int capacity, int window, void* kc, void* vc, const KvQuantArgs& quant, DType t) {
+  if (n <= 0) return;
+  with_act(t, [&](auto tag) {
+    using T = decltype(tag);
+    kv_write_kernel<T><<<n, 256, 0, s>>>(static_cast<const T*>(k), static_cast<const T*>(v), row0, pos0, n_kv_heads,
+                                         head_dim, capacity, window, static_cast<T*>(kc), static_cast<T*>(vc), quant);
+  });
+}
+
+}  // namespace g4::cuda
