@@ -20,7 +20,9 @@
 #          which samples from the device's top-k instead of copying the logits)
 # kvbench: decode after a 4096-token prompt with the KV cache f32, --kv-bits 8 and 4 (speed, bytes)
 # ablate:  device time per step with each op kind left out in turn (G4_CUDA_SKIP; timings only)
-# ncu:     per-kernel device time from Nsight Compute (where the machine's runtime allows it)
+# ncu:     per-kernel device time from Nsight Compute (where the machine's runtime allows it);
+#          G4_NCU_WINDOW="--launch-skip N --launch-count M" profiles a window (decode steps only),
+#          G4_NCU_PROMPT the prompt length, G4_DTYPE the activations
 # dtypes:  Gemma 4 geometries (G4_VARIANTS): ours with bf16 activations (the default) and --dtype f32 on
 #          each synthetic file, prompt 512, 128 decoded tokens, medians of 3 processes
 # gemma4:  Gemma 4 geometries (G4_VARIANTS="e2b e4b 26b-a4b 31b"): ours and llama-bench on each synthetic
@@ -31,6 +33,11 @@
 #          formats of G4_FORMATS (variant:format, format mlxB[gG][mM] = MLX affine B bits, group G,
 #          mixed M on v/down; bf16), ours on CUDA, prompt 512, 128 decoded, medians of 3 processes,
 #          with the weight-read floor at 4.3 TB/s
+# compare: Gemma 4 geometries (G4_VARIANTS, default "e2b e4b"): ours in each activation mode (f32; bf16
+#          with f32 dots, --int8-dots off; bf16 with int8 decode dots, the default of --dtype bf16), then
+#          llama-bench (fa off / on) on the same synthetic Q4_K_M file; prompt 512, 128 decoded, medians
+#          of 3 processes; the weight-read floor at 4.3 TB/s beside each (G4_CONFIGS: a subset of
+#          "f32 bf16 bf16+int8")
 # llama:   llama.cpp's llama-bench (CUDA build carried in .devllama) on the same GGUF. Made on the
 #          workstation (the CUDA toolkit compiles there; ~30 min on 2 cores) from the llama.cpp that
 #          the pinned llama-cpp-python sdist (requirements-peer.txt) vendors:
@@ -136,14 +143,15 @@ for _ in range(120):
       done
       kill $SRV; wait $SRV 2>/dev/null; tail -2 $OUT/serve.log ;;
     ablate)
-      for skip in none big_matmul matmul matmul_norm_add attn_prep norm_matmuls gate_up_gelu attention norm_add embed \
-                  argmax; do
+      for skip in ${G4_ABLATE:-none big_matmul matmul matmul_norm_add attn_prep norm_matmuls gate_up_gelu attention norm_add \
+                  embed argmax}; do
         t=$(G4_CUDA_SKIP=$skip timeout -s KILL 60 $B/gemma4 bench --model $G --backend cuda \
-          --prompt-tokens 128 --gen-tokens 300 --cuda-timing on 2>&1 | grep -o "device time of the step's work [0-9.]* us")
+          --prompt-tokens 128 --gen-tokens 300 --cuda-timing on $DTYPE_ARGS 2>&1 | grep -o "device time of the step's work [0-9.]* us")
         echo "skip $skip: $t"
       done ;;
-    ncu) timeout -s KILL 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv $B/gemma4 bench --model $G \
-      --backend cuda --prompt-tokens 64 --gen-tokens 8 > $OUT/ncu.csv 2>$OUT/ncu.err; tail -3 $OUT/ncu.err
+    ncu) timeout -s KILL 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv ${G4_NCU_WINDOW:-} \
+      $B/gemma4 bench --model $G --backend cuda --prompt-tokens ${G4_NCU_PROMPT:-64} --gen-tokens 8 $DTYPE_ARGS \
+      > $OUT/ncu.csv 2>$OUT/ncu.err; tail -3 $OUT/ncu.err
       python3 - $OUT/ncu.csv <<'PY'
 import csv, sys, collections, re
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
@@ -169,9 +177,25 @@ PY
           case $b in *g*) g=${b#*g}; GA="$GA --group ${g%%m*}";; esac
           case $b in *m*) GA="$GA --mixed ${b#*m}";; esac; fi
         FLOOR=$(python3 tools/make_synthetic_gemma4_checkpoint.py $D --variant $V $GA 2>/dev/null | awk '/^decode_read_bytes/ {print $2}')
-        run_median "$V $FM" --model $D $DTYPE_ARGS
+        run_median "$V $FM f32" --model $D --dtype f32
+        run_median "$V $FM bf16+int8" --model $D --dtype bf16
         echo "  floor: $(python3 -c "print('%.0f tok/s (%.2f GB read per token at 4.3 TB/s)' % (4.3e12 / $FLOOR, $FLOOR / 1e9))")"
         rm -rf $D
+      done ;;
+    compare)
+      LB=; if [ -d .devpeer ]; then bash .devpeer/llama_cuda_kit.sh wait >/dev/null && LB=/tmp/llb/bin/llama-bench; fi
+      CUDA_LIBS=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/lib 2>/dev/null | tr '\n' ':')
+      for V in ${G4_VARIANTS:-e2b e4b}; do
+        GV=/tmp/synth-$V.gguf
+        FLOOR=$(python3 tools/make_synthetic_gemma4_gguf.py $GV --variant $V 2>/dev/null | awk '/^decode_read_bytes/ {print $2}')
+        [ -n "$FLOOR" ] && echo "$V floor: $(python3 -c "print('%.0f tok/s (%.2f GB read per token at 4.3 TB/s)' % (4.3e12 / $FLOOR, $FLOOR / 1e9))")"
+        for C in ${G4_CONFIGS:-f32 bf16 bf16+int8}; do
+          case $C in f32) CA="--dtype f32";; bf16) CA="--dtype bf16 --int8-dots off";; *) CA="--dtype bf16";; esac
+          run_median "$V $C" --model $GV $CA
+        done
+        [ -n "$LB" ] && LD_LIBRARY_PATH=$CUDA_LIBS$LD_LIBRARY_PATH timeout -s KILL 240 $LB -m $GV -p 512 \
+          -n 128 -ngl 99 -fa 0,1 -r 3 -o md 2>&1 | grep -E "pp512|tg128"
+        rm -f $GV
       done ;;
     gemma4)  # Gemma 4 geometries (G4_VARIANTS, default "e2b e4b"): synthetic Q4_K_M-like GGUFs, ours
              # (median of 3 processes) then llama-bench on the same file, prompt 512 and 128 decoded

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/dtype.h"
 #include "model/kv_cache.h"
 
 namespace g4::test {
@@ -78,6 +79,11 @@ inline Buf upload(Backend& be, const std::vector<float>& h) {
   Buf d = be.alloc_f32(h.size());
   be.from_host(h.data(), h.size(), d);
   return d;
+}
+// h with every value rounded to bf16 (what a bf16 device buffer of h holds).
+inline std::vector<float> bf16_rounded(std::vector<float> v) {
+  for (float& x : v) x = round_bf16(x);
+  return v;
 }
 // The same in the backend's activation dtype (bf16 storage on a bf16 device backend: rounded).
 inline Buf upload_act(Backend& be, const std::vector<float>& h) {

@@ -23,12 +23,8 @@
 namespace g4 {
 namespace {
 using test::randn;
+using test::bf16_rounded;
 using test::rel_err;
-
-std::vector<float> bf16_rounded(std::vector<float> v) {
-  for (float& x : v) x = round_bf16(x);
-  return v;
-}
 
 class CudaBf16Test : public ::testing::Test {
  public:
@@ -36,6 +32,7 @@ class CudaBf16Test : public ::testing::Test {
     std::string why;
     BackendOptions opt;
     opt.activations = DType::BF16;
+    opt.int8_dots = false;  // the bf16 kernels themselves; the int8 decode path: cuda_q8_test.cpp
     cu = make_cuda_backend(&why, opt);
     if (!cu) {
       std::printf("SKIP: cuda backend unavailable: %s\n", why.c_str());

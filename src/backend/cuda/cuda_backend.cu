@@ -121,6 +121,7 @@ class CudaBackend final : public Backend {
     cuda::set_tensor_cores(opt.tensor_cores);
     if (opt.profile) profile_ = cuda::make_op_profile();
     if (opt.timing) timer_ = cuda::make_step_timer();
+    if (opt.activations == DType::BF16 && opt.int8_dots) q8_ = cuda::q8_act_in(mem_.alloc(cuda::q8_scratch_bytes()));
     if (const char* skip = std::getenv("G4_CUDA_SKIP")) {  // ablation: "attention,norm_add": never launch those
       std::string list = skip;
       for (size_t at = 0; at <= list.size();) {
@@ -199,7 +200,8 @@ class CudaBackend final : public Backend {
     const cuda::DevWeight w = dev(W);
     if (profile_) label_ = "matmul " + std::to_string(w.rows) + "x" + std::to_string(w.cols) + " M=" + std::to_string(M);
     // Op 20 ("big_matmul", >= 64Ki rows: the LM head) only to tell it apart in G4_CUDA_SKIP ablations.
-    launch((w.rows >= 65536 ? "big_matmul" : "matmul"), cuda::matmul, x, xt, M, w, y, yt);
+    const cuda::Q8Act q8 = M == 1 ? q8_ : cuda::Q8Act{};
+    launch((w.rows >= 65536 ? "big_matmul" : "matmul"), cuda::matmul, x, xt, M, w, y, yt, q8);
   }
   void rms_norm(const Buf& x_b, int rows, int dim, const float* w, float eps, ActPrecision P,
                 const Buf& y_b) override {
@@ -328,7 +330,7 @@ class CudaBackend final : public Backend {
       return;
     }
     void *y_scratch = y_b.data, *x_resid = resid_b.data;
-    cuda::MatArgs a = mat_args(x_b, InputNorm{});
+    cuda::MatArgs a = mat_args(x_b, InputNorm{}, M);
     G4_CHECK(act_type({&x_b, &y_b, &resid_b}) == a.xt);
     a.n = 1;
     a.w[0] = dev(W);
@@ -591,6 +593,8 @@ class CudaBackend final : public Backend {
     a.w2 = expert_table(up);
     a.idx = I(idx);
     a.y = h;
+    a.w0 = dev(gate[0]);
+    a.q8 = q8_;
     launch("moe_gate_up", cuda::moe_matmul, a, items, hidden, gate[0].fmt, true);
     cuda::MoeMatArgs b{};
     b.x = h;
@@ -599,6 +603,8 @@ class CudaBackend final : public Backend {
     b.w = expert_table(down);
     b.idx = I(idx);
     b.y = y;
+    b.w0 = dev(down[0]);
+    b.q8 = q8_;
     launch("moe_down", cuda::moe_matmul, b, items, int64_t(d), down[0].fmt, false);
     const float* w = F(w_b);
     void* out = out_b.data;
@@ -608,25 +614,29 @@ class CudaBackend final : public Backend {
   static bool norm_fits(const InputNorm& norm, int M, int64_t cols) {
     return !norm.w || cuda::matmul_norm_smem(M, cols) <= 40 * 1024;
   }
-  // A matmul launch's arguments over input x; the outputs are of x's type.
-  static cuda::MatArgs mat_args(const Buf& x, const InputNorm& norm) {
+  // A matmul launch's arguments over M rows of input x; the outputs are of x's type. One row
+  // (decode) takes the int8 GEMVs where they are on (q8_).
+  cuda::MatArgs mat_args(const Buf& x, const InputNorm& norm, int M) const {
     cuda::MatArgs a{};
     a.x = x.data;
     a.xt = act_type({&x});
     a.yt = a.xt;
     a.norm_w = norm.w;
     a.eps = norm.eps;
+    if (M == 1) a.q8 = q8_;
     return a;
   }
   // A decode row (M = 1) into K-quant matmuls: normed once into norm.scratch by one small kernel,
   // instead of by each of the matmul's thousands of blocks in its prologue (which cost more than
   // the weights' reads). Returns the matmul's arguments: the scratch read as is, or x normed in
   // the kernel.
+  // The int8 GEMVs norm in their prepare launch.
   cuda::MatArgs normed_args(const Buf& x, int M, const InputNorm& norm, const WeightView& W, ActPrecision P) {
-    if (M != 1 || !norm.w || !norm.scratch || (W.fmt != WFormat::GgufQ4_K && W.fmt != WFormat::GgufQ6_K))
-      return mat_args(x, norm);
+    if (M != 1 || !norm.w || !norm.scratch || (W.fmt != WFormat::GgufQ4_K && W.fmt != WFormat::GgufQ6_K) ||
+        (q8_.q && cuda::q8_gemv_supports(dev(W))))
+      return mat_args(x, norm, M);
     rms_norm(x, 1, int(W.cols), norm.w, norm.eps, P, norm.scratch);
-    return mat_args(norm.scratch, InputNorm{});
+    return mat_args(norm.scratch, InputNorm{}, M);
   }
   void launch_matmuls(const cuda::MatArgs& a, int M) {
     if (profile_) label_ = "matmuls x" + std::to_string(a.n) + " " + std::to_string(a.w[0].rows) + "x" +
@@ -688,6 +698,7 @@ class CudaBackend final : public Backend {
   cuda::GrowBuffer moe_h_, moe_dy_;  // decode MoE: the items' gated hidden rows and expert outputs
   std::unordered_map<const void*, const cuda::DevWeight*> expert_tables_;
   size_t argmax_rows_ = 0;
+  cuda::Q8Act q8_{};  // the int8 decode scratch (bf16 activations with int8_dots), or all null
   float* bounce_ = nullptr;
   size_t bounce_n_ = 0;
 };

@@ -11,6 +11,7 @@
 
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_kv_quant.cuh"
+#include "backend/cuda/cuda_q8.cuh"
 
 namespace g4::cuda {
 
@@ -39,7 +40,8 @@ struct AttnArgs {
 
 // y[M, w.rows] = x[M, w.cols] · Wᵀ: 32-value units per lane when w.cols % 32 == 0, else one
 // element at a time (tests compare both with the reference backend). x of type xt, y of type yt.
-void matmul(cudaStream_t s, const void* x, DType xt, int M, const DevWeight& w, void* y, DType yt);
+// q8: the int8 decode scratch (MatArgs::q8), or all null.
+void matmul(cudaStream_t s, const void* x, DType xt, int M, const DevWeight& w, void* y, DType yt, Q8Act q8);
 // A matmul launch's arguments: y[i][M, w[i].rows] = xn · w[i]ᵀ for i < n (1..3 weights of one
 // format and width), xn = x, or x RMS-normalized with norm_w when that is set. M, first: set by
 // the launchers. x (and resid) of type xt; the y of type yt (xt, or F32 for the logits).
@@ -65,7 +67,12 @@ struct MatArgs {
   // Set by the launch: warps that share one output row (K-quant rows at M = 1 split their
   // super-blocks among them; 1 elsewhere).
   int split = 1;
+  // Non-null: at M = 1, formats the int8 GEMVs take (q8_gemv_supports) are dotted with the
+  // activation row quantized into this scratch (cuda_q8.cuh, cuda_gemv_q8.cu); null: in f32.
+  Q8Act q8;
 };
+// Whether the int8 decode GEMV takes weight w (format, bits, group, alignment, width).
+bool q8_gemv_supports(const DevWeight& w);
 // The shared memory a normed input of M rows (at most 8 per launch) takes; launches whose norm
 // does not fit 48 KiB must norm separately.
 size_t matmul_norm_smem(int M, int64_t cols);

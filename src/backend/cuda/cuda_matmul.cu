@@ -223,6 +223,7 @@ void matmul_fmt(cudaStream_t s, const MatArgs& a, int M) {
     tc_matmul(s, a, M, kAct);
     return;
   }
+  if (M == 1 && q8_gemv(s, a, kAct)) return;       // decode on int8 activations (bf16 mode)
   if (M == 1 && decode_gemv(s, a, kAct)) return;  // decode: the GEMV kernels
   if (a.w[0].cols % 32 == 0) matmul_launch<F, true, kAct>(s, a, M);
   else matmul_launch<F, false, kAct>(s, a, M);
@@ -235,8 +236,9 @@ void matmul_any(cudaStream_t s, const MatArgs& a, int M) {
 
 }  // namespace
 
-void matmul(cudaStream_t s, const void* x, DType xt, int M, const DevWeight& w, void* y, DType yt) {
+void matmul(cudaStream_t s, const void* x, DType xt, int M, const DevWeight& w, void* y, DType yt, Q8Act q8) {
   MatArgs a{};
+  a.q8 = q8;
   a.x = x;
   a.xt = xt;
   a.yt = yt;

@@ -74,5 +74,9 @@ __device__ inline void norm_row_to_shared(const void* x, bool bf, int64_t cols, 
 // and the K-quant decode kernels. Launches a.w[0]'s format and returns true when one applies to
 // this launch (act: Act), else returns false and launches nothing.
 bool decode_gemv(cudaStream_t s, const MatArgs& a, int act);
+// The int8 decode path (cuda_gemv_q8.cu), when a.q8 is set and q8_gemv_supports every weight of
+// the launch: prepares a.x (normed with a.norm_w when set) into a.q8, then one GEMV launch.
+// Returns false, launching nothing, when it does not apply.
+bool q8_gemv(cudaStream_t s, const MatArgs& a, int act);
 
 }  // namespace g4::cuda

@@ -134,6 +134,7 @@ bool router_topk_applies(int E, int k) { return E <= kWarp * kRouterPer && k >= 
 
 void moe_matmul(cudaStream_t s, const MoeMatArgs& a, int items, int64_t rows, WFormat fmt, bool gelu) {
   if (items <= 0) return;
+  if (q8_moe_matmul(s, a, items, rows, gelu)) return;
   const dim3 grid(blocks_for(rows, kMoeWarps), unsigned(items));
   with_format(fmt, [&](auto f) {
     constexpr WFormat F = decltype(f)::value;

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_dequant.cuh"
+#include "backend/cuda/cuda_q8.cuh"
 
 namespace g4::cuda {
 
@@ -26,6 +27,12 @@ struct MoeMatArgs {
   const DevWeight* w2;
   const int32_t* idx;
   void* y;
+  DevWeight w0;  // the first expert's weight (host copy): format, bits, shape of every expert
+  Q8Act q8;      // non-null: the int8 GEMVs (cuda_gemv_q8.cu) where they take w0's format
 };
 void moe_matmul(cudaStream_t s, const MoeMatArgs& a, int items, int64_t rows, WFormat fmt, bool gelu);
+// moe_matmul on int8 activations (cuda_gemv_q8.cu): the x rows prepared into a.q8, then one launch
+// over (row blocks, items). Returns false, launching nothing, when a.q8 is null, w0's format is
+// not taken or the x rows do not fit the scratch.
+bool q8_moe_matmul(cudaStream_t s, const MoeMatArgs& a, int items, int64_t rows, bool gelu);
 }  // namespace g4::cuda
