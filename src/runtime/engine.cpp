@@ -45,6 +45,8 @@ Engine::Engine(Model& model, EngineOptions opt)
   opt_.parallel = std::max(1, opt_.parallel);
   opt_.prefill_chunk = std::max(1, opt_.prefill_chunk);
   for (int i = 0; i < opt_.parallel; ++i) slots_.push_back(std::make_unique<Slot>());
+  stats_.kv_capacity_tokens = int64_t(opt_.parallel) * opt_.max_context;
+  stats_.prefix_capacity_bytes = opt_.prefix_cache_bytes;
   logits_.resize(size_t(opt_.parallel) * model_.config().vocab);
   const char* dt = std::getenv("G4_DEVICE_TOPK");  // 0: always copy the logits (for comparisons)
   device_topk_enabled_ = !(dt && std::string(dt) == "0");
@@ -159,6 +161,7 @@ void Engine::finish(Slot& s, FinishReason r, const std::string& error) {
     ++stats_.requests_finished;
     --stats_.active;  // slots are engine-thread state; this counter is what other threads read
   }
+  publish_cache_stats();
   req->on_event(ev);
 }
 
@@ -278,10 +281,24 @@ void Engine::step() {
 
 void Engine::record_step(clk::time_point t0, clk::time_point tf, clk::time_point tf2) {
   const auto t1 = clk::now();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++stats_.steps;
+    stats_.forward_seconds += std::chrono::duration<double>(tf2 - tf).count();
+    stats_.step_seconds += std::chrono::duration<double>(t1 - t0).count();
+  }
+  publish_cache_stats();
+}
+
+void Engine::publish_cache_stats() {
+  int64_t tokens = 0;
+  for (const auto& s : slots_)
+    if (s->req) tokens += int64_t(s->fed.size());
+  const size_t bytes = prefix_.bytes(), entries = prefix_.entries();
   std::lock_guard<std::mutex> lk(mu_);
-  ++stats_.steps;
-  stats_.forward_seconds += std::chrono::duration<double>(tf2 - tf).count();
-  stats_.step_seconds += std::chrono::duration<double>(t1 - t0).count();
+  stats_.kv_tokens = tokens;
+  stats_.prefix_bytes = bytes;
+  stats_.prefix_entries = entries;
 }
 
 Engine::SampleMode Engine::sample_mode(const std::vector<Slot*>& slots) const {

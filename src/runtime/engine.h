@@ -69,6 +69,11 @@ struct EngineStats {
   uint64_t draft_rounds = 0, drafted_tokens = 0, accepted_tokens = 0;
   double forward_seconds = 0, step_seconds = 0;  // step = forward + scheduling + sampling
   int active = 0, queued = 0;
+  // KV held for running sequences (tokens in their caches) against what the slots may hold
+  // (parallel x max_context): the KV-cache utilization a gateway routes by. The prompt-prefix
+  // cache's KV (evictable, reused by later prompts) is counted apart.
+  int64_t kv_tokens = 0, kv_capacity_tokens = 0;
+  size_t prefix_bytes = 0, prefix_capacity_bytes = 0, prefix_entries = 0;
 };
 
 class Engine {
@@ -122,6 +127,8 @@ class Engine {
   // Copies logit row `row`'s final-normed hidden state into s.hidden (the drafter's input).
   void keep_hidden(Slot& s, int row);
   void record_step(clk::time_point t0, clk::time_point tf, clk::time_point tf2);
+  // Copies the slots' and the prefix cache's occupancy (engine-thread state) into stats_.
+  void publish_cache_stats();
   void finish(Slot& s, FinishReason r, const std::string& error = "");
 
   Model& model_;

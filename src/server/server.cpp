@@ -98,6 +98,38 @@ std::string Server::metrics_text() {
   line("gemma4_engine_step_seconds_total", "counter", "Time spent in steps (forward + scheduling + sampling).", s.step_seconds);
   line("gemma4_generation_tokens_per_second", "gauge", "Generated tokens per second of engine step time.",
        s.step_seconds > 0 ? double(s.generated_tokens) / s.step_seconds : 0.0);
+  const double kv_usage = s.kv_capacity_tokens > 0 ? double(s.kv_tokens) / double(s.kv_capacity_tokens) : 0.0;
+  line("gemma4_kv_cache_usage_ratio", "gauge",
+       "KV cache held by running sequences, as a fraction (0..1) of what the slots may hold.", kv_usage);
+  line("gemma4_kv_cache_tokens", "gauge", "Tokens in the KV caches of running sequences.", double(s.kv_tokens));
+  line("gemma4_kv_cache_capacity_tokens", "gauge", "Tokens the sequence slots may hold (--parallel x context).",
+       double(s.kv_capacity_tokens));
+  line("gemma4_prefix_cache_bytes", "gauge", "KV bytes kept for prompt prefixes (evictable).", double(s.prefix_bytes));
+  line("gemma4_prefix_cache_capacity_bytes", "gauge", "The prompt-prefix cache's byte budget.",
+       double(s.prefix_capacity_bytes));
+  line("gemma4_prefix_cache_entries", "gauge", "Prompt prefixes held.", double(s.prefix_entries));
+  // The same gauges under vLLM's names, which the Gateway API Inference Extension's endpoint
+  // picker (llm-d) and the SGLang gateway read by default (the model-server protocol).
+  line("vllm:num_requests_waiting", "gauge", "Requests waiting for a slot (gemma4_queue_depth).", double(s.queued));
+  line("vllm:num_requests_running", "gauge", "Sequences being decoded (gemma4_active_sequences).", double(s.active));
+  line("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage, 1 = full (gemma4_kv_cache_usage_ratio).", kv_usage);
+  line("vllm:gpu_cache_usage_perc", "gauge", "KV-cache usage, 1 = full (the older vLLM name).", kv_usage);
+  line("vllm:prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
+       double(s.prompt_tokens));
+  line("vllm:prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.", double(s.cached_tokens));
+  if (engine_->model().adapter()) {  // the protocol's LoRA gauge: the adapter is part of the served model
+    std::string id;  // a label value: quotes, backslashes and newlines escaped
+    for (char c : ctx_->model_id) {
+      if (c == '"' || c == '\\') id += '\\';
+      if (c == '\n') id += "\\n";
+      else id += c;
+    }
+    o << "# HELP vllm:lora_requests_info LoRA adapters loaded (value: last update, Unix seconds).\n"
+         "# TYPE vllm:lora_requests_info gauge\nvllm:lora_requests_info{max_lora=\"1\",running_lora_adapters=\""
+      << id << "\",waiting_lora_adapters=\"\"} "
+      << std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()
+      << "\n";
+  }
   return o.str();
 }
 
