@@ -2,6 +2,12 @@
 
 namespace g4 {
 
+const std::string& TextStream::stopped_by() const {
+  static const std::string none;
+  const int i = stop_.which();
+  return i >= 0 && size_t(i) < opt_.stop_strings.size() ? opt_.stop_strings[size_t(i)] : none;
+}
+
 TextStream::TextStream(const Tokenizer& tok, TextStreamOptions opt)
     : opt_(std::move(opt)),
       detok_(tok, false),

@@ -36,6 +36,8 @@ class TextStream {
   std::vector<TextEvent> finish();
   // True once a stop string completed (the caller should cancel generation).
   bool stopped() const { return stop_.stopped(); }
+  // The stop string that ended the text (empty before a stop).
+  const std::string& stopped_by() const;
   int tool_calls() const { return tools_.calls_emitted(); }
 
  private:

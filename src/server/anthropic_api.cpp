@@ -15,6 +15,12 @@ std::string stop_reason(const LiveGeneration& g) {
   if (g.stopped_by_string()) return "stop_sequence";
   return g.reason() == FinishReason::Length ? "max_tokens" : "end_turn";
 }
+// The stop sequence that ended the message (with stop_reason "stop_sequence"), else null.
+ojson stop_sequence(const LiveGeneration& g) {
+  return stop_reason(g) == "stop_sequence" ? ojson(g.stop_sequence()) : ojson(nullptr);
+}
+// Streams with no event for this long get a ping (Anthropic's keep-alive event).
+constexpr auto kPingEvery = std::chrono::seconds(10);
 
 ojson usage_json(const Usage& u) {
   return {{"input_tokens", u.prompt_tokens - u.cached_tokens}, {"output_tokens", u.completion_tokens},
@@ -77,14 +83,19 @@ void handle(Context& ctx, const http::Request& hreq, http::Response& res) {
     }
     if (gen->reason() == FinishReason::Error) return send_anthropic_error(res, {500, "api_error", gen->error(), ""});
     ojson out = {{"id", id}, {"type", "message"}, {"role", "assistant"}, {"model", ctx.model_id},
-                 {"content", content}, {"stop_reason", stop_reason(*gen)}, {"stop_sequence", nullptr},
+                 {"content", content}, {"stop_reason", stop_reason(*gen)}, {"stop_sequence", stop_sequence(*gen)},
                  {"usage", usage_json(gen->usage())}};
     res.set_content(out.dump(-1, ' ', false, ojson::error_handler_t::replace), "application/json");
     return;
   }
   // Streaming: message_start, then per block content_block_start / _delta* / _stop, then
   // message_delta (stop_reason, usage) and message_stop.
-  struct St { int phase = 0; int index = -1; std::string open; };
+  struct St {
+    int phase = 0;
+    int index = -1;
+    std::string open;
+    std::chrono::steady_clock::time_point last_sent;
+  };
   auto st = std::make_shared<St>();
   const std::string model = ctx.model_id;
   res.set_header("Cache-Control", "no-cache");
@@ -96,8 +107,10 @@ void handle(Context& ctx, const http::Request& hreq, http::Response& res) {
             gen->cancel();
             return false;
           }
+          st->last_sent = std::chrono::steady_clock::now();
           return true;
         };
+        auto ping = [&]() { return send(event("ping", {{"type", "ping"}})); };
         auto close_block = [&]() {
           if (st->open.empty()) return true;
           st->open.clear();
@@ -114,8 +127,9 @@ void handle(Context& ctx, const http::Request& hreq, http::Response& res) {
           st->phase = 1;
           ojson msg = {{"id", id}, {"type", "message"}, {"role", "assistant"}, {"model", model},
                        {"content", ojson::array()}, {"stop_reason", nullptr}, {"stop_sequence", nullptr},
-                       {"usage", {{"input_tokens", 0}, {"output_tokens", 0}}}};
+                       {"usage", {{"input_tokens", gen->prompt_size()}, {"output_tokens", 0}}}};
           if (!send(event("message_start", {{"type", "message_start"}, {"message", msg}}))) return false;
+          if (!ping()) return false;
         }
         if (st->phase == 2) return false;
         std::vector<TextEvent> evs;
@@ -124,6 +138,8 @@ void handle(Context& ctx, const http::Request& hreq, http::Response& res) {
           gen->cancel();
           return false;
         }
+        if (evs.empty() && more && std::chrono::steady_clock::now() - st->last_sent > kPingEvery && !ping())
+          return false;
         for (auto& te : evs) {
           if (te.kind == TextEvent::kContent) {
             if (!open_block("text", {{"type", "text"}, {"text", ""}})) return false;
@@ -150,7 +166,7 @@ void handle(Context& ctx, const http::Request& hreq, http::Response& res) {
             if (!close_block()) return false;
             ojson u = usage_json(gen->usage());
             if (!send(event("message_delta", {{"type", "message_delta"},
-                                              {"delta", {{"stop_reason", stop_reason(*gen)}, {"stop_sequence", nullptr}}},
+                                              {"delta", {{"stop_reason", stop_reason(*gen)}, {"stop_sequence", stop_sequence(*gen)}}},
                                               {"usage", u}}))) return false;
             send(event("message_stop", {{"type", "message_stop"}}));
           }
@@ -161,10 +177,37 @@ void handle(Context& ctx, const http::Request& hreq, http::Response& res) {
       [gen](bool) { gen->cancel(); });
 }
 
+// POST /v1/messages/count_tokens: the prompt a /v1/messages request with this body would submit
+// (system, messages, tools, images through the chat template), counted without generating.
+void count_tokens(Context& ctx, const http::Request& hreq, http::Response& res) {
+  TextRequest r;
+  ApiError e;
+  ojson body;
+  if (parse_body(hreq, body, e)) {
+    if (body.is_object() && !body.contains("max_tokens")) body["max_tokens"] = 1;  // not a field of this endpoint
+    if (auto err = read_anthropic_request(body, r)) e = *err;
+  }
+  if (e.message.empty()) {
+    TextStreamOptions to;
+    auto built = LiveGeneration::build_prompt(ctx.engine, ctx.bundle, r, ctx.opt.allow_special_in_content, &to);
+    if (auto* err = std::get_if<ApiError>(&built)) {
+      e = *err;
+    } else {
+      ctx.metrics.count("/v1/messages/count_tokens", 200);
+      const size_t n = std::get<GenerationSpec>(built).prompt.size();
+      res.set_content(ojson{{"input_tokens", n}}.dump(), "application/json");
+      return;
+    }
+  }
+  ctx.metrics.count("/v1/messages/count_tokens", e.status);
+  send_anthropic_error(res, e);
+}
+
 }  // namespace
 
 void register_anthropic_routes(http::Server& svr, Context& ctx) {
   svr.Post("/v1/messages", [&ctx](const http::Request& q, http::Response& r) { handle(ctx, q, r); });
+  svr.Post("/v1/messages/count_tokens", [&ctx](const http::Request& q, http::Response& r) { count_tokens(ctx, q, r); });
 }
 
 }  // namespace g4::server

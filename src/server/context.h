@@ -44,7 +44,8 @@ struct Metrics {
   std::mutex mu;
   std::map<std::string, uint64_t> requests;  // "endpoint status" -> count
   static std::string endpoint_label(const std::string& path) {
-    for (const char* known : {"/", "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/messages", "/health", "/metrics"})
+    for (const char* known : {"/", "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/messages",
+                               "/v1/messages/count_tokens", "/health", "/metrics"})
       if (path == known) return known;
     return "other";
   }

@@ -11,12 +11,11 @@ LiveGeneration::~LiveGeneration() {
   if (!done_delivered_) cancel();
 }
 
-std::variant<std::shared_ptr<LiveGeneration>, ApiError> LiveGeneration::start(
-    Engine& engine, const ModelBundle& b, const TextRequest& req, int default_max_tokens,
-    bool allow_special_in_content) {
+std::variant<GenerationSpec, ApiError> LiveGeneration::build_prompt(Engine& engine, const ModelBundle& b,
+                                                                    const TextRequest& req,
+                                                                    bool allow_special_in_content,
+                                                                    TextStreamOptions* to) {
   std::vector<int32_t> prompt;
-  TextStreamOptions to;
-  to.stop_strings = req.stop;
   if (req.chat) {
     if (!b.chat_template)
       return ApiError{400, "invalid_request_error",
@@ -30,7 +29,7 @@ std::variant<std::shared_ptr<LiveGeneration>, ApiError> LiveGeneration::start(
                     : b.chat_template->render(mark_literal_strings(req.messages, *b.tokenizer),
                                               mark_literal_strings(req.tools, *b.tokenizer), ro);
     if (!text) return ApiError{400, "invalid_request_error", "chat template: " + text.message(), "messages"};
-    to.reasoning_open_in_prompt = prompt_opens_reasoning(text.value());
+    to->reasoning_open_in_prompt = prompt_opens_reasoning(text.value());
     if (allow_special_in_content) {
       prompt = encode_chat_prompt(b, text.value());
     } else {
@@ -38,11 +37,10 @@ std::variant<std::shared_ptr<LiveGeneration>, ApiError> LiveGeneration::start(
       prompt.assign(ids.begin(), ids.end());
     }
   } else {
-    to.split_reasoning = false;
-    to.parse_tool_calls = false;
+    to->split_reasoning = false;
+    to->parse_tool_calls = false;
     prompt = encode_raw_prompt(b, req.prompt);
   }
-  std::shared_ptr<LiveGeneration> g(new LiveGeneration(engine, b, to));
   GenerationSpec spec;
   spec.prompt = std::move(prompt);
   if (!req.images.empty()) {
@@ -52,6 +50,19 @@ std::variant<std::shared_ptr<LiveGeneration>, ApiError> LiveGeneration::start(
     if (Status st = attach_images(*b.vision, engine, req.images, 0, spec); !st)
       return ApiError{400, "invalid_request_error", st.message(), "messages"};
   }
+  return spec;
+}
+
+std::variant<std::shared_ptr<LiveGeneration>, ApiError> LiveGeneration::start(
+    Engine& engine, const ModelBundle& b, const TextRequest& req, int default_max_tokens,
+    bool allow_special_in_content) {
+  TextStreamOptions to;
+  to.stop_strings = req.stop;
+  auto built = build_prompt(engine, b, req, allow_special_in_content, &to);
+  if (auto* err = std::get_if<ApiError>(&built)) return *err;
+  GenerationSpec spec = std::move(std::get<GenerationSpec>(built));
+  std::shared_ptr<LiveGeneration> g(new LiveGeneration(engine, b, to));
+  g->prompt_size_ = int(spec.prompt.size());
   spec.sampling = req.sampling;
   spec.max_tokens = req.max_tokens > 0 ? req.max_tokens : default_max_tokens;
   // Leave room for the prompt when the client did not ask for a length.

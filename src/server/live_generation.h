@@ -30,6 +30,11 @@ class LiveGeneration {
   static std::variant<std::shared_ptr<LiveGeneration>, ApiError> start(
       Engine& engine, const ModelBundle& bundle, const TextRequest& req, int default_max_tokens,
       bool allow_special_in_content);
+  // The prompt `start` would submit for req (template, tokenization, image tokens), without
+  // submitting it: its length is what /v1/messages/count_tokens answers.
+  static std::variant<GenerationSpec, ApiError> build_prompt(Engine& engine, const ModelBundle& bundle,
+                                                             const TextRequest& req, bool allow_special_in_content,
+                                                             TextStreamOptions* stream_options);
   ~LiveGeneration();
 
   // Waits up to `wait` for more output; appends new events to `out`. Returns false once the
@@ -40,6 +45,9 @@ class LiveGeneration {
   bool finished() const { return done_delivered_; }
   FinishReason reason() const { return reason_; }
   bool stopped_by_string() const { return stream_.stopped(); }
+  const std::string& stop_sequence() const { return stream_.stopped_by(); }
+  // Prompt tokens submitted (known at start; usage() has the engine's count once it reports).
+  int prompt_size() const { return prompt_size_; }
   int tool_calls() const { return stream_.tool_calls(); }
   const Usage& usage() const { return usage_; }
   const std::string& error() const { return error_; }
@@ -58,6 +66,7 @@ class LiveGeneration {
   std::shared_ptr<Queue> q_;
   TextStream stream_;
   std::vector<int32_t> stop_ids_;
+  int prompt_size_ = 0;
   uint64_t id_ = 0;
   bool cancelled_ = false;
   bool done_delivered_ = false;

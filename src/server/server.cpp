@@ -140,7 +140,8 @@ void Server::register_routes() {
   lim.worker_threads = opt_.http_threads > 0 ? opt_.http_threads : opt_.parallel + opt_.max_queue + 4;
   http_ = std::make_unique<http::Server>(lim);
   auto send_error = [](const http::Request& req, http::Response& res, const ApiError& e) {
-    if (req.path == "/v1/messages") send_anthropic_error(res, e); else send_openai_error(res, e);
+    // Anthropic's error shape on every Anthropic path (/v1/messages and below), OpenAI's elsewhere.
+    if (req.path.rfind("/v1/messages", 0) == 0) send_anthropic_error(res, e); else send_openai_error(res, e);
   };
   http_->set_pre_routing_handler([this, send_error](const http::Request& req, http::Response& res) {
     begin_request();  // the request log's clock (server/request_log.h)

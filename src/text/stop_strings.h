@@ -48,6 +48,8 @@ class StopStringMatcher {
   std::string flush();
 
   bool stopped() const { return stopped_; }
+  // The constructor-list index of the stop string that matched (-1 before a stop).
+  int which() const { return which_; }
   const std::string& held() const { return held_; }
   bool active() const { return !stops_.empty(); }
 
