@@ -16,10 +16,8 @@ Result<double> number(const std::string& flag, const std::string& v) {
 
 Result<TextArgs> parse_text_args(const Args& a, const ModelConfig& cfg) {
   TextArgs t;
+  t.sampling = generation_defaults(cfg);
   SamplingParams& s = t.sampling;
-  if (cfg.gen_temperature >= 0) s.temperature = cfg.gen_temperature;
-  if (cfg.gen_top_k > 0) s.top_k = cfg.gen_top_k;
-  if (cfg.gen_top_p > 0) s.top_p = cfg.gen_top_p;
   for (const auto& [flag, value] : a.flags) {
     if (flag == "--max-tokens") {
       G4_ASSIGN_OR_RETURN(double d, number(flag, value));

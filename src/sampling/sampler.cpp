@@ -9,6 +9,14 @@
 #include <random>
 
 namespace g4 {
+
+SamplingParams generation_defaults(const ModelConfig& cfg) {
+  SamplingParams s;
+  if (cfg.gen_temperature >= 0) s.temperature = cfg.gen_temperature;
+  if (cfg.gen_top_k > 0) s.top_k = cfg.gen_top_k;
+  if (cfg.gen_top_p > 0) s.top_p = cfg.gen_top_p;
+  return s;
+}
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();

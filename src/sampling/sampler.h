@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/config.h"
 #include "core/status.h"
 
 namespace g4 {
@@ -50,6 +51,11 @@ struct SamplingParams {
   uint64_t seed = 0;
   bool has_seed = false;  // false -> seeded from std::random_device
 };
+
+// The model's own sampling defaults (generation_config.json: temperature, top_k, top_p) where it
+// has them, else greedy (mlx-lm's default): what `run` and `serve` sample with when a flag or a
+// request leaves a parameter out.
+SamplingParams generation_defaults(const ModelConfig& cfg);
 
 // Whether any logits processor (penalties, biases) is active, i.e. sampling needs the history and
 // may reorder the logits.

@@ -33,6 +33,7 @@ std::string event(const char* name, const ojson& data) {
 
 void handle(Context& ctx, const http::Request& hreq, http::Response& res) {
   TextRequest r;
+  r.sampling = ctx.sampling_defaults;  // the model's generation_config for what the request leaves out
   ApiError e;
   if (ctx.stopping.load()) {  // draining: running requests finish, new ones are refused
     ctx.metrics.count("/v1/messages", 503);

@@ -45,7 +45,7 @@ struct Metrics {
   std::map<std::string, uint64_t> requests;  // "endpoint status" -> count
   static std::string endpoint_label(const std::string& path) {
     for (const char* known : {"/", "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/messages",
-                               "/v1/messages/count_tokens", "/health", "/metrics"})
+                               "/v1/messages/count_tokens", "/tokenize", "/detokenize", "/health", "/metrics"})
       if (path == known) return known;
     return "other";
   }
@@ -63,6 +63,9 @@ struct Context {
   Metrics& metrics;
   std::atomic<bool>& stopping;
   std::string model_id;
+  // What a request samples with for the parameters it leaves out: the model's generation_config
+  // (generation_defaults), as `gemma4 run` does.
+  SamplingParams sampling_defaults;
   std::atomic<int> inflight{0};  // generation handlers whose response is not fully written yet
 };
 

@@ -32,6 +32,7 @@ std::string sse(const ojson& j) {
 void handle(Context& ctx, const http::Request& hreq, http::Response& res, bool chat) {
   const char* endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
   TextRequest r;
+  r.sampling = ctx.sampling_defaults;  // the model's generation_config for what the request leaves out
   ApiError e;
   if (ctx.stopping.load()) {  // draining: running requests finish, new ones are refused
     ctx.metrics.count(endpoint, 503);
@@ -158,17 +159,102 @@ void handle(Context& ctx, const http::Request& hreq, http::Response& res, bool c
       [gen](bool) { gen->cancel(); });
 }
 
+ojson model_json(const Context& ctx) {
+  return {{"id", ctx.model_id}, {"object", "model"}, {"created", unix_time()}, {"owned_by", "local"}};
+}
+
+// POST /tokenize (llama-server's and vLLM's): {"content" | "prompt": text} or {"messages": [...]}
+// (the chat prompt as /v1/chat/completions builds it); "add_special" / "add_special_tokens"
+// (default true) keep the leading <bos> of a text prompt. Answers {"tokens", "count", "max_model_len"}.
+void tokenize(Context& ctx, const http::Request& hreq, http::Response& res) {
+  ApiError e;
+  ojson body;
+  if (parse_body(hreq, body, e)) {
+    TextRequest r;
+    const ojson* text = nullptr;
+    for (const char* key : {"content", "prompt"})
+      if (auto it = body.find(key); it != body.end() && !it->is_null()) text = &*it;
+    if (body.contains("messages")) {
+      if (auto err = read_openai_request(body, true, ctx.bundle.model->config().vocab, r)) e = *err;
+    } else if (!text || !text->is_string()) {
+      e = ApiError{400, "invalid_request_error", "give 'content' (or 'prompt') as a string, or 'messages'", "content"};
+    } else {
+      r.chat = false;
+      r.prompt = text->get<std::string>();
+    }
+    bool add_special = true;
+    for (const char* key : {"add_special", "add_special_tokens"})
+      if (auto it = body.find(key); it != body.end() && it->is_boolean()) add_special = it->get<bool>();
+    if (e.message.empty()) {
+      TextStreamOptions to;
+      auto built = LiveGeneration::build_prompt(ctx.engine, ctx.bundle, r, ctx.opt.allow_special_in_content, &to);
+      if (auto* err = std::get_if<ApiError>(&built)) {
+        e = *err;
+      } else {
+        std::vector<int32_t> ids = std::move(std::get<GenerationSpec>(built).prompt);
+        const int bos = ctx.bundle.tokenizer->bos_id();
+        if (!r.chat && !add_special && !ids.empty() && ids[0] == bos) ids.erase(ids.begin());
+        res.set_content(ojson{{"tokens", ids}, {"count", ids.size()},
+                              {"max_model_len", ctx.engine.options().max_context}}.dump(), "application/json");
+        ctx.metrics.count("/tokenize", 200);
+        return;
+      }
+    }
+  }
+  ctx.metrics.count("/tokenize", e.status);
+  send_openai_error(res, e);
+}
+
+// POST /detokenize: {"tokens": [ids]} -> {"content": text, "prompt": text} (llama-server's and
+// vLLM's field names), special tokens kept.
+void detokenize(Context& ctx, const http::Request& hreq, http::Response& res) {
+  ApiError e;
+  ojson body;
+  if (parse_body(hreq, body, e)) {
+    const int vocab = ctx.bundle.model->config().vocab;
+    std::vector<int> ids;
+    auto it = body.find("tokens");
+    if (it == body.end() || !it->is_array()) {
+      e = ApiError{400, "invalid_request_error", "'tokens' must be an array of token ids", "tokens"};
+    } else {
+      for (const auto& v : *it) {
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab) {
+          e = ApiError{400, "invalid_request_error",
+                       "'tokens' holds ids in 0.." + std::to_string(vocab - 1) + " only", "tokens"};
+          break;
+        }
+        ids.push_back(int(v.get<int64_t>()));
+      }
+    }
+    if (e.message.empty()) {
+      const std::string text = ctx.bundle.tokenizer->decode(ids);
+      res.set_content(ojson{{"content", text}, {"prompt", text}}.dump(-1, ' ', false, ojson::error_handler_t::replace),
+                      "application/json");
+      ctx.metrics.count("/detokenize", 200);
+      return;
+    }
+  }
+  ctx.metrics.count("/detokenize", e.status);
+  send_openai_error(res, e);
+}
+
 }  // namespace
 
 void register_openai_routes(http::Server& svr, Context& ctx) {
   svr.Post("/v1/chat/completions", [&ctx](const http::Request& q, http::Response& r) { handle(ctx, q, r, true); });
   svr.Post("/v1/completions", [&ctx](const http::Request& q, http::Response& r) { handle(ctx, q, r, false); });
   svr.Get("/v1/models", [&ctx](const http::Request&, http::Response& res) {
-    ojson m = {{"id", ctx.model_id}, {"object", "model"}, {"created", unix_time()}, {"owned_by", "local"}};
-    ojson out = {{"object", "list"}, {"data", ojson::array({m})}};
+    ojson out = {{"object", "list"}, {"data", ojson::array({model_json(ctx)})}};
     res.set_content(out.dump(), "application/json");
     ctx.metrics.count("/v1/models", 200);
   });
+  // /v1/models/{id}: the one model this server has (other ids: 404 through the error handler).
+  svr.Get("/v1/models/" + ctx.model_id, [&ctx](const http::Request&, http::Response& res) {
+    res.set_content(model_json(ctx).dump(), "application/json");
+    ctx.metrics.count("/v1/models", 200);
+  });
+  svr.Post("/tokenize", [&ctx](const http::Request& q, http::Response& r) { tokenize(ctx, q, r); });
+  svr.Post("/detokenize", [&ctx](const http::Request& q, http::Response& r) { detokenize(ctx, q, r); });
 }
 
 }  // namespace g4::server

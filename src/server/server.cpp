@@ -63,7 +63,7 @@ Server::Server(const ModelBundle& bundle, ServerOptions opt) : bundle_(bundle), 
   eo.prefix_cache_bytes = opt_.prefix_cache_bytes;
   engine_ = std::make_unique<Engine>(*bundle.model, eo);
   std::string id = opt_.model_id.empty() ? bundle.name : opt_.model_id;
-  ctx_.reset(new Context{bundle_, *engine_, opt_, metrics_, stopping_, id});
+  ctx_.reset(new Context{bundle_, *engine_, opt_, metrics_, stopping_, id, generation_defaults(bundle.model->config())});
   register_routes();
 }
 
@@ -157,7 +157,9 @@ void Server::register_routes() {
   });
   http_->set_error_handler([send_error](const http::Request& req, http::Response& res) {
     if (!res.body.empty()) return;
+    const bool model_path = res.status == 404 && req.method == "GET" && req.path.rfind("/v1/models/", 0) == 0;
     const std::string why = !res.error_message.empty() ? res.error_message
+                            : model_path                ? "the model '" + req.path.substr(11) + "' does not exist"
                             : res.status == 404         ? "no such endpoint: " + req.method + " " + req.path
                                                         : "bad request";
     ApiError e{res.status, res.status == 404 ? "not_found_error" : res.status >= 500 ? "server_error" : "invalid_request_error",

@@ -395,3 +395,22 @@ TEST(SamplerStats, TopLogprobs) {
   EXPECT_EQ(g4::top_logprobs(x.data(), int(x.size()), 99).size(), x.size());
   EXPECT_TRUE(g4::top_logprobs(x.data(), int(x.size()), 0).empty());
 }
+
+// What run and serve sample with when a flag or request leaves a parameter out: the model's
+// generation_config where it sets one (Gemma 4's: temperature 1, top_k 64, top_p 0.95), else greedy.
+TEST(SamplerDefaults, GenerationConfigFillsWhatItSets) {
+  g4::ModelConfig cfg;
+  SamplingParams none = g4::generation_defaults(cfg);
+  EXPECT_EQ(none.temperature, 0.f);
+  EXPECT_EQ(none.top_k, 0);
+  EXPECT_EQ(none.top_p, 1.f);
+  cfg.gen_temperature = 1.f;
+  cfg.gen_top_k = 64;
+  cfg.gen_top_p = 0.95f;
+  SamplingParams g = g4::generation_defaults(cfg);
+  EXPECT_EQ(g.temperature, 1.f);
+  EXPECT_EQ(g.top_k, 64);
+  EXPECT_EQ(g.top_p, 0.95f);
+  cfg.gen_top_k = 0;  // unset fields keep the greedy defaults
+  EXPECT_EQ(g4::generation_defaults(cfg).top_k, 0);
+}

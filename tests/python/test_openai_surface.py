@@ -1,0 +1,56 @@
+"""OpenAI-side endpoints beyond chat and completions (issue 18 item 2), with the official `openai`
+client where it has a call: `/v1/models/{id}`, and llama-server's / vLLM's `/tokenize` and
+`/detokenize`, checked against `gemma4 tokenize` and the prompt sizes the server reports in usage."""
+import json
+import subprocess
+
+import openai
+import pytest
+
+from test_server import STARTER, Server, oai
+
+
+@pytest.fixture(scope="module")
+def srv(gemma4_bin):
+    s = Server(gemma4_bin, "--parallel", "2", "--no-prefix-cache", "--model-id", "starter")
+    yield s
+    s.close()
+
+
+def test_models_retrieve(srv):
+    c = oai(srv)
+    m = c.models.retrieve("starter")
+    assert m.id == "starter" and m.object == "model"
+    with pytest.raises(openai.NotFoundError) as e:
+        c.models.retrieve("no-such-model")
+    assert "no-such-model" in str(e.value)
+
+
+def test_tokenize_matches_the_cli_and_usage(srv, gemma4_bin):
+    text = "The quick brown fox jumps over the lazy dog."
+    cli = json.loads(subprocess.run([str(gemma4_bin), "tokenize", "--model", str(STARTER), text],
+                                    capture_output=True, text=True, check=True).stdout)
+    status, plain = srv.raw("POST", "/tokenize", {"content": text, "add_special": False})
+    assert status == 200 and plain["tokens"] == cli and plain["count"] == len(cli)
+    status, full = srv.raw("POST", "/tokenize", {"prompt": text})  # vLLM's field; <bos> by default
+    assert status == 200 and full["tokens"][1:] == cli and full["max_model_len"] > 0
+    usage = oai(srv).completions.create(model="starter", prompt=text, max_tokens=1, temperature=0).usage
+    assert usage.prompt_tokens == full["count"]
+    msgs = [{"role": "user", "content": "Name three colors."}]
+    status, chat = srv.raw("POST", "/tokenize", {"messages": msgs})
+    cu = oai(srv).chat.completions.create(model="starter", messages=msgs, max_tokens=1, temperature=0).usage
+    assert status == 200 and chat["count"] == cu.prompt_tokens
+    status, back = srv.raw("POST", "/detokenize", {"tokens": cli})
+    assert status == 200 and back["content"] == text and back["prompt"] == text
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/tokenize", {"content": 5}, "content"),
+    ("/tokenize", {}, "content"),
+    ("/detokenize", {"tokens": "abc"}, "tokens"),
+    ("/detokenize", {"tokens": [1, -1]}, "tokens"),
+    ("/detokenize", {"tokens": [1, 10 ** 9]}, "tokens"),
+])
+def test_tokenize_errors(srv, path, body, param):
+    status, payload = srv.raw("POST", path, body)
+    assert status == 400 and payload["error"]["param"] == param, payload
