@@ -36,6 +36,8 @@ struct Engine::Slot {
   int generated = 0;
   int cached = 0;
   int32_t pending = -1;                  // sampled token not yet fed
+  float logprob = 0.f;                   // the last sampled token's, and the alternatives
+  std::vector<std::pair<int, float>> top;   //   (GenerationSpec::logprobs >= 0)
   Buf hidden;                            // drafter input: final-normed hidden of the last fed token
   bool has_hidden = false;               //   (backend buffer [hidden]), set by the step that sampled `pending`
 };
@@ -249,7 +251,8 @@ void Engine::step() {
   Drafter* dr = model_.drafter();
   bool all_decoding = dr != nullptr;  // with a drafter: every active sequence past its prompt
   for (size_t i = 0; i < in_batch.size() && all_decoding; ++i)
-    all_decoding = in_batch[i]->consumed >= int(in_batch[i]->req->spec.prompt.size()) && in_batch[i]->has_hidden;
+    all_decoding = in_batch[i]->consumed >= int(in_batch[i]->req->spec.prompt.size()) && in_batch[i]->has_hidden &&
+                   in_batch[i]->req->spec.logprobs < 0;
   if (all_decoding) {
     speculative_step(in_batch, t0);
     return;
@@ -307,6 +310,8 @@ Engine::SampleMode Engine::sample_mode(const std::vector<Slot*>& slots) const {
   // the logprobs, which mlx-lm's greedy is checked against).
   const int V = model_.config().vocab;
   SampleMode m;
+  for (const Slot* s : slots)  // reported logprobs come from the logits on the host
+    if (s->req->spec.logprobs >= 0) return m;
   bool greedy = model_.backend().on_device();
   for (const Slot* s : slots) greedy = greedy && plain_greedy(s->sampler->params());
   if (greedy) {
@@ -359,7 +364,13 @@ int32_t Engine::sample_row(Slot& s, const SampleMode& mode, size_t row) {
       tok = s.sampler->sample_top(v, ids, K, topk_lse_[row]);
     }
   } else {
-    tok = s.sampler->sample(logits_.data() + row * size_t(model_.config().vocab), s.history);
+    const int V = model_.config().vocab;
+    float* lp = logits_.data() + row * size_t(V);
+    tok = s.sampler->sample(lp, s.history);  // leaves the processed logprobs in lp
+    if (s.req->spec.logprobs >= 0) {
+      s.logprob = lp[tok];
+      s.top = top_logprobs(lp, V, std::min(s.req->spec.logprobs, kMaxTopLogprobs));
+    }
   }
   s.history.push_back(tok);
   return tok;
@@ -380,6 +391,10 @@ bool Engine::emit(Slot& s, int32_t tok) {
   ev.prompt_tokens = int(s.req->spec.prompt.size());
   ev.cached_tokens = s.cached;
   ev.completion_tokens = s.generated;
+  if (s.req->spec.logprobs >= 0) {
+    ev.logprob = s.logprob;
+    ev.top = std::move(s.top);
+  }
   s.req->on_event(ev);
   if (is_stop) {
     finish(s, FinishReason::Stop);

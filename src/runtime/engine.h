@@ -36,7 +36,14 @@ struct GenerationSpec {
   // [k, hidden] in prompt order (vision/vision_encoder.h). Such prompts bypass the prefix cache
   // (its key is the token ids alone).
   std::vector<float> soft;
+  // >= 0: every generated token's log-probability is reported (TokenEvent::logprob), with this many
+  // of the most likely alternatives (TokenEvent::top, at most kMaxTopLogprobs): the model's
+  // distribution after the logits processors and the log-softmax, before temperature and the
+  // filters (mlx-lm's `logprobs`). Such sequences sample from host logits (no device argmax),
+  // and take no speculative rounds.
+  int logprobs = -1;
 };
+constexpr int kMaxTopLogprobs = 20;
 
 enum class FinishReason { None, Stop, Length, Cancelled, Error };
 const char* finish_reason_name(FinishReason r);
@@ -49,6 +56,8 @@ struct TokenEvent {
   int cached_tokens = 0;      // prompt tokens whose KV came from the prefix cache
   int completion_tokens = 0;  // tokens generated so far (this one included)
   std::string error;
+  float logprob = 0.f;                       // the token's (GenerationSpec::logprobs >= 0)
+  std::vector<std::pair<int, float>> top;    // the most likely alternatives, descending
 };
 using EventFn = std::function<void(const TokenEvent&)>;
 

@@ -199,9 +199,28 @@ std::optional<ApiError> normalize_openai_messages(const ojson& messages, ojson& 
 }
 
 // The body of either OpenAI endpoint.
+// Chat: "logprobs": true with "top_logprobs": 0..20; completions: "logprobs": 0..20 (OpenAI's
+// legacy limit is 5; vLLM's 20).
+static std::optional<ApiError> read_openai_logprobs(const ojson& body, bool chat, TextRequest& r) {
+  std::optional<long> n;
+  if (chat) {
+    std::optional<bool> on;
+    if (auto e = read_bool(body, "logprobs", on)) return e;
+    if (auto e = read_int(body, "top_logprobs", 0, kMaxTopLogprobs, n)) return e;
+    if (n && !on.value_or(false))
+      return ApiError{400, "invalid_request_error", "'top_logprobs' needs 'logprobs': true", "top_logprobs"};
+    if (on.value_or(false)) r.logprobs = int(n.value_or(0));
+  } else {
+    if (auto e = read_int(body, "logprobs", 0, kMaxTopLogprobs, n)) return e;
+    if (n) r.logprobs = int(*n);
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> read_openai_request(const ojson& body, bool chat, int vocab, TextRequest& r) {
   r.chat = chat;
   if (auto err = read_openai_sampling(body, vocab, r)) return err;
+  if (auto err = read_openai_logprobs(body, chat, r)) return err;
   if (chat) {
     if (!body.contains("messages"))
       return ApiError{400, "invalid_request_error", "'messages' is required", "messages"};

@@ -39,6 +39,8 @@ struct TextRequest {
   // Images of chat messages, in prompt order (each also left as a {"type": "image"} part in
   // `messages`, which the chat template writes as the image token).
   std::vector<ImageInput> images;
+  // >= 0: report each token's logprob and this many alternatives (GenerationSpec::logprobs).
+  int logprobs = -1;
 };
 
 // Field readers that produce ApiErrors naming the field. `where` is the JSON path prefix.

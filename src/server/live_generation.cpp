@@ -63,7 +63,9 @@ std::variant<std::shared_ptr<LiveGeneration>, ApiError> LiveGeneration::start(
   GenerationSpec spec = std::move(std::get<GenerationSpec>(built));
   std::shared_ptr<LiveGeneration> g(new LiveGeneration(engine, b, to));
   g->prompt_size_ = int(spec.prompt.size());
+  g->want_logprobs_ = req.logprobs >= 0;
   spec.sampling = req.sampling;
+  spec.logprobs = req.logprobs;
   spec.max_tokens = req.max_tokens > 0 ? req.max_tokens : default_max_tokens;
   // Leave room for the prompt when the client did not ask for a length.
   const int ctx = engine.options().max_context;
@@ -105,6 +107,7 @@ bool LiveGeneration::next(std::vector<TextEvent>& out, std::chrono::milliseconds
     if (ev.token >= 0) {
       const bool is_stop = std::find(stop_ids_.begin(), stop_ids_.end(), ev.token) != stop_ids_.end();
       if (!is_stop && !stream_.stopped()) {
+        if (want_logprobs_) logprobs_.push_back({ev.token, ev.logprob, ev.top});
         for (auto& te : stream_.push(ev.token)) out.push_back(std::move(te));
         if (stream_.stopped()) cancel();
       }

@@ -8,6 +8,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <variant>
 
 #include "runtime/bundle.h"
@@ -18,6 +19,12 @@ namespace g4::server {
 
 struct Usage {
   int prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+};
+// One generated token's reported log-probability and its most likely alternatives.
+struct TokenLogprob {
+  int token;
+  float logprob;
+  std::vector<std::pair<int, float>> top;
 };
 
 class LiveGeneration {
@@ -50,6 +57,9 @@ class LiveGeneration {
   int prompt_size() const { return prompt_size_; }
   int tool_calls() const { return stream_.tool_calls(); }
   const Usage& usage() const { return usage_; }
+  // The logprobs of the tokens delivered since the last call (TextRequest::logprobs >= 0): the
+  // generated tokens fed to the text stream (not the stop token, nothing after a stop string).
+  std::vector<TokenLogprob> take_logprobs() { return std::exchange(logprobs_, {}); }
   const std::string& error() const { return error_; }
   // OpenAI finish_reason: "stop", "length" or "tool_calls".
   std::string finish_reason() const;
@@ -67,6 +77,8 @@ class LiveGeneration {
   TextStream stream_;
   std::vector<int32_t> stop_ids_;
   int prompt_size_ = 0;
+  std::vector<TokenLogprob> logprobs_;
+  bool want_logprobs_ = false;
   uint64_t id_ = 0;
   bool cancelled_ = false;
   bool done_delivered_ = false;

@@ -2,6 +2,7 @@
 // Streaming uses server-sent events ending with "data: [DONE]".
 #include <array>
 #include <chrono>
+#include <cstdio>
 
 #include "server/context.h"
 #include "server/live_generation.h"
@@ -27,6 +28,49 @@ ojson tool_call_json(const ToolCall& c, int index, bool with_index) {
 
 std::string sse(const ojson& j) {
   return "data: " + j.dump(-1, ' ', false, ojson::error_handler_t::replace) + "\n\n";
+}
+
+// A token as the logprobs of the OpenAI APIs show it: its text (one token decoded alone; a lone
+// byte-fallback token is its byte) and that text's bytes.
+std::pair<std::string, ojson> token_piece(const Tokenizer& tok, int id) {
+  const std::string& v = tok.token_text(id);
+  unsigned byte = 0;
+  if (v.size() == 6 && std::sscanf(v.c_str(), "<0x%2X>", &byte) == 1) return {v, ojson::array({int(byte)})};
+  const int one[1] = {id};
+  std::string text = tok.decode(one);
+  ojson bytes = ojson::array();
+  for (unsigned char c : text) bytes.push_back(int(c));
+  return {std::move(text), std::move(bytes)};
+}
+
+// The logprobs of a choice (or of one streamed chunk): chat's {"content": [...]}, completions'
+// {"tokens", "token_logprobs", "top_logprobs", "text_offset"} (offsets continue from *offset).
+ojson logprobs_json(const std::vector<TokenLogprob>& lps, bool chat, const Tokenizer& tok, int* offset) {
+  if (chat) {
+    ojson content = ojson::array();
+    for (const TokenLogprob& t : lps) {
+      auto [text, bytes] = token_piece(tok, t.token);
+      ojson top = ojson::array();
+      for (const auto& [id, lp] : t.top) {
+        auto [tt, tb] = token_piece(tok, id);
+        top.push_back({{"token", tt}, {"logprob", lp}, {"bytes", tb}});
+      }
+      content.push_back({{"token", text}, {"logprob", t.logprob}, {"bytes", bytes}, {"top_logprobs", top}});
+    }
+    return {{"content", content}};
+  }
+  ojson tokens = ojson::array(), lp = ojson::array(), top = ojson::array(), offsets = ojson::array();
+  for (const TokenLogprob& t : lps) {
+    auto [text, bytes] = token_piece(tok, t.token);
+    tokens.push_back(text);
+    lp.push_back(t.logprob);
+    ojson alts = ojson::object();
+    for (const auto& [id, v] : t.top) alts[token_piece(tok, id).first] = v;
+    top.push_back(alts);
+    offsets.push_back(*offset);
+    *offset += int(text.size());
+  }
+  return {{"tokens", tokens}, {"token_logprobs", lp}, {"top_logprobs", top}, {"text_offset", offsets}};
 }
 
 void handle(Context& ctx, const http::Request& hreq, http::Response& res, bool chat) {
@@ -78,7 +122,11 @@ void handle(Context& ctx, const http::Request& hreq, http::Response& res, bool c
     if (gen->reason() == FinishReason::Error) {
       return send_openai_error(res, {500, "server_error", gen->error(), ""});
     }
-    ojson choice = {{"index", 0}, {"finish_reason", gen->finish_reason()}};
+    ojson choice = {{"index", 0}, {"finish_reason", gen->finish_reason()}, {"logprobs", nullptr}};
+    if (r.logprobs >= 0) {
+      int offset = 0;
+      choice["logprobs"] = logprobs_json(gen->take_logprobs(), chat, *ctx.bundle.tokenizer, &offset);
+    }
     if (chat) {
       ojson msg = {{"role", "assistant"}, {"content", calls.empty() || !content.empty() ? ojson(content) : ojson()}};
       if (!reasoning.empty()) msg["reasoning_content"] = reasoning;
@@ -86,7 +134,6 @@ void handle(Context& ctx, const http::Request& hreq, http::Response& res, bool c
       choice["message"] = msg;
     } else {
       choice["text"] = content;
-      choice["logprobs"] = nullptr;
     }
     ojson out = {{"id", id}, {"object", object}, {"created", created}, {"model", ctx.model_id},
                  {"choices", ojson::array({choice})}, {"usage", usage_json(gen->usage())}};
@@ -102,12 +149,15 @@ void handle(Context& ctx, const http::Request& hreq, http::Response& res, bool c
     return ojson{{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"},
                  {"created", created}, {"model", model}, {"choices", ojson::array({c})}};
   };
-  // state[0]: 0 nothing sent yet, 1 streaming, 2 done; state[1]: tool calls sent (their index).
-  auto state = std::make_shared<std::array<int, 2>>(std::array<int, 2>{0, 0});
+  // state[0]: 0 nothing sent yet, 1 streaming, 2 done; state[1]: tool calls sent (their index);
+  // state[2]: the completions logprobs' text offset so far.
+  auto state = std::make_shared<std::array<int, 3>>(std::array<int, 3>{0, 0, 0});
+  const bool want_lp = r.logprobs >= 0;
+  const Tokenizer* tok = ctx.bundle.tokenizer.get();
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [gen, chunk, state, chat, include_usage, guard](size_t, http::DataSink& sink) -> bool {
+      [gen, chunk, state, chat, include_usage, guard, want_lp, tok](size_t, http::DataSink& sink) -> bool {
         auto send = [&](const std::string& s) {
           if (!sink.is_writable() || !sink.write(s.data(), s.size())) {
             gen->cancel();
@@ -126,6 +176,7 @@ void handle(Context& ctx, const http::Request& hreq, http::Response& res, bool c
           gen->cancel();
           return false;
         }
+        std::vector<ojson> out;
         for (auto& te : evs) {
           ojson delta;
           if (te.kind == TextEvent::kContent) {
@@ -136,8 +187,17 @@ void handle(Context& ctx, const http::Request& hreq, http::Response& res, bool c
           } else {
             delta = {{"tool_calls", ojson::array({tool_call_json(te.call, (*state)[1]++, true)})}};
           }
-          if (!send(sse(chunk(delta, nullptr)))) return false;
+          out.push_back(chunk(delta, nullptr));
         }
+        if (want_lp) {  // this round's tokens ride on its last chunk (or on one of their own)
+          std::vector<TokenLogprob> lps = gen->take_logprobs();
+          if (!lps.empty()) {
+            if (out.empty()) out.push_back(chunk(chat ? ojson{{"content", ""}} : ojson(""), nullptr));
+            out.back()["choices"][0]["logprobs"] = logprobs_json(lps, chat, *tok, &(*state)[2]);
+          }
+        }
+        for (const ojson& c : out)
+          if (!send(sse(c))) return false;
         if (!more || gen->finished()) {
           (*state)[0] = 2;
           if (gen->reason() == FinishReason::Error) {

@@ -67,9 +67,14 @@ def test_request_log_has_one_line_per_request(gemma4_bin):
         p.terminate()
         _, err = p.communicate(timeout=60)
     lines = [json.loads(l) for l in err.splitlines() if l.startswith("{")]
-    assert [(l["method"], l["path"], l["status"]) for l in lines] == [
-        ("POST", "/v1/chat/completions", 200), ("POST", "/v1/chat/completions", 200), ("GET", "/nope", 404)], err
-    first, streamed, missing = lines
+    # A line is written once its response is (a stream's: after the last chunk), so a request the
+    # client sends right after reading a response may be logged first: compare without order.
+    assert sorted((l["method"], l["path"], l["status"]) for l in lines) == sorted([
+        ("POST", "/v1/chat/completions", 200), ("POST", "/v1/chat/completions", 200), ("GET", "/nope", 404)]), err
+    chats = [l for l in lines if l["path"] == "/v1/chat/completions"]
+    first = next(l for l in chats if l["completion_tokens"] == usage["completion_tokens"] and l["cached_tokens"] == 0)
+    streamed = next(l for l in chats if l is not first)
+    missing = next(l for l in lines if l["path"] == "/nope")
     assert first["prompt_tokens"] == usage["prompt_tokens"] and first["completion_tokens"] == usage["completion_tokens"]
     assert 0 < first["ttft_s"] <= first["total_s"]
     assert streamed["completion_tokens"] <= 3 and 0 < streamed["ttft_s"] <= streamed["total_s"]
