@@ -189,14 +189,12 @@ void count_tokens(Context& ctx, const http::Request& hreq, http::Response& res) 
     if (auto err = read_anthropic_request(body, r)) e = *err;
   }
   if (e.message.empty()) {
-    TextStreamOptions to;
-    auto built = LiveGeneration::build_prompt(ctx.engine, ctx.bundle, r, ctx.opt.allow_special_in_content, &to);
-    if (auto* err = std::get_if<ApiError>(&built)) {
+    auto ids = LiveGeneration::prompt_ids(ctx.engine, ctx.bundle, r, ctx.opt.allow_special_in_content);
+    if (auto* err = std::get_if<ApiError>(&ids)) {
       e = *err;
     } else {
       ctx.metrics.count("/v1/messages/count_tokens", 200);
-      const size_t n = std::get<GenerationSpec>(built).prompt.size();
-      res.set_content(ojson{{"input_tokens", n}}.dump(), "application/json");
+      res.set_content(ojson{{"input_tokens", std::get<std::vector<int32_t>>(ids).size()}}.dump(), "application/json");
       return;
     }
   }

@@ -53,6 +53,15 @@ std::variant<GenerationSpec, ApiError> LiveGeneration::build_prompt(Engine& engi
   return spec;
 }
 
+std::variant<std::vector<int32_t>, ApiError> LiveGeneration::prompt_ids(Engine& engine, const ModelBundle& b,
+                                                                        const TextRequest& req,
+                                                                        bool allow_special_in_content) {
+  TextStreamOptions to;
+  auto built = build_prompt(engine, b, req, allow_special_in_content, &to);
+  if (auto* err = std::get_if<ApiError>(&built)) return *err;
+  return std::move(std::get<GenerationSpec>(built).prompt);
+}
+
 std::variant<std::shared_ptr<LiveGeneration>, ApiError> LiveGeneration::start(
     Engine& engine, const ModelBundle& b, const TextRequest& req, int default_max_tokens,
     bool allow_special_in_content) {

@@ -42,6 +42,9 @@ class LiveGeneration {
   static std::variant<GenerationSpec, ApiError> build_prompt(Engine& engine, const ModelBundle& bundle,
                                                              const TextRequest& req, bool allow_special_in_content,
                                                              TextStreamOptions* stream_options);
+  // build_prompt's token ids alone (/v1/messages/count_tokens, /tokenize).
+  static std::variant<std::vector<int32_t>, ApiError> prompt_ids(Engine& engine, const ModelBundle& bundle,
+                                                                 const TextRequest& req, bool allow_special_in_content);
   ~LiveGeneration();
 
   // Waits up to `wait` for more output; appends new events to `out`. Returns false once the

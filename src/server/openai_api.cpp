@@ -246,12 +246,11 @@ void tokenize(Context& ctx, const http::Request& hreq, http::Response& res) {
     for (const char* key : {"add_special", "add_special_tokens"})
       if (auto it = body.find(key); it != body.end() && it->is_boolean()) add_special = it->get<bool>();
     if (e.message.empty()) {
-      TextStreamOptions to;
-      auto built = LiveGeneration::build_prompt(ctx.engine, ctx.bundle, r, ctx.opt.allow_special_in_content, &to);
+      auto built = LiveGeneration::prompt_ids(ctx.engine, ctx.bundle, r, ctx.opt.allow_special_in_content);
       if (auto* err = std::get_if<ApiError>(&built)) {
         e = *err;
       } else {
-        std::vector<int32_t> ids = std::move(std::get<GenerationSpec>(built).prompt);
+        std::vector<int32_t> ids = std::move(std::get<std::vector<int32_t>>(built));
         const int bos = ctx.bundle.tokenizer->bos_id();
         if (!r.chat && !add_special && !ids.empty() && ids[0] == bos) ids.erase(ids.begin());
         res.set_content(ojson{{"tokens", ids}, {"count", ids.size()},
