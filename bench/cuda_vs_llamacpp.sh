@@ -9,7 +9,7 @@
 # Run from the repository root on the GPU machine, with the CUDA build in build-cuda/bin and, carried
 # beside the tree: .devlibs (host libraries the binary links), .whl (the gguf wheel), .devpeer
 # (../shared/peer/llama_cuda_kit.sh pack .devpeer: llama.cpp's source, built there in the background
-# while ours run).
+# while the files are written; ours are timed once that build is done).
 #
 #   [G4_VARIANTS="e2b e4b 26b-a4b 31b"] [G4_CONFIGS="bf16+int8 f32"] bash bench/cuda_vs_llamacpp.sh
 #
@@ -23,13 +23,17 @@ export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 VARIANTS=${G4_VARIANTS:-e2b e4b 26b-a4b 31b}
 CONFIGS=${G4_CONFIGS:-bf16+int8 f32}
-[ -x /tmp/llb/bin/llama-bench ] || [ -f /tmp/llb.done ] || bash .devpeer/llama_cuda_kit.sh build .devpeer
+# The peer's build starts while the files are written (never twice: a second build would delete the first's tree).
+[ -x /tmp/llb/bin/llama-bench ] || pgrep -f "/tmp/llb" > /dev/null || bash .devpeer/llama_cuda_kit.sh build .devpeer
 for V in $VARIANTS; do  # the files, in parallel (numpy, one core each)
   [ -f /tmp/t-$V.gguf ] || (python3 tools/make_synthetic_gemma4_gguf.py /tmp/t-$V.gguf --variant $V > /tmp/t-$V.log 2>&1 &)
 done
 for V in $VARIANTS; do
   for _ in $(seq 1 150); do grep -q '^decode_read_bytes' /tmp/t-$V.log 2>/dev/null && break; sleep 2; done
 done
+# Ours run only after the llama.cpp build has finished: a 16-job compile on the same cores slows
+# the host side of every decode step (seen: ~1 ms between steps at E4B while it ran).
+bash .devpeer/llama_cuda_kit.sh wait > /dev/null && LB=/tmp/llb/bin/llama-bench || LB=
 R=$OUT/results.txt
 : > $R
 for V in $VARIANTS; do
@@ -43,7 +47,6 @@ for V in $VARIANTS; do
     echo "$V $C done"
   done
 done
-bash .devpeer/llama_cuda_kit.sh wait > /dev/null && LB=/tmp/llb/bin/llama-bench || LB=
 CUDA_LIBS=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/lib 2>/dev/null | tr '\n' ':')
 for V in $VARIANTS; do
   [ -n "$LB" ] && LD_LIBRARY_PATH=$CUDA_LIBS$LD_LIBRARY_PATH timeout -s KILL 200 $LB -m /tmp/t-$V.gguf -p 512 -n 128 \
