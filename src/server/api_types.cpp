@@ -72,7 +72,8 @@ std::optional<ApiError> read_openai_sampling(const ojson& body, int vocab, TextR
     if (auto e = read_int(body, key, 1, 1L << 30, i)) return e;
     if (i) r.max_tokens = int(*i), i.reset();
   }
-  if (auto e = read_int(body, "n", 1, 1, i)) return e;  // only one choice per request
+  if (auto e = read_int(body, "n", 1, kMaxChoices, i)) return e;
+  if (i) r.n = int(*i), i.reset();
   if (auto it = body.find("logit_bias"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) return bad("logit_bias", "'logit_bias' must be an object of token id -> bias");
     for (auto& [k, v] : it->items()) {

@@ -24,6 +24,8 @@ struct ApiError {
 };
 
 // What every endpoint turns its body into.
+constexpr int kMaxChoices = 8;
+
 struct TextRequest {
   // Chat requests: messages (and tools) for the chat template. Completions: raw prompt text.
   bool chat = true;
@@ -41,6 +43,7 @@ struct TextRequest {
   std::vector<ImageInput> images;
   // >= 0: report each token's logprob and this many alternatives (GenerationSpec::logprobs).
   int logprobs = -1;
+  int n = 1;  // choices (OpenAI's n, at most kMaxChoices)
 };
 
 // Field readers that produce ApiErrors naming the field. `where` is the JSON path prefix.

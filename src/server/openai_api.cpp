@@ -91,132 +91,177 @@ void handle(Context& ctx, const http::Request& hreq, http::Response& res, bool c
     ctx.metrics.count(endpoint, e.status);
     return send_openai_error(res, e);
   }
-  auto started = LiveGeneration::start(ctx.engine, ctx.bundle, r, ctx.opt.default_max_tokens,
-                                       ctx.opt.allow_special_in_content);
-  if (auto* err = std::get_if<ApiError>(&started)) {
-    ctx.metrics.count(endpoint, err->status);
-    return send_openai_error(res, *err);
+  // n choices: n generations of the same prompt, seeds seed, seed + 1, ... when the request set
+  // one (each prefills the prompt itself; they batch together in the engine).
+  std::vector<std::shared_ptr<LiveGeneration>> gens;
+  for (int i = 0; i < r.n; ++i) {
+    TextRequest ri = r;
+    if (ri.sampling.has_seed) ri.sampling.seed += uint64_t(i);
+    auto started = LiveGeneration::start(ctx.engine, ctx.bundle, ri, ctx.opt.default_max_tokens,
+                                         ctx.opt.allow_special_in_content);
+    if (auto* err = std::get_if<ApiError>(&started)) {
+      for (auto& g : gens) g->cancel();
+      ctx.metrics.count(endpoint, err->status);
+      return send_openai_error(res, *err);
+    }
+    gens.push_back(std::get<std::shared_ptr<LiveGeneration>>(started));
   }
-  auto gen = std::get<std::shared_ptr<LiveGeneration>>(started);
   const std::string id = new_id(chat ? "chatcmpl-" : "cmpl-");
   const long created = unix_time();
   const std::string object = chat ? "chat.completion" : "text_completion";
   ctx.metrics.count(endpoint, 200);
+  // One usage for the request: the prompt once, the completions of every choice.
+  auto usage_of = [](const std::vector<std::shared_ptr<LiveGeneration>>& gs) {
+    Usage u = gs[0]->usage();
+    for (size_t i = 1; i < gs.size(); ++i) u.completion_tokens += gs[i]->usage().completion_tokens;
+    return usage_json(u);
+  };
+  const Tokenizer* tok = ctx.bundle.tokenizer.get();
 
   if (!r.stream) {
-    std::string content, reasoning;
-    ojson calls = ojson::array();
-    std::vector<TextEvent> evs;
-    while (gen->next(evs, milliseconds(100))) {
-      if (hreq.is_connection_closed()) {  // the client went away: free the slot
-        gen->cancel();
-        return;
+    ojson choices = ojson::array();
+    for (size_t i = 0; i < gens.size(); ++i) {
+      LiveGeneration& gen = *gens[i];
+      std::string content, reasoning;
+      ojson calls = ojson::array();
+      std::vector<TextEvent> evs;
+      while (gen.next(evs, milliseconds(100))) {
+        if (hreq.is_connection_closed()) {  // the client went away: free the slots
+          for (auto& g : gens) g->cancel();
+          return;
+        }
+        for (auto& te : evs) {
+          if (te.kind == TextEvent::kContent) content += te.text;
+          if (te.kind == TextEvent::kReasoning) reasoning += te.text;
+          if (te.kind == TextEvent::kToolCall) calls.push_back(tool_call_json(te.call, int(calls.size()), false));
+        }
+        evs.clear();
       }
-      for (auto& te : evs) {
-        if (te.kind == TextEvent::kContent) content += te.text;
-        if (te.kind == TextEvent::kReasoning) reasoning += te.text;
-        if (te.kind == TextEvent::kToolCall) calls.push_back(tool_call_json(te.call, int(calls.size()), false));
+      if (gen.reason() == FinishReason::Error) {
+        for (auto& g : gens) g->cancel();
+        return send_openai_error(res, {500, "server_error", gen.error(), ""});
       }
-      evs.clear();
-    }
-    if (gen->reason() == FinishReason::Error) {
-      return send_openai_error(res, {500, "server_error", gen->error(), ""});
-    }
-    ojson choice = {{"index", 0}, {"finish_reason", gen->finish_reason()}, {"logprobs", nullptr}};
-    if (r.logprobs >= 0) {
-      int offset = 0;
-      choice["logprobs"] = logprobs_json(gen->take_logprobs(), chat, *ctx.bundle.tokenizer, &offset);
-    }
-    if (chat) {
-      ojson msg = {{"role", "assistant"}, {"content", calls.empty() || !content.empty() ? ojson(content) : ojson()}};
-      if (!reasoning.empty()) msg["reasoning_content"] = reasoning;
-      if (!calls.empty()) msg["tool_calls"] = calls;
-      choice["message"] = msg;
-    } else {
-      choice["text"] = content;
+      ojson choice = {{"index", i}, {"finish_reason", gen.finish_reason()}, {"logprobs", nullptr}};
+      if (r.logprobs >= 0) {
+        int offset = 0;
+        choice["logprobs"] = logprobs_json(gen.take_logprobs(), chat, *tok, &offset);
+      }
+      if (chat) {
+        ojson msg = {{"role", "assistant"}, {"content", calls.empty() || !content.empty() ? ojson(content) : ojson()}};
+        if (!reasoning.empty()) msg["reasoning_content"] = reasoning;
+        if (!calls.empty()) msg["tool_calls"] = calls;
+        choice["message"] = msg;
+      } else {
+        choice["text"] = content;
+      }
+      choices.push_back(std::move(choice));
     }
     ojson out = {{"id", id}, {"object", object}, {"created", created}, {"model", ctx.model_id},
-                 {"choices", ojson::array({choice})}, {"usage", usage_json(gen->usage())}};
+                 {"choices", choices}, {"usage", usage_of(gens)}};
     res.set_content(out.dump(-1, ' ', false, ojson::error_handler_t::replace), "application/json");
     return;
   }
 
-  // Streaming: one SSE event per batch of text; the client going away cancels the generation.
+  // Streaming: one SSE event per batch of a choice's text, the choices interleaved; the client
+  // going away cancels every generation.
   const bool include_usage = r.include_usage;
-  auto chunk = [id, created, model = ctx.model_id, chat](ojson delta_or_text, ojson finish) {
-    ojson c = {{"index", 0}, {"finish_reason", finish}};
+  auto chunk = [id, created, model = ctx.model_id, chat](size_t index, ojson delta_or_text, ojson finish) {
+    ojson c = {{"index", index}, {"finish_reason", finish}};
     if (chat) c["delta"] = std::move(delta_or_text); else c["text"] = std::move(delta_or_text);
     return ojson{{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"},
                  {"created", created}, {"model", model}, {"choices", ojson::array({c})}};
   };
-  // state[0]: 0 nothing sent yet, 1 streaming, 2 done; state[1]: tool calls sent (their index);
-  // state[2]: the completions logprobs' text offset so far.
-  auto state = std::make_shared<std::array<int, 3>>(std::array<int, 3>{0, 0, 0});
+  // Per choice: 0 nothing sent yet, 1 streaming, 2 done; tool calls sent (their index); the
+  // completions logprobs' text offset so far.
+  struct ChoiceState {
+    int phase = 0, calls = 0, offset = 0;
+  };
+  auto states = std::make_shared<std::vector<ChoiceState>>(gens.size());
   const bool want_lp = r.logprobs >= 0;
-  const Tokenizer* tok = ctx.bundle.tokenizer.get();
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [gen, chunk, state, chat, include_usage, guard, want_lp, tok](size_t, http::DataSink& sink) -> bool {
+      [gens, chunk, states, chat, include_usage, guard, want_lp, tok, usage_of](size_t, http::DataSink& sink) -> bool {
+        auto cancel_all = [&]() {
+          for (auto& g : gens) g->cancel();
+        };
         auto send = [&](const std::string& s) {
           if (!sink.is_writable() || !sink.write(s.data(), s.size())) {
-            gen->cancel();
+            cancel_all();
             return false;
           }
           return true;
         };
-        if ((*state)[0] == 0) {
-          (*state)[0] = 1;
-          if (chat && !send(sse(chunk({{"role", "assistant"}, {"content", ""}}, nullptr)))) return false;
-        }
-        if ((*state)[0] == 2) return false;
-        std::vector<TextEvent> evs;
-        const bool more = gen->next(evs, milliseconds(50));
-        if (!sink.is_writable()) {  // the client went away
-          gen->cancel();
-          return false;
-        }
-        std::vector<ojson> out;
-        for (auto& te : evs) {
-          ojson delta;
-          if (te.kind == TextEvent::kContent) {
-            delta = chat ? ojson{{"content", te.text}} : ojson(te.text);
-          } else if (te.kind == TextEvent::kReasoning) {
-            if (!chat) continue;
-            delta = {{"reasoning_content", te.text}};
-          } else {
-            delta = {{"tool_calls", ojson::array({tool_call_json(te.call, (*state)[1]++, true)})}};
+        bool sent_all = true;
+        for (const ChoiceState& st : *states) sent_all = sent_all && st.phase == 2;
+        if (sent_all) return false;  // everything was sent
+        bool all_done = true;
+        for (size_t i = 0; i < gens.size(); ++i) {
+          LiveGeneration& gen = *gens[i];
+          ChoiceState& st = (*states)[i];
+          if (st.phase == 2) continue;
+          if (st.phase == 0) {
+            st.phase = 1;
+            if (chat && !send(sse(chunk(i, {{"role", "assistant"}, {"content", ""}}, nullptr)))) return false;
           }
-          out.push_back(chunk(delta, nullptr));
-        }
-        if (want_lp) {  // this round's tokens ride on its last chunk (or on one of their own)
-          std::vector<TokenLogprob> lps = gen->take_logprobs();
-          if (!lps.empty()) {
-            if (out.empty()) out.push_back(chunk(chat ? ojson{{"content", ""}} : ojson(""), nullptr));
-            out.back()["choices"][0]["logprobs"] = logprobs_json(lps, chat, *tok, &(*state)[2]);
+          std::vector<TextEvent> evs;
+          const bool more = gen.next(evs, milliseconds(gens.size() > 1 ? 10 : 50));
+          if (!sink.is_writable()) {  // the client went away
+            cancel_all();
+            return false;
           }
-        }
-        for (const ojson& c : out)
-          if (!send(sse(c))) return false;
-        if (!more || gen->finished()) {
-          (*state)[0] = 2;
-          if (gen->reason() == FinishReason::Error) {
-            send(sse({{"error", {{"message", gen->error()}, {"type", "server_error"}}}}));
-          } else {
-            if (!send(sse(chunk(chat ? ojson::object() : ojson(""), gen->finish_reason())))) return false;
-            if (include_usage) {
-              ojson u = chunk(ojson::object(), nullptr);
-              u["choices"] = ojson::array();
-              u["usage"] = usage_json(gen->usage());
-              if (!send(sse(u))) return false;
+          std::vector<ojson> out;
+          for (auto& te : evs) {
+            ojson delta;
+            if (te.kind == TextEvent::kContent) {
+              delta = chat ? ojson{{"content", te.text}} : ojson(te.text);
+            } else if (te.kind == TextEvent::kReasoning) {
+              if (!chat) continue;
+              delta = {{"reasoning_content", te.text}};
+            } else {
+              delta = {{"tool_calls", ojson::array({tool_call_json(te.call, st.calls++, true)})}};
             }
+            out.push_back(chunk(i, delta, nullptr));
+          }
+          if (want_lp) {  // this round's tokens ride on its last chunk (or on one of their own)
+            std::vector<TokenLogprob> lps = gen.take_logprobs();
+            if (!lps.empty()) {
+              if (out.empty()) out.push_back(chunk(i, chat ? ojson{{"content", ""}} : ojson(""), nullptr));
+              out.back()["choices"][0]["logprobs"] = logprobs_json(lps, chat, *tok, &st.offset);
+            }
+          }
+          for (const ojson& c : out)
+            if (!send(sse(c))) return false;
+          if (!more || gen.finished()) {
+            st.phase = 2;
+            if (gen.reason() == FinishReason::Error) {
+              send(sse({{"error", {{"message", gen.error()}, {"type", "server_error"}}}}));
+              cancel_all();
+              for (ChoiceState& other : *states) other.phase = 2;
+              send("data: [DONE]\n\n");
+              sink.done();
+              return true;
+            }
+            if (!send(sse(chunk(i, chat ? ojson::object() : ojson(""), gen.finish_reason())))) return false;
+          } else {
+            all_done = false;
+          }
+        }
+        if (all_done) {
+          if (include_usage) {
+            ojson u = chunk(0, ojson::object(), nullptr);
+            u["choices"] = ojson::array();
+            u["usage"] = usage_of(gens);
+            if (!send(sse(u))) return false;
           }
           send("data: [DONE]\n\n");
           sink.done();
         }
         return true;
       },
-      [gen](bool) { gen->cancel(); });
+      [gens](bool) {
+        for (auto& g : gens) g->cancel();
+      });
 }
 
 ojson model_json(const Context& ctx) {

@@ -54,3 +54,26 @@ def test_tokenize_matches_the_cli_and_usage(srv, gemma4_bin):
 def test_tokenize_errors(srv, path, body, param):
     status, payload = srv.raw("POST", path, body)
     assert status == 400 and payload["error"]["param"] == param, payload
+
+
+def test_n_choices(srv):
+    """n choices of one prompt: seeded samples differ by seed, each choice has its index, usage counts
+    the prompt once and every choice's tokens; streamed choices carry the same texts."""
+    c = oai(srv)
+    kw = dict(model="starter", prompt="Once upon a time", max_tokens=8, temperature=1.0, seed=11, n=3)
+    r = c.completions.create(**kw)
+    assert sorted(ch.index for ch in r.choices) == [0, 1, 2]
+    texts = [ch.text for ch in sorted(r.choices, key=lambda ch: ch.index)]
+    one = c.completions.create(**{**kw, "n": 1})
+    assert texts[0] == one.choices[0].text  # choice i samples with seed + i
+    assert r.usage.prompt_tokens == one.usage.prompt_tokens
+    assert r.usage.completion_tokens == sum(
+        c.completions.create(**{**kw, "n": 1, "seed": 11 + i}).usage.completion_tokens for i in range(3))
+    streamed = {}
+    for ch in c.completions.create(**kw, stream=True):
+        for choice in ch.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + choice.text
+    assert [streamed[i] for i in range(3)] == texts
+    chat = c.chat.completions.create(model="starter", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                     temperature=0, n=2)
+    assert len(chat.choices) == 2 and chat.choices[0].message.content == chat.choices[1].message.content

@@ -323,7 +323,7 @@ MALFORMED = [
     ("/v1/chat/completions", {"messages": MSGS, "top_p": 1.5}, "top_p"),
     ("/v1/chat/completions", {"messages": MSGS, "max_tokens": -1}, "max_tokens"),
     ("/v1/chat/completions", {"messages": MSGS, "max_tokens": 1.5}, "max_tokens"),
-    ("/v1/chat/completions", {"messages": MSGS, "n": 3}, "n"),
+    ("/v1/chat/completions", {"messages": MSGS, "n": 9}, "n"),  # at most 8 choices
     ("/v1/chat/completions", {"messages": MSGS, "stream": "yes"}, "stream"),
     ("/v1/chat/completions", {"messages": MSGS, "logit_bias": {"abc": 1}}, "logit_bias"),
     ("/v1/chat/completions", {"messages": MSGS, "logit_bias": {"5": 1000}}, "logit_bias"),
