@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One call's worth of CUDA work on the lent GPU machine (see /work/.library/device): checks, then
 # speed. Run from the repository root there, with the CUDA build's binaries in build-cuda/bin and,
-# carried beside the tree (all git-ignored): .devlibs (host libraries the binaries link: httplib,
-# ssl, brotli, z), .devfix (mlx-lm fixture folders from `make fixtures`), .whl (the gguf wheel).
+# carried beside the tree (all git-ignored): .devlibs (the Debian libraries the binaries link that
+# the GPU image lacks: libstb, libjpeg62, libedit, libtinfo, libbsd, libmd), .devfix (mlx-lm
+# fixture folders from `make fixtures`), .whl (the gguf wheel), .devpeer (llama.cpp's source). The
+# binaries travel stripped and xz-compressed (about 17 MB each) and are unpacked into build-cuda/bin.
 #
 #   [G4_SYNTH=e2b] bash bench/cuda_h200_session.sh [check] [bench] [kvbench] [profile] [hf] [llama]
 #
