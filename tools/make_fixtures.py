@@ -444,7 +444,7 @@ def main() -> int:
     t_all = time.time()
     index = {}
     chosen = {}  # (variant, quant) -> prompt attempt; the sharded / HF copies reuse it
-    for name, variant, quant, extra in fixtures:
+    for done, (name, variant, quant, extra) in enumerate(fixtures):
         t0 = time.time()
         fdir = out / name
         if fdir.exists():
@@ -460,7 +460,9 @@ def main() -> int:
             json.dump(info, f, indent=2)
         index[name] = {k: info[k] for k in ("variant", "quant", "prompt_len")}
         files = sorted(p.name for p in fdir.iterdir())
-        print(f"[{time.time() - t_all:6.1f}s] {name:24s} {time.time() - t0:5.1f}s  "
+        elapsed = time.time() - t_all
+        left = elapsed / (done + 1) * (len(fixtures) - done - 1)  # progress: count, elapsed, time left
+        print(f"[{done + 1:2d}/{len(fixtures)} {elapsed:6.1f}s, ~{left:4.0f}s left] {name:24s} {time.time() - t0:5.1f}s  "
               f"logit std {info['logit_std']:.2f} absmax {info['logit_absmax']:.1f}  "
               f"prompt try {info['prompt_attempt']} gaps {info['greedy_min_top2_gap']}  "
               f"bf16-f32 maxdiff {info['bf16_vs_f32_maxdiff']}  files={len(files)}", flush=True)
