@@ -81,6 +81,10 @@ def jinja_seeds(d: Path) -> None:
         if f.is_file():
             shutil.copy(f, d / f.name)
     shutil.copy(REPO / "templates/gemma3_chat.jinja", d / "gemma3_chat.jinja")
+    # Reference cycles through namespaces (a 1M-execution run found the first as a leak).
+    (d / "namespace_cycle.jinja").write_text(
+        "{% set ns = namespace(a=1, l=[]) %}{% set ns.self = ns %}{% set ns.l = [ns, loop] %}"
+        "{% for x in [1] %}{% set loop.me = loop %}{% set ns.loops = [loop] %}{% endfor %}{{ ns.self.a }}")
 
 
 def tokenizer_seeds(d: Path) -> None:

@@ -5,6 +5,7 @@
 // defined later, as jinja2 allows).
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "text/jinja_ast.h"
 #include "text/jinja_builtins.h"
@@ -41,7 +42,16 @@ struct Interp {
   // Scopes that macros close over stay alive for the whole render (a macro stored in a namespace
   // may outlive its loop iteration); held here rather than by the macro to avoid ownership cycles.
   std::vector<ScopeP> macro_scopes;
-  const Value* block_input = nullptr;  // operand of a filter chain whose innermost operand is null
+  // Namespaces that got an attribute: `{% set ns.a = ns %}` (or a list holding ns) makes a
+  // reference cycle that shared ownership never frees, so their attributes are dropped when the
+  // render ends (no value outlives a render; the context holds no namespaces).
+  std::vector<std::shared_ptr<Dict>> assigned;
+  std::unordered_set<const Dict*> assigned_set;
+  const Value* block_input = nullptr;
+
+  ~Interp() {
+    for (auto& d : assigned) d->items.clear();
+  }  // operand of a filter chain whose innermost operand is null
 
   void step() {
     if (++steps > max_steps)
@@ -217,6 +227,7 @@ struct Interp {
           throw JinjaError("can only assign attributes on namespace objects ('" + s.targets[0] + "')", s.line);
         if (!s.text.empty() && s.text[0] == '_')
           throw JinjaError("Chat templates cannot store underscore-prefixed attributes on a namespace, but got '" + s.text + "'", s.line);
+        if (assigned_set.insert(ns->dict.get()).second) assigned.push_back(ns->dict);
         ns->dict->set(s.text, eval(*s.expr, sc));
         return Flow::Normal;
       }

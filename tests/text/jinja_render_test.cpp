@@ -55,6 +55,15 @@ TEST(JinjaRender, TrimAndLstripBlocks) {
   EXPECT_EQ(render("x\r\ny\r\n"), "x\ny");
 }
 
+// A namespace that holds itself (directly or through a list) is a reference cycle: the render
+// still works, and the cycle is broken when the render ends (LeakSanitizer checks that in the
+// fuzz harness, whose seeds include this template).
+TEST(JinjaRender, SelfReferencingNamespacesRender) {
+  EXPECT_EQ(render("{% set ns = namespace(a=1) %}{% set ns.self = ns %}{% set ns.l = [ns] %}"
+                   "{{ ns.self.self.a }} {{ ns.l[0].a }}"),
+            "1 1");
+}
+
 TEST(JinjaRender, ScopingFollowsJinja2) {
   EXPECT_EQ(render("{% set x = 1 %}{% for i in [2, 3] %}{% set x = i %}{{ x }}{% endfor %}{{ x }}"), "231");
   EXPECT_EQ(render("{% set ns = namespace(v=0) %}{% for i in [1, 2] %}{% set ns.v = ns.v + i %}{% endfor %}{{ ns.v }}"), "3");
