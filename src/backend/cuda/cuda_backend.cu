@@ -629,8 +629,7 @@ class CudaBackend final : public Backend {
   // A decode row (M = 1) into K-quant matmuls: normed once into norm.scratch by one small kernel,
   // instead of by each of the matmul's thousands of blocks in its prologue (which cost more than
   // the weights' reads). Returns the matmul's arguments: the scratch read as is, or x normed in
-  // the kernel.
-  // The int8 GEMVs norm in their prepare launch.
+  // the kernel (always for the int8 GEMVs, which norm in their prepare launch).
   cuda::MatArgs normed_args(const Buf& x, int M, const InputNorm& norm, const WeightView& W, ActPrecision P) {
     if (M != 1 || !norm.w || !norm.scratch || (W.fmt != WFormat::GgufQ4_K && W.fmt != WFormat::GgufQ6_K) ||
         (q8_.q && cuda::q8_gemv_supports(dev(W))))
