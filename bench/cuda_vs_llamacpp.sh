@@ -13,7 +13,8 @@
 #
 #   [G4_VARIANTS="e2b e4b 26b-a4b 31b"] [G4_CONFIGS="bf16+int8 f32"] bash bench/cuda_vs_llamacpp.sh
 #
-# Configs: bf16+int8 (--dtype bf16: bf16 activations, int8 decode dots), bf16 (--int8-dots off), f32.
+# Configs: bf16+int8 (--dtype bf16: bf16 activations, int8 decode dots), bf16 (--int8-dots off), f32,
+# nopdl (bf16+int8 with --cuda-pdl off: kernels launched without programmatic dependent launch).
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -39,7 +40,8 @@ R=$OUT/results.txt
 for V in $VARIANTS; do
   echo "floor $V $(awk '/^decode_read_bytes/ {print $2}' /tmp/t-$V.log)" >> $R
   for C in $CONFIGS; do
-    case $C in f32) CA="--dtype f32";; bf16) CA="--dtype bf16 --int8-dots off";; *) CA="--dtype bf16";; esac
+    case $C in f32) CA="--dtype f32";; bf16) CA="--dtype bf16 --int8-dots off";; nopdl) CA="--dtype bf16 --cuda-pdl off";;
+      *) CA="--dtype bf16";; esac
     for i in 1 2 3; do
       timeout -s KILL 150 $B/gemma4 bench --model /tmp/t-$V.gguf --backend cuda $CA --prompt-tokens 512 --gen-tokens 128 \
         --repeat 2 2>>$OUT/ours.err | tail -1 | sed "s/^/ours $V $C /" >> $R

@@ -134,6 +134,9 @@ struct BackendOptions {
   // CUDA with bf16 activations: decode matmuls (one row) dot the activation row quantized to int8
   // blocks of 32 (llama.cpp's q8_1 form, dp4a) instead of in f32. The f32 path never does.
   bool int8_dots = true;
+  // CUDA: kernels launched with programmatic dependent launch (cuda_launch.cuh): each may be
+  // scheduled while the one before it finishes, hiding the launch gap between a step's kernels.
+  bool pdl = true;
   bool profile = false;      // CUDA: every op timed by events; per-op table on stderr at exit
   bool timing = false;       // CUDA: host/device time per step; medians on stderr at exit
   int device = 0;            // CUDA: the GPU (CUDA device number) the backend runs on

@@ -129,6 +129,8 @@ void add_load_options(VerbCli& cli) {
       ->type_name("on|off")->check(one_of({"on", "off"}));
   cli.value("--int8-dots", "with --dtype bf16: decode matmuls on int8-quantized activation rows (dp4a)", "on")
       ->type_name("on|off")->check(one_of({"on", "off"}));
+  cli.value("--cuda-pdl", "programmatic dependent launch: a kernel is scheduled while the one before it "
+            "finishes", "on")->type_name("on|off")->check(one_of({"on", "off"}));
   cli.value("--cuda-profile", "time every op by events; per-op device times on stderr at exit", "off")
       ->type_name("on|off")->check(one_of({"on", "off"}));
   cli.value("--cuda-timing", "host and device time per forward step; medians on stderr at exit", "off")

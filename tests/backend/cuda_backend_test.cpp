@@ -60,6 +60,11 @@ void check_matmul(Backend& cu, Backend& ref, const WeightView& host_w, const cha
   }
 }
 
+// Callers choose the device paths by on_device(): greedy decoding's argmax and the engine's top k
+// on the GPU, copying one id per row instead of the logits (lost once in a refactor: every decode
+// step then copied 1 MB of logits and took the argmax on the host, ~1 ms a token at E4B).
+TEST_F(CudaBackendTest, SaysItIsOnTheDevice) { EXPECT_TRUE(cu->on_device()); }
+
 TEST_F(CudaBackendTest, MatmulEveryWeightFormat) {
   std::mt19937 rng(1);
   for (WFormat f : {WFormat::GgufQ4_0, WFormat::GgufQ5_0, WFormat::GgufQ8_0, WFormat::GgufQ4_K,

@@ -178,8 +178,64 @@ TEST_F(CudaQ8Test, FusedDecodeOps) {
   for (const Buf& p : {dnw, dpw}) cu->free(p);
 }
 
-// The routed experts at decode sizes (rows <= 8: the device path) on int8 rows: Q4_K experts
-// (gate/up 256 x 512, down 512 x 256), rows sharing experts, against the reference.
+// A one-row matmul_norm_add's post-norm and residual add is deferred to the next op: fused into
+// the prepare of an int8 GEMV on the same row (q/k/v with their input norm, gate/up, a plain
+// matmul of the residual), or launched alone before any other op and before a read. Each chain is
+// checked against the reference doing the same ops in order: the consumer's outputs and the
+// residual itself.
+TEST_F(CudaQ8Test, DeferredEpilogueMeetsTheNextOp) {
+  const int64_t C = 1536, O = 768;  // residual width C; the producer projects O -> C
+  std::mt19937 rng(80);
+  auto db = test::random_blocks(WFormat::GgufQ4_K, C, O, rng), gb = test::random_blocks(WFormat::GgufQ4_K, O, C, rng),
+       ub = test::random_blocks(WFormat::GgufQ4_K, O, C, rng);
+  const WeightView D{WFormat::GgufQ4_K, C, O, db.data(), gguf_row_bytes(WFormat::GgufQ4_K, O)};
+  const WeightView G{WFormat::GgufQ4_K, O, C, gb.data(), gguf_row_bytes(WFormat::GgufQ4_K, C)};
+  const WeightView U{WFormat::GgufQ4_K, O, C, ub.data(), gguf_row_bytes(WFormat::GgufQ4_K, C)};
+  const WeightView dD = cu->place_weight(D), dG = cu->place_weight(G), dU = cu->place_weight(U);
+  const auto pw = randn(size_t(C), 81), nw = randn(size_t(C), 82);
+  Buf dpw = cu->alloc_f32(C), dnw = cu->alloc_f32(C);
+  cu->from_host(pw.data(), pw.size(), dpw);
+  cu->from_host(nw.data(), nw.size(), dnw);
+  const auto h = bf16_rounded(randn(size_t(O), 83)), res = bf16_rounded(randn(size_t(C), 84, 3.f));
+  for (const char* next : {"norm_matmuls", "gate_up_gelu", "matmul", "rms_norm", "read"}) {
+    std::vector<float> resid = res, ys(static_cast<size_t>(C)), want(static_cast<size_t>(O)), up_s(want.size()),
+                       xn(static_cast<size_t>(C));
+    ref->matmul_norm_add(h.data(), 1, D, ys.data(), resid.data(), pw.data(), 1e-6f, ActPrecision::F32);
+    Buf dh = up(h), dr = up(res), dys = cu->alloc_act(C), dout = cu->alloc_act(std::max(C, O)),
+        dup = cu->alloc_act(O), dxn = cu->alloc_act(C);
+    cu->matmul_norm_add(dh, 1, dD, dys, dr, dpw.f32(), 1e-6f, ActPrecision::BF16);
+    const std::string n = next;
+    size_t out_n = 0;
+    if (n == "norm_matmuls") {
+      ref->norm_matmuls(resid.data(), 1, InputNorm{nw.data(), 1e-6f, xn.data()}, {{&G, want.data()}}, ActPrecision::F32);
+      cu->norm_matmuls(dr, 1, InputNorm{dnw.f32(), 1e-6f, dxn}, {{&dG, dout}}, ActPrecision::BF16);
+      out_n = size_t(O);
+    } else if (n == "gate_up_gelu") {
+      ref->gate_up_gelu(resid.data(), 1, InputNorm{nw.data(), 1e-6f, xn.data()}, G, U, false, ActPrecision::F32,
+                        want.data(), up_s.data());
+      cu->gate_up_gelu(dr, 1, InputNorm{dnw.f32(), 1e-6f, dxn}, dG, dU, false, ActPrecision::BF16, dout, dup);
+      out_n = size_t(O);
+    } else if (n == "matmul") {
+      ref->matmul(resid.data(), 1, G, ActPrecision::F32, want.data());
+      cu->matmul(dr, 1, dG, ActPrecision::BF16, dout);
+      out_n = size_t(O);
+    } else if (n == "rms_norm") {
+      want.resize(size_t(C));
+      ref->rms_norm(resid.data(), 1, int(C), nw.data(), 1e-6f, ActPrecision::F32, want.data());
+      cu->rms_norm(dr, 1, int(C), dnw.f32(), 1e-6f, ActPrecision::BF16, dout);
+      out_n = size_t(C);
+    }
+    EXPECT_LE(rel_err(down(dr, resid.size()), resid), 2e-2) << "residual, next op " << n;
+    if (out_n) EXPECT_LE(rel_err(down(dout, out_n), want), 2e-2) << "output of " << n;
+    for (const Buf& p : {dh, dr, dys, dout, dup, dxn}) cu->free(p);
+  }
+  for (const Buf& p : {dpw, dnw}) cu->free(p);
+}
+
+// The routed experts at decode sizes (rows <= 8: the device path) on int8 rows, rows sharing
+// experts, against the reference: Q4_K experts (gate/up 256 x 512, down 512 x 256), and MLX
+// experts whose projections differ in bits and group (mixed precision, as mlx-lm quantizes them:
+// gate and up then take separate launches).
 TEST_F(CudaQ8Test, RoutedExperts) {
   const int rows = 5, E = 8, k = 2, d = 512, I = 256;
   std::mt19937 rng(60);
@@ -187,26 +243,37 @@ TEST_F(CudaQ8Test, RoutedExperts) {
   std::vector<int32_t> ri(size_t(rows) * k);
   std::vector<float> rw(ri.size());
   ref->router_topk(scores.data(), rows, E, k, pes.data(), ActPrecision::F32, ri.data(), rw.data());
-  std::vector<std::vector<uint8_t>> store;
-  std::vector<WeightView> g, u, dn, cg, cu_up, cdn;
-  for (int e = 0; e < E; ++e)
-    for (auto [vec, r_, c_, dev] : {std::tuple{&g, I, d, &cg}, std::tuple{&u, I, d, &cu_up}, std::tuple{&dn, d, I, &cdn}}) {
-      store.push_back(test::random_blocks(WFormat::GgufQ4_K, r_, c_, rng));
-      const WeightView w{WFormat::GgufQ4_K, r_, c_, store.back().data(), gguf_row_bytes(WFormat::GgufQ4_K, c_)};
-      vec->push_back(w);
-      dev->push_back(cu->place_weight(w));
-    }
   const auto x = bf16_rounded(randn(size_t(rows) * d, 63));
-  std::vector<float> want(size_t(rows) * d);
-  ref->moe_experts(x.data(), rows, d, ri.data(), rw.data(), k, g, u, dn, ActPrecision::F32, want.data());
-  Buf dx = up(x), dout = cu->alloc_act(want.size()), di = cu->alloc_i32(ri.size()), dw = cu->alloc_f32(rw.size());
-  cu->from_host(ri.data(), ri.size(), di);
-  cu->from_host(rw.data(), rw.size(), dw);
-  cu->moe_experts(dx, rows, d, di, dw, k, cg, cu_up, cdn, ActPrecision::BF16, dout);
-  const double e = rel_err(down(dout, want.size()), want);
-  EXPECT_LE(e, 2e-2);
-  std::printf("routed experts (Q4_K)        int8-rounding error %.2e\n", e);
-  for (const Buf& p : {dx, dout, di, dw}) cu->free(p);
+  for (bool mixed : {false, true}) {
+    std::vector<std::vector<uint8_t>> store;
+    std::vector<test::OwnedWeight> owned;
+    std::vector<WeightView> g, u, dn, cg, cu_up, cdn;
+    uint32_t seed = 70;
+    for (int e = 0; e < E; ++e)
+      for (auto [vec, r_, c_, dev, bits, group] :
+           {std::tuple{&g, I, d, &cg, 3, 64}, std::tuple{&u, I, d, &cu_up, 6, 32}, std::tuple{&dn, d, I, &cdn, 5, 128}}) {
+        WeightView w;
+        if (mixed) {
+          owned.push_back(test::random_mlx(r_, c_, bits, group, DType::BF16, seed++));
+          w = owned.back().view;
+        } else {
+          store.push_back(test::random_blocks(WFormat::GgufQ4_K, r_, c_, rng));
+          w = WeightView{WFormat::GgufQ4_K, r_, c_, store.back().data(), gguf_row_bytes(WFormat::GgufQ4_K, c_)};
+        }
+        vec->push_back(w);
+        dev->push_back(cu->place_weight(w));
+      }
+    std::vector<float> want(size_t(rows) * d);
+    ref->moe_experts(x.data(), rows, d, ri.data(), rw.data(), k, g, u, dn, ActPrecision::F32, want.data());
+    Buf dx = up(x), dout = cu->alloc_act(want.size()), di = cu->alloc_i32(ri.size()), dw = cu->alloc_f32(rw.size());
+    cu->from_host(ri.data(), ri.size(), di);
+    cu->from_host(rw.data(), rw.size(), dw);
+    cu->moe_experts(dx, rows, d, di, dw, k, cg, cu_up, cdn, ActPrecision::BF16, dout);
+    const double e = rel_err(down(dout, want.size()), want);
+    EXPECT_LE(e, 2e-2) << (mixed ? "MLX 3/6/5-bit experts" : "Q4_K experts");
+    std::printf("routed experts (%s) int8-rounding error %.2e\n", mixed ? "MLX 3/6/5-bit" : "Q4_K", e);
+    for (const Buf& p : {dx, dout, di, dw}) cu->free(p);
+  }
 }
 
 }  // namespace

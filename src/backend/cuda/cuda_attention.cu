@@ -7,6 +7,7 @@
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_kernel_util.cuh"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_launch.cuh"
 
 namespace g4::cuda {
 namespace {
@@ -22,6 +23,7 @@ constexpr int kAttnWarps = 4;
 template <int kPer, bool kQuant, class T>
 __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* q, int H, AttnArgs a, float scale,
                                                                        float* partial, unsigned* counters, T* out) {
+  pdl_enter();
   __shared__ float sh_m[kAttnWarps], sh_l[kAttnWarps];
   __shared__ float sh_acc[kAttnWarps][kPer * kWarp];
   const int t = blockIdx.x / H, h = blockIdx.x % H, split = blockIdx.y, S = gridDim.y;
@@ -168,8 +170,8 @@ void attention_launch(cudaStream_t s, const T* q, int H, const AttnArgs& a, floa
                       float* partial, unsigned* counters, T* out) {
   const dim3 grid(unsigned(a.n * H), unsigned(splits));
   if (a.quant.bits)
-    attention_kernel<kPer, true, T><<<grid, kAttnWarps * kWarp, 0, s>>>(q, H, a, scale, partial, counters, out);
-  else attention_kernel<kPer, false, T><<<grid, kAttnWarps * kWarp, 0, s>>>(q, H, a, scale, partial, counters, out);
+    launch_kernel(attention_kernel<kPer, true, T>, grid, kAttnWarps * kWarp, 0, s, q, H, a, scale, partial, counters, out);
+  else launch_kernel(attention_kernel<kPer, false, T>, grid, kAttnWarps * kWarp, 0, s, q, H, a, scale, partial, counters, out);
 }
 
 }  // namespace

@@ -34,6 +34,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_launch.cuh"
 #include "backend/cuda/cuda_moe.h"
 #include "backend/cuda/cuda_observers.h"
 #include "backend/cuda/cuda_step.h"
@@ -142,6 +143,8 @@ class CudaBackend final : public Backend {
   // Kernels compute in their buffers' dtype (activation_dtype()); the host backends' bf16 rounding
   // mode P is not emulated, and P is ignored.
   DType activation_dtype() const override { return opt_.activations; }
+  // Buffers live in GPU memory: callers take the argmax / top k here instead of copying logits.
+  bool on_device() const override { return true; }
   cuda::StepRecorder::Counts step_counts() const { return rec_->counts(); }
 
   WeightView place_weight(const WeightView& w) override {
@@ -161,6 +164,7 @@ class CudaBackend final : public Backend {
   using Backend::free;
   void free(void* p) override { mem_.free(p, /*deferred=*/rec_->active()); }
   void read_bytes(const Buf& src_b, size_t bytes, void* dst) override {
+    flush_pending();
     rec_->flush();
     if (!bytes) return;
     if (bytes > bounce_n_) {  // pinned bounce buffer: a full-speed copy, then a host memcpy
@@ -174,6 +178,7 @@ class CudaBackend final : public Backend {
     if (timer_) timer_->output_read();
   }
   void write_bytes(const void* src, size_t bytes, const Buf& dst_b) override {
+    flush_pending();
     void* dst = dst_b.data;
     if (!bytes || rec_->stage_copy(src, bytes, dst)) return;
     rec_->flush();
@@ -190,6 +195,7 @@ class CudaBackend final : public Backend {
     void* out = out_b.data;
     const DType t = act_type({&out_b});
     const cuda::DevWeight e = dev(E);
+    step_rows_ = n;  // every forward step starts with its embedding: the step's row count
     launch("embed", cuda::embed, e, ids, n, scale, out, t);
   }
   void matmul(const Buf& x_b, int M, const WeightView& W, ActPrecision P, const Buf& y_b) override {
@@ -200,8 +206,18 @@ class CudaBackend final : public Backend {
     const cuda::DevWeight w = dev(W);
     if (profile_) label_ = "matmul " + std::to_string(w.rows) + "x" + std::to_string(w.cols) + " M=" + std::to_string(M);
     // Op 20 ("big_matmul", >= 64Ki rows: the LM head) only to tell it apart in G4_CUDA_SKIP ablations.
+    const char* op = w.rows >= 65536 ? "big_matmul" : "matmul";
+    if (M == 1 && pending_.y && x == pending_.resid) {  // may take the deferred epilogue
+      cuda::MatArgs a = mat_args(x_b, InputNorm{}, M);
+      a.yt = yt;
+      a.n = 1;
+      a.w[0] = w;
+      a.y[0] = y;
+      take_pending(a, M, false);
+      if (a.pre_y) return launch(op, cuda::matmuls, a, M);
+    }
     const cuda::Q8Act q8 = M == 1 ? q8_ : cuda::Q8Act{};
-    launch((w.rows >= 65536 ? "big_matmul" : "matmul"), cuda::matmul, x, xt, M, w, y, yt, q8);
+    launch(op, cuda::matmul, x, xt, M, w, y, yt, q8);
   }
   void rms_norm(const Buf& x_b, int rows, int dim, const float* w, float eps, ActPrecision P,
                 const Buf& y_b) override {
@@ -341,7 +357,10 @@ class CudaBackend final : public Backend {
     a.counter = static_cast<unsigned*>(epilogue_counter_.get(mem_, sizeof(unsigned), dev_, true));
     if (profile_) label_ = "matmul_norm_add " + std::to_string(W.rows) + "x" + std::to_string(W.cols) + " M=" +
                       std::to_string(M);
+    const bool defer = M == 1 && a.q8.q && cuda::q8_post_deferrable(a.w[0]);
+    a.defer_post = defer;
     launch("matmul_norm_add", cuda::matmuls, a, M);
+    if (defer) pending_ = PendingPost{y_scratch, x_resid, a.xt, int(W.rows), w, eps};
   }
   void attn_prep(const Buf& q_b, int H, const Buf& k_b, const Buf& v_b, int Hk, int head_dim, const float* q_norm_w,
                  const float* k_norm_w, bool v_norm, float eps, const std::vector<AttnSeq>& seqs, const RopeTable& t,
@@ -415,6 +434,7 @@ class CudaBackend final : public Backend {
     a.w2 = dev(U);
     a.y[0] = gate_out;
     a.table = ggml_table ? tables_.gelu_table() : nullptr;
+    take_pending(a, M, true);
     if (profile_) label_ = "gate_up_gelu " + std::to_string(G.rows) + "x" + std::to_string(G.cols) + " M=" + std::to_string(M);
     launch("gate_up_gelu", cuda::gate_up_gelu, a, M);
   }
@@ -512,6 +532,7 @@ class CudaBackend final : public Backend {
     launch("moe_combine", cuda::moe_combine, yv, w, rows, k, d, out, t);
   }
   void sync() override {
+    flush_pending();
     rec_->flush();
     dev_.sync();
     mem_.collect();
@@ -527,6 +548,7 @@ class CudaBackend final : public Backend {
     // addresses) and freed once its work is done (collect: next begin_step or sync).
     for (const auto& b : blocks_) mem_.free(b.second, /*deferred=*/true);
     blocks_.clear();
+    flush_pending();
     if (timer_) timer_->step_logged(dev_.stream());
     rec_->end();
     if (timer_) timer_->step_launched(dev_.stream());
@@ -536,14 +558,51 @@ class CudaBackend final : public Backend {
   // Runs fn(stream, args...) now, or logs it with its key when a step is being recorded. The key
   // is the name and every argument (add_key), so two launches replay as one graph exactly when
   // they would launch the same kernels on the same memory with the same scalars.
+  // A one-row matmul_norm_add's post-norm and residual add (resid[n] += rms_norm(y)·w), left out
+  // of its launch (MatArgs::defer_post) for the next op: fused into that op's prepare when it is
+  // an int8 GEMV on the same row (take_pending: the next layer's q/k/v, gate/up, a plain matmul of
+  // the residual), else launched alone before it (flush_pending: every launch, host copy, sync and
+  // step end first), so every op sees the residual exactly where plain order has it.
+  struct PendingPost {
+    const void* y = nullptr;
+    void* resid = nullptr;
+    DType t = DType::F32;
+    int n = 0;
+    const float* w = nullptr;
+    float eps = 0.f;
+  };
+  PendingPost pending_;
+  static constexpr int kPdlMaxRows = 64;
+  int step_rows_ = 0;  // rows of the step being logged (embed sets it)
+  void flush_pending() {
+    if (!pending_.y) return;
+    const PendingPost p = pending_;
+    pending_ = PendingPost{};
+    launch("post_norm_add", cuda::post_norm_add, p.y, p.resid, p.t, p.n, p.w, p.eps);
+  }
+  void take_pending(cuda::MatArgs& a, int M, bool gelu) {
+    if (!pending_.y || M != 1 || a.x != pending_.resid || a.w[0].cols != pending_.n || a.xt != pending_.t ||
+        !cuda::q8_prepare_fusable(a, gelu))
+      return;
+    a.pre_y = pending_.y;
+    a.pre_w = pending_.w;
+    a.pre_eps = pending_.eps;
+    pending_ = PendingPost{};
+  }
+
   template <class... P, class... A>
   void launch(const char* op, void (*fn)(cudaStream_t, P...), A&&... args) {
     static_assert(sizeof...(P) == sizeof...(A), "launch: one argument per launcher parameter");
+    flush_pending();  // a deferred epilogue no op took goes first
     std::string label = std::move(label_);
     label_.clear();
     if (!skip_.empty() && skip_.count(op)) return;  // G4_CUDA_SKIP (timing ablations only)
     const std::tuple<std::decay_t<P>...> t(std::forward<A>(args)...);
-    auto call = [fn, t](cudaStream_t s) {
+    // PDL for decode-sized steps only: at prefill sizes, kernels scheduled early took SM room
+    // from the running GEMMs (prefill 0.7-0.85x with it, decode 1.03-1.06x; docs/cuda-notes.md).
+    const bool pdl = opt_.pdl && step_rows_ <= kPdlMaxRows;
+    auto call = [fn, t, pdl](cudaStream_t s) {
+      cuda::set_pdl_launches(pdl);
       std::apply([&](const auto&... v) { fn(s, v...); }, t);
       G4_CUDA_LAUNCHED();
     };
@@ -594,6 +653,7 @@ class CudaBackend final : public Backend {
     a.idx = I(idx);
     a.y = h;
     a.w0 = dev(gate[0]);
+    a.w20 = dev(up[0]);
     a.q8 = q8_;
     launch("moe_gate_up", cuda::moe_matmul, a, items, hidden, gate[0].fmt, true);
     cuda::MoeMatArgs b{};
@@ -637,7 +697,8 @@ class CudaBackend final : public Backend {
     rms_norm(x, 1, int(W.cols), norm.w, norm.eps, P, norm.scratch);
     return mat_args(norm.scratch, InputNorm{}, M);
   }
-  void launch_matmuls(const cuda::MatArgs& a, int M) {
+  void launch_matmuls(cuda::MatArgs a, int M) {
+    take_pending(a, M, false);
     if (profile_) label_ = "matmuls x" + std::to_string(a.n) + " " + std::to_string(a.w[0].rows) + "x" +
                            std::to_string(a.w[0].cols) + " M=" + std::to_string(M);
     launch("norm_matmuls", cuda::matmuls, a, M);

@@ -1,12 +1,20 @@
-// Device (cuda_device.h) and the checked-call failure path (cuda_check.h).
+// Device (cuda_device.h), the checked-call failure path (cuda_check.h) and the PDL switch
+// (cuda_launch.cuh).
 #include "backend/cuda/cuda_device.h"
 
 #include <cstdio>
 #include <cstdlib>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_launch.cuh"
 
 namespace g4::cuda {
+
+namespace {
+thread_local bool g_pdl = true;  // per thread: each backend's launches run on its own thread
+}  // namespace
+void set_pdl_launches(bool on) { g_pdl = on; }
+bool pdl_launches() { return g_pdl; }
 
 void cuda_failed(cudaError_t e, const char* what, const char* file, int line) {
   std::fprintf(stderr, "%s:%d: CUDA error in %s: %s\n", file, line, what, cudaGetErrorString(e));

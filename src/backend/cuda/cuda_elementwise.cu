@@ -8,6 +8,7 @@
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_kernel_util.cuh"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_launch.cuh"
 
 namespace g4::cuda {
 namespace {
@@ -18,6 +19,7 @@ namespace {
 constexpr int kEmbedThreads = 128;
 template <WFormat F, bool kUnits, class T>
 __global__ void __launch_bounds__(kEmbedThreads) embed_kernel(DevWeight e, const int32_t* ids, float scale, T* out) {
+  pdl_enter();
   const int i = blockIdx.x;
   const int64_t id = ids[i];
   const uint8_t* row = e.data + id * e.row_bytes;
@@ -37,6 +39,7 @@ __global__ void __launch_bounds__(kEmbedThreads) embed_kernel(DevWeight e, const
 
 template <class T>
 __global__ void gelu_mul_kernel(const T* gate, const T* up, int64_t n, T* out) {
+  pdl_enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   out[i] = from_f<T>(gelu_tanh_mul(to_f(gate[i]), to_f(up[i])));
@@ -44,6 +47,7 @@ __global__ void gelu_mul_kernel(const T* gate, const T* up, int64_t n, T* out) {
 
 template <class T>
 __global__ void gelu_mul_ggml_kernel(const T* gate, const T* up, int64_t n, const uint16_t* table, T* out) {
+  pdl_enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   out[i] = from_f<T>(gelu_ggml_mul(to_f(gate[i]), to_f(up[i]), table));
@@ -51,26 +55,31 @@ __global__ void gelu_mul_ggml_kernel(const T* gate, const T* up, int64_t n, cons
 
 template <class T>
 __global__ void add_kernel(const T* a, const T* b, int64_t n, T* y) {
+  pdl_enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = from_f<T>(to_f(a[i]) + to_f(b[i]));
 }
 template <class T>
 __global__ void scale_kernel(const T* a, float s, int64_t n, T* y) {
+  pdl_enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = from_f<T>(to_f(a[i]) * s);
 }
 template <class T>
 __global__ void softcap_kernel(T* x, int64_t n, float cap) {
+  pdl_enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] = from_f<T>(tanhf(to_f(x[i]) / cap) * cap);
 }
 template <class T>
 __global__ void gather_rows_kernel(const T* src, const int32_t* idx, int dim, T* dst) {
+  pdl_enter();
   const int i = blockIdx.x;
   for (int c = threadIdx.x; c < dim; c += blockDim.x) dst[int64_t(i) * dim + c] = src[int64_t(idx[i]) * dim + c];
 }
 template <class T>
 __global__ void copy_cols_kernel(const T* src, int src_dim, int off, int n, T* dst) {
+  pdl_enter();
   const int r = blockIdx.x;
   for (int c = threadIdx.x; c < n; c += blockDim.x) dst[int64_t(r) * n + c] = src[int64_t(r) * src_dim + off + c];
 }
@@ -85,9 +94,9 @@ void embed(cudaStream_t s, const DevWeight& e, const int32_t* ids, int n, float 
     with_format(e.fmt, [&](auto f) {
       constexpr WFormat F = decltype(f)::value;
       if (e.cols % 32 == 0)
-        embed_kernel<F, true, T><<<dim3(n, blocks_for(e.cols / 32, kEmbedThreads)), kEmbedThreads, 0, s>>>(e, ids, scale, o);
+        launch_kernel(embed_kernel<F, true, T>, dim3(n, blocks_for(e.cols / 32, kEmbedThreads)), kEmbedThreads, 0, s, e, ids, scale, o);
       else
-        embed_kernel<F, false, T><<<dim3(n, blocks_for(e.cols, kEmbedThreads)), kEmbedThreads, 0, s>>>(e, ids, scale, o);
+        launch_kernel(embed_kernel<F, false, T>, dim3(n, blocks_for(e.cols, kEmbedThreads)), kEmbedThreads, 0, s, e, ids, scale, o);
     });
   });
 }
@@ -96,7 +105,7 @@ void embed(cudaStream_t s, const DevWeight& e, const int32_t* ids, int n, float 
 #define G4_ELEMENTWISE(kernel, ...)                                                     \
   with_act(t, [&](auto tag) {                                                           \
     using T = decltype(tag);                                                            \
-    kernel<T><<<blocks_for(int64_t(n), 256), 256, 0, s>>>(__VA_ARGS__);                 \
+    launch_kernel(kernel<T>, blocks_for(int64_t(n), 256), 256, 0, s, __VA_ARGS__);                 \
   })
 void gelu_mul(cudaStream_t s, const void* gate, const void* up, size_t n, void* out, DType t) {
   if (n)
@@ -124,14 +133,14 @@ void gather_rows(cudaStream_t s, const void* src, const int32_t* idx, int n, int
   if (n <= 0) return;
   with_act(t, [&](auto tag) {
     using T = decltype(tag);
-    gather_rows_kernel<T><<<n, 256, 0, s>>>(static_cast<const T*>(src), idx, dim, static_cast<T*>(dst));
+    launch_kernel(gather_rows_kernel<T>, n, 256, 0, s, static_cast<const T*>(src), idx, dim, static_cast<T*>(dst));
   });
 }
 void copy_cols(cudaStream_t s, const void* src, int rows, int src_dim, int off, int n, void* dst, DType t) {
   if (rows <= 0) return;
   with_act(t, [&](auto tag) {
     using T = decltype(tag);
-    copy_cols_kernel<T><<<rows, 256, 0, s>>>(static_cast<const T*>(src), src_dim, off, n, static_cast<T*>(dst));
+    launch_kernel(copy_cols_kernel<T>, rows, 256, 0, s, static_cast<const T*>(src), src_dim, off, n, static_cast<T*>(dst));
   });
 }
 

@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_kquant_dot.cuh"
 #include "backend/cuda/cuda_matmul_common.cuh"
+#include "backend/cuda/cuda_launch.cuh"
 
 namespace g4::cuda {
 namespace {
@@ -60,6 +61,7 @@ __device__ void kquant_decode_rows(const MatArgs& a, const TX* x) {
 
 template <WFormat F, int kAct>
 __global__ void __launch_bounds__(kMatWarps * kWarp) kquant_decode_kernel(MatArgs a) {
+  pdl_enter_streaming();
   extern __shared__ uint4 smem[];
   const bool bf = a.xt == DType::BF16;
   if (a.norm_w) {  // one row, normed once per block into shared memory
@@ -81,6 +83,7 @@ constexpr int kLanesMinRows = 32768;
 constexpr int kGemvWarps = 8;
 template <WFormat F, class TX>
 __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_lanes_kernel(const TX* x, DevWeight w, void* y, bool y_f32) {
+  pdl_enter_streaming();
   const int64_t r = int64_t(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (r >= w.rows) return;
@@ -149,7 +152,7 @@ void kquant_decode_launch(cudaStream_t s, MatArgs a) {
   int per_sm = 0;
   cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kquant_decode_kernel<F, kAct>, kMatWarps * kWarp, smem);
   const unsigned resident = unsigned((per_sm > 0 ? per_sm : 1) * sm_count());
-  kquant_decode_kernel<F, kAct><<<blocks < resident ? blocks : resident, kMatWarps * kWarp, smem, s>>>(a);
+  launch_kernel(kquant_decode_kernel<F, kAct>, blocks < resident ? blocks : resident, kMatWarps * kWarp, smem, s, a);
 }
 
 }  // namespace
@@ -163,7 +166,7 @@ bool decode_gemv(cudaStream_t s, const MatArgs& a, int act) {
       constexpr WFormat F = decltype(f)::value;
       with_act(a.xt, [&](auto tag) {
         using TX = decltype(tag);
-        gemv_lanes_kernel<F, TX><<<blocks, kGemvWarps * kWarp, 0, s>>>(static_cast<const TX*>(a.x), w, a.y[0], y_f32);
+        launch_kernel(gemv_lanes_kernel<F, TX>, blocks, kGemvWarps * kWarp, 0, s, static_cast<const TX*>(a.x), w, a.y[0], y_f32);
       });
     });
     return true;

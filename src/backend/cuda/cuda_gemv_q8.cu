@@ -19,6 +19,7 @@
 #include "backend/cuda/cuda_matmul_common.cuh"
 #include "backend/cuda/cuda_moe.h"
 #include "backend/cuda/cuda_q8.cuh"
+#include "backend/cuda/cuda_launch.cuh"
 
 namespace g4::cuda {
 namespace {
@@ -33,6 +34,7 @@ namespace {
 constexpr int kPrepWarps = 8;
 __global__ void __launch_bounds__(kPrepWarps * kWarp) q8_prepare_kernel(const void* x, bool bf, int cols,
                                                                         const float* norm_w, float eps, Q8Act o) {
+  pdl_enter();
   __shared__ float red[32];
   x = static_cast<const uint8_t*>(x) + int64_t(blockIdx.y) * cols * (bf ? 2 : 4);
   o = q8_row(o, blockIdx.y, cols);
@@ -72,6 +74,7 @@ __global__ void __launch_bounds__(kPrepWarps * kWarp) q8_prepare_kernel(const vo
 constexpr int kPostThreads = 1024, kPostPer = 8, kPostMax = kPostThreads * kPostPer;
 __global__ void __launch_bounds__(kPostThreads) post_norm_add_kernel(const void* y, void* resid, bool bf, int n,
                                                                      const float* w, float eps) {
+  pdl_enter();
   __shared__ float red[32];
   float v[kPostPer], ss = 0.f;
 #pragma unroll
@@ -86,6 +89,61 @@ __global__ void __launch_bounds__(kPostThreads) post_norm_add_kernel(const void*
   for (int k = 0; k < kPostPer; ++k) {
     const int c = threadIdx.x + k * kPostThreads;
     if (c < n) store_out(resid, c, ldx(resid, c, bf) + v[k] * inv * w[c], !bf);
+  }
+}
+
+// A deferred post-norm and residual add fused with the next matmul's prepare, by one block:
+// resid[c] += y[c] · inv_rms(y) · pw[c] (stored, rounded to the activation type, exactly as
+// post_norm_add_kernel stores it), then the stored row normed with norm_w (when set) and cut into
+// int8 blocks as q8_prepare_kernel does. n % 32 == 0, n <= kPostMax; thread t holds values
+// t + 1024 k, so each warp's lanes hold whole 32-value blocks.
+__global__ void __launch_bounds__(kPostThreads) post_add_prepare_kernel(const void* y, const float* pw, float peps,
+                                                                        void* resid, bool bf, int n,
+                                                                        const float* norm_w, float eps, Q8Act o) {
+  pdl_enter();
+  __shared__ float red[32];
+  float v[kPostPer], ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < kPostPer; ++k) {
+    const int c = threadIdx.x + k * kPostThreads;
+    v[k] = c < n ? ldx(y, c, bf) : 0.f;
+    ss += v[k] * v[k];
+  }
+  ss = block_sum(ss, red);
+  const float inv = 1.0f / sqrtf(ss / float(n) + peps);
+  float ss2 = 0.f;
+#pragma unroll
+  for (int k = 0; k < kPostPer; ++k) {
+    const int c = threadIdx.x + k * kPostThreads;
+    if (c >= n) continue;
+    store_out(resid, c, ldx(resid, c, bf) + v[k] * inv * pw[c], !bf);
+    v[k] = ldx(resid, c, bf);  // the stored value, as the next kernel would read it
+    ss2 += v[k] * v[k];
+  }
+  float inv2 = 1.f;
+  if (norm_w) {
+    ss2 = block_sum(ss2, red);
+    inv2 = 1.0f / sqrtf(ss2 / float(n) + eps);
+  }
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int k = 0; k < kPostPer; ++k) {
+    const int c = threadIdx.x + k * kPostThreads;
+    if (c - lane >= n) break;  // the warp's block lies past the row (n % 32 == 0: all lanes agree)
+    float x = v[k];
+    if (norm_w) x = __fmul_rn(__fmul_rn(x, inv2), norm_w[c]);
+    o.xf[c] = x;
+    const float amax = warp_reduce(fabsf(x), Max{});
+    const float d = __fdiv_rn(amax, 127.f);
+    const float id = d != 0.f ? __frcp_rn(d) : 0.f;
+    int q = __float2int_rn(__fmul_rn(x, id));
+    q = q > 127 ? 127 : q < -127 ? -127 : q;
+    o.q[c] = int8_t(q);
+    const int qs = __reduce_add_sync(0xffffffffu, q);
+    if (lane == 0) {
+      o.d[c / 32] = d;
+      o.s[c / 32] = __fmul_rn(d, float(qs));
+    }
   }
 }
 
@@ -358,7 +416,14 @@ __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_gemv_kernel(MatArgs a, Q8
   while (i + 1 < a.n && blockIdx.x >= a.first[i + 1]) ++i;
   const DevWeight& w = a.w[i];
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int64_t r = (int64_t(blockIdx.x - a.first[i]) * kQ8Warps + warp) * (kWarp / lpr) + lane / lpr;
+  const int64_t r0 = int64_t(blockIdx.x - a.first[i]) * kQ8Warps * (kWarp / lpr);
+  const int64_t r = r0 + (int64_t(warp) * kWarp + lane) / lpr;
+  if (threadIdx.x == 0 && r0 < w.rows) {  // this block's weight rows, while the kernels before it finish
+    const int64_t n = min(int64_t(kQ8Warps * (kWarp / lpr)), w.rows - r0);
+    prefetch_l2(w.data + r0 * w.row_bytes, size_t(n * w.row_bytes));
+    if constexpr (kAct != kPlain) prefetch_l2(a.w2.data + r0 * a.w2.row_bytes, size_t(n * a.w2.row_bytes));
+  }
+  pdl_enter_streaming();
   const int sub = lane % lpr;
   const int64_t nu = w.cols / U::kVals;
   float acc = 0.f, acc2 = 0.f;
@@ -388,6 +453,7 @@ __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_gemv_kernel(MatArgs a, Q8
 // e = idx[i]'s rows with prepared x row i / x_div. kAct: kPlain or kGelu (tanh form).
 template <WFormat F, int kBits, int kAct>
 __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_moe_kernel(MoeMatArgs a, int lpr) {
+  pdl_enter_streaming();
   using U = Unit<F, kBits>;
   const int item = blockIdx.y, e = a.idx[item];
   const DevWeight& w = a.w[e];
@@ -424,7 +490,7 @@ constexpr int unit_vals() {
 void q8_prepare(cudaStream_t s, const void* x, DType xt, int rows, int64_t cols, const float* norm_w, float eps,
                 const Q8Act& o) {
   const dim3 grid(blocks_for(cols / 32, kPrepWarps), unsigned(rows));
-  q8_prepare_kernel<<<grid, kPrepWarps * kWarp, 0, s>>>(x, xt == DType::BF16, int(cols), norm_w, eps, o);
+  launch_kernel(q8_prepare_kernel, grid, kPrepWarps * kWarp, 0, s, x, xt == DType::BF16, int(cols), norm_w, eps, o);
 }
 
 // Lanes per row (a power of two, 4..32) for `rows` rows of `units` units: the most lanes that keep
@@ -460,21 +526,21 @@ void gemv_launch(cudaStream_t s, MatArgs a, int act) {
   a.norm_w = nullptr;  // applied by the prepare launch
   const bool post = a.resid && a.w[0].rows <= kPostMax;
   void* resid = a.resid;
-  if (post) a.resid = nullptr;  // the post-norm kernel below instead of the last-block epilogue
-  if (act == kGelu) q8_gemv_kernel<F, kBits, kGelu><<<blocks, kQ8Warps * kWarp, 0, s>>>(a, a.q8, lpr);
-  else if (act == kGeluGgml) q8_gemv_kernel<F, kBits, kGeluGgml><<<blocks, kQ8Warps * kWarp, 0, s>>>(a, a.q8, lpr);
-  else q8_gemv_kernel<F, kBits, kPlain><<<blocks, kQ8Warps * kWarp, 0, s>>>(a, a.q8, lpr);
-  if (post)
-    post_norm_add_kernel<<<1, kPostThreads, 0, s>>>(a.y[0], resid, a.xt == DType::BF16, int(a.w[0].rows), a.post_w,
-                                                    a.post_eps);
+  if (post) a.resid = nullptr;  // the post-norm kernel below (or a later prepare) instead of the last-block epilogue
+  if (act == kGelu) launch_kernel(q8_gemv_kernel<F, kBits, kGelu>, blocks, kQ8Warps * kWarp, 0, s, a, a.q8, lpr);
+  else if (act == kGeluGgml) launch_kernel(q8_gemv_kernel<F, kBits, kGeluGgml>, blocks, kQ8Warps * kWarp, 0, s, a, a.q8, lpr);
+  else launch_kernel(q8_gemv_kernel<F, kBits, kPlain>, blocks, kQ8Warps * kWarp, 0, s, a, a.q8, lpr);
+  if (post && !a.defer_post)
+    launch_kernel(post_norm_add_kernel, 1, kPostThreads, 0, s, a.y[0], resid, a.xt == DType::BF16, int(a.w[0].rows),
+                  a.post_w, a.post_eps);
 }
 
 template <WFormat F, int kBits>
 void moe_launch(cudaStream_t s, const MoeMatArgs& a, int items, int64_t rows, int act) {
   const int lpr = lanes_per_row(a.w0.cols / unit_vals<F, kBits>(), rows * items);
   const dim3 grid(blocks_for(rows, kQ8Warps * (kWarp / lpr)), unsigned(items));
-  if (act == kGelu) q8_moe_kernel<F, kBits, kGelu><<<grid, kQ8Warps * kWarp, 0, s>>>(a, lpr);
-  else q8_moe_kernel<F, kBits, kPlain><<<grid, kQ8Warps * kWarp, 0, s>>>(a, lpr);
+  if (act == kGelu) launch_kernel(q8_moe_kernel<F, kBits, kGelu>, grid, kQ8Warps * kWarp, 0, s, a, lpr);
+  else launch_kernel(q8_moe_kernel<F, kBits, kPlain>, grid, kQ8Warps * kWarp, 0, s, a, lpr);
 }
 
 // Calls launch(integral_constant<int, kBits>) with the MLX bits of F (0 for other formats).
@@ -525,12 +591,31 @@ bool q8_gemv_supports(const DevWeight& w) {
   return false;
 }
 
-bool q8_gemv(cudaStream_t s, const MatArgs& a, int act) {
+bool q8_post_deferrable(const DevWeight& w) { return q8_gemv_supports(w) && w.rows <= kPostMax; }
+
+void post_norm_add(cudaStream_t s, const void* y, void* resid, DType t, int n, const float* w, float eps) {
+  launch_kernel(post_norm_add_kernel, 1, kPostThreads, 0, s, y, resid, t == DType::BF16, n, w, eps);
+}
+
+bool q8_gemv_takes(const MatArgs& a, int act) {
   if (!a.q8.q) return false;
   for (int i = 0; i < a.n; ++i)
     if (!q8_gemv_supports(a.w[i]) || a.w[i].fmt != a.w[0].fmt || a.w[i].cols != a.w[0].cols) return false;
-  if (act != kPlain && (!q8_gemv_supports(a.w2) || a.w2.fmt != a.w[0].fmt || a.w2.bits != a.w[0].bits)) return false;
-  q8_prepare(s, a.x, a.xt, 1, a.w[0].cols, a.norm_w, a.eps, a.q8);
+  return act == kPlain || (q8_gemv_supports(a.w2) && a.w2.fmt == a.w[0].fmt && a.w2.bits == a.w[0].bits);
+}
+
+bool q8_prepare_fusable(const MatArgs& a, bool gelu) {
+  return q8_gemv_takes(a, gelu ? kGelu : kPlain) && a.w[0].cols <= kPostMax;
+}
+
+bool q8_gemv(cudaStream_t s, const MatArgs& a, int act) {
+  if (!q8_gemv_takes(a, act)) return false;
+  if (a.pre_y) {
+    launch_kernel(post_add_prepare_kernel, 1, kPostThreads, 0, s, a.pre_y, a.pre_w, a.pre_eps, const_cast<void*>(a.x),
+                  a.xt == DType::BF16, int(a.w[0].cols), a.norm_w, a.eps, a.q8);
+  } else {
+    q8_prepare(s, a.x, a.xt, 1, a.w[0].cols, a.norm_w, a.eps, a.q8);
+  }
   bool same_bits = true;
   for (int i = 1; i < a.n; ++i) same_bits = same_bits && a.w[i].bits == a.w[0].bits;
   with_format(a.w[0].fmt, [&](auto f) {
@@ -553,6 +638,8 @@ bool q8_gemv(cudaStream_t s, const MatArgs& a, int act) {
 bool q8_moe_matmul(cudaStream_t s, const MoeMatArgs& a, int items, int64_t rows, bool gelu) {
   const int x_rows = (items + a.x_div - 1) / a.x_div;
   if (!a.q8.q || !q8_gemv_supports(a.w0) || int64_t(x_rows) * a.w0.cols > kQ8MaxCols) return false;
+  // One kernel dots gate and up with the same unit: both must have w0's format and bits.
+  if (gelu && (a.w20.fmt != a.w0.fmt || a.w20.bits != a.w0.bits || !q8_gemv_supports(a.w20))) return false;
   q8_prepare(s, a.x, a.xt, x_rows, a.w0.cols, nullptr, 0.f, a.q8);
   with_format(a.w0.fmt, [&](auto f) {
     constexpr WFormat F = decltype(f)::value;

@@ -70,7 +70,25 @@ struct MatArgs {
   // Non-null: at M = 1, formats the int8 GEMVs take (q8_gemv_supports) are dotted with the
   // activation row quantized into this scratch (cuda_q8.cuh, cuda_gemv_q8.cu); null: in f32.
   Q8Act q8;
+  // int8 GEMVs only (q8_post_deferrable). defer_post: with resid, leave the post-norm and residual
+  // add out of this launch (the backend hands it to the next prepare, or launches it alone:
+  // post_norm_add). pre_y: before this launch's input row is prepared, x += rms_norm(pre_y)·pre_w
+  // over the row's pre_n values (a previous launch's deferred epilogue; x is that launch's resid),
+  // in the same one-block kernel that then norms and quantizes x.
+  // (Ordered so that the struct has no padding after q8: its bytes are part of a step's key.)
+  const void* pre_y = nullptr;
+  const float* pre_w = nullptr;
+  float pre_eps = 0.f;
+  int defer_post = 0;
 };
+// Whether a one-row matmul_norm_add into w runs on the int8 GEMVs with the separate post-norm
+// kernel (q8 scratch set), so that its epilogue may be deferred (MatArgs::defer_post).
+bool q8_post_deferrable(const DevWeight& w);
+// Whether a one-row launch of a (gelu: gate_up_gelu; else matmuls) runs on the int8 GEMVs with
+// its input row prepared by one block, so that a deferred epilogue may be fused into it (pre_y).
+bool q8_prepare_fusable(const MatArgs& a, bool gelu);
+// resid[n] += rms_norm(y[n])·w: a deferred epilogue launched on its own (one block).
+void post_norm_add(cudaStream_t s, const void* y, void* resid, DType t, int n, const float* w, float eps);
 // Whether the int8 decode GEMV takes weight w (format, bits, group, alignment, width).
 bool q8_gemv_supports(const DevWeight& w);
 // The shared memory a normed input of M rows (at most 8 per launch) takes; launches whose norm

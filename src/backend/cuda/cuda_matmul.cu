@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_kernel_util.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_matmul_common.cuh"
+#include "backend/cuda/cuda_launch.cuh"
 
 namespace g4::cuda {
 namespace {
@@ -84,6 +85,7 @@ __device__ inline void stage_rows(const uint8_t* src, uint8_t* dst, int64_t byte
 // each, would hit every cache line many times.
 template <WFormat F, bool kUnits, int kAct, bool kStaged, int kM>
 __global__ void __launch_bounds__(kMatWarps * kWarp) matmul_kernel(MatArgs a) {
+  pdl_enter_streaming();
   const bool bf = a.xt == DType::BF16;
   extern __shared__ uint4 smem[];
   int i = 0;
@@ -206,13 +208,13 @@ void matmul_launch(cudaStream_t s, MatArgs a, int M) {
   {
     const dim3 grid(blocks), block(kMatWarps * kWarp);
     if constexpr (!kUnits) {
-      matmul_kernel<F, false, kAct, false, kMaxM><<<grid, block, smem, s>>>(a);
+      launch_kernel(matmul_kernel<F, false, kAct, false, kMaxM>, grid, block, smem, s, a);
     } else if (a.M == 1) {
-      if (staged) matmul_kernel<F, true, kAct, true, 1><<<grid, block, smem, s>>>(a);
-      else matmul_kernel<F, true, kAct, false, 1><<<grid, block, smem, s>>>(a);
+      if (staged) launch_kernel(matmul_kernel<F, true, kAct, true, 1>, grid, block, smem, s, a);
+      else launch_kernel(matmul_kernel<F, true, kAct, false, 1>, grid, block, smem, s, a);
     } else {
-      if (staged) matmul_kernel<F, true, kAct, true, kMaxM><<<grid, block, smem, s>>>(a);
-      else matmul_kernel<F, true, kAct, false, kMaxM><<<grid, block, smem, s>>>(a);
+      if (staged) launch_kernel(matmul_kernel<F, true, kAct, true, kMaxM>, grid, block, smem, s, a);
+      else launch_kernel(matmul_kernel<F, true, kAct, false, kMaxM>, grid, block, smem, s, a);
     }
   }
 }

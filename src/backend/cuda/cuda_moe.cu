@@ -10,12 +10,14 @@
 #include "backend/cuda/cuda_kernel_util.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_moe.h"
+#include "backend/cuda/cuda_launch.cuh"
 
 namespace g4::cuda {
 namespace {
 
 template <class T>
 __global__ void moe_combine_kernel(const T* y, const float* w, int k, int d, T* out) {
+  pdl_enter();
   const int r = blockIdx.x;
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
     float acc = 0.f;
@@ -31,6 +33,7 @@ __global__ void moe_combine_kernel(const T* y, const float* w, int k, int d, T* 
 constexpr int kRouterPer = 8;
 __global__ void router_topk_kernel(const void* scores, bool bf, int rows, int E, int k, const float* per_expert_scale,
                                    int32_t* idx, float* w) {
+  pdl_enter();
   const int row = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   if (row >= rows) return;
   float v[kRouterPer];
@@ -78,6 +81,7 @@ __global__ void router_topk_kernel(const void* scores, bool bf, int rows, int E,
 constexpr int kMoeWarps = 8;
 template <WFormat F, int kAct>
 __global__ void __launch_bounds__(kMoeWarps * kWarp) moe_matmul_kernel(MoeMatArgs a) {
+  pdl_enter_streaming();
   const int item = blockIdx.y, lane = threadIdx.x % kWarp;
   const int e = a.idx[item];
   const DevWeight W = a.w[e];
@@ -127,7 +131,7 @@ void router_topk(cudaStream_t s, const void* scores, DType st, int rows, int E, 
                  int32_t* idx, float* w) {
   if (rows <= 0) return;
   constexpr int kRowsPerBlock = 4;
-  router_topk_kernel<<<blocks_for(rows, kRowsPerBlock), kRowsPerBlock * kWarp, 0, s>>>(
+  launch_kernel(router_topk_kernel, blocks_for(rows, kRowsPerBlock), kRowsPerBlock * kWarp, 0, s,
       scores, st == DType::BF16, rows, E, k, per_expert_scale, idx, w);
 }
 bool router_topk_applies(int E, int k) { return E <= kWarp * kRouterPer && k >= 1 && k <= kWarp && k <= E; }
@@ -138,8 +142,8 @@ void moe_matmul(cudaStream_t s, const MoeMatArgs& a, int items, int64_t rows, WF
   const dim3 grid(blocks_for(rows, kMoeWarps), unsigned(items));
   with_format(fmt, [&](auto f) {
     constexpr WFormat F = decltype(f)::value;
-    if (gelu) moe_matmul_kernel<F, 1><<<grid, kMoeWarps * kWarp, 0, s>>>(a);
-    else moe_matmul_kernel<F, 0><<<grid, kMoeWarps * kWarp, 0, s>>>(a);
+    if (gelu) launch_kernel(moe_matmul_kernel<F, 1>, grid, kMoeWarps * kWarp, 0, s, a);
+    else launch_kernel(moe_matmul_kernel<F, 0>, grid, kMoeWarps * kWarp, 0, s, a);
   });
 }
 
@@ -147,7 +151,7 @@ void moe_combine(cudaStream_t s, const void* y, const float* w, int rows, int k,
   if (rows <= 0) return;
   with_act(t, [&](auto tag) {
     using T = decltype(tag);
-    moe_combine_kernel<T><<<rows, 256, 0, s>>>(static_cast<const T*>(y), w, k, d, static_cast<T*>(out));
+    launch_kernel(moe_combine_kernel<T>, rows, 256, 0, s, static_cast<const T*>(y), w, k, d, static_cast<T*>(out));
   });
 }
 

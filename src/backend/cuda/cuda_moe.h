@@ -28,6 +28,7 @@ struct MoeMatArgs {
   const int32_t* idx;
   void* y;
   DevWeight w0;  // the first expert's weight (host copy): format, bits, shape of every expert
+  DevWeight w20; // with w2: the first up expert's (its bits may differ from w0's: MLX mixed precision)
   Q8Act q8;      // non-null: the int8 GEMVs (cuda_gemv_q8.cu) where they take w0's format
 };
 void moe_matmul(cudaStream_t s, const MoeMatArgs& a, int items, int64_t rows, WFormat fmt, bool gelu);

@@ -8,6 +8,7 @@
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_kernel_util.cuh"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_launch.cuh"
 
 namespace g4::cuda {
 namespace {
@@ -15,6 +16,7 @@ namespace {
 // One block per row.
 template <class T>
 __global__ void rms_norm_kernel(const T* x, int dim, const float* w, float eps, T* y) {
+  pdl_enter();
   __shared__ float sh[32];
   const T* xr = x + int64_t(blockIdx.x) * dim;
   T* yr = y + int64_t(blockIdx.x) * dim;
@@ -28,6 +30,7 @@ __global__ void rms_norm_kernel(const T* x, int dim, const float* w, float eps, 
 // x[row] += rms_norm(o[row]) * w: one block per row (rms_norm_kernel's rounding, then the add).
 template <class T>
 __global__ void norm_add_kernel(T* x, const T* o, int dim, const float* w, float eps) {
+  pdl_enter();
   __shared__ float sh[32];
   const T* orow = o + int64_t(blockIdx.x) * dim;
   T* xr = x + int64_t(blockIdx.x) * dim;
@@ -70,6 +73,7 @@ __device__ inline void norm_rope_head(T* v, int head_dim, const float* w, float 
 template <class T>
 __global__ void norm_rope_kernel(T* x, int heads, int head_dim, const float* w, float eps, Dyn pos0,
                                  const float* inv_freq, float position_scale) {
+  pdl_enter();
   __shared__ float sh[32];
   const int r = blockIdx.x / heads, h = blockIdx.x % heads;
   const float pos = float(load(pos0) + r) * position_scale;
@@ -81,6 +85,7 @@ __global__ void norm_rope_kernel(T* x, int heads, int head_dim, const float* w, 
 // with value head g (unweighted RMSNorm when v_norm), into the cache slot of the row's position.
 template <class T>
 __global__ void attn_prep_kernel(AttnPrepArgs a) {
+  pdl_enter();
   __shared__ float sh[32];
   const int heads = a.H + a.Hk, r = blockIdx.x / heads, h = blockIdx.x % heads, D = a.head_dim;
   const int p = load(a.pos0) + r;
@@ -116,6 +121,7 @@ __global__ void attn_prep_kernel(AttnPrepArgs a) {
 // One block per (row, head): RoPE alone (norm_rope_head without a weight).
 template <class T>
 __global__ void rope_kernel(T* x, int heads, int head_dim, Dyn pos0, const float* inv_freq, float position_scale) {
+  pdl_enter();
   __shared__ float sh[32];
   const int r = blockIdx.x / heads, h = blockIdx.x % heads;
   const float pos = float(load(pos0) + r) * position_scale;
@@ -127,6 +133,7 @@ __global__ void rope_kernel(T* x, int heads, int head_dim, Dyn pos0, const float
 template <class T>
 __global__ void kv_write_kernel(const T* k, const T* v, int row0, Dyn pos0, int n_kv_heads, int head_dim,
                                 int capacity, int window, T* kc, T* vc, KvQuantArgs qa) {
+  pdl_enter();
   const int t = blockIdx.x, pos = load(pos0) + t, row_len = n_kv_heads * head_dim;
   const int64_t slot = window > 0 ? pos % capacity : pos;
   const T* kr = k + int64_t(row0 + t) * row_len;
@@ -152,7 +159,7 @@ void rms_norm(cudaStream_t s, const void* x, int rows, int dim, const float* w, 
   if (rows <= 0) return;
   with_act(t, [&](auto tag) {
     using T = decltype(tag);
-    rms_norm_kernel<T><<<rows, 256, 0, s>>>(static_cast<const T*>(x), dim, w, eps, static_cast<T*>(y));
+    launch_kernel(rms_norm_kernel<T>, rows, 256, 0, s, static_cast<const T*>(x), dim, w, eps, static_cast<T*>(y));
   });
 }
 
@@ -160,13 +167,13 @@ void norm_add(cudaStream_t s, void* x, const void* o, int rows, int dim, const f
   if (rows <= 0) return;
   with_act(t, [&](auto tag) {
     using T = decltype(tag);
-    norm_add_kernel<T><<<rows, 256, 0, s>>>(static_cast<T*>(x), static_cast<const T*>(o), dim, w, eps);
+    launch_kernel(norm_add_kernel<T>, rows, 256, 0, s, static_cast<T*>(x), static_cast<const T*>(o), dim, w, eps);
   });
 }
 
 void attn_prep(cudaStream_t s, const AttnPrepArgs& a, int rows) {
   if (rows <= 0) return;
-  with_act(a.t, [&](auto tag) { attn_prep_kernel<decltype(tag)><<<rows * (a.H + a.Hk), 128, 0, s>>>(a); });
+  with_act(a.t, [&](auto tag) { launch_kernel(attn_prep_kernel<decltype(tag)>, rows * (a.H + a.Hk), 128, 0, s, a); });
 }
 
 void norm_rope(cudaStream_t s, void* x, int rows, int heads, int head_dim, const float* w, float eps, Dyn pos0,
@@ -174,7 +181,7 @@ void norm_rope(cudaStream_t s, void* x, int rows, int heads, int head_dim, const
   if (rows <= 0) return;
   with_act(t, [&](auto tag) {
     using T = decltype(tag);
-    norm_rope_kernel<T><<<rows * heads, 128, 0, s>>>(static_cast<T*>(x), heads, head_dim, w, eps, pos0, inv_freq,
+    launch_kernel(norm_rope_kernel<T>, rows * heads, 128, 0, s, static_cast<T*>(x), heads, head_dim, w, eps, pos0, inv_freq,
                                                      position_scale);
   });
 }
@@ -184,7 +191,7 @@ void rope(cudaStream_t s, void* x, int rows, int heads, int head_dim, Dyn pos0, 
   if (rows <= 0) return;
   with_act(t, [&](auto tag) {
     using T = decltype(tag);
-    rope_kernel<T><<<rows * heads, 128, 0, s>>>(static_cast<T*>(x), heads, head_dim, pos0, inv_freq, position_scale);
+    launch_kernel(rope_kernel<T>, rows * heads, 128, 0, s, static_cast<T*>(x), heads, head_dim, pos0, inv_freq, position_scale);
   });
 }
 
@@ -193,7 +200,7 @@ void kv_write(cudaStream_t s, const void* k, const void* v, int row0, int n, Dyn
   if (n <= 0) return;
   with_act(t, [&](auto tag) {
     using T = decltype(tag);
-    kv_write_kernel<T><<<n, 256, 0, s>>>(static_cast<const T*>(k), static_cast<const T*>(v), row0, pos0, n_kv_heads,
+    launch_kernel(kv_write_kernel<T>, n, 256, 0, s, static_cast<const T*>(k), static_cast<const T*>(v), row0, pos0, n_kv_heads,
                                          head_dim, capacity, window, static_cast<T*>(kc), static_cast<T*>(vc), quant);
   });
 }

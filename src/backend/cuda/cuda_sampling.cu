@@ -7,6 +7,7 @@
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_kernel_util.cuh"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_launch.cuh"
 
 namespace g4::cuda {
 namespace {
@@ -48,6 +49,7 @@ __device__ inline void row_pass(const float* row, int n, F f) {
 }
 __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* x, int n, int k, float* vals,
                                                               int32_t* idx, float* lse) {
+  pdl_enter();
   __shared__ unsigned hist[256];
   __shared__ unsigned sh_warp[kTopKThreads / 32];
   __shared__ float sh[32];
@@ -159,6 +161,7 @@ __device__ inline void argmax_merge(float& v, int& i, float v2, int i2) {
   }
 }
 __global__ void argmax_kernel(const float* x, int n, unsigned long long* slots, unsigned* counters, int32_t* out) {
+  pdl_enter();
   __shared__ float sv[32];
   __shared__ int si[32];
   __shared__ bool last;
@@ -202,10 +205,10 @@ __global__ void argmax_kernel(const float* x, int n, unsigned long long* slots, 
 
 void argmax(cudaStream_t s, const float* x, int rows, int n, unsigned long long* slots, unsigned* counters,
             int32_t* out) {
-  if (rows > 0) argmax_kernel<<<dim3(kArgmaxBlocks, unsigned(rows)), 256, 0, s>>>(x, n, slots, counters, out);
+  if (rows > 0) launch_kernel(argmax_kernel, dim3(kArgmaxBlocks, unsigned(rows)), 256, 0, s, x, n, slots, counters, out);
 }
 void top_k(cudaStream_t s, const float* x, int rows, int n, int k, float* vals, int32_t* idx, float* lse) {
-  if (rows > 0 && k > 0) top_k_kernel<<<rows, kTopKThreads, 0, s>>>(x, n, k, vals, idx, lse);
+  if (rows > 0 && k > 0) launch_kernel(top_k_kernel, rows, kTopKThreads, 0, s, x, n, k, vals, idx, lse);
 }
 
 }  // namespace g4::cuda

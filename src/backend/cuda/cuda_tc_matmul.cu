@@ -16,6 +16,7 @@
 #include "backend/cuda/cuda_act.cuh"
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_launch.cuh"
 
 namespace g4::cuda {
 namespace {
@@ -104,6 +105,7 @@ __device__ inline void stage_unit(const DevWeight& w, int64_t n0, int row, int64
 // threads, one dequant32 each, so slow formats decode in parallel.
 template <WFormat F, int kAct, int kBN, int kBK>
 __global__ void __launch_bounds__(kThreads) tc_matmul_kernel(MatArgs a) {
+  pdl_enter_streaming();
   constexpr int kNT = kBN / 16;  // 8-wide MMA tiles per warp
   constexpr int kLd = ld_of<kBK>();
   constexpr int kUnits = kBN * (kBK / 32);  // weight units per step (<= kThreads)
@@ -198,7 +200,7 @@ void launch_tiles(cudaStream_t s, MatArgs a, int M) {
   a.first[a.n] = blocks;
   a.M = M;
   const dim3 grid(blocks, unsigned((M + kBM - 1) / kBM));
-  tc_matmul_kernel<F, kAct, kBN, kBK><<<grid, kThreads, 0, s>>>(a);
+  launch_kernel(tc_matmul_kernel<F, kAct, kBN, kBK>, grid, kThreads, 0, s, a);
 }
 
 template <WFormat F, int kAct>
