@@ -65,7 +65,7 @@ int cmd_draft(const std::vector<std::string>& argv) {
   cli.app().get_option("--draft-model")->required();
   cli.value("--ids", "the token ids, comma-separated or a JSON list")->type_name("IDS")->required();
   cli.value("--from", "first position to draft from", "1")->type_name("P")->check(CLI::Range(1, 1 << 24));
-  cli.value("--dtype", "activation precision (default: the model format's)")->type_name("f32|bf16")
+  cli.value("--dtype", "activation precision (default: the model format's; on cuda bf16)")->type_name("f32|bf16")
       ->check(one_of({"f32", "bf16"}));
   cli.value("--logits-out", "write the tied head's logits of every draft step")->type_name("F.npy");
   cli.value("--states-out", "write the post-projected states of every draft step")->type_name("F.npy");

@@ -19,7 +19,7 @@ int cmd_greedy(const std::vector<std::string>& argv) {
   add_image_options(cli);
   cli.value("--ids", "the token ids, comma-separated or a JSON list")->type_name("IDS")->required();
   cli.value("--steps", "tokens to generate", "16")->type_name("N")->check(CLI::Range(1, 1 << 24));
-  cli.value("--dtype", "activation precision (default: bf16 for MLX / HF checkpoints, f32 for GGUF)")
+  cli.value("--dtype", "activation precision (default: bf16 for MLX / HF checkpoints, f32 for GGUF; on cuda bf16)")
       ->type_name("f32|bf16")->check(one_of({"f32", "bf16"}));
   cli.value("--chunk", "prompt chunk size in tokens", "512")->type_name("N")->check(CLI::Range(1, 1 << 24));
   Args a;

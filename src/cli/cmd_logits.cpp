@@ -23,7 +23,7 @@ int cmd_logits(const std::vector<std::string>& argv) {
   add_image_options(cli);
   cli.value("--ids", "the token ids, comma-separated or a JSON list")->type_name("IDS")->required();
   cli.value("--out", "the .npy file to write")->type_name("F.npy")->required();
-  cli.value("--dtype", "activation precision (default: bf16 for MLX / HF checkpoints, f32 for GGUF)")
+  cli.value("--dtype", "activation precision (default: bf16 for MLX / HF checkpoints, f32 for GGUF; on cuda bf16)")
       ->type_name("f32|bf16")->check(one_of({"f32", "bf16"}));
   cli.value("--chunk", "run the prompt in chunks of N tokens; 1: token by token (default: all at once)")
       ->type_name("N")->check(CLI::Range(1, 1 << 24));

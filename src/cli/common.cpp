@@ -127,7 +127,10 @@ Result<BackendOptions> backend_options_from_args(const Args& a) {
   G4_ASSIGN_OR_RETURN(o.device, int_flag(a, "--cuda-device", 0, 0, 63));
   const std::string dt = a.get("--dtype");
   if (!dt.empty() && dt != "f32" && dt != "bf16") return err("--dtype: expected f32 or bf16, got '%s'", dt.c_str());
-  o.activations = dt == "bf16" ? DType::BF16 : DType::F32;  // device backends; host backends store f32
+  // Device backends store activations in bf16 unless --dtype f32 asks for the exact path (the
+  // accuracy contract of docs/cuda-notes.md); host backends always store f32 (their --dtype is a
+  // rounding mode, parse_precision).
+  o.activations = dt == "f32" ? DType::F32 : DType::BF16;
   return o;
 }
 
