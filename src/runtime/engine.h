@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "grammar/grammar.h"
 #include "model/model.h"
 #include "runtime/prefix_cache.h"
 #include "sampling/sampler.h"
@@ -42,6 +43,10 @@ struct GenerationSpec {
   // filters (mlx-lm's `logprobs`). Such sequences sample from host logits (no device argmax),
   // and take no speculative rounds.
   int logprobs = -1;
+  // Constrained decoding (grammar/grammar.h): every generated token is one the grammar allows, and
+  // once it is complete only stop_ids may follow. Such sequences sample from host logits and take
+  // no speculative rounds.
+  std::shared_ptr<const CompiledGrammar> grammar;
 };
 constexpr int kMaxTopLogprobs = 20;
 
@@ -77,6 +82,10 @@ struct EngineStats {
   // Speculative decoding (a drafter on the model): rounds run, tokens drafted, drafts accepted.
   uint64_t draft_rounds = 0, drafted_tokens = 0, accepted_tokens = 0;
   double forward_seconds = 0, step_seconds = 0;  // step = forward + scheduling + sampling
+  // Constrained decoding: time spent filling and applying grammar masks and advancing matchers,
+  // and the tokens it constrained (the mask's cost per token against a step's).
+  double grammar_seconds = 0;
+  uint64_t grammar_tokens = 0;
   int active = 0, queued = 0;
   // KV held for running sequences (tokens in their caches) against what the slots may hold
   // (parallel x max_context): the KV-cache utilization a gateway routes by. The prompt-prefix
@@ -129,7 +138,8 @@ class Engine {
   SampleMode sample_mode(const std::vector<Slot*>& slots) const;
   // Model::forward for `batch`, its outputs into the buffers `mode` reads.
   void run_forward(const std::vector<SeqInput>& batch, const SampleMode& mode);
-  // The token of logit row `row` for s (appended to its history).
+  // The token of logit row `row` for s (appended to its history); -1 when s's grammar allows no
+  // sampled token (s is then finished with an error).
   int32_t sample_row(Slot& s, const SampleMode& mode, size_t row);
   // Reports `tok` as s's next token; finishes s at a stop token or its max_tokens (returns true).
   bool emit(Slot& s, int32_t tok);

@@ -222,6 +222,7 @@ std::optional<ApiError> read_openai_request(const ojson& body, bool chat, int vo
   r.chat = chat;
   if (auto err = read_openai_sampling(body, vocab, r)) return err;
   if (auto err = read_openai_logprobs(body, chat, r)) return err;
+  if (auto err = read_constraint(body, r)) return err;
   if (chat) {
     if (!body.contains("messages"))
       return ApiError{400, "invalid_request_error", "'messages' is required", "messages"};

@@ -44,6 +44,15 @@ struct TextRequest {
   // >= 0: report each token's logprob and this many alternatives (GenerationSpec::logprobs).
   int logprobs = -1;
   int n = 1;  // choices (OpenAI's n, at most kMaxChoices)
+  // Constrained decoding as the request asked for it (read_constraint), and once compiled
+  // (compile_constraint) the grammar the generation follows.
+  struct Constraint {
+    enum Kind { None, JsonObject, JsonSchema, Grammar } kind = None;
+    std::string text;    // the schema (JSON text) or the EBNF grammar
+    bool strict = false;  // json_schema: no properties beyond the schema's
+    std::string param;   // the field it came from, for errors
+  } constraint;
+  std::shared_ptr<const CompiledGrammar> grammar;
 };
 
 // Field readers that produce ApiErrors naming the field. `where` is the JSON path prefix.
@@ -70,6 +79,11 @@ std::optional<ApiError> read_anthropic_request(const ojson& body, TextRequest& r
 // literal (Tokenizer::mark_literal): rendered into a chat template and encoded with
 // Tokenizer::encode_marked, only the template's own markup becomes control tokens.
 ojson mark_literal_strings(const ojson& j, const Tokenizer& tok);
+// Constrained-decoding fields of an OpenAI body: response_format {type: text | json_object |
+// json_schema {json_schema: {schema, strict}}} (json_object also takes llama-server's `schema`),
+// llama-server's top-level `json_schema` (an object) and `grammar` (GBNF / EBNF text). At most one.
+std::optional<ApiError> read_constraint(const ojson& body, TextRequest& r);
+
 // Validates an OpenAI `tools` array ({type: function, function: {name, description, parameters}}).
 std::optional<ApiError> normalize_openai_tools(const ojson& tools, ojson& out);
 

@@ -67,7 +67,16 @@ struct Context {
   // (generation_defaults), as `gemma4 run` does.
   SamplingParams sampling_defaults;
   std::atomic<int> inflight{0};  // generation handlers whose response is not fully written yet
+  // Constrained decoding: the compiler for this model's vocabulary, made at the first request that
+  // asks for a grammar (or the reason it could not be made).
+  std::mutex grammar_mu;
+  std::shared_ptr<GrammarCompiler> grammar;
+  std::string grammar_error;
 };
+
+// TextRequest::constraint compiled into TextRequest::grammar (400 naming the field when the schema
+// or grammar is refused). Compiled grammars are cached by their text.
+std::optional<ApiError> compile_constraint(Context& ctx, TextRequest& r);
 
 // Counts a generation handler in Context::inflight for its lifetime (a streaming handler keeps
 // it alive in its content provider, so draining waits until the last event was written).

@@ -86,6 +86,7 @@ void handle(Context& ctx, const http::Request& hreq, http::Response& res, bool c
   ojson body;
   if (parse_body(hreq, body, e)) {
     if (auto err = read_openai_request(body, chat, ctx.bundle.model->config().vocab, r)) e = *err;
+    else if (auto cerr = compile_constraint(ctx, r)) e = *cerr;
   }
   if (!e.message.empty()) {
     ctx.metrics.count(endpoint, e.status);

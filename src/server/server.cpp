@@ -96,6 +96,9 @@ std::string Server::metrics_text() {
   line("gemma4_draft_tokens_total", "counter", "Tokens proposed by the drafter.", double(s.drafted_tokens));
   line("gemma4_draft_tokens_accepted_total", "counter", "Drafted tokens the model accepted.", double(s.accepted_tokens));
   line("gemma4_engine_step_seconds_total", "counter", "Time spent in steps (forward + scheduling + sampling).", s.step_seconds);
+  line("gemma4_grammar_seconds_total", "counter", "Time spent filling and applying grammar token masks.",
+       s.grammar_seconds);
+  line("gemma4_grammar_tokens_total", "counter", "Tokens sampled under a grammar.", double(s.grammar_tokens));
   line("gemma4_generation_tokens_per_second", "gauge", "Generated tokens per second of engine step time.",
        s.step_seconds > 0 ? double(s.generated_tokens) / s.step_seconds : 0.0);
   const double kv_usage = s.kv_capacity_tokens > 0 ? double(s.kv_tokens) / double(s.kv_capacity_tokens) : 0.0;

@@ -1,0 +1,186 @@
+// Constrained decoding through XGrammar (grammar.h). Without G4_HAVE_XGRAMMAR every compile
+// answers that this build has no grammar engine.
+#include "grammar/grammar.h"
+
+#include <cmath>
+#include <limits>
+#include <mutex>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "text/tokenizer.h"
+
+#ifdef G4_HAVE_XGRAMMAR
+#include <xgrammar/xgrammar.h>
+#endif
+
+namespace g4 {
+
+#ifdef G4_HAVE_XGRAMMAR
+
+struct CompiledGrammar::Impl {
+  xgrammar::CompiledGrammar g;
+  int vocab_size = 0;
+};
+
+struct GrammarCompiler::Impl {
+  xgrammar::GrammarCompiler compiler;
+  int vocab_size = 0;
+  std::mutex mu;  // the caches below (the compiler itself is thread-safe)
+  std::unordered_map<std::string, std::shared_ptr<const CompiledGrammar>> cache;
+  static constexpr size_t kMaxCached = 256;  // distinct grammars kept; the oldest go first
+  std::vector<std::string> order;
+};
+
+struct GrammarMatcher::Impl {
+  std::shared_ptr<const CompiledGrammar> g;
+  xgrammar::GrammarMatcher m;
+  std::vector<int32_t> bits;  // the next-token bitmask, 32 tokens per word
+  int64_t shape = 0;
+};
+
+namespace {
+
+// The vocabulary as XGrammar matches it: each id's decoded bytes, "" for special tokens (never
+// matched as text) and ids past the tokenizer (the model's padding rows).
+std::vector<std::string> decoded_vocab(const Tokenizer& tok) {
+  std::vector<std::string> v(size_t(tok.vocab_size()));
+  for (int id = 0; id < tok.vocab_size(); ++id) {
+    if (tok.is_special(id)) continue;
+    const int b = tok.byte_value(id);
+    v[size_t(id)] = b >= 0 ? std::string(1, char(b)) : tok.piece(id);
+  }
+  return v;
+}
+
+// Compiles through `fn` (which may throw XGrammar's errors) under `key`, caching the result.
+template <class Fn>
+Result<std::shared_ptr<const CompiledGrammar>> cached(GrammarCompiler::Impl& c, const std::string& key, Fn&& fn) {
+  {
+    std::lock_guard<std::mutex> lk(c.mu);
+    auto it = c.cache.find(key);
+    if (it != c.cache.end()) return it->second;
+  }
+  std::shared_ptr<const CompiledGrammar> g;
+  try {
+    auto impl = std::make_unique<CompiledGrammar::Impl>(CompiledGrammar::Impl{fn(), c.vocab_size});
+    g = std::make_shared<const CompiledGrammar>(std::move(impl));
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    if (msg.size() > 2000) msg.resize(2000);  // a hostile grammar may echo itself at length
+    return err("%s", msg.c_str());
+  }
+  std::lock_guard<std::mutex> lk(c.mu);
+  if (c.cache.size() >= GrammarCompiler::Impl::kMaxCached) {
+    c.cache.erase(c.order.front());
+    c.order.erase(c.order.begin());
+  }
+  if (c.cache.emplace(key, g).second) c.order.push_back(key);
+  return g;
+}
+
+}  // namespace
+
+CompiledGrammar::CompiledGrammar(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CompiledGrammar::~CompiledGrammar() = default;
+
+GrammarCompiler::GrammarCompiler(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GrammarCompiler::~GrammarCompiler() = default;
+
+Result<std::shared_ptr<GrammarCompiler>> GrammarCompiler::create(const Tokenizer& tok, int vocab_size) {
+  if (vocab_size < tok.vocab_size())
+    return err("grammar: the model's vocabulary (%d) is smaller than its tokenizer's (%d)", vocab_size,
+               tok.vocab_size());
+  try {
+    // No stop tokens in the vocabulary info: each matcher is told its sequence's own.
+    xgrammar::TokenizerInfo info(decoded_vocab(tok), xgrammar::VocabType::RAW, vocab_size, std::vector<int32_t>{});
+    auto impl = std::unique_ptr<Impl>(new Impl{xgrammar::GrammarCompiler(info, /*max_threads=*/2), vocab_size, {}, {}, {}});
+    return std::shared_ptr<GrammarCompiler>(new GrammarCompiler(std::move(impl)));
+  } catch (const std::exception& e) {
+    return err("grammar: the vocabulary was refused: %s", e.what());
+  }
+}
+
+Result<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::json_object() {
+  return cached(*impl_, "json_object", [&] { return impl_->compiler.CompileBuiltinJSONGrammar(); });
+}
+
+Result<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::json_schema(const std::string& schema, bool strict) {
+  return cached(*impl_, std::string(strict ? "schema1:" : "schema0:") + schema, [&] {
+    // Compact JSON (no whitespace between tokens): a model cannot spend its tokens on layout.
+    return impl_->compiler.CompileJSONSchema(schema, /*any_whitespace=*/false, std::nullopt, std::nullopt, strict);
+  });
+}
+
+Result<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::ebnf(const std::string& text) {
+  return cached(*impl_, "ebnf:" + text, [&] { return impl_->compiler.CompileGrammar(text, "root"); });
+}
+
+GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> g, const std::vector<int32_t>& stop_ids)
+    : impl_(new Impl{g, xgrammar::GrammarMatcher(g->impl().g, stop_ids), {}, 0}) {
+  impl_->shape = xgrammar::GetBitmaskSize(g->impl().vocab_size);
+  impl_->bits.assign(size_t(impl_->shape), 0);
+}
+GrammarMatcher::~GrammarMatcher() = default;
+
+void GrammarMatcher::mask(float* logits, int vocab_size) {
+  DLTensor t{};
+  t.data = impl_->bits.data();
+  t.device = DLDevice{kDLCPU, 0};
+  t.ndim = 1;
+  t.dtype = xgrammar::GetBitmaskDLType();
+  t.shape = &impl_->shape;
+  if (!impl_->m.FillNextTokenBitmask(&t)) return;  // every token allowed
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const int n = std::min(vocab_size, impl_->g->impl().vocab_size);
+  for (int w = 0; w * 32 < n; ++w) {
+    const uint32_t word = uint32_t(impl_->bits[size_t(w)]);
+    if (word == 0xffffffffu) continue;
+    for (int b = 0, i = w * 32; b < 32 && i < n; ++b, ++i)
+      if (!((word >> b) & 1u)) logits[i] = ninf;
+  }
+  for (int i = n; i < vocab_size; ++i) logits[i] = ninf;
+}
+
+bool GrammarMatcher::accept(int32_t token) {
+  try {
+    return impl_->m.AcceptToken(token);
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+bool GrammarMatcher::complete() const { return impl_->m.IsCompleted(); }
+
+bool grammar_engine_available() { return true; }
+
+#else  // no XGrammar in this build
+
+struct CompiledGrammar::Impl {};
+struct GrammarCompiler::Impl {};
+struct GrammarMatcher::Impl {};
+
+CompiledGrammar::CompiledGrammar(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CompiledGrammar::~CompiledGrammar() = default;
+GrammarCompiler::GrammarCompiler(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GrammarCompiler::~GrammarCompiler() = default;
+Result<std::shared_ptr<GrammarCompiler>> GrammarCompiler::create(const Tokenizer&, int) {
+  return err("this build has no grammar engine (XGrammar): rebuild with `make build`");
+}
+Result<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::json_object() { return err("no grammar engine"); }
+Result<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::json_schema(const std::string&, bool) {
+  return err("no grammar engine");
+}
+Result<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::ebnf(const std::string&) {
+  return err("no grammar engine");
+}
+GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar>, const std::vector<int32_t>&) {}
+GrammarMatcher::~GrammarMatcher() = default;
+void GrammarMatcher::mask(float*, int) {}
+bool GrammarMatcher::accept(int32_t) { return false; }
+bool GrammarMatcher::complete() const { return false; }
+bool grammar_engine_available() { return false; }
+
+#endif
+
+}  // namespace g4

@@ -1,0 +1,79 @@
+// Constrained decoding: a grammar (JSON Schema, "any JSON", or an EBNF / GBNF text) compiled against
+// the model's vocabulary, and a per-sequence matcher that masks each step's logits to the tokens
+// the grammar allows next. The grammar engine is XGrammar's C++ core (the pinned PyPI sdist, built
+// by our CMake), the engine vLLM, SGLang and TensorRT-LLM use; a build without it (G4_XGRAMMAR_DIR
+// unset) answers every compile with an error.
+//
+// Vocabulary contract: tokens are matched by their decoded bytes (the tokenizer's pieces, "▁" as a
+// space, byte-fallback tokens as their byte); special (control) tokens never match grammar text.
+// After the grammar's root is complete only the sequence's stop tokens are allowed, so a finished
+// answer ends at the turn end.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace g4 {
+
+class Tokenizer;
+
+// A grammar compiled for one vocabulary; immutable, shared by the sequences that use it.
+class CompiledGrammar {
+ public:
+  struct Impl;
+  explicit CompiledGrammar(std::unique_ptr<Impl> impl);
+  ~CompiledGrammar();
+  const Impl& impl() const { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Compiles grammars for one model. Thread-safe; compiled grammars are cached by their source
+// text (a repeated schema costs a lookup).
+class GrammarCompiler {
+ public:
+  // vocab_size: the model's logit width (may exceed the tokenizer's: the extra ids never match).
+  static Result<std::shared_ptr<GrammarCompiler>> create(const Tokenizer& tok, int vocab_size);
+  ~GrammarCompiler();
+  // Any JSON value (OpenAI response_format json_object).
+  Result<std::shared_ptr<const CompiledGrammar>> json_object();
+  // A JSON Schema (response_format json_schema). strict: no properties beyond the schema's
+  // (OpenAI's strict mode); otherwise additionalProperties follows the schema's default.
+  Result<std::shared_ptr<const CompiledGrammar>> json_schema(const std::string& schema, bool strict);
+  // An EBNF grammar in XGrammar's dialect (GBNF-compatible: `root ::= ...`).
+  Result<std::shared_ptr<const CompiledGrammar>> ebnf(const std::string& text);
+
+  struct Impl;
+
+ private:
+  explicit GrammarCompiler(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// One sequence's position in a grammar. Not thread-safe (the engine thread owns it).
+class GrammarMatcher {
+ public:
+  // stop_ids: the tokens that end the sequence, the only ones allowed once the grammar is complete.
+  GrammarMatcher(std::shared_ptr<const CompiledGrammar> g, const std::vector<int32_t>& stop_ids);
+  ~GrammarMatcher();
+  // logits [vocab_size]: every token the grammar does not allow next becomes -inf.
+  void mask(float* logits, int vocab_size);
+  // Advances past `token`; false (and no change) when the grammar does not allow it.
+  bool accept(int32_t token);
+  // Whether the grammar's root is complete (only stop tokens may follow).
+  bool complete() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Whether this build has the grammar engine.
+bool grammar_engine_available();
+
+}  // namespace g4
