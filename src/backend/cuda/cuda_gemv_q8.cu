@@ -67,36 +67,13 @@ __global__ void __launch_bounds__(kPrepWarps * kWarp) q8_prepare_kernel(const vo
   }
 }
 
-// matmul_norm_add's second half after an int8 GEMV: resid[c] += y[c] · inv_rms(y) · w[c] for one
-// row of n <= kPostMax values, by one block whose threads each hold kPostPer values in registers
-// (all loads in flight at once; the GEMV blocks' own last-block epilogue walked the row in
-// dependent rounds).
+// matmul_norm_add's second half after an int8 GEMV, by one block whose threads each hold kPostPer
+// values in registers (all loads in flight at once): resid[c] += y[c] · inv_rms(y) · pw[c] over a
+// row of n <= kPostMax values, stored in the activation type. With o.q set (a deferred epilogue
+// fused with the next matmul's prepare), the stored row is then normed with norm_w (when set) and
+// cut into int8 blocks as q8_prepare_kernel does (n % 32 == 0; thread t holds values t + 1024 k,
+// so each warp's lanes hold whole 32-value blocks).
 constexpr int kPostThreads = 1024, kPostPer = 8, kPostMax = kPostThreads * kPostPer;
-__global__ void __launch_bounds__(kPostThreads) post_norm_add_kernel(const void* y, void* resid, bool bf, int n,
-                                                                     const float* w, float eps) {
-  pdl_enter();
-  __shared__ float red[32];
-  float v[kPostPer], ss = 0.f;
-#pragma unroll
-  for (int k = 0; k < kPostPer; ++k) {
-    const int c = threadIdx.x + k * kPostThreads;
-    v[k] = c < n ? ldx(y, c, bf) : 0.f;
-    ss += v[k] * v[k];
-  }
-  ss = block_sum(ss, red);
-  const float inv = 1.0f / sqrtf(ss / float(n) + eps);
-#pragma unroll
-  for (int k = 0; k < kPostPer; ++k) {
-    const int c = threadIdx.x + k * kPostThreads;
-    if (c < n) store_out(resid, c, ldx(resid, c, bf) + v[k] * inv * w[c], !bf);
-  }
-}
-
-// A deferred post-norm and residual add fused with the next matmul's prepare, by one block:
-// resid[c] += y[c] · inv_rms(y) · pw[c] (stored, rounded to the activation type, exactly as
-// post_norm_add_kernel stores it), then the stored row normed with norm_w (when set) and cut into
-// int8 blocks as q8_prepare_kernel does. n % 32 == 0, n <= kPostMax; thread t holds values
-// t + 1024 k, so each warp's lanes hold whole 32-value blocks.
 __global__ void __launch_bounds__(kPostThreads) post_add_prepare_kernel(const void* y, const float* pw, float peps,
                                                                         void* resid, bool bf, int n,
                                                                         const float* norm_w, float eps, Q8Act o) {
@@ -120,6 +97,7 @@ __global__ void __launch_bounds__(kPostThreads) post_add_prepare_kernel(const vo
     v[k] = ldx(resid, c, bf);  // the stored value, as the next kernel would read it
     ss2 += v[k] * v[k];
   }
+  if (!o.q) return;  // the post-norm alone
   float inv2 = 1.f;
   if (norm_w) {
     ss2 = block_sum(ss2, red);
@@ -531,8 +509,7 @@ void gemv_launch(cudaStream_t s, MatArgs a, int act) {
   else if (act == kGeluGgml) launch_kernel(q8_gemv_kernel<F, kBits, kGeluGgml>, blocks, kQ8Warps * kWarp, 0, s, a, a.q8, lpr);
   else launch_kernel(q8_gemv_kernel<F, kBits, kPlain>, blocks, kQ8Warps * kWarp, 0, s, a, a.q8, lpr);
   if (post && !a.defer_post)
-    launch_kernel(post_norm_add_kernel, 1, kPostThreads, 0, s, a.y[0], resid, a.xt == DType::BF16, int(a.w[0].rows),
-                  a.post_w, a.post_eps);
+    post_norm_add(s, a.y[0], resid, a.xt, int(a.w[0].rows), a.post_w, a.post_eps);
 }
 
 template <WFormat F, int kBits>
@@ -594,7 +571,8 @@ bool q8_gemv_supports(const DevWeight& w) {
 bool q8_post_deferrable(const DevWeight& w) { return q8_gemv_supports(w) && w.rows <= kPostMax; }
 
 void post_norm_add(cudaStream_t s, const void* y, void* resid, DType t, int n, const float* w, float eps) {
-  launch_kernel(post_norm_add_kernel, 1, kPostThreads, 0, s, y, resid, t == DType::BF16, n, w, eps);
+  launch_kernel(post_add_prepare_kernel, 1, kPostThreads, 0, s, y, w, eps, resid, t == DType::BF16, n,
+                static_cast<const float*>(nullptr), 0.f, Q8Act{});
 }
 
 bool q8_gemv_takes(const MatArgs& a, int act) {
