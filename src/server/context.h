@@ -69,9 +69,9 @@ struct Context {
   std::atomic<int> inflight{0};  // generation handlers whose response is not fully written yet
   // Constrained decoding: the compiler for this model's vocabulary, made at the first request that
   // asks for a grammar (or the reason it could not be made).
-  std::mutex grammar_mu;
-  std::shared_ptr<GrammarCompiler> grammar;
-  std::string grammar_error;
+  std::mutex grammar_mu{};
+  std::shared_ptr<GrammarCompiler> grammar{};
+  std::string grammar_error{};
 };
 
 // TextRequest::constraint compiled into TextRequest::grammar (400 naming the field when the schema
