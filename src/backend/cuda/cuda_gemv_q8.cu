@@ -26,6 +26,24 @@ namespace {
 
 // ---- the activation row -------------------------------------------------------------------------
 
+// Value v of column c (c % 32 == lane: the calling warp holds block c / 32) into the int8 form of
+// o: its f32 copy, its code, and (lane 0) the block's scale and sum. IEEE operations throughout (no
+// contraction), so the host reference of the tests rounds identically.
+__device__ __forceinline__ void q8_store_block(float v, int c, int lane, const Q8Act& o) {
+  o.xf[c] = v;
+  const float amax = warp_reduce(fabsf(v), Max{});
+  const float d = __fdiv_rn(amax, 127.f);
+  const float id = d != 0.f ? __frcp_rn(d) : 0.f;
+  int q = __float2int_rn(__fmul_rn(v, id));
+  q = q > 127 ? 127 : q < -127 ? -127 : q;
+  o.q[c] = int8_t(q);
+  const int qs = __reduce_add_sync(0xffffffffu, q);
+  if (lane == 0) {
+    o.d[c / 32] = d;
+    o.s[c / 32] = __fmul_rn(d, float(qs));
+  }
+}
+
 // Grid (ceil(cols / 32 / kPrepWarps), rows): row blockIdx.y of x [rows, cols] (f32 or bf16;
 // normed with norm_w when set) into o (cuda_q8.cuh), warp w of block b quantizing the 32-value
 // block kPrepWarps b + w. With a norm every block sums the row's squares itself (the same loop in
@@ -53,18 +71,7 @@ __global__ void __launch_bounds__(kPrepWarps * kWarp) q8_prepare_kernel(const vo
   const int c = 32 * b + lane;
   float v = ldx(x, c, bf);
   if (norm_w) v = __fmul_rn(__fmul_rn(v, inv), norm_w[c]);
-  o.xf[c] = v;
-  const float amax = warp_reduce(fabsf(v), Max{});
-  const float d = __fdiv_rn(amax, 127.f);
-  const float id = d != 0.f ? __frcp_rn(d) : 0.f;
-  int q = __float2int_rn(__fmul_rn(v, id));
-  q = q > 127 ? 127 : q < -127 ? -127 : q;
-  o.q[c] = int8_t(q);
-  const int qs = __reduce_add_sync(0xffffffffu, q);
-  if (lane == 0) {
-    o.d[b] = d;
-    o.s[b] = __fmul_rn(d, float(qs));
-  }
+  q8_store_block(v, c, lane, o);
 }
 
 // matmul_norm_add's second half after an int8 GEMV, by one block whose threads each hold kPostPer
@@ -110,18 +117,7 @@ __global__ void __launch_bounds__(kPostThreads) post_add_prepare_kernel(const vo
     if (c - lane >= n) break;  // the warp's block lies past the row (n % 32 == 0: all lanes agree)
     float x = v[k];
     if (norm_w) x = __fmul_rn(__fmul_rn(x, inv2), norm_w[c]);
-    o.xf[c] = x;
-    const float amax = warp_reduce(fabsf(x), Max{});
-    const float d = __fdiv_rn(amax, 127.f);
-    const float id = d != 0.f ? __frcp_rn(d) : 0.f;
-    int q = __float2int_rn(__fmul_rn(x, id));
-    q = q > 127 ? 127 : q < -127 ? -127 : q;
-    o.q[c] = int8_t(q);
-    const int qs = __reduce_add_sync(0xffffffffu, q);
-    if (lane == 0) {
-      o.d[c / 32] = d;
-      o.s[c / 32] = __fmul_rn(d, float(qs));
-    }
+    q8_store_block(x, c, lane, o);
   }
 }
 
