@@ -94,7 +94,9 @@ Result<std::shared_ptr<GrammarCompiler>> GrammarCompiler::create(const Tokenizer
   try {
     // No stop tokens in the vocabulary info: each matcher is told its sequence's own.
     xgrammar::TokenizerInfo info(decoded_vocab(tok), xgrammar::VocabType::RAW, vocab_size, std::vector<int32_t>{});
-    auto impl = std::unique_ptr<Impl>(new Impl{xgrammar::GrammarCompiler(info, /*max_threads=*/2), vocab_size, {}, {}, {}});
+    // XGrammar's own cache off: ours (cached()) keeps each compiled grammar once, shared by identity.
+    auto impl = std::unique_ptr<Impl>(
+        new Impl{xgrammar::GrammarCompiler(info, /*max_threads=*/2, /*cache_enabled=*/false), vocab_size, {}, {}, {}});
     return std::shared_ptr<GrammarCompiler>(new GrammarCompiler(std::move(impl)));
   } catch (const std::exception& e) {
     return err("grammar: the vocabulary was refused: %s", e.what());

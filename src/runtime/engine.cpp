@@ -379,9 +379,12 @@ int32_t Engine::sample_row(Slot& s, const SampleMode& mode, size_t row) {
   } else {
     const int V = model_.config().vocab;
     float* lp = logits_.data() + row * size_t(V);
-    const auto tg = clk::now();
-    if (s.matcher) s.matcher->mask(lp, V);
-    const double mask_s = std::chrono::duration<double>(clk::now() - tg).count();
+    double mask_s = 0;
+    if (s.matcher) {
+      const auto tg = clk::now();
+      s.matcher->mask(lp, V);
+      mask_s = std::chrono::duration<double>(clk::now() - tg).count();
+    }
     tok = s.sampler->sample(lp, s.history);  // leaves the processed logprobs in lp
     if (s.matcher) {
       const auto ta = clk::now();
