@@ -131,6 +131,9 @@ struct BackendOptions {
   DType activations = DType::F32;
   bool graphs = true;        // CUDA: record each forward step and replay it as a CUDA graph
   bool tensor_cores = true;  // CUDA: prefill matmuls on the tensor cores
+  // CUDA with bf16 activations and tensor_cores: prefill matmuls (>= 64 rows) on cuBLAS's bf16 GEMMs
+  // over weights dequantized to bf16 (cuda_blas.h); off, or without cuBLAS: the 3xTF32 kernels.
+  bool blas = true;
   // CUDA with bf16 activations: decode matmuls (one row) dot the activation row quantized to int8
   // blocks of 32 (llama.cpp's q8_1 form, dp4a) instead of in f32. The f32 path never does.
   bool int8_dots = true;
@@ -299,6 +302,9 @@ struct CudaStepCounts {
   long replayed = 0, captured = 0, direct = 0;
 };
 bool cuda_step_counts(const Backend& be, CudaStepCounts* out);
+// Whether `be` is the CUDA backend running its prefill matmuls on cuBLAS (BackendOptions::blas, bf16
+// activations, and libcublas found at run time).
+bool cuda_prefill_on_blas(const Backend& be);
 // "reference" | "cpu" (default) | "ggml" | "cuda". Returns nullptr for an unknown name (or one this
 // build or machine cannot run). opt: the device backends' options (host backends ignore them).
 std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& opt = {});

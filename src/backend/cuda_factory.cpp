@@ -1,4 +1,4 @@
-// make_cuda_backend and cuda_step_counts for builds without CUDA (-DG4_CUDA=OFF, the default): the CUDA build defines
+// make_cuda_backend, cuda_step_counts and cuda_prefill_on_blas for builds without CUDA (-DG4_CUDA=OFF, the default): the CUDA build defines
 // it in backend/cuda/cuda_backend.cu instead.
 #include "backend/backend.h"
 
@@ -9,5 +9,6 @@ std::unique_ptr<Backend> make_cuda_backend(std::string* why, const BackendOption
   return nullptr;
 }
 bool cuda_step_counts(const Backend&, CudaStepCounts*) { return false; }
+bool cuda_prefill_on_blas(const Backend&) { return false; }
 }  // namespace g4
 #endif

@@ -91,9 +91,10 @@ int cmd_bench(const std::vector<std::string>& argv) {
                best_prefill, best_decode, ttft, peak_rss_mib(), double(kv_bytes) / (1 << 20), num_threads());
   std::printf("{\"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f, \"ttft_s\": %.4f, \"peak_rss_mb\": %.1f, "
               "\"threads\": %d, \"prompt_tokens\": %d, \"gen_tokens\": %d, \"kv_bytes\": %zu, "
-              "\"activations\": \"%s\"}\n",
+              "\"activations\": \"%s\", \"prefill_blas\": %s}\n",
               best_prefill, best_decode, ttft, peak_rss_mib(), num_threads(), np, ng, kv_bytes,
-              std::string(dtype_name(model.backend().activation_dtype())).c_str());
+              std::string(dtype_name(model.backend().activation_dtype())).c_str(),
+              cuda_prefill_on_blas(model.backend()) ? "true" : "false");
   return 0;
 }
 

@@ -120,6 +120,7 @@ Result<BackendOptions> backend_options_from_args(const Args& a) {
   };
   G4_TRY(on_off("--cuda-graphs", o.graphs));
   G4_TRY(on_off("--tensor-cores", o.tensor_cores));
+  G4_TRY(on_off("--cuda-blas", o.blas));
   G4_TRY(on_off("--int8-dots", o.int8_dots));
   G4_TRY(on_off("--cuda-pdl", o.pdl));
   G4_TRY(on_off("--cuda-profile", o.profile));

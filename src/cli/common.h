@@ -34,7 +34,7 @@ Result<int> int_flag(const Args& a, const char* name, int def, int lo, int hi);
 //   (--batch-invariant then defaults to on, so the output equals decoding without it).
 Status apply_model_flags(const Args& a, Model& m, ActPrecision P);
 // The device backend's options (BackendOptions) from --cuda-graphs on|off (default on),
-// --tensor-cores on|off (on), --cuda-profile on|off (off: per-op device times on stderr at exit)
+// --tensor-cores on|off (on), --cuda-blas on|off (on), --cuda-profile on|off (off: per-op device times on stderr at exit)
 // --cuda-timing on|off (off: per-step host/device times on stderr at exit) and --cuda-device N
 // (0: the GPU to run on); and the device
 // activations' dtype from --dtype f32|bf16 (default f32), for the verbs that take --dtype.

@@ -127,6 +127,9 @@ void add_load_options(VerbCli& cli) {
       ->type_name("on|off")->check(one_of({"on", "off"}));
   cli.value("--tensor-cores", "prefill matmuls on the tensor cores", "on")
       ->type_name("on|off")->check(one_of({"on", "off"}));
+  cli.value("--cuda-blas", "with --dtype bf16: prefill matmuls on cuBLAS's bf16 GEMMs (weights dequantized "
+            "to bf16), else the f32-accurate tensor-core kernels", "on")
+      ->type_name("on|off")->check(one_of({"on", "off"}));
   cli.value("--int8-dots", "with --dtype bf16: decode matmuls on int8-quantized activation rows (dp4a)", "on")
       ->type_name("on|off")->check(one_of({"on", "off"}));
   cli.value("--cuda-pdl", "programmatic dependent launch: a kernel is scheduled while the one before it "

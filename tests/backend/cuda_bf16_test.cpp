@@ -153,6 +153,75 @@ TEST_F(CudaBf16Test, FusedDecodeOps) {
   for (const Buf& p : {dpw, dnw}) cu->free(p);
 }
 
+// Prefill matmuls of 64 rows or more on cuBLAS (cuda_blas.h): weights dequantized to bf16, so the
+// products carry the weights' bf16 rounding (2^-9) too: 8e-3 for bf16 outputs as elsewhere, 6e-3
+// for f32 outputs. Row counts past one GEMM row block (1024) and gate/up weights past one chunk
+// (4096 rows) walk the launch's chunk loops.
+TEST_F(CudaBf16Test, PrefillOnBlas) {
+  if (!cuda_prefill_on_blas(*cu)) {
+    std::printf("SKIP: cuBLAS not loadable here (the tensor-core kernels run prefill)\n");
+    GTEST_SKIP() << "no cuBLAS";
+  }
+  std::mt19937 rng(41);
+  auto one = [&](const WeightView& W, int M, const char* what) {
+    const WeightView dW = cu->place_weight(W);
+    const auto x = bf16_rounded(randn(size_t(M) * size_t(W.cols), uint32_t(M + W.rows)));
+    std::vector<float> want(size_t(M) * size_t(W.rows));
+    ref->matmul(x.data(), M, W, ActPrecision::F32, want.data());
+    Buf dx = up(x), dy = cu->alloc_act(want.size()), df = cu->alloc_f32(want.size());
+    cu->matmul(dx, M, dW, ActPrecision::BF16, dy);
+    EXPECT_LE(rel_err(down(dy, want.size()), want), 8e-3) << what << " M=" << M << " (bf16 out)";
+    cu->matmul(dx, M, dW, ActPrecision::BF16, df);
+    EXPECT_LE(rel_err(down(df, want.size()), want), 6e-3) << what << " M=" << M << " (f32 out)";
+    for (const Buf& p : {dx, dy, df}) cu->free(p);
+  };
+  for (WFormat f : {WFormat::GgufQ4_K, WFormat::GgufQ5_K, WFormat::GgufQ6_K, WFormat::GgufQ8_0, WFormat::GgufQ4_0}) {
+    auto data = test::random_blocks(f, 45, 512, rng);
+    one(WeightView{f, 45, 512, data.data(), gguf_row_bytes(f, 512)}, 64, std::string(wformat_name(f)).c_str());
+  }
+  test::OwnedWeight mlx = test::random_mlx(70, 256, 3, 32, DType::BF16, 4);
+  one(mlx.view, 100, "mlx affine 3-bit g32");
+  test::OwnedWeight bf = test::random_float(33, 160, WFormat::BF16, 9);  // read in place, no copy
+  one(bf.view, 77, "bf16");
+  auto q8 = test::random_blocks(WFormat::GgufQ8_0, 24, 64, rng);
+  one(WeightView{WFormat::GgufQ8_0, 24, 64, q8.data(), gguf_row_bytes(WFormat::GgufQ8_0, 64)}, 1100, "two row blocks");
+
+  // The input norm and gate/up through one launch each, the weights past one chunk.
+  const int64_t C = 256, O = 4200;
+  const int M = 70;
+  auto gb = test::random_blocks(WFormat::GgufQ4_K, O, C, rng), ub = test::random_blocks(WFormat::GgufQ4_K, O, C, rng);
+  const WeightView G{WFormat::GgufQ4_K, O, C, gb.data(), gguf_row_bytes(WFormat::GgufQ4_K, C)};
+  const WeightView U{WFormat::GgufQ4_K, O, C, ub.data(), gguf_row_bytes(WFormat::GgufQ4_K, C)};
+  const auto x = bf16_rounded(randn(size_t(M) * C, 42)), nw = randn(size_t(C), 43);
+  Buf dnw = cu->alloc_f32(C);
+  cu->from_host(nw.data(), nw.size(), dnw);
+  for (bool table : {false, true}) {
+    std::vector<float> want(size_t(M) * O), us(want.size()), xn(x.size());
+    ref->gate_up_gelu(x.data(), M, InputNorm{nw.data(), 1e-6f, xn.data()}, G, U, table, ActPrecision::F32, want.data(),
+                      us.data());
+    Buf dx = up(x), dg = cu->alloc_act(want.size()), du = cu->alloc_act(want.size()), dxn = cu->alloc_act(x.size());
+    cu->gate_up_gelu(dx, M, InputNorm{dnw.f32(), 1e-6f, dxn}, cu->place_weight(G), cu->place_weight(U), table,
+                     ActPrecision::BF16, dg, du);
+    EXPECT_LE(rel_err(down(dg, want.size()), want), 1e-2) << "gate_up_gelu table=" << table;
+    for (const Buf& p : {dx, dg, du, dxn}) cu->free(p);
+  }
+  {  // q, k, v of one normed input
+    std::vector<float> xn(x.size()), wq(size_t(M) * O), wk(size_t(M) * 128);
+    ref->rms_norm(x.data(), M, int(C), nw.data(), 1e-6f, ActPrecision::F32, xn.data());
+    auto kb = test::random_blocks(WFormat::GgufQ4_K, 128, C, rng);
+    const WeightView K{WFormat::GgufQ4_K, 128, C, kb.data(), gguf_row_bytes(WFormat::GgufQ4_K, C)};
+    ref->matmul(xn.data(), M, G, ActPrecision::F32, wq.data());
+    ref->matmul(xn.data(), M, K, ActPrecision::F32, wk.data());
+    const WeightView dG = cu->place_weight(G), dK = cu->place_weight(K);
+    Buf dx = up(x), dq = cu->alloc_act(wq.size()), dk = cu->alloc_act(wk.size()), dxn = cu->alloc_act(x.size());
+    cu->norm_matmuls(dx, M, InputNorm{dnw.f32(), 1e-6f, dxn}, {MatOut{&dG, dq}, MatOut{&dK, dk}}, ActPrecision::BF16);
+    EXPECT_LE(rel_err(down(dq, wq.size()), wq), 1e-2) << "norm_matmuls q";
+    EXPECT_LE(rel_err(down(dk, wk.size()), wk), 1e-2) << "norm_matmuls k";
+    for (const Buf& p : {dx, dq, dk, dxn}) cu->free(p);
+  }
+  cu->free(dnw);
+}
+
 TEST_F(CudaBf16Test, AttentionOverABf16Cache) {
   // test::attention_scenario stores q, K, V and the output in the backend's activation dtype; the
   // reference gets the unrounded values, so the bound also covers the inputs' bf16 rounding.

@@ -3,7 +3,8 @@
 // buffers (backend/buffer.h) of BackendOptions::activations (f32 by default, or bf16; kernels
 // accumulate in f32, logits are f32). The parts live in their own files: the device
 // (cuda_device.h), its memory (cuda_alloc.h), step recording and graph replay (cuda_step.h), the
-// profiling and timing observers (cuda_observers.h), and the kernels by concern (cuda_kernels.h).
+// profiling and timing observers (cuda_observers.h), the kernels by concern (cuda_kernels.h), the
+// prefill GEMMs on cuBLAS (cuda_blas.h) and the argument plumbing (cuda_backend_args.h).
 //
 // Every op goes through launch(name, launcher, args...): the launcher is a cuda:: function and
 // args are exactly what it is called with, so a recorded step's key (cuda_step.h) is derived from
@@ -18,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -31,6 +33,8 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_alloc.h"
+#include "backend/cuda/cuda_backend_args.h"
+#include "backend/cuda/cuda_blas.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_kernels.h"
@@ -44,76 +48,7 @@
 namespace g4 {
 namespace {
 
-size_t view_data_bytes(const WeightView& w) { return size_t(w.rows) * size_t(w.row_bytes); }
-size_t view_scale_bytes(const WeightView& w) {
-  if (w.fmt != WFormat::MlxAffine || w.group_size <= 0) return 0;
-  return size_t(w.rows) * size_t(w.cols / w.group_size) * dtype_size(w.scale_dtype);
-}
-
-cuda::DevWeight dev(const WeightView& w) {
-  cuda::DevWeight d{};  // value-initialized: its bytes are part of a step's key
-  d.fmt = w.fmt;
-  d.rows = w.rows;
-  d.cols = w.cols;
-  d.row_bytes = w.row_bytes;
-  d.data = static_cast<const uint8_t*>(w.data);
-  d.bits = w.bits;
-  d.group_size = w.group_size;
-  d.scales = w.scales;
-  d.biases = w.biases;
-  d.scale_dtype = w.scale_dtype;
-  return d;
-}
-
-// The key words of one launch argument (cuda_step.h): pointers by address, numbers by value
-// (floats by their bits), enums by value, the kernels' argument structs by their bytes.
-template <class T>
-void add_key(cuda::StepRecorder& rec, const T& v) {
-  if constexpr (std::is_pointer_v<T>) {
-    rec.key(reinterpret_cast<uintptr_t>(v));
-  } else if constexpr (std::is_floating_point_v<T>) {
-    const float f = float(v);
-    uint32_t bits;
-    std::memcpy(&bits, &f, 4);
-    rec.key(bits);
-  } else if constexpr (std::is_integral_v<T> || std::is_enum_v<T>) {
-    rec.key(uint64_t(int64_t(v)));
-  } else {
-    static_assert(std::is_trivially_copyable_v<T>, "launch arguments are plain values");
-    uint64_t w[(sizeof(T) + 7) / 8] = {};
-    std::memcpy(w, &v, sizeof(T));
-    for (uint64_t x : w) rec.key(x);
-  }
-}
-uint64_t name_key(std::string_view op) { return std::hash<std::string_view>{}(op); }
-
-// A device-to-device copy as a launcher (copy_bytes).
-void copy_device(cudaStream_t s, const void* src, size_t bytes, void* dst) {
-  G4_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
-}
-
-// A buffer that must be f32 (logits, router weights, top-k outputs).
-float* F(const Buf& b) {
-  if (!b) return nullptr;
-  G4_CHECK(b.dtype == DType::F32 && "cuda backend: an f32 buffer expected");
-  return static_cast<float*>(b.data);
-}
-// The activation type shared by buffers (F32 or BF16; the kernels' T, cuda_act.cuh), checked.
-DType act_type(std::initializer_list<const Buf*> bufs) {
-  DType t = DType::Unknown;
-  for (const Buf* b : bufs) {
-    if (!*b) continue;
-    G4_CHECK((b->dtype == DType::F32 || b->dtype == DType::BF16) && "cuda backend: activations are f32 or bf16");
-    G4_CHECK((t == DType::Unknown || t == b->dtype) && "cuda backend: activation buffers of different dtypes");
-    t = b->dtype;
-  }
-  return t == DType::Unknown ? DType::F32 : t;
-}
-int32_t* I(const Buf& b) {
-  if (!b) return nullptr;
-  G4_CHECK(b.dtype == DType::I32 && "cuda backend: an I32 buffer expected");
-  return static_cast<int32_t*>(b.data);
-}
+using namespace cuda_args;  // NOLINT: the backend's own argument helpers
 
 class CudaBackend final : public Backend {
  public:
@@ -123,6 +58,11 @@ class CudaBackend final : public Backend {
     if (opt.profile) profile_ = cuda::make_op_profile();
     if (opt.timing) timer_ = cuda::make_step_timer();
     if (opt.activations == DType::BF16 && opt.int8_dots) q8_ = cuda::q8_act_in(mem_.alloc(cuda::q8_scratch_bytes()));
+    if (opt.activations == DType::BF16 && opt.blas && opt.tensor_cores) {
+      std::string why;
+      blas_ = cuda::Blas::create(mem_, &why);
+      if (!blas_) std::fprintf(stderr, "cuda: %s; prefill matmuls on the tensor-core kernels\n", why.c_str());
+    }
     if (const char* skip = std::getenv("G4_CUDA_SKIP")) {  // ablation: "attention,norm_add": never launch those
       std::string list = skip;
       for (size_t at = 0; at <= list.size();) {
@@ -146,6 +86,7 @@ class CudaBackend final : public Backend {
   // Buffers live in GPU memory: callers take the argmax / top k here instead of copying logits.
   bool on_device() const override { return true; }
   cuda::StepRecorder::Counts step_counts() const { return rec_->counts(); }
+  bool prefill_on_blas() const { return blas_ != nullptr; }
 
   WeightView place_weight(const WeightView& w) override {
     WeightView d = w;
@@ -215,6 +156,14 @@ class CudaBackend final : public Backend {
       a.y[0] = y;
       take_pending(a, M, false);
       if (a.pre_y) return launch(op, cuda::matmuls, a, M);
+    }
+    if (M > 1 && blas_) {
+      cuda::MatArgs a = mat_args(x_b, InputNorm{}, M);
+      a.yt = yt;
+      a.n = 1;
+      a.w[0] = w;
+      a.y[0] = y;
+      if (launch_blas(op, a, M, 0)) return;
     }
     const cuda::Q8Act q8 = M == 1 ? q8_ : cuda::Q8Act{};
     launch(op, cuda::matmul, x, xt, M, w, y, yt, q8);
@@ -401,7 +350,7 @@ class CudaBackend final : public Backend {
   void norm_matmuls(const Buf& x_b, int M, const InputNorm& norm, std::initializer_list<MatOut> outs,
                     ActPrecision P) override {
     if (outs.size() == 0) return;
-    if (!norm_fits(norm, M, outs.begin()->w->cols)) {  // too wide to norm in shared memory
+    if (!blas_rows(x_b, M, outs.begin()->w->cols) && !norm_fits(norm, M, outs.begin()->w->cols)) {  // too wide to norm in shared memory
       Backend::norm_matmuls(x_b, M, norm, outs, P);
       return;
     }
@@ -422,7 +371,7 @@ class CudaBackend final : public Backend {
   void gate_up_gelu(const Buf& x_b, int M, const InputNorm& norm, const WeightView& G, const WeightView& U,
                     bool ggml_table, ActPrecision P, const Buf& gate_b, const Buf& up_b) override {
     if (G.fmt != U.fmt || G.rows != U.rows || G.cols != U.cols || G.group_size != U.group_size || G.bits != U.bits ||
-        G.scale_dtype != U.scale_dtype || !norm_fits(norm, M, G.cols)) {
+        G.scale_dtype != U.scale_dtype || (!blas_rows(x_b, M, G.cols) && !norm_fits(norm, M, G.cols))) {
       Backend::gate_up_gelu(x_b, M, norm, G, U, ggml_table, P, gate_b, up_b);  // separate launches
       return;
     }
@@ -436,6 +385,7 @@ class CudaBackend final : public Backend {
     a.table = ggml_table ? tables_.gelu_table() : nullptr;
     take_pending(a, M, true);
     if (profile_) label_ = "gate_up_gelu " + std::to_string(G.rows) + "x" + std::to_string(G.cols) + " M=" + std::to_string(M);
+    if (launch_blas("gate_up_gelu", a, M, a.table ? 2 : 1)) return;
     launch("gate_up_gelu", cuda::gate_up_gelu, a, M);
   }
   void top_k(const Buf& x_b, int rows, int n, int k, const Buf& vals_b, const Buf& idx_b, const Buf& lse_b) override {
@@ -701,33 +651,20 @@ class CudaBackend final : public Backend {
     take_pending(a, M, false);
     if (profile_) label_ = "matmuls x" + std::to_string(a.n) + " " + std::to_string(a.w[0].rows) + "x" +
                            std::to_string(a.w[0].cols) + " M=" + std::to_string(M);
+    if (launch_blas("norm_matmuls", a, M, 0)) return;
     launch("norm_matmuls", cuda::matmuls, a, M);
   }
-  // A KV buffer's quantized storage as the kernels take it (bits 0: plain rows).
-  static cuda::KvQuantArgs quant_args(const KvBuffer& kv) {
-    cuda::KvQuantArgs q{};
-    if (!kv.quantized()) return q;
-    q.bits = kv.quant.bits;
-    q.group = kv.quant.group_size;
-    q.group_shift = q.group == 32 ? 5 : q.group == 64 ? 6 : 7;  // validate_kv_options: 32, 64 or 128
-    q.bf16_params = kv.quant.bf16_params;
-    q.kq = kv.kq;
-    q.vq = kv.vq;
-    q.ks = kv.ks;
-    q.kb = kv.kb;
-    q.vs = kv.vs;
-    q.vb = kv.vb;
-    return q;
+  // Whether M rows of x into `cols`-wide weights take the cuBLAS prefill path (Blas::applies for
+  // the launches without an epilogue: their input norm then needs no shared memory).
+  bool blas_rows(const Buf& x, int M, int64_t cols) const {
+    return blas_ && act_type({&x}) == DType::BF16 && M >= cuda::kBlasMinRows && cols % 32 == 0 &&
+           cols <= cuda::kBlasMaxCols;
   }
-  // The cache slots a write fills record their positions (host bookkeeping, backend.h).
-  static void record_positions(const AttnSeq& s) {
-    const KvBuffer& kv = s.kv;
-    for (int t = 0; t < s.n; ++t) {
-      const int pos = s.pos0 + t;
-      const int slot = kv.window > 0 ? pos % kv.capacity : pos;
-      G4_CHECK(slot < kv.capacity);
-      kv.pos[slot] = pos;
-    }
+  // Launch a on cuBLAS (cuda_blas.h) when it applies; false: the caller launches its kernels.
+  bool launch_blas(const char* op, const cuda::MatArgs& a, int M, int act) {
+    if (!blas_ || !blas_->applies(a, M)) return false;
+    launch(op, cuda::blas_matmuls, static_cast<const cuda::Blas*>(blas_.get()), a, M, act);
+    return true;
   }
   // A step's image blocks (AttnSeq::blocks) on the device, uploaded once per host array and step
   // (every layer's attention passes the same array).
@@ -759,6 +696,7 @@ class CudaBackend final : public Backend {
   std::unordered_map<const void*, const cuda::DevWeight*> expert_tables_;
   size_t argmax_rows_ = 0;
   cuda::Q8Act q8_{};  // the int8 decode scratch (bf16 activations with int8_dots), or all null
+  std::unique_ptr<cuda::Blas> blas_;  // prefill GEMMs on cuBLAS (bf16 activations), or null
   float* bounce_ = nullptr;
   size_t bounce_n_ = 0;
 };
@@ -771,6 +709,11 @@ bool cuda_step_counts(const Backend& be, CudaStepCounts* out) {
   const cuda::StepRecorder::Counts c = cb->step_counts();
   *out = CudaStepCounts{c.replayed, c.captured, c.direct};
   return true;
+}
+
+bool cuda_prefill_on_blas(const Backend& be) {
+  const auto* cb = dynamic_cast<const CudaBackend*>(&be);
+  return cb && cb->prefill_on_blas();
 }
 
 std::unique_ptr<Backend> make_cuda_backend(std::string* why, const BackendOptions& opt) {

@@ -1,0 +1,204 @@
+// Prefill GEMMs through cuBLAS (cuda_blas.h): dequantize a chunk of weight rows to bf16, norm the
+// input rows once per row block, one cublasGemmEx per (chunk, row block); gate/up launches write
+// both products into an f32 scratch and a small kernel applies gelu(gate)·up.
+//
+// Why cuBLAS and not our own MMA kernel: the issue allows cuBLAS for bf16 weights, and once the
+// weights are bf16 in memory nothing we would write by hand beats its Hopper kernels; the bf16
+// copy costs 4 bytes a weight of extra traffic, small next to the GEMM at prefill row counts.
+#include "backend/cuda/cuda_blas.h"
+
+#include <cublas_v2.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+#include "backend/cuda/cuda_act.cuh"
+#include "backend/cuda/cuda_alloc.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_dequant.cuh"
+#include "backend/cuda/cuda_launch.cuh"
+
+namespace g4::cuda {
+namespace {
+
+constexpr size_t kWeightBytes = size_t(96) << 20;  // one chunk of bf16 weight rows (gate and up: both)
+constexpr size_t kActBytes = size_t(32) << 20;     // gate/up products of one chunk, f32
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+constexpr int kThreads = 256;
+
+// One thread per 32-value unit of rows r0 .. r0 + nrows of w, written as bf16 rows of w.cols.
+template <WFormat F>
+__global__ void __launch_bounds__(kThreads) dequant_rows_kernel(DevWeight w, int64_t r0, int nrows, bf16* out) {
+  pdl_enter();
+  const int64_t units = w.cols / 32;
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= int64_t(nrows) * units) return;
+  const int64_t rr = i / units, u = i % units, r = r0 + rr;
+  float v[32];
+  dequant32<F>(w.data + r * w.row_bytes, w, r, u, v);
+  uint4* dst = reinterpret_cast<uint4*>(out + rr * w.cols + u * 32);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    uint32_t p[4];
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+      const __nv_bfloat162 b = __floats2bfloat162_rn(v[8 * q + 2 * h], v[8 * q + 2 * h + 1]);
+      p[h] = *reinterpret_cast<const uint32_t*>(&b);
+    }
+    dst[q] = make_uint4(p[0], p[1], p[2], p[3]);
+  }
+}
+
+// y[m, n0 + j] = gelu(t[m, j]) · t[m, nc + j] for m < rows, j < nc; t rows of 2·nc f32.
+__global__ void __launch_bounds__(kThreads) gelu_mul_kernel(const float* t, int rows, int nc, void* y, int64_t ldy,
+                                                            int64_t n0, bool y_f32, const uint16_t* table) {
+  pdl_enter();
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= int64_t(rows) * nc) return;
+  const int64_t m = i / nc, j = i % nc;
+  const float g = t[m * 2 * nc + j], u = t[m * 2 * nc + nc + j];
+  store_out(y, m * ldy + n0 + j, table ? gelu_ggml_mul(g, u, table) : gelu_tanh_mul(g, u), y_f32);
+}
+
+unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads); }
+
+void dequant_rows(cudaStream_t s, const DevWeight& w, int64_t r0, int nrows, bf16* out) {
+  with_format(w.fmt, [&](auto f) {
+    launch_kernel(dequant_rows_kernel<decltype(f)::value>, dim3(blocks_for(int64_t(nrows) * (w.cols / 32))),
+                  dim3(kThreads), 0, s, w, r0, nrows, out);
+  });
+  G4_CUDA_LAUNCHED();
+}
+
+}  // namespace
+
+// cuBLAS's entry points, resolved from the shared library at run time.
+struct Blas::Impl {
+  void* lib = nullptr;
+  decltype(&::cublasCreate_v2) create = nullptr;
+  decltype(&::cublasDestroy_v2) destroy = nullptr;
+  decltype(&::cublasSetStream_v2) set_stream = nullptr;
+  decltype(&::cublasSetWorkspace_v2) set_workspace = nullptr;
+  // The 32-bit-size cublasGemmEx (C++ also sees a 64-bit overload).
+  using GemmFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+                                    const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
+                                    cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+  GemmFn gemm = nullptr;
+  cublasHandle_t handle = nullptr;
+  bf16* weights = nullptr;  // kWeightBytes
+  bf16* input = nullptr;    // kBlasRowBlock × kBlasMaxCols normed input rows
+  float* act = nullptr;     // kActBytes
+  void* workspace = nullptr;
+
+  ~Impl() {
+    if (handle) destroy(handle);
+    if (lib) dlclose(lib);
+  }
+  void check(cublasStatus_t st, const char* what) const {
+    if (st == CUBLAS_STATUS_SUCCESS) return;
+    std::fprintf(stderr, "cuBLAS error %d in %s\n", int(st), what);
+    std::abort();
+  }
+  // C[n, m] (column-major, ldc) = A[k, n]ᵀ · B[k, m]: y rows of length n from m input rows of k.
+  void gemm_rows(int n, int m, int k, const bf16* A, int lda, const bf16* B, void* C, cudaDataType ct, int ldc) const {
+    const float one = 1.f, zero = 0.f;
+    check(gemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, k, &zero, C, ct,
+               ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx");
+  }
+};
+
+Blas::Blas(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Blas::~Blas() = default;
+
+std::unique_ptr<Blas> Blas::create(DeviceAllocator& mem, std::string* why) {
+  auto impl = std::make_unique<Impl>();
+  for (const char* name : {"libcublas.so.13", "/usr/local/cuda/lib64/libcublas.so.13", "libcublas.so.12",
+                           "/usr/local/cuda/lib64/libcublas.so.12", "libcublas.so"}) {
+    if ((impl->lib = dlopen(name, RTLD_NOW | RTLD_LOCAL))) break;
+  }
+  if (!impl->lib) {
+    if (why) *why = "cuBLAS not found (libcublas.so.13 or .12)";
+    return nullptr;
+  }
+  auto sym = [&](auto& fn, const char* name) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(impl->lib, name));
+    return fn != nullptr;
+  };
+  if (!sym(impl->create, "cublasCreate_v2") || !sym(impl->destroy, "cublasDestroy_v2") ||
+      !sym(impl->set_stream, "cublasSetStream_v2") || !sym(impl->set_workspace, "cublasSetWorkspace_v2") ||
+      !sym(impl->gemm, "cublasGemmEx")) {
+    if (why) *why = "cuBLAS lacks an entry point this build uses";
+    return nullptr;
+  }
+  if (impl->create(&impl->handle) != CUBLAS_STATUS_SUCCESS) {
+    impl->handle = nullptr;
+    if (why) *why = "cublasCreate failed";
+    return nullptr;
+  }
+  impl->weights = static_cast<bf16*>(mem.alloc(kWeightBytes));
+  impl->input = static_cast<bf16*>(mem.alloc(size_t(kBlasRowBlock) * size_t(kBlasMaxCols) * 2));
+  impl->act = static_cast<float*>(mem.alloc(kActBytes));
+  impl->workspace = mem.alloc(kWorkspaceBytes);
+  return std::unique_ptr<Blas>(new Blas(std::move(impl)));
+}
+
+bool Blas::applies(const MatArgs& a, int M) const {
+  if (a.xt != DType::BF16 || M < kBlasMinRows || a.resid || a.pre_y || a.defer_post || a.n < 1 || a.n > 3 ||
+      (a.yt != DType::BF16 && a.yt != DType::F32))
+    return false;
+  for (int i = 0; i < a.n; ++i)
+    if (a.w[i].cols % 32 != 0 || a.w[i].cols > kBlasMaxCols || a.w[i].cols != a.w[0].cols) return false;
+  return true;
+}
+
+void Blas::run(cudaStream_t s, const MatArgs& a, int M, int act) const {
+  const Impl& b = *impl_;
+  b.check(b.set_stream(b.handle, s), "cublasSetStream");
+  b.check(b.set_workspace(b.handle, b.workspace, kWorkspaceBytes), "cublasSetWorkspace");
+  const int64_t K = a.w[0].cols;
+  const size_t ysize = a.yt == DType::F32 ? 4 : 2;
+  const cudaDataType yct = a.yt == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
+  for (int m0 = 0; m0 < M; m0 += kBlasRowBlock) {
+    const int mb = std::min(kBlasRowBlock, M - m0);
+    const bf16* x = static_cast<const bf16*>(a.x) + int64_t(m0) * K;
+    if (a.norm_w) {  // the block's rows normed once, for every weight of the launch
+      rms_norm(s, x, mb, int(K), a.norm_w, a.eps, b.input, DType::BF16);
+      x = b.input;
+    }
+    for (int i = 0; i < (act ? 1 : a.n); ++i) {
+      const DevWeight& w = a.w[i];
+      const int64_t N = w.rows;
+      uint8_t* y = static_cast<uint8_t*>(a.y[i]) + size_t(m0) * size_t(N) * ysize;
+      // Rows per chunk: what the weight scratch holds (gate and up side by side), and for gate/up
+      // what the f32 product scratch holds; whole multiples of 128 rows except the last.
+      int64_t nc = int64_t(kWeightBytes / (size_t(K) * 2 * (act ? 2 : 1)));
+      if (act) nc = std::min<int64_t>(nc, int64_t(kActBytes / (size_t(kBlasRowBlock) * 2 * 4)));
+      if (nc < N) nc = std::max<int64_t>(128, nc / 128 * 128);
+      nc = std::min(nc, N);
+      for (int64_t n0 = 0; n0 < N; n0 += nc) {
+        const int n = int(std::min(nc, N - n0));
+        const bf16* A = b.weights;
+        const bool direct = !act && w.fmt == WFormat::BF16 && w.row_bytes == K * 2;  // already bf16 rows
+        if (direct) A = reinterpret_cast<const bf16*>(w.data + n0 * w.row_bytes);
+        else dequant_rows(s, w, n0, n, b.weights);
+        if (!act) {
+          b.gemm_rows(n, mb, int(K), A, int(K), x, y + size_t(n0) * ysize, yct, int(N));
+          continue;
+        }
+        dequant_rows(s, a.w2, n0, n, b.weights + int64_t(n) * K);
+        b.gemm_rows(2 * n, mb, int(K), A, int(K), x, b.act, CUDA_R_32F, 2 * n);
+        launch_kernel(gelu_mul_kernel, dim3(blocks_for(int64_t(mb) * n)), dim3(kThreads), 0, s,
+                      static_cast<const float*>(b.act), mb, n, static_cast<void*>(y), N, n0, a.yt == DType::F32,
+                      act == 2 ? a.table : static_cast<const uint16_t*>(nullptr));
+        G4_CUDA_LAUNCHED();
+      }
+    }
+  }
+}
+
+void blas_matmuls(cudaStream_t s, const Blas* b, MatArgs a, int M, int act) { b->run(s, a, M, act); }
+
+}  // namespace g4::cuda

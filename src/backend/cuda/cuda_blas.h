@@ -1,0 +1,60 @@
+// Prefill matmuls on cuBLAS's bf16 tensor-core GEMMs (bf16 activations only): weights of any
+// format are dequantized to bf16 into a fixed scratch, a chunk of rows at a time, and multiplied
+// by the (normed) activation rows with f32 accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F).
+//
+// Accuracy contract: the products are those of bf16-rounded weights and bf16 activations, summed
+// in f32, as mlx-lm computes in bf16 (its quantized matmuls dequantize into bf16); the weights'
+// rounding (2^-9 relative) is what this adds over the 3xTF32 kernels (cuda_tc_matmul.cu), which
+// keep f32 weights. Op tests bound the result against the f32 reference (cuda_bf16_test.cpp).
+//
+// cuBLAS is loaded at run time (libcublas.so.13, or .12): a machine without it runs the tensor-core
+// kernels instead, and the binary does not depend on the toolkit's largest library.
+//
+// The scratch (about 200 MiB, allocated once by create) bounds a launch's chunks: at most
+// kBlasRowBlock activation rows and as many weight rows as fit; larger launches loop over chunks.
+// Every pointer is fixed at creation, so steps that use it replay as CUDA graphs.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+
+#include "backend/cuda/cuda_kernels.h"
+
+namespace g4::cuda {
+
+class DeviceAllocator;
+
+// Launches with fewer activation rows stay on the matmul kernels (at few rows the bf16 copy of
+// the weights costs more than the kernels' own dequantizing).
+constexpr int kBlasMinRows = 64;
+constexpr int kBlasRowBlock = 1024;       // activation rows per GEMM
+constexpr int64_t kBlasMaxCols = 32768;   // the widest input (K) the normed-input scratch holds
+
+class Blas {
+ public:
+  // Null, with the reason in *why, when cuBLAS cannot be loaded or initialized.
+  static std::unique_ptr<Blas> create(DeviceAllocator& mem, std::string* why);
+  ~Blas();
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+
+  // Whether launch `a` (matmuls, or gate_up_gelu when act != 0) of M rows runs here: bf16 input,
+  // M >= kBlasMinRows, K a multiple of 32 within kBlasMaxCols, no fused epilogue (resid / deferred
+  // post-norm), no int8 scratch in use.
+  bool applies(const MatArgs& a, int M) const;
+  // y[i][M, w[i].rows] = rms_norm?(x) · w[i]ᵀ for i < a.n (act 0), or y[0] = gelu(x·w[0]ᵀ) ·
+  // (x·w2ᵀ) (act 1: MLX's tanh form; 2: ggml's table, a.table); y of type a.yt.
+  void run(cudaStream_t s, const MatArgs& a, int M, int act) const;
+
+  struct Impl;
+
+ private:
+  explicit Blas(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The launcher form (cuda_backend.cu launch): b->run(s, a, M, act).
+void blas_matmuls(cudaStream_t s, const Blas* b, MatArgs a, int M, int act);
+
+}  // namespace g4::cuda
