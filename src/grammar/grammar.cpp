@@ -2,6 +2,7 @@
 // answers that this build has no grammar engine.
 #include "grammar/grammar.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <mutex>
@@ -42,11 +43,15 @@ struct GrammarMatcher::Impl {
 namespace {
 
 // The vocabulary as XGrammar matches it: each id's decoded bytes, "" for special tokens (never
-// matched as text) and ids past the tokenizer (the model's padding rows).
-std::vector<std::string> decoded_vocab(const Tokenizer& tok) {
+// matched as text) other than text_specials, and for ids past the tokenizer (the model's padding rows).
+std::vector<std::string> decoded_vocab(const Tokenizer& tok, const std::vector<std::string>& text_specials) {
   std::vector<std::string> v(size_t(tok.vocab_size()));
   for (int id = 0; id < tok.vocab_size(); ++id) {
-    if (tok.is_special(id)) continue;
+    if (tok.is_special(id)) {
+      const std::string& t = tok.token_text(id);
+      if (std::find(text_specials.begin(), text_specials.end(), t) != text_specials.end()) v[size_t(id)] = t;
+      continue;
+    }
     const int b = tok.byte_value(id);
     v[size_t(id)] = b >= 0 ? std::string(1, char(b)) : tok.piece(id);
   }
@@ -87,13 +92,15 @@ CompiledGrammar::~CompiledGrammar() = default;
 GrammarCompiler::GrammarCompiler(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 GrammarCompiler::~GrammarCompiler() = default;
 
-Result<std::shared_ptr<GrammarCompiler>> GrammarCompiler::create(const Tokenizer& tok, int vocab_size) {
+Result<std::shared_ptr<GrammarCompiler>> GrammarCompiler::create(const Tokenizer& tok, int vocab_size,
+                                                                 const std::vector<std::string>& text_specials) {
   if (vocab_size < tok.vocab_size())
     return err("grammar: the model's vocabulary (%d) is smaller than its tokenizer's (%d)", vocab_size,
                tok.vocab_size());
   try {
     // No stop tokens in the vocabulary info: each matcher is told its sequence's own.
-    xgrammar::TokenizerInfo info(decoded_vocab(tok), xgrammar::VocabType::RAW, vocab_size, std::vector<int32_t>{});
+    xgrammar::TokenizerInfo info(decoded_vocab(tok, text_specials), xgrammar::VocabType::RAW, vocab_size,
+                                 std::vector<int32_t>{});
     // XGrammar's own cache off: ours (cached()) keeps each compiled grammar once, shared by identity.
     auto impl = std::unique_ptr<Impl>(
         new Impl{xgrammar::GrammarCompiler(info, /*max_threads=*/2, /*cache_enabled=*/false), vocab_size, {}, {}, {}});
@@ -116,6 +123,10 @@ Result<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::json_schema(cons
 
 Result<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::ebnf(const std::string& text) {
   return cached(*impl_, "ebnf:" + text, [&] { return impl_->compiler.CompileGrammar(text, "root"); });
+}
+
+Result<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::structural_tag(const std::string& json) {
+  return cached(*impl_, "stag:" + json, [&] { return impl_->compiler.CompileStructuralTag(json); });
 }
 
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> g, const std::vector<int32_t>& stop_ids)
@@ -166,7 +177,7 @@ CompiledGrammar::CompiledGrammar(std::unique_ptr<Impl> impl) : impl_(std::move(i
 CompiledGrammar::~CompiledGrammar() = default;
 GrammarCompiler::GrammarCompiler(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 GrammarCompiler::~GrammarCompiler() = default;
-Result<std::shared_ptr<GrammarCompiler>> GrammarCompiler::create(const Tokenizer&, int) {
+Result<std::shared_ptr<GrammarCompiler>> GrammarCompiler::create(const Tokenizer&, int, const std::vector<std::string>&) {
   return err("this build has no grammar engine (XGrammar): rebuild with `make build`");
 }
 Result<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::json_object() { return err("no grammar engine"); }
@@ -174,6 +185,9 @@ Result<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::json_schema(cons
   return err("no grammar engine");
 }
 Result<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::ebnf(const std::string&) {
+  return err("no grammar engine");
+}
+Result<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::structural_tag(const std::string&) {
   return err("no grammar engine");
 }
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar>, const std::vector<int32_t>&) {}

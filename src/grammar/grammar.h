@@ -5,7 +5,9 @@
 // unset) answers every compile with an error.
 //
 // Vocabulary contract: tokens are matched by their decoded bytes (the tokenizer's pieces, "▁" as a
-// space, byte-fallback tokens as their byte); special (control) tokens never match grammar text.
+// space, byte-fallback tokens as their byte); special (control) tokens never match grammar text,
+// except those a compiler is made to see as their text (markup a grammar spells, such as Gemma 4's
+// tool-call markers: then either the one token or the same text in pieces matches).
 // After the grammar's root is complete only the sequence's stop tokens are allowed, so a finished
 // answer ends at the turn end.
 #pragma once
@@ -37,7 +39,9 @@ class CompiledGrammar {
 class GrammarCompiler {
  public:
   // vocab_size: the model's logit width (may exceed the tokenizer's: the extra ids never match).
-  static Result<std::shared_ptr<GrammarCompiler>> create(const Tokenizer& tok, int vocab_size);
+  // text_specials: the special tokens (by their text) that match grammar text as that text.
+  static Result<std::shared_ptr<GrammarCompiler>> create(const Tokenizer& tok, int vocab_size,
+                                                         const std::vector<std::string>& text_specials = {});
   ~GrammarCompiler();
   // Any JSON value (OpenAI response_format json_object).
   Result<std::shared_ptr<const CompiledGrammar>> json_object();
@@ -46,6 +50,9 @@ class GrammarCompiler {
   Result<std::shared_ptr<const CompiledGrammar>> json_schema(const std::string& schema, bool strict);
   // An EBNF grammar in XGrammar's dialect (GBNF-compatible: `root ::= ...`).
   Result<std::shared_ptr<const CompiledGrammar>> ebnf(const std::string& text);
+  // An XGrammar structural tag (JSON: {"type": "structural_tag", "format": ...}): tags, triggered
+  // tags, JSON Schema content in a model's own argument style (tool_call_grammar.h builds them).
+  Result<std::shared_ptr<const CompiledGrammar>> structural_tag(const std::string& json);
 
   struct Impl;
 

@@ -11,6 +11,7 @@ namespace {
 using std::chrono::milliseconds;
 
 std::string stop_reason(const LiveGeneration& g) {
+  if (g.reason() == FinishReason::Length) return "max_tokens";  // cut off, tool calls or not
   if (g.tool_calls() > 0) return "tool_use";
   if (g.stopped_by_string()) return "stop_sequence";
   return g.reason() == FinishReason::Length ? "max_tokens" : "end_turn";
@@ -43,6 +44,7 @@ void handle(Context& ctx, const http::Request& hreq, http::Response& res) {
   ojson body;
   if (parse_body(hreq, body, e)) {
     if (auto err = read_anthropic_request(body, r)) e = *err;
+    else if (auto cerr = compile_constraint(ctx, r)) e = *cerr;
   }
   if (!e.message.empty()) {
     ctx.metrics.count("/v1/messages", e.status);

@@ -154,9 +154,8 @@ std::optional<ApiError> read_anthropic_request(const ojson& body, TextRequest& r
                          {"function", {{"name", tool["name"]}, {"description", str_of(tool, "description")},
                                        {"parameters", tool.value("input_schema", ojson::object())}}}});
     }
-    if (auto tc = body.find("tool_choice"); tc != body.end() && tc->is_object() && str_of(*tc, "type") == "none")
-      r.tools = nullptr;
   }
+  if (auto err = read_anthropic_tool_choice(body, r)) return *err;
   r.chat = true;
   return std::nullopt;
 }

@@ -228,8 +228,7 @@ std::optional<ApiError> read_openai_request(const ojson& body, bool chat, int vo
       return ApiError{400, "invalid_request_error", "'messages' is required", "messages"};
     if (auto err = normalize_openai_messages(body["messages"], r.messages, r.images)) return err;
     if (auto err = normalize_openai_tools(body.value("tools", ojson()), r.tools)) return err;
-    if (body.contains("tool_choice") && body["tool_choice"].is_string() && body["tool_choice"] == "none")
-      r.tools = nullptr;
+    if (auto err = read_openai_tool_choice(body, r)) return err;
     // Thinking: chat_template_kwargs.enable_thinking, or reasoning_effort (none/low/medium/high).
     if (auto k = body.find("chat_template_kwargs"); k != body.end() && k->is_object()) {
       if (auto t = k->find("enable_thinking"); t != k->end() && t->is_boolean()) r.thinking = t->get<bool>();

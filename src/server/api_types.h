@@ -53,6 +53,16 @@ struct TextRequest {
     std::string param;   // the field it came from, for errors
   } constraint;
   std::shared_ptr<const CompiledGrammar> grammar;
+  // Which tools the answer must call (OpenAI tool_choice / parallel_tool_calls, Anthropic
+  // tool_choice): Auto leaves it to the model; Required forces one or more calls of any tool, Named
+  // one call of `name`, through a grammar of the model's tool-call syntax that takes the place of
+  // `constraint` ("none" drops the tools instead).
+  struct ToolChoice {
+    enum Mode { Auto, Required, Named } mode = Auto;
+    std::string name;
+    bool parallel = true;
+    std::string param = "tool_choice";  // the field, for errors
+  } tool_choice;
 };
 
 // Field readers that produce ApiErrors naming the field. `where` is the JSON path prefix.
@@ -86,5 +96,11 @@ std::optional<ApiError> read_constraint(const ojson& body, TextRequest& r);
 
 // Validates an OpenAI `tools` array ({type: function, function: {name, description, parameters}}).
 std::optional<ApiError> normalize_openai_tools(const ojson& tools, ojson& out);
+// OpenAI `tool_choice` ("none" | "auto" | "required" | {type: function, function: {name}}) and
+// `parallel_tool_calls`, after r.tools is set: "none" drops the tools; a forced choice needs tools,
+// and a named function must be one of them.
+std::optional<ApiError> read_openai_tool_choice(const ojson& body, TextRequest& r);
+// Anthropic `tool_choice` ({type: auto | any | tool | none, name, disable_parallel_tool_use}).
+std::optional<ApiError> read_anthropic_tool_choice(const ojson& body, TextRequest& r);
 
 }  // namespace g4::server

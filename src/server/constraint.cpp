@@ -3,6 +3,7 @@
 // (compile_constraint, context.h).
 #include <mutex>
 
+#include "grammar/tool_call_grammar.h"
 #include "server/context.h"
 
 namespace g4::server {
@@ -68,23 +69,116 @@ std::optional<ApiError> read_constraint(const ojson& body, TextRequest& r) {
   return std::nullopt;
 }
 
+namespace {
+
+// The tool's entry of r.tools named `name`, or null.
+const ojson* find_tool(const TextRequest& r, const std::string& name) {
+  if (!r.tools.is_array()) return nullptr;
+  for (const ojson& t : r.tools)
+    if (t["function"]["name"] == name) return &t;
+  return nullptr;
+}
+
+std::optional<ApiError> check_forced_choice(const TextRequest& r) {
+  using T = TextRequest::ToolChoice;
+  const T& tc = r.tool_choice;
+  if (tc.mode == T::Auto) return std::nullopt;
+  if (!r.tools.is_array() || r.tools.empty())
+    return bad_constraint(tc.param, "'" + tc.param + "' forces a tool call, but the request has no tools");
+  if (tc.mode == T::Named && !find_tool(r, tc.name))
+    return bad_constraint(tc.param, "'" + tc.param + "' names '" + tc.name + "', which is not among the tools");
+  return std::nullopt;
+}
+
+// The compiler `slot` of ctx, made at the first request that needs it (or the reason it cannot be).
+Result<std::shared_ptr<GrammarCompiler>> compiler(Context& ctx, Context::Compiler& slot,
+                                                  const std::vector<std::string>& text_specials) {
+  std::lock_guard<std::mutex> lk(ctx.grammar_mu);
+  if (!slot.compiler && slot.error.empty()) {
+    auto made = GrammarCompiler::create(*ctx.bundle.tokenizer, ctx.bundle.model->config().vocab, text_specials);
+    if (made) slot.compiler = made.value();
+    else slot.error = made.message();
+  }
+  if (!slot.compiler) return err("%s", slot.error.c_str());
+  return slot.compiler;
+}
+
+}  // namespace
+
+std::optional<ApiError> read_openai_tool_choice(const ojson& body, TextRequest& r) {
+  using T = TextRequest::ToolChoice;
+  T& tc = r.tool_choice;
+  if (auto p = body.find("parallel_tool_calls"); p != body.end() && !p->is_null()) {
+    if (!p->is_boolean()) return bad_constraint("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+    tc.parallel = p->get<bool>();
+  }
+  auto c = body.find("tool_choice");
+  if (c == body.end() || c->is_null()) return std::nullopt;
+  if (c->is_string()) {
+    const std::string v = c->get<std::string>();
+    if (v == "none") r.tools = nullptr;
+    else if (v == "required") tc.mode = T::Required;
+    else if (v != "auto")
+      return bad_constraint("tool_choice", "'tool_choice' must be 'none', 'auto', 'required' or a function, not '" + v + "'");
+  } else if (c->is_object() && c->contains("type") && (*c)["type"] == "function" && c->contains("function") &&
+             (*c)["function"].is_object() && (*c)["function"].contains("name") && (*c)["function"]["name"].is_string()) {
+    tc.mode = T::Named;
+    tc.name = (*c)["function"]["name"].get<std::string>();
+  } else {
+    return bad_constraint("tool_choice", "'tool_choice' must be a string or {type: 'function', function: {name}}");
+  }
+  return check_forced_choice(r);
+}
+
+std::optional<ApiError> read_anthropic_tool_choice(const ojson& body, TextRequest& r) {
+  using T = TextRequest::ToolChoice;
+  T& tc = r.tool_choice;
+  auto c = body.find("tool_choice");
+  if (c == body.end() || c->is_null()) return std::nullopt;
+  if (!c->is_object() || !c->contains("type") || !(*c)["type"].is_string())
+    return bad_constraint("tool_choice", "'tool_choice' must be an object with a string 'type'");
+  if (auto d = c->find("disable_parallel_tool_use"); d != c->end() && !d->is_null()) {
+    if (!d->is_boolean())
+      return bad_constraint("tool_choice.disable_parallel_tool_use", "'disable_parallel_tool_use' must be a boolean");
+    tc.parallel = !d->get<bool>();
+  }
+  const std::string type = (*c)["type"].get<std::string>();
+  if (type == "none") r.tools = nullptr;
+  else if (type == "any") tc.mode = T::Required;
+  else if (type == "tool") {
+    if (!c->contains("name") || !(*c)["name"].is_string())
+      return bad_constraint("tool_choice.name", "'tool_choice' of type 'tool' needs the tool's 'name'");
+    tc.mode = T::Named;
+    tc.name = (*c)["name"].get<std::string>();
+  } else if (type != "auto") {
+    return bad_constraint("tool_choice.type", "'tool_choice.type' must be 'auto', 'any', 'tool' or 'none', not '" +
+                                                  type + "'");
+  }
+  return check_forced_choice(r);
+}
+
 std::optional<ApiError> compile_constraint(Context& ctx, TextRequest& r) {
   using C = TextRequest::Constraint;
+  using T = TextRequest::ToolChoice;
+  if (r.tool_choice.mode != T::Auto && r.tools.is_array()) {  // the calls' grammar, in place of any other
+    auto tc = compiler(ctx, ctx.tool_grammar, gemma4_tool_markup_tokens());
+    if (!tc) return ApiError{400, "invalid_request_error", tc.message(), r.tool_choice.param};
+    ToolCallGrammarSpec spec{r.tools, r.tool_choice.mode == T::Named ? r.tool_choice.name : std::string(),
+                             r.tool_choice.parallel, r.thinking.value_or(false)};
+    auto g = tc.value()->structural_tag(gemma4_tool_call_structural_tag(spec));
+    if (!g) return bad_constraint("tools", "a tool's 'parameters' schema was refused: " + g.message());
+    r.grammar = g.value();
+    return std::nullopt;
+  }
   const C& c = r.constraint;
   if (c.kind == C::None) return std::nullopt;
-  {
-    std::lock_guard<std::mutex> lk(ctx.grammar_mu);
-    if (!ctx.grammar && ctx.grammar_error.empty()) {  // built once, at the first constrained request
-      auto made = GrammarCompiler::create(*ctx.bundle.tokenizer, ctx.bundle.model->config().vocab);
-      if (made) ctx.grammar = made.value();
-      else ctx.grammar_error = made.message();
-    }
-    if (!ctx.grammar) return ApiError{400, "invalid_request_error", ctx.grammar_error, c.param};
-  }
+  auto made = compiler(ctx, ctx.grammar, {});
+  if (!made) return ApiError{400, "invalid_request_error", made.message(), c.param};
+  GrammarCompiler& gc = *made.value();
   Result<std::shared_ptr<const CompiledGrammar>> g =
-      c.kind == C::JsonObject ? ctx.grammar->json_object()
-      : c.kind == C::JsonSchema ? ctx.grammar->json_schema(c.text, c.strict)
-                                : ctx.grammar->ebnf(c.text);
+      c.kind == C::JsonObject ? gc.json_object()
+      : c.kind == C::JsonSchema ? gc.json_schema(c.text, c.strict)
+                                : gc.ebnf(c.text);
   if (!g) return bad_constraint(c.param, "'" + c.param + "': " + g.message());
   r.grammar = g.value();
   return std::nullopt;

@@ -67,11 +67,16 @@ struct Context {
   // (generation_defaults), as `gemma4 run` does.
   SamplingParams sampling_defaults;
   std::atomic<int> inflight{0};  // generation handlers whose response is not fully written yet
-  // Constrained decoding: the compiler for this model's vocabulary, made at the first request that
-  // asks for a grammar (or the reason it could not be made).
+  // Constrained decoding: the compilers for this model's vocabulary, each made at the first request
+  // that needs it (or the reason it could not be made): `grammar` for response formats and raw
+  // grammars, `tool_grammar` for forced tool calls (it sees the tool-call markup tokens as text).
+  struct Compiler {
+    std::shared_ptr<GrammarCompiler> compiler;
+    std::string error;
+  };
   std::mutex grammar_mu{};
-  std::shared_ptr<GrammarCompiler> grammar{};
-  std::string grammar_error{};
+  Compiler grammar{};
+  Compiler tool_grammar{};
 };
 
 // TextRequest::constraint compiled into TextRequest::grammar (400 naming the field when the schema

@@ -138,6 +138,7 @@ bool LiveGeneration::next(std::vector<TextEvent>& out, std::chrono::milliseconds
 }
 
 std::string LiveGeneration::finish_reason() const {
+  if (reason_ == FinishReason::Length) return "length";  // cut off, calls or not (OpenAI's order)
   if (stream_.tool_calls() > 0) return "tool_calls";
   if (stream_.stopped()) return "stop";
   return reason_ == FinishReason::Length ? "length" : "stop";

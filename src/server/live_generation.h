@@ -64,7 +64,8 @@ class LiveGeneration {
   // generated tokens fed to the text stream (not the stop token, nothing after a stop string).
   std::vector<TokenLogprob> take_logprobs() { return std::exchange(logprobs_, {}); }
   const std::string& error() const { return error_; }
-  // OpenAI finish_reason: "stop", "length" or "tool_calls".
+  // OpenAI finish_reason: "length" when max_tokens cut the answer, else "tool_calls" when it made
+  // calls, else "stop".
   std::string finish_reason() const;
 
  private:

@@ -9,6 +9,8 @@
 
 #include "../text/tokenizer_fixture.h"
 #include "grammar/grammar.h"
+#include "grammar/tool_call_grammar.h"
+#include "text/tool_calls.h"
 
 namespace g4 {
 namespace {
@@ -92,6 +94,112 @@ TEST_F(GrammarTest, SameSchemaCompilesOnceAndIsShared) {
   auto b = compiler_->json_schema(R"({"type": "integer"})", true);
   ASSERT_TRUE(a && b);
   EXPECT_EQ(a.value().get(), b.value().get());
+}
+
+// Forced tool calls (tool_call_grammar.h) on the tiny tokenizer with Gemma 4's markup added as
+// special tokens: each marker is allowed as its one token (or spelled in bytes), the arguments
+// follow the function's schema in Gemma's style, and the decoded text parses as the call.
+class ToolCallGrammarTest : public ::testing::Test {
+ protected:
+  enum : int { kCallOpen = testing::kPlainS1 + 1, kCallClose, kQuote };
+  void SetUp() override {
+    if (!grammar_engine_available()) GTEST_SKIP() << "this build has no grammar engine (G4_XGRAMMAR_DIR unset)";
+    nlohmann::json j = testing::tiny_tokenizer_json();
+    int id = kCallOpen;
+    for (const char* m : {"<|tool_call>", "<tool_call|>", "<|\"|>"}) {
+      j["model"]["vocab"][m] = id;
+      j["added_tokens"].push_back({{"id", id++}, {"content", m}, {"special", true}, {"normalized", false},
+                                   {"lstrip", false}, {"rstrip", false}, {"single_word", false}});
+    }
+    auto tok = Tokenizer::from_json(j.dump());
+    ASSERT_TRUE(tok) << tok.message();
+    tok_ = std::make_unique<Tokenizer>(std::move(tok.value()));
+    auto c = GrammarCompiler::create(*tok_, kPadded, gemma4_tool_markup_tokens());
+    ASSERT_TRUE(c) << c.message();
+    tools_ = nlohmann::ordered_json::parse(R"([
+      {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+        "properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": false}}},
+      {"type": "function", "function": {"name": "g", "parameters": {"type": "object",
+        "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": false}}}])");
+    compiler_ = c.value();
+  }
+  std::shared_ptr<const CompiledGrammar> compile(const std::string& name, bool parallel) {
+    auto g = compiler_->structural_tag(gemma4_tool_call_structural_tag({tools_, name, parallel, false}));
+    EXPECT_TRUE(g) << g.message();
+    return g ? g.value() : nullptr;
+  }
+  // Accepts `text` byte by byte; `ids` collects what was accepted.
+  static bool spell(GrammarMatcher& m, const std::string& text, std::vector<int>& ids) {
+    for (unsigned char c : text) {
+      if (!m.accept(byte_id(c))) return false;
+      ids.push_back(byte_id(c));
+    }
+    return true;
+  }
+  std::unique_ptr<Tokenizer> tok_;
+  std::shared_ptr<GrammarCompiler> compiler_;
+  nlohmann::ordered_json tools_;
+};
+
+TEST_F(ToolCallGrammarTest, NamedFunctionIsTheOnlyAnswer) {
+  auto g = compile("f", true);
+  ASSERT_TRUE(g);
+  GrammarMatcher m(g, {kEos});
+  std::vector<int> ids;
+  EXPECT_FALSE(m.accept(testing::kA));  // no text before the call
+  ASSERT_TRUE(m.accept(kCallOpen));     // the marker as its one token
+  ids.push_back(kCallOpen);
+  EXPECT_FALSE(m.accept(byte_id('x')));
+  ASSERT_TRUE(spell(m, "call:", ids));
+  EXPECT_FALSE(m.accept(byte_id('g')));  // only the named function
+  ASSERT_TRUE(spell(m, "f{a:", ids));
+  EXPECT_FALSE(m.accept(byte_id('1')));  // a's schema: a string, Gemma-quoted
+  ASSERT_TRUE(m.accept(kQuote));
+  ids.push_back(kQuote);
+  ASSERT_TRUE(spell(m, "xy", ids));
+  ASSERT_TRUE(m.accept(kQuote));
+  ids.push_back(kQuote);
+  EXPECT_FALSE(m.accept(byte_id(',')));  // no properties beyond the schema's
+  ASSERT_TRUE(spell(m, "}", ids));
+  ASSERT_TRUE(m.accept(kCallClose));
+  ids.push_back(kCallClose);
+  EXPECT_TRUE(m.complete());
+  EXPECT_TRUE(m.accept(kEos));
+  // What the server's parser reads back from the decoded text.
+  ToolCallSplit split = split_gemma4_tool_calls(tok_->decode(ids));
+  ASSERT_EQ(split.calls.size(), 1u) << tok_->decode(ids);
+  EXPECT_EQ(split.calls[0].name, "f");
+  EXPECT_EQ(split.calls[0].arguments_json(), R"({"a":"xy"})");
+  EXPECT_EQ(split.content, "");
+}
+
+TEST_F(ToolCallGrammarTest, RequiredTakesAnyToolOnceOrMore) {
+  for (bool parallel : {true, false}) {
+    auto g = compile("", parallel);
+    ASSERT_TRUE(g);
+    GrammarMatcher m(g, {kEos});
+    std::vector<int> ids;
+    EXPECT_FALSE(m.accept(kEos));  // at least one call
+    ASSERT_TRUE(spell(m, "<|tool_call>call:g{n:12}<tool_call|>", ids)) << "the markers spelled in bytes";
+    EXPECT_TRUE(m.complete());
+    EXPECT_EQ(m.accept(kCallOpen), parallel) << "a second call only with parallel calls";
+    if (parallel) {
+      ASSERT_TRUE(spell(m, "call:f{a:", ids));
+      ASSERT_TRUE(m.accept(kQuote) && m.accept(kQuote) && spell(m, "}", ids) && m.accept(kCallClose));
+    }
+    EXPECT_TRUE(m.accept(kEos));
+  }
+}
+
+TEST_F(ToolCallGrammarTest, PlainCompilersNeverSeeTheMarkup) {
+  auto plain = GrammarCompiler::create(*tok_, kPadded);
+  ASSERT_TRUE(plain);
+  auto g = plain.value()->json_schema(R"({"type": "string"})", true);
+  ASSERT_TRUE(g);
+  GrammarMatcher m(g.value(), {kEos});
+  ASSERT_TRUE(m.accept(byte_id('"')));
+  EXPECT_FALSE(m.accept(kQuote));  // a special token is not text for a plain grammar
+  EXPECT_FALSE(m.accept(kCallOpen));
 }
 
 }  // namespace
