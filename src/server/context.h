@@ -13,6 +13,7 @@
 #include "runtime/engine.h"
 #include "server/api_types.h"
 #include "server/request_log.h"
+#include "server/response_store.h"
 
 namespace g4::server {
 
@@ -45,7 +46,8 @@ struct Metrics {
   std::map<std::string, uint64_t> requests;  // "endpoint status" -> count
   static std::string endpoint_label(const std::string& path) {
     for (const char* known : {"/", "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/messages",
-                               "/v1/messages/count_tokens", "/tokenize", "/detokenize", "/health", "/metrics"})
+                               "/v1/messages/count_tokens", "/v1/responses", "/tokenize", "/detokenize", "/health",
+                               "/metrics"})
       if (path == known) return known;
     return "other";
   }
@@ -77,6 +79,7 @@ struct Context {
   std::mutex grammar_mu{};
   Compiler grammar{};
   Compiler tool_grammar{};
+  ResponseStore responses{};  // the Responses API's stored responses (response_store.h)
 };
 
 // TextRequest::constraint compiled into TextRequest::grammar (400 naming the field when the schema
@@ -106,5 +109,6 @@ long unix_time();
 
 void register_openai_routes(http::Server& svr, Context& ctx);
 void register_anthropic_routes(http::Server& svr, Context& ctx);
+void register_responses_routes(http::Server& svr, Context& ctx);
 
 }  // namespace g4::server

@@ -124,6 +124,7 @@ struct Server::Impl {
 
   void accept();
   void dispatch(const Request& req, Response& res);
+  const Handler* prefix_route(const Request& req) const;
   // The bytes of a complete (not chunked) response.
   std::string serialize(const Request* req, Response& res, bool keep_alive);
 };
@@ -414,12 +415,30 @@ void Server::Impl::accept() {
   });
 }
 
+// The longest "/*" route of req's method whose prefix req.path extends, or null.
+const Handler* Server::Impl::prefix_route(const Request& req) const {
+  const Handler* best = nullptr;
+  size_t best_len = 0;
+  for (const auto& [key, h] : routes) {
+    const std::string& p = key.second;
+    if (key.first != req.method || p.size() < 2 || p.compare(p.size() - 2, 2, "/*") != 0) continue;
+    const size_t n = p.size() - 1;  // the prefix, its trailing '/' kept
+    if (req.path.size() > n && req.path.compare(0, n, p, 0, n) == 0 && n > best_len) {
+      best = &h;
+      best_len = n;
+    }
+  }
+  return best;
+}
+
 void Server::Impl::dispatch(const Request& req, Response& res) {
   try {
     if (pre_routing && pre_routing(req, res)) {
       // answered before routing
     } else if (auto it = routes.find({req.method, req.path}); it != routes.end()) {
       it->second(req, res);
+    } else if (const Handler* h = prefix_route(req)) {
+      (*h)(req, res);
     } else {
       res.status = 404;
     }
@@ -457,6 +476,7 @@ Server::~Server() { stop(); }
 
 void Server::Get(const std::string& path, Handler h) { impl_->routes[{"GET", path}] = std::move(h); }
 void Server::Post(const std::string& path, Handler h) { impl_->routes[{"POST", path}] = std::move(h); }
+void Server::Delete(const std::string& path, Handler h) { impl_->routes[{"DELETE", path}] = std::move(h); }
 void Server::Options(const std::string& path, Handler h) { impl_->routes[{"OPTIONS", path}] = std::move(h); }
 void Server::set_pre_routing_handler(std::function<bool(const Request&, Response&)> h) {
   impl_->pre_routing = std::move(h);

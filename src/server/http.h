@@ -91,8 +91,11 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
+  // Routes by exact path, or by prefix when the path ends in "/*" ("/v1/responses/*": every path
+  // below /v1/responses/; the handler reads the rest from req.path). Exact routes win.
   void Get(const std::string& path, Handler h);
   void Post(const std::string& path, Handler h);
+  void Delete(const std::string& path, Handler h);
   void Options(const std::string& path, Handler h);
   // Runs before routing; returning true means `res` is the answer and no route runs.
   void set_pre_routing_handler(std::function<bool(const Request&, Response&)> h);
