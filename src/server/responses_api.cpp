@@ -50,7 +50,8 @@ ojson response_json(const Echo& e, const std::string& status, const ojson& outpu
              {"max_output_tokens", field("max_output_tokens", nullptr)}, {"model", e.model}, {"output", output},
              {"parallel_tool_calls", field("parallel_tool_calls", true)},
              {"previous_response_id", field("previous_response_id", nullptr)},
-             {"reasoning", {{"effort", b.contains("reasoning") ? b["reasoning"].value("effort", ojson()) : ojson()},
+             {"reasoning", {{"effort", b.contains("reasoning") && b["reasoning"].is_object()
+                                           ? b["reasoning"].value("effort", ojson()) : ojson()},
                             {"summary", nullptr}}},
              {"store", field("store", true)}, {"temperature", field("temperature", nullptr)},
              {"text", field("text", ojson{{"format", {{"type", "text"}}}})}, {"tool_choice", field("tool_choice", "auto")},
@@ -77,7 +78,7 @@ ojson output_of(const Answer& a, const std::string& reasoning_id, const std::str
 
 // Stores the turn (when the request allows): its conversation and the answer as an assistant turn.
 void store_turn(Context& ctx, const Echo& e, ojson conversation, const Answer& a, const ojson& response) {
-  if (!e.request.value("store", true)) return;
+  if (e.request.contains("store") && e.request["store"] == false) return;  // a boolean (responses_to_chat)
   ojson msg = {{"role", "assistant"}, {"content", a.text}};
   if (!a.calls.empty()) {
     msg["tool_calls"] = ojson::array();

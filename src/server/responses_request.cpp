@@ -25,7 +25,9 @@ std::optional<ApiError> convert_content(const ojson& c, const std::string& where
       if (!p.contains("text") || !p["text"].is_string()) return bad(at + ".text", "'" + at + ".text' must be a string");
       out.push_back({{"type", "text"}, {"text", p["text"]}});
     } else if (type == "refusal") {
-      out.push_back({{"type", "text"}, {"text", p.value("refusal", std::string())}});
+      if (!p.contains("refusal") || !p["refusal"].is_string())
+        return bad(at + ".refusal", "'" + at + ".refusal' must be a string");
+      out.push_back({{"type", "text"}, {"text", p["refusal"]}});
     } else if (type == "input_image") {
       if (!p.contains("image_url") || !p["image_url"].is_string())
         return bad(at + ".image_url", "'" + at + ".image_url' must be a data: URL (file ids are not supported)");
@@ -105,6 +107,8 @@ std::optional<ApiError> responses_to_chat(const ojson& body, const ResponseStore
     conversation = prev->messages;
   }
   if (!body.contains("input")) return bad("input", "'input' is required");
+  if (auto st = body.find("store"); st != body.end() && !st->is_null() && !st->is_boolean())
+    return bad("store", "'store' must be a boolean");
   if (auto e = convert_input(body["input"], conversation)) return e;
   ojson msgs = ojson::array();
   if (auto ins = body.find("instructions"); ins != body.end() && !ins->is_null()) {

@@ -106,6 +106,8 @@ def test_stored_responses_get_and_delete(srv):
     ({"input": "hi", "tools": [{"type": "web_search"}]}, 400, "tools[0]"),
     ({"input": "hi", "max_output_tokens": -3}, 400, "max_output_tokens"),
     ({"input": "hi", "text": {"format": {"type": "yaml"}}}, 400, "text.format.type"),
+    ({"input": "hi", "store": "yes"}, 400, "store"),
+    ({"input": [{"role": "user", "content": [{"type": "refusal", "refusal": 5}]}]}, 400, "input[0].content[0].refusal"),
 ])
 def test_errors_name_the_field(srv, body, status, param):
     code, resp = srv.raw("POST", "/v1/responses", body)
