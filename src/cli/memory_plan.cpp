@@ -16,8 +16,10 @@ namespace {
 // RSS of a one-token `gemma4 run`, 318 MiB, minus its weights, KV and scratch: ~70 MiB; its
 // 262k-entry vocabulary dominates) and rounded up.
 constexpr uint64_t kRuntimeBytes = 96ull << 20;
-// A CUDA context with its kernels and cuBLAS-free workspaces, as the CUDA backend makes it.
-constexpr uint64_t kCudaContextBytes = 512ull << 20;
+// A CUDA context with its kernels, as the CUDA backend makes it, and the prefill GEMMs' fixed
+// scratch (cuda_blas.h: bf16 weight chunk, normed input rows, gate/up products, cuBLAS workspace,
+// 224 MiB) with cuBLAS's own handle.
+constexpr uint64_t kCudaContextBytes = (512ull + 256ull) << 20;
 
 uint64_t full_layer_slots(int64_t context) {
   int64_t cap = 256;
