@@ -174,15 +174,36 @@ void Engine::finish(Slot& s, FinishReason r, const std::string& error) {
   req->on_event(ev);
 }
 
+Engine::Slot* Engine::prompt_sibling(const Request& r) {
+  if (opt_.prefix_cache_bytes == 0 || !r.spec.soft.empty() || r.spec.prompt.size() < 2) return nullptr;
+  for (auto& sp : slots_)
+    if (sp->req && sp->req.get() != &r && sp->req->spec.soft.empty() && sp->req->spec.prompt == r.spec.prompt)
+      return sp.get();
+  return nullptr;
+}
+
+int Engine::start_from_sibling(Slot& s, const Slot& sibling) {
+  const int n = int(s.req->spec.prompt.size()) - 1;  // the last prompt token is computed, for its logits
+  s.cache->copy_from(*sibling.cache);
+  if (s.cache->truncate(n)) return n;
+  s.cache->truncate(0);  // a sliding window already rolled past the prompt
+  return 0;
+}
+
 void Engine::admit() {
   for (auto& sp : slots_) {
     Slot& s = *sp;
     if (s.req) continue;
     std::shared_ptr<Request> r;
+    Slot* sibling = nullptr;
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (queue_.empty()) return;
       r = queue_.front();
+      sibling = prompt_sibling(*r);
+      // The same prompt is being prefilled in another slot: wait for that prefill and share it
+      // (the queue waits behind it for that long).
+      if (sibling && sibling->consumed < int(sibling->req->spec.prompt.size())) return;
       queue_.pop_front();
       ++stats_.active;
     }
@@ -190,7 +211,8 @@ void Engine::admit() {
     s.cache = model_.new_cache();
     s.sampler = std::make_unique<Sampler>(r->spec.sampling, model_.config().vocab);
     if (r->spec.grammar) s.matcher = std::make_unique<GrammarMatcher>(r->spec.grammar, r->spec.stop_ids);
-    s.cached = r->spec.soft.empty() ? prefix_.lookup(r->spec.prompt, *s.cache) : 0;
+    s.cached = sibling ? start_from_sibling(s, *sibling) : 0;
+    if (s.cached == 0 && r->spec.soft.empty()) s.cached = prefix_.lookup(r->spec.prompt, *s.cache);
     s.consumed = s.cached;
     s.fed.assign(r->spec.prompt.begin(), r->spec.prompt.begin() + s.cached);
     s.generated = 0;

@@ -130,7 +130,14 @@ class Engine {
     int k = 1;  // DeviceTopK: candidates per row
   };
   void loop();
+  // Takes queued requests into free slots. A request whose prompt another slot holds (n choices
+  // of one request, or one prompt from several clients) starts from that slot's KV once its
+  // prefill is done, computing only the last prompt token (with the prefix cache on).
   void admit();
+  // A busy slot with r's prompt (no images), or null; start_from_sibling copies its prompt KV
+  // into s's cache and returns the tokens reused.
+  Slot* prompt_sibling(const Request& r);
+  int start_from_sibling(Slot& s, const Slot& sibling);
   void step();
   // With a drafter on the model and every active sequence decoding: one draft-and-verify round
   // for each, verified in one batched forward.

@@ -232,6 +232,20 @@ def test_prefix_cache_reuse(srv, srv_nocache):
     assert b2.usage.prompt_tokens == b.usage.prompt_tokens
 
 
+def test_n_choices_share_the_prompt_prefill(srv, srv_nocache):
+    """n choices of one prompt: one prefill, the other choices start from its KV (the metrics count
+    their prompt tokens but the last as cached), with the same tokens as without sharing."""
+    prompt = "Seventeen violet lanterns drifted over the quiet harbour at dawn while"
+    kw = dict(model="m", prompt=prompt, max_tokens=6, temperature=1.0, seed=5, n=3)
+    before = srv.metric("gemma4_prompt_tokens_cached_total")
+    r = oai(srv).completions.create(**kw)
+    shared = srv.metric("gemma4_prompt_tokens_cached_total") - before
+    assert shared >= 2 * (r.usage.prompt_tokens - 1), (shared, r.usage)
+    alone = oai(srv_nocache, KEY).completions.create(**kw)  # every choice prefilled by itself
+    by_index = lambda resp: [c.text for c in sorted(resp.choices, key=lambda c: c.index)]  # noqa: E731
+    assert by_index(r) == by_index(alone)
+
+
 def test_prefix_cache_does_not_change_outputs(srv, srv_nocache):
     prompts = ["The history of Rome", "def fibonacci(n):", "My favourite food is", "In 1969, astronauts"]
     outs = {}
