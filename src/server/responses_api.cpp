@@ -21,10 +21,12 @@ struct Answer {
   ojson calls = ojson::array();  // function_call items
 };
 
+ojson text_part(const std::string& text) {
+  return {{"type", "output_text"}, {"text", text}, {"annotations", ojson::array()}, {"logprobs", ojson::array()}};
+}
 ojson message_item(const std::string& id, const std::string& text, const char* status) {
   return {{"type", "message"}, {"id", id}, {"status", status}, {"role", "assistant"},
-          {"content", ojson::array({{{"type", "output_text"}, {"text", text}, {"annotations", ojson::array()},
-                                     {"logprobs", ojson::array()}}})}};
+          {"content", ojson::array({text_part(text)})}};
 }
 ojson reasoning_item(const std::string& id, const std::string& text) {
   return {{"type", "reasoning"}, {"id", id}, {"summary", ojson::array()},
@@ -165,12 +167,12 @@ void handle(Context& ctx, const http::Request& hreq, http::Response& res) {
             std::string out;
             auto close_open = [&]() {
               if (st->open == "message") {
-                const ojson part = {{"type", "output_text"}, {"text", st->a.text}, {"annotations", ojson::array()}};
                 out += event("response.output_text.done", st->seq,
                              {{"item_id", message_id}, {"output_index", st->index}, {"content_index", 0},
                               {"text", st->a.text}});
                 out += event("response.content_part.done", st->seq,
-                             {{"item_id", message_id}, {"output_index", st->index}, {"content_index", 0}, {"part", part}});
+                             {{"item_id", message_id}, {"output_index", st->index}, {"content_index", 0},
+                              {"part", text_part(st->a.text)}});
                 out += event("response.output_item.done", st->seq,
                              {{"output_index", st->index}, {"item", message_item(message_id, st->a.text, "completed")}});
               } else if (st->open == "reasoning") {
@@ -194,7 +196,7 @@ void handle(Context& ctx, const http::Request& hreq, http::Response& res) {
                                                                     {"content", ojson::array()}}}});
                 out += event("response.content_part.added", st->seq,
                              {{"item_id", message_id}, {"output_index", st->index}, {"content_index", 0},
-                              {"part", {{"type", "output_text"}, {"text", ""}, {"annotations", ojson::array()}}}});
+                              {"part", text_part("")}});
               } else {
                 out += event("response.output_item.added", st->seq,
                              {{"output_index", st->index}, {"item", {{"type", "reasoning"}, {"id", reasoning_id},
