@@ -103,7 +103,9 @@ MemoryNeed memory_need(const ModelConfig& c, uint64_t weight_bytes, const PlanIn
     mlp = std::max(mlp, L.mlp_width);
   }
   const uint64_t rows = uint64_t(std::max(1, in.chunk)) * uint64_t(std::max(1, in.parallel));
-  const uint64_t per_row = uint64_t(3 * c.hidden + 2 * q_dim + 2 * kv_dim + 3 * mlp) * 4;
+  // MoE: each routed (row, expert) item's gated hidden row and expert output (the device MoE's scratch).
+  const uint64_t moe = uint64_t(c.top_k_experts) * uint64_t(c.moe_width + c.hidden);
+  const uint64_t per_row = (uint64_t(3 * c.hidden + 2 * q_dim + 2 * kv_dim + 3 * mlp) + moe) * 4;
   n.scratch = rows * per_row + uint64_t(std::max(1, in.parallel)) * uint64_t(c.vocab) * 4;
   n.runtime = kRuntimeBytes + (on_gpu ? kCudaContextBytes : 0);
   n.extra = in.extra_bytes;

@@ -222,6 +222,64 @@ TEST_F(CudaBf16Test, PrefillOnBlas) {
   cu->free(dnw);
 }
 
+// Prefill-sized routed experts (rows > 8: grouped by expert on the device, one grouped
+// tensor-core GEMM per projection) against the reference: one expert takes most rows (several
+// 64-slot blocks), one none. Weights are rounded to bf16 inside the kernel, hence 2e-2. A row's
+// output must not depend on the other rows of the prompt: the first 20 rows alone give the same
+// bits as inside the 150.
+TEST_F(CudaBf16Test, GroupedPrefillExperts) {
+  const int rows = 150, E = 16, k = 4, d = 512, I = 256, alone = 20;
+  std::mt19937 rng(80);
+  auto scores = randn(size_t(rows) * E, 81);
+  for (int r = 0; r < rows; ++r) {
+    scores[size_t(r) * E + 3] += 3.f;    // chosen by nearly every row
+    scores[size_t(r) * E + 5] = -100.f;  // never chosen
+  }
+  const auto pes = randn(size_t(E), 82);
+  std::vector<int32_t> ri(size_t(rows) * k);
+  std::vector<float> rw(ri.size());
+  ref->router_topk(scores.data(), rows, E, k, pes.data(), ActPrecision::F32, ri.data(), rw.data());
+  const auto x = bf16_rounded(randn(size_t(rows) * d, 83));
+  for (bool mixed : {false, true}) {
+    std::vector<std::vector<uint8_t>> store;
+    std::vector<test::OwnedWeight> owned;
+    std::vector<WeightView> g, u, dn, cg, cu_up, cdn;
+    uint32_t seed = 90;
+    for (int e = 0; e < E; ++e)
+      for (auto [vec, r_, c_, dev, bits, group] :
+           {std::tuple{&g, I, d, &cg, 3, 64}, std::tuple{&u, I, d, &cu_up, 6, 32}, std::tuple{&dn, d, I, &cdn, 5, 128}}) {
+        WeightView w;
+        if (mixed) {
+          owned.push_back(test::random_mlx(r_, c_, bits, group, DType::BF16, seed++));
+          w = owned.back().view;
+        } else {
+          store.push_back(test::random_blocks(WFormat::GgufQ4_K, r_, c_, rng));
+          w = WeightView{WFormat::GgufQ4_K, r_, c_, store.back().data(), gguf_row_bytes(WFormat::GgufQ4_K, c_)};
+        }
+        vec->push_back(w);
+        dev->push_back(cu->place_weight(w));
+      }
+    const char* what = mixed ? "MLX 3/6/5-bit experts" : "Q4_K experts";
+    std::vector<float> want(size_t(rows) * d);
+    ref->moe_experts(x.data(), rows, d, ri.data(), rw.data(), k, g, u, dn, ActPrecision::F32, want.data());
+    std::vector<std::vector<float>> got;
+    for (int n : {rows, alone}) {
+      Buf dx = up(std::vector<float>(x.begin(), x.begin() + ptrdiff_t(n) * d)), dout = cu->alloc_act(size_t(n) * d);
+      Buf di = cu->alloc_i32(size_t(n) * k), dw = cu->alloc_f32(size_t(n) * k);
+      cu->from_host(ri.data(), size_t(n) * k, di);
+      cu->from_host(rw.data(), size_t(n) * k, dw);
+      cu->moe_experts(dx, n, d, di, dw, k, cg, cu_up, cdn, ActPrecision::BF16, dout);
+      got.push_back(down(dout, size_t(n) * d));
+      for (const Buf& p : {dx, dout, di, dw}) cu->free(p);
+    }
+    const double e = rel_err(got[0], want);
+    EXPECT_LE(e, 2e-2) << what;
+    std::printf("grouped prefill experts (%s) bf16 error %.2e\n", what, e);
+    for (size_t i = 0; i < got[1].size(); ++i)
+      ASSERT_EQ(got[1][i], got[0][i]) << what << ": row " << i / d << " differs alone and in the prompt";
+  }
+}
+
 TEST_F(CudaBf16Test, AttentionOverABf16Cache) {
   // test::attention_scenario stores q, K, V and the output in the backend's activation dtype; the
   // reference gets the unrounded values, so the bound also covers the inputs' bf16 rounding.

@@ -404,11 +404,11 @@ class CudaBackend final : public Backend {
     auto* counters = reinterpret_cast<unsigned*>(slots + argmax_rows_);
     launch("argmax", cuda::argmax, x, rows, n, slots, counters, out);
   }
-  // MoE (26B-A4B). Decode (rows <= kMoeDeviceRows): the router's top-k and the routed experts'
-  // GEMVs run on the device (cuda_moe.cu), reading only the chosen experts' rows, with no host
-  // sync, so the step replays as one graph. Prefill: the routing comes back to the host, which
-  // groups each expert's rows into one matmul per expert (a sync per MoE layer); a grouped
-  // tensor-core GEMM is what makes that fast.
+  // MoE (26B-A4B), on the device without a host sync: decode (rows <= kMoeDeviceRows) runs the
+  // routed experts' GEMVs (cuda_moe.cu), reading only the chosen experts' rows, so the step
+  // replays as one graph; prefill with bf16 activations groups the items by expert on the device
+  // and runs grouped tensor-core GEMMs (cuda_moe_grouped.cu). Otherwise (f32 activations, mixed
+  // formats) the routing comes back to the host, which runs one matmul per expert.
   static constexpr int kMoeDeviceRows = 8;
   void router_topk(const Buf& scores, int rows, int E, int k, const float* per_expert_scale, ActPrecision P,
                    const Buf& idx, const Buf& weights) override {
@@ -431,11 +431,9 @@ class CudaBackend final : public Backend {
                    const std::vector<WeightView>& down, ActPrecision P, const Buf& out_b) override {
     const int E = int(gate.size());
     const int64_t I = gate[0].rows;
-    if (rows <= kMoeDeviceRows && one_format(gate, gate[0].fmt) && one_format(up, gate[0].fmt) &&
-        one_format(down, down[0].fmt)) {
-      moe_experts_on_device(x, rows, d, idx, w_b, k, gate, up, down, out_b);
+    if (one_format(gate, gate[0].fmt) && one_format(up, gate[0].fmt) && one_format(down, down[0].fmt) &&
+        moe_experts_on_device(x, rows, d, idx, w_b, k, gate, up, down, out_b))
       return;
-    }
     std::vector<int32_t> hidx(size_t(rows) * k);
     to_host(idx, hidx.size(), hidx.data());
     // Each expert's (row, slot) items, and where its outputs land in y (expert after expert).
@@ -584,16 +582,18 @@ class CudaBackend final : public Backend {
     }
     return t;
   }
-  // Decode MoE: h[item] = gelu(x·G_e) * (x·U_e), y[item] = h[item]·D_e for the rows * k routed
-  // (row, expert) items, then out = the router-weighted sum over each row's k items.
-  void moe_experts_on_device(const Buf& x, int rows, int d, const Buf& idx, const Buf& w_b, int k,
+  // h[item] = gelu(x·G_e) * (x·U_e), y[item] = h[item]·D_e for the rows * k routed (row, expert)
+  // items, then out = the router-weighted sum over each row's k items. Decode rows: the GEMVs;
+  // more rows: grouped GEMMs where they apply. False, launching nothing, where neither does.
+  bool moe_experts_on_device(const Buf& x, int rows, int d, const Buf& idx, const Buf& w_b, int k,
                              const std::vector<WeightView>& gate, const std::vector<WeightView>& up,
                              const std::vector<WeightView>& down, const Buf& out_b) {
-    const int items = rows * k;
+    const int items = rows * k, E = int(gate.size());
     const int64_t hidden = gate[0].rows;
     const DType t = act_type({&x, &out_b});
     void* h = moe_h_.get(mem_, size_t(items) * size_t(hidden) * dtype_size(t), dev_);
     void* y = moe_dy_.get(mem_, size_t(items) * size_t(d) * dtype_size(t), dev_);
+    const bool decode = rows <= kMoeDeviceRows;
     cuda::MoeMatArgs a{};
     a.x = x.data;
     a.xt = t;
@@ -604,8 +604,7 @@ class CudaBackend final : public Backend {
     a.y = h;
     a.w0 = dev(gate[0]);
     a.w20 = dev(up[0]);
-    a.q8 = q8_;
-    launch("moe_gate_up", cuda::moe_matmul, a, items, hidden, gate[0].fmt, true);
+    a.q8 = decode ? q8_ : cuda::Q8Act{};
     cuda::MoeMatArgs b{};
     b.x = h;
     b.xt = t;
@@ -614,11 +613,23 @@ class CudaBackend final : public Backend {
     b.idx = I(idx);
     b.y = y;
     b.w0 = dev(down[0]);
-    b.q8 = q8_;
-    launch("moe_down", cuda::moe_matmul, b, items, int64_t(d), down[0].fmt, false);
+    b.q8 = a.q8;
+    if (decode) {
+      launch("moe_gate_up", cuda::moe_matmul, a, items, hidden, gate[0].fmt, true);
+      launch("moe_down", cuda::moe_matmul, b, items, int64_t(d), down[0].fmt, false);
+    } else {
+      if (!cuda::moe_grouped_applies(a, E, hidden) || !cuda::moe_grouped_applies(b, E, d)) return false;
+      const size_t slots = cuda::moe_group_slots(items, E), blocks = size_t(cuda::moe_group_max_blocks(items, E));
+      auto* g0 = static_cast<int32_t*>(moe_groups_.get(mem_, (slots + blocks + 1) * sizeof(int32_t), dev_));
+      const cuda::MoeGroups g{g0, g0 + slots, g0 + slots + blocks};
+      launch("moe_group", cuda::moe_group, static_cast<const int32_t*>(I(idx)), items, E, g);
+      launch("moe_gate_up", cuda::moe_grouped_matmul, a, g, items, E, hidden, gate[0].fmt, true);
+      launch("moe_down", cuda::moe_grouped_matmul, b, g, items, E, int64_t(d), down[0].fmt, false);
+    }
     const float* w = F(w_b);
     void* out = out_b.data;
     launch("moe_combine", cuda::moe_combine, static_cast<const void*>(y), w, rows, k, d, out, t);
+    return true;
   }
   // Whether an input norm of M rows of `cols` fits the matmul kernels' shared memory (or there is none).
   static bool norm_fits(const InputNorm& norm, int M, int64_t cols) {
@@ -692,7 +703,8 @@ class CudaBackend final : public Backend {
   std::vector<std::pair<const int32_t*, int32_t*>> blocks_;  // device_blocks of the current step
   // Scratch that kernels leave zero (counters, argmax slots) or overwrite (attention partials).
   cuda::GrowBuffer partial_, counters_, argmax_, epilogue_counter_;
-  cuda::GrowBuffer moe_h_, moe_dy_;  // decode MoE: the items' gated hidden rows and expert outputs
+  cuda::GrowBuffer moe_h_, moe_dy_;  // device MoE: the items' gated hidden rows and expert outputs
+  cuda::GrowBuffer moe_groups_;      // prefill MoE: the items grouped by expert (cuda::MoeGroups)
   std::unordered_map<const void*, const cuda::DevWeight*> expert_tables_;
   size_t argmax_rows_ = 0;
   cuda::Q8Act q8_{};  // the int8 decode scratch (bf16 activations with int8_dots), or all null

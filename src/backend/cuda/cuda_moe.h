@@ -36,4 +36,23 @@ void moe_matmul(cudaStream_t s, const MoeMatArgs& a, int items, int64_t rows, WF
 // over (row blocks, items). Returns false, launching nothing, when a.q8 is null, w0's format is
 // not taken or the x rows do not fit the scratch.
 bool q8_moe_matmul(cudaStream_t s, const MoeMatArgs& a, int items, int64_t rows, bool gelu);
+
+// Prefill MoE (cuda_moe_grouped.cu): the items grouped by expert into blocks of slots, on the
+// device. slots [moe_group_slots(items, E)]: item numbers, -1 for a block's unused tail;
+// block_expert [moe_group_max_blocks(items, E)]: each block's expert; n_blocks [1]: how many
+// blocks are used (the grouped GEMM's blocks past it exit at once).
+struct MoeGroups {
+  int32_t* slots;
+  int32_t* block_expert;
+  int32_t* n_blocks;
+};
+int moe_group_max_blocks(int items, int E);
+size_t moe_group_slots(int items, int E);
+void moe_group(cudaStream_t s, const int32_t* idx, int items, int E, const MoeGroups& g);
+// moe_matmul's contract (a.idx unused: the grouping gives each item's expert) on bf16 tensor
+// cores: bf16 x and y, f32 accumulation, outputs rounded once. Applies when
+// moe_grouped_applies(a, E, rows): bf16 activations, E <= 256, 32-column units, even out rows.
+bool moe_grouped_applies(const MoeMatArgs& a, int E, int64_t out_rows);
+void moe_grouped_matmul(cudaStream_t s, const MoeMatArgs& a, const MoeGroups& g, int items, int E, int64_t rows,
+                        WFormat fmt, bool gelu);
 }  // namespace g4::cuda
