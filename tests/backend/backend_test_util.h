@@ -118,8 +118,9 @@ inline double rel_err(const std::vector<float>& a, const std::vector<float>& b) 
 // kv_write, runs attention with scale 1/16 and returns the output [n, 4, 256].
 // blocks: bidirectional image blocks [start, end) (absolute positions within [pos0, pos0 + n)).
 inline std::vector<float> attention_scenario(Backend& b, int pos0, int n, int window,
-                                             const std::vector<std::pair<int, int>>& blocks = {}) {
-  const int H = 4, Hk = 1, D = 256, cap = window > 0 ? window + n : pos0 + n;
+                                             const std::vector<std::pair<int, int>>& blocks = {}, int D = 256,
+                                             int Hk = 1) {
+  const int H = 4, cap = window > 0 ? window + n : pos0 + n;
   const auto q = randn(size_t(n * H * D), uint32_t(10 + pos0 + n));
   const auto kall = randn(size_t((pos0 + n) * Hk * D), uint32_t(20 + n));
   const auto vall = randn(size_t((pos0 + n) * Hk * D), uint32_t(30 + n));

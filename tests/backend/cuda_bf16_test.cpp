@@ -290,5 +290,26 @@ TEST_F(CudaBf16Test, AttentionOverABf16Cache) {
   }
 }
 
+// Prefill-sized calls (the tensor-core flash kernel): causal from 0, a chunk after earlier
+// positions, a sliding window narrower than the chunk, an image block attended both ways, head
+// dims 128 / 256 / 512, grouped KV heads, query tiles cut short. Same bound as decode.
+TEST_F(CudaBf16Test, FlashAttentionAtPrefill) {
+  struct Case {
+    int pos0, n, window, D, Hk;
+    std::vector<std::pair<int, int>> blocks;
+  };
+  for (const Case& c : std::vector<Case>{{0, 100, 0, 256, 1, {}},
+                                         {300, 70, 0, 512, 2, {}},
+                                         {50, 150, 64, 256, 2, {}},
+                                         {0, 130, 0, 256, 1, {{20, 60}}},
+                                         {10, 33, 0, 128, 4, {}},
+                                         {0, 16, 8, 512, 1, {}}}) {
+    const double e = rel_err(test::attention_scenario(*cu, c.pos0, c.n, c.window, c.blocks, c.D, c.Hk),
+                             test::attention_scenario(*ref, c.pos0, c.n, c.window, c.blocks, c.D, c.Hk));
+    EXPECT_LE(e, 2e-2) << "pos0 " << c.pos0 << " n " << c.n << " window " << c.window << " D " << c.D;
+    std::printf("flash attention pos0 %d n %d window %d D %d Hk %d: error %.2e\n", c.pos0, c.n, c.window, c.D, c.Hk, e);
+  }
+}
+
 }  // namespace
 }  // namespace g4

@@ -1,10 +1,12 @@
 // Attention over the KV cache (flash-decoding with position splits; f32, bf16 or quantized rows).
+// Prefill-sized launches on a bf16 cache go to the tensor-core kernel (cuda_flash_attention.cu).
 #include <cuda_fp16.h>
 
 #include <cstdint>
 
 #include "backend/cuda/cuda_act.cuh"
 #include "backend/cuda/cuda_dequant.cuh"
+#include "backend/cuda/cuda_flash_attention.h"
 #include "backend/cuda/cuda_kernel_util.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.cuh"
@@ -185,6 +187,7 @@ int attention_splits(int n, int H, int max_visible) {
 void attention(cudaStream_t s, const void* q_in, int H, const AttnArgs& a, float scale, int splits, float* partial,
                unsigned* counters, void* out_in) {
   if (a.n <= 0) return;
+  if (flash_attention_applies(a)) return flash_attention(s, q_in, H, a, scale, out_in);  // prefill
   const int per = (a.head_dim + kWarp - 1) / kWarp;  // dims per lane
   with_act(a.t, [&](auto tag) {
     using T = decltype(tag);
