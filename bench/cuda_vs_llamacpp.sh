@@ -11,7 +11,10 @@
 # (../shared/peer/llama_cuda_kit.sh pack .devpeer: llama.cpp's source, built there in the background
 # while the files are written; ours are timed once that build is done).
 #
-#   [G4_VARIANTS="e2b e4b 26b-a4b 31b"] [G4_CONFIGS="bf16+int8 f32"] bash bench/cuda_vs_llamacpp.sh
+#   [G4_VARIANTS="e2b e4b 26b-a4b 31b"] [G4_CONFIGS="bf16+int8 f32"] [G4_PROMPTS="512 2048"] bash bench/cuda_vs_llamacpp.sh
+#
+# G4_PROMPTS: the prompt lengths (default 512): each row times the prefill of that prompt and the 128
+# tokens decoded after it; llama-bench times its decode after an empty context.
 #
 # Configs: bf16+int8 (--dtype bf16: bf16 activations, int8 decode dots), bf16 (--int8-dots off), f32,
 # nopdl (bf16+int8 with --cuda-pdl off: kernels launched without programmatic dependent launch).
@@ -24,6 +27,7 @@ export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 VARIANTS=${G4_VARIANTS:-e2b e4b 26b-a4b 31b}
 CONFIGS=${G4_CONFIGS:-bf16+int8 f32}
+PROMPTS=${G4_PROMPTS:-512}
 # The peer's build starts while the files are written (never twice: a second build would delete the first's tree).
 [ -x /tmp/llb/bin/llama-bench ] || pgrep -f "/tmp/llb" > /dev/null || bash .devpeer/llama_cuda_kit.sh build .devpeer
 for V in $VARIANTS; do  # the files, in parallel (numpy, one core each)
@@ -42,16 +46,18 @@ for V in $VARIANTS; do
   for C in $CONFIGS; do
     case $C in f32) CA="--dtype f32";; bf16) CA="--dtype bf16 --int8-dots off";; nopdl) CA="--dtype bf16 --cuda-pdl off";;
       *) CA="--dtype bf16";; esac
-    for i in 1 2 3; do
-      timeout -s KILL 150 $B/gemma4 bench --model /tmp/t-$V.gguf --backend cuda $CA --prompt-tokens 512 --gen-tokens 128 \
-        --repeat 2 2>>$OUT/ours.err | tail -1 | sed "s/^/ours $V $C /" >> $R
+    for P in $PROMPTS; do
+      for i in 1 2 3; do
+        timeout -s KILL 150 $B/gemma4 bench --model /tmp/t-$V.gguf --backend cuda $CA --prompt-tokens $P --gen-tokens 128 \
+          --repeat 2 2>>$OUT/ours.err | tail -1 | sed "s/^/ours $V $C $P /" >> $R
+      done
     done
     echo "$V $C done"
   done
 done
 CUDA_LIBS=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/lib 2>/dev/null | tr '\n' ':')
 for V in $VARIANTS; do
-  [ -n "$LB" ] && LD_LIBRARY_PATH=$CUDA_LIBS$LD_LIBRARY_PATH timeout -s KILL 200 $LB -m /tmp/t-$V.gguf -p 512 -n 128 \
+  [ -n "$LB" ] && LD_LIBRARY_PATH=$CUDA_LIBS$LD_LIBRARY_PATH timeout -s KILL 200 $LB -m /tmp/t-$V.gguf -p ${PROMPTS// /,} -n 128 \
     -ngl 99 -fa 0,1 -r 3 -o jsonl 2>>$OUT/llama.err | sed "s/^/llama $V /" >> $R
   echo "$V llama done"
 done
@@ -59,23 +65,23 @@ python3 - "$R" <<'PY'
 import json, statistics as st, sys
 floor, ours, llama = {}, {}, {}
 for line in open(sys.argv[1]):
-    p = line.split(" ", 3)
+    p = line.split(" ", 4)
     if p[0] == "floor" and len(p) > 2 and p[2].strip():
         floor[p[1]] = float(p[2])
-    elif p[0] == "ours" and len(p) == 4 and p[3].startswith("{"):
-        r = json.loads(p[3]); ours.setdefault((p[1], p[2]), []).append((r["prefill_tok_s"], r["decode_tok_s"]))
+    elif p[0] == "ours" and len(p) == 5 and p[4].startswith("{"):
+        r = json.loads(p[4]); ours.setdefault((p[1], p[2], int(p[3])), []).append((r["prefill_tok_s"], r["decode_tok_s"]))
     elif p[0] == "llama" and len(p) >= 3:
-        r = json.loads(line.split(" ", 2)[2]); kind = "pp" if r["n_prompt"] else "tg"
-        llama[(p[1], kind, int(r.get("flash_attn", 0)))] = r["avg_ts"]
-print("| variant | config | floor tok/s | ours decode | llama.cpp decode fa0 / fa1 | decode ratio | ours prefill | llama.cpp prefill fa0 / fa1 | prefill ratio |")
-print("|---|---|---|---|---|---|---|---|---|")
-for (v, c), rs in ours.items():
+        r = json.loads(line.split(" ", 2)[2]); n = r["n_prompt"] or 0
+        llama[(p[1], n, int(r.get("flash_attn", 0)))] = r["avg_ts"]
+print("| variant | config | prompt | floor tok/s | ours decode | llama.cpp decode fa0 / fa1 | decode ratio | ours prefill | llama.cpp prefill fa0 / fa1 | prefill ratio |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for (v, c, n), rs in ours.items():
     pf, dc = st.median(x[0] for x in rs), st.median(x[1] for x in rs)
     fl = 4.3e12 / floor[v] if v in floor else float("nan")
-    lt = [llama.get((v, "tg", f)) for f in (0, 1)]
-    lp = [llama.get((v, "pp", f)) for f in (0, 1)]
+    lt = [llama.get((v, 0, f)) for f in (0, 1)]
+    lp = [llama.get((v, n, f)) for f in (0, 1)]
     best_t = max([x for x in lt if x] or [float("nan")]); best_p = max([x for x in lp if x] or [float("nan")])
     f = lambda x: "%.0f" % x if x else "-"
-    print(f"| {v} | {c} | {fl:.0f} | {dc:.1f} ({100 * dc / fl:.0f} % of floor) | {f(lt[0])} / {f(lt[1])} | {dc / best_t:.2f}x "
+    print(f"| {v} | {c} | {n} | {fl:.0f} | {dc:.1f} ({100 * dc / fl:.0f} % of floor) | {f(lt[0])} / {f(lt[1])} | {dc / best_t:.2f}x "
           f"| {pf:.0f} | {f(lp[0])} / {f(lp[1])} | {pf / best_p:.2f}x |")
 PY
