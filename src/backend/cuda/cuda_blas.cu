@@ -19,6 +19,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_launch.cuh"
+#include "backend/cuda/cuda_mma_bf16.cuh"
 
 namespace g4::cuda {
 namespace {
@@ -38,17 +39,7 @@ __global__ void __launch_bounds__(kThreads) dequant_rows_kernel(DevWeight w, int
   const int64_t rr = i / units, u = i % units, r = r0 + rr;
   float v[32];
   dequant32<F>(w.data + r * w.row_bytes, w, r, u, v);
-  uint4* dst = reinterpret_cast<uint4*>(out + rr * w.cols + u * 32);
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    uint32_t p[4];
-#pragma unroll
-    for (int h = 0; h < 4; ++h) {
-      const __nv_bfloat162 b = __floats2bfloat162_rn(v[8 * q + 2 * h], v[8 * q + 2 * h + 1]);
-      p[h] = *reinterpret_cast<const uint32_t*>(&b);
-    }
-    dst[q] = make_uint4(p[0], p[1], p[2], p[3]);
-  }
+  store_bf16x32(v, out + rr * w.cols + u * 32);
 }
 
 // y[m, n0 + j] = gelu(t[m, j]) · t[m, nc + j] for m < rows, j < nc; t rows of 2·nc f32.

@@ -17,6 +17,7 @@
 #include "backend/cuda/cuda_act.cuh"
 #include "backend/cuda/cuda_flash_attention.h"
 #include "backend/cuda/cuda_launch.cuh"
+#include "backend/cuda/cuda_mma_bf16.cuh"
 
 namespace g4::cuda {
 namespace {
@@ -30,18 +31,6 @@ struct FlashTile {
   static constexpr size_t kSmem = (size_t(kBr) * kLq + size_t(kBc) * kLq + size_t(kBc) * kLv) * sizeof(bf16);
 };
 
-__device__ inline uint32_t ld_pair(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
-__device__ inline uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&b);
-}
-__device__ inline void mma_bf16(float* c, const uint32_t* a, const uint32_t* b) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 // The B operand (k = 16 positions, n = 8 dims) of rows p[0..15] of a row-major [position, dim]
 // tile: lanes 0-15 address rows 0-15 at the tile's dim offset; .trans hands each lane the
 // (2t, 2t+1; g) and (2t+8, 2t+9; g) elements.

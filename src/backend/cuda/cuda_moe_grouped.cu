@@ -21,6 +21,7 @@
 #include "backend/cuda/cuda_act.cuh"
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_launch.cuh"
+#include "backend/cuda/cuda_mma_bf16.cuh"
 #include "backend/cuda/cuda_moe.h"
 
 namespace g4::cuda {
@@ -32,14 +33,6 @@ constexpr int kGM = 64, kGN = 64, kGThreads = 128, kGPad = 8, kMaxExperts = 256;
 template <int kBK>
 __host__ __device__ constexpr int g_ld() { return kBK + kGPad; }
 
-__device__ inline void mma_bf16(float* c, const uint32_t* a, const uint32_t* b) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-__device__ inline uint32_t ld_pair(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
 // A warp's 32 × 32 tile += As[32 rows] · Bs[32 rows]ᵀ over kBK columns (row strides g_ld).
 template <int kBK>
@@ -79,17 +72,7 @@ __device__ inline void stage_unit(const DevWeight& w, int64_t n0, int row, int64
 #pragma unroll
     for (int j = 0; j < 32; ++j) v[j] = 0.f;
   }
-  uint4* dst = reinterpret_cast<uint4*>(Bs + row * g_ld<kBK>() + 32 * sub);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    uint32_t p[4];
-#pragma unroll
-    for (int h = 0; h < 4; ++h) {
-      const __nv_bfloat162 b = __floats2bfloat162_rn(v[8 * j + 2 * h], v[8 * j + 2 * h + 1]);
-      p[h] = *reinterpret_cast<const uint32_t*>(&b);
-    }
-    dst[j] = make_uint4(p[0], p[1], p[2], p[3]);
-  }
+  store_bf16x32(v, Bs + row * g_ld<kBK>() + 32 * sub);
 }
 
 __global__ void moe_group_kernel(const int32_t* idx, int items, int E, MoeGroups g) {
