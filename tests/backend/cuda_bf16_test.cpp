@@ -18,6 +18,7 @@
 #include "../quant/quant_test_util.h"
 #include "backend/backend.h"
 #include "backend_test_util.h"
+#include "moe_test_experts.h"
 #include "core/dtype.h"
 
 namespace g4 {
@@ -241,34 +242,17 @@ TEST_F(CudaBf16Test, GroupedPrefillExperts) {
   ref->router_topk(scores.data(), rows, E, k, pes.data(), ActPrecision::F32, ri.data(), rw.data());
   const auto x = bf16_rounded(randn(size_t(rows) * d, 83));
   for (bool mixed : {false, true}) {
-    std::vector<std::vector<uint8_t>> store;
-    std::vector<test::OwnedWeight> owned;
-    std::vector<WeightView> g, u, dn, cg, cu_up, cdn;
-    uint32_t seed = 90;
-    for (int e = 0; e < E; ++e)
-      for (auto [vec, r_, c_, dev, bits, group] :
-           {std::tuple{&g, I, d, &cg, 3, 64}, std::tuple{&u, I, d, &cu_up, 6, 32}, std::tuple{&dn, d, I, &cdn, 5, 128}}) {
-        WeightView w;
-        if (mixed) {
-          owned.push_back(test::random_mlx(r_, c_, bits, group, DType::BF16, seed++));
-          w = owned.back().view;
-        } else {
-          store.push_back(test::random_blocks(WFormat::GgufQ4_K, r_, c_, rng));
-          w = WeightView{WFormat::GgufQ4_K, r_, c_, store.back().data(), gguf_row_bytes(WFormat::GgufQ4_K, c_)};
-        }
-        vec->push_back(w);
-        dev->push_back(cu->place_weight(w));
-      }
+    const test::TestExperts ex = test::make_test_experts(*cu, E, I, d, mixed, 90, rng);
     const char* what = mixed ? "MLX 3/6/5-bit experts" : "Q4_K experts";
     std::vector<float> want(size_t(rows) * d);
-    ref->moe_experts(x.data(), rows, d, ri.data(), rw.data(), k, g, u, dn, ActPrecision::F32, want.data());
+    ref->moe_experts(x.data(), rows, d, ri.data(), rw.data(), k, ex.gate, ex.up, ex.down, ActPrecision::F32, want.data());
     std::vector<std::vector<float>> got;
     for (int n : {rows, alone}) {
       Buf dx = up(std::vector<float>(x.begin(), x.begin() + ptrdiff_t(n) * d)), dout = cu->alloc_act(size_t(n) * d);
       Buf di = cu->alloc_i32(size_t(n) * k), dw = cu->alloc_f32(size_t(n) * k);
       cu->from_host(ri.data(), size_t(n) * k, di);
       cu->from_host(rw.data(), size_t(n) * k, dw);
-      cu->moe_experts(dx, n, d, di, dw, k, cg, cu_up, cdn, ActPrecision::BF16, dout);
+      cu->moe_experts(dx, n, d, di, dw, k, ex.dev_gate, ex.dev_up, ex.dev_down, ActPrecision::BF16, dout);
       got.push_back(down(dout, size_t(n) * d));
       for (const Buf& p : {dx, dout, di, dw}) cu->free(p);
     }

@@ -1,0 +1,48 @@
+// Routed experts for the CUDA MoE op tests: E experts of gate / up [I, d] and down [d, I], either
+// Q4_K blocks or MLX affine with a different bits / group per projection (3/64, 6/32, 5/128: the
+// mixed precision mlx-lm writes), as host views for the reference and as the same weights placed
+// on the device backend.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include "../quant/gguf_test_util.h"
+#include "../quant/quant_test_util.h"
+#include "backend/backend.h"
+#include "quant/gguf_quant.h"
+
+namespace g4::test {
+
+struct TestExperts {
+  std::vector<std::vector<uint8_t>> store;  // the Q4_K blocks the host views read
+  std::vector<OwnedWeight> owned;           // the MLX weights the host views read
+  std::vector<WeightView> gate, up, down;             // host
+  std::vector<WeightView> dev_gate, dev_up, dev_down;  // placed on the device backend
+};
+
+// MLX weights draw seeds seed, seed + 1, ...; Q4_K blocks draw from rng.
+inline TestExperts make_test_experts(Backend& dev, int E, int64_t I, int64_t d, bool mlx, uint32_t seed,
+                                     std::mt19937& rng) {
+  TestExperts t;
+  for (int e = 0; e < E; ++e)
+    for (auto [host, rows, cols, placed, bits, group] :
+         {std::tuple{&t.gate, I, d, &t.dev_gate, 3, 64}, std::tuple{&t.up, I, d, &t.dev_up, 6, 32},
+          std::tuple{&t.down, d, I, &t.dev_down, 5, 128}}) {
+      WeightView w;
+      if (mlx) {
+        t.owned.push_back(random_mlx(rows, cols, bits, group, DType::BF16, seed++));
+        w = t.owned.back().view;
+      } else {
+        t.store.push_back(random_blocks(WFormat::GgufQ4_K, rows, cols, rng));
+        w = WeightView{WFormat::GgufQ4_K, rows, cols, t.store.back().data(), gguf_row_bytes(WFormat::GgufQ4_K, cols)};
+      }
+      host->push_back(w);
+      placed->push_back(dev.place_weight(w));
+    }
+  return t;
+}
+
+}  // namespace g4::test
