@@ -1,12 +1,12 @@
-// Attention over the KV cache (flash-decoding with position splits; f32, bf16 or quantized rows).
-// Prefill-sized launches on a bf16 cache go to the tensor-core kernel (cuda_flash_attention.cu).
+// Attention over the KV caches of a batch of sequences in one launch (flash-decoding with position
+// splits; f32, bf16 or quantized rows). Prefill-sized sequences on a bf16 cache go to the
+// tensor-core kernel instead (cuda_flash_attention.cu).
 #include <cuda_fp16.h>
 
 #include <cstdint>
 
 #include "backend/cuda/cuda_act.cuh"
 #include "backend/cuda/cuda_dequant.cuh"
-#include "backend/cuda/cuda_flash_attention.h"
 #include "backend/cuda/cuda_kernel_util.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.cuh"
@@ -14,8 +14,9 @@
 namespace g4::cuda {
 namespace {
 
-// Flash-decoding attention. Grid (a.n * H, splits), kAttnWarps warps per block: block (row t,
-// head h, split) takes its share of the visible positions; warp w of it every kAttnWarps-th
+// Flash-decoding attention. Grid (a.rows * H, splits), kAttnWarps warps per block: block (launch
+// row, head h, split) takes its share of the visible positions of that row (row t of sequence
+// a.tab.seqs[a.tab.row_seq[launch row]]); warp w of it every kAttnWarps-th
 // position; lane l holds dims l, l + 32, ... (kPer of them, coalesced loads; a quantized cache:
 // dims l*kPer .. l*kPer+kPer-1, whose codes are contiguous words of one group). Each warp keeps an
 // online softmax (running max m, sum l, weighted V sum); the warps merge through shared memory.
@@ -23,23 +24,27 @@ namespace {
 // block of each (row, head) to finish merges them.
 constexpr int kAttnWarps = 4;
 template <int kPer, bool kQuant, class T>
-__global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* q, int H, AttnArgs a, float scale,
+__global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* q, int H, AttnBatch a, float scale,
                                                                        float* partial, unsigned* counters, T* out) {
   pdl_enter();
   __shared__ float sh_m[kAttnWarps], sh_l[kAttnWarps];
   __shared__ float sh_acc[kAttnWarps][kPer * kWarp];
-  const int t = blockIdx.x / H, h = blockIdx.x % H, split = blockIdx.y, S = gridDim.y;
-  const int pos = load(a.pos0) + t, D = a.head_dim, g = h / (H / a.n_kv_heads);
-  int first = a.window > 0 ? max(0, pos - a.window + 1) : 0, last_pos = pos;
-  if (a.blocks && a.blocks[2 * t + 1] > 0) {  // the row's image block (visible_keys)
-    first = min(first, a.blocks[2 * t]);
-    last_pos = max(last_pos, a.blocks[2 * t + 1] - 1);
+  const int lr = blockIdx.x / H, h = blockIdx.x % H, split = blockIdx.y, S = gridDim.y;
+  const SeqKv& sq = a.tab.seqs[a.tab.row_seq[lr]];
+  const int t = lr - sq.first, q_row = sq.row0 + t, capacity = sq.capacity, window = sq.window;
+  const int pos = sq.pos0 + t, D = a.head_dim, g = h / (H / a.n_kv_heads);
+  const KvQuantArgs qa = sq.quant;
+  const T *const kc = static_cast<const T*>(sq.k), *const vc = static_cast<const T*>(sq.v);
+  int first = window > 0 ? max(0, pos - window + 1) : 0, last_pos = pos;
+  if (sq.blocks && sq.blocks[2 * t + 1] > 0) {  // the row's image block (visible_keys)
+    first = min(first, sq.blocks[2 * t]);
+    last_pos = max(last_pos, sq.blocks[2 * t + 1] - 1);
   }
   const int n = last_pos - first + 1, per = (n + S - 1) / S;
   const int j0 = split * per, j1 = min(n, j0 + per);
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t row = int64_t(a.n_kv_heads) * D;
-  const T* qh = q + (int64_t(a.row0 + t) * H + h) * D;
+  const T* qh = q + (int64_t(q_row) * H + h) * D;
   auto dim = [lane](int i) { return kQuant ? lane * kPer + i : lane + kWarp * i; };
   float qv[kPer], acc[kPer];
 #pragma unroll
@@ -58,14 +63,14 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* 
     for (int b = 0; b < kBatch; ++b) {
       const int jj = min(j + b * kAttnWarps, j1 - 1);  // past the end: a valid row, masked below
       const int p = first + jj;
-      const int slot = a.window > 0 ? p % a.capacity : p;
+      const int slot = window > 0 ? p % capacity : p;
       if constexpr (kQuant) {  // a quantized cache: this lane's kPer contiguous values of the row
         const int64_t hr = int64_t(slot) * a.n_kv_heads + g;
-        kv_dequant_run<kPer>(a.quant.kq, a.quant.ks, a.quant.kb, a.quant, hr, D, lane * kPer, kk[b]);
-        kv_dequant_run<kPer>(a.quant.vq, a.quant.vs, a.quant.vb, a.quant, hr, D, lane * kPer, vv[b]);
+        kv_dequant_run<kPer>(qa.kq, qa.ks, qa.kb, qa, hr, D, lane * kPer, kk[b]);
+        kv_dequant_run<kPer>(qa.vq, qa.vs, qa.vb, qa, hr, D, lane * kPer, vv[b]);
       } else {
-        const T* kr = static_cast<const T*>(a.k) + int64_t(slot) * row + int64_t(g) * D;
-        const T* vr = static_cast<const T*>(a.v) + int64_t(slot) * row + int64_t(g) * D;
+        const T* kr = kc + int64_t(slot) * row + int64_t(g) * D;
+        const T* vr = vc + int64_t(slot) * row + int64_t(g) * D;
 #pragma unroll
         for (int i = 0; i < kPer; ++i) {
           const int d = lane + kWarp * i;
@@ -114,7 +119,7 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* 
     f[w] = sh_m[w] == -INFINITY ? 0.f : expf(sh_m[w] - M);
     L += sh_l[w] * f[w];
   }
-  const int64_t rh = int64_t(a.row0 + t) * H + h;
+  const int64_t rh = int64_t(q_row) * H + h;
   if (S == 1) {
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
       float v = 0.f;
@@ -168,10 +173,10 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* 
 }
 
 template <int kPer, class T>
-void attention_launch(cudaStream_t s, const T* q, int H, const AttnArgs& a, float scale, int splits,
+void attention_launch(cudaStream_t s, const T* q, int H, const AttnBatch& a, float scale, int splits,
                       float* partial, unsigned* counters, T* out) {
-  const dim3 grid(unsigned(a.n * H), unsigned(splits));
-  if (a.quant.bits)
+  const dim3 grid(unsigned(a.rows * H), unsigned(splits));
+  if (a.quant_bits)
     launch_kernel(attention_kernel<kPer, true, T>, grid, kAttnWarps * kWarp, 0, s, q, H, a, scale, partial, counters, out);
   else launch_kernel(attention_kernel<kPer, false, T>, grid, kAttnWarps * kWarp, 0, s, q, H, a, scale, partial, counters, out);
 }
@@ -184,10 +189,9 @@ int attention_splits(int n, int H, int max_visible) {
   return s < 1 ? 1 : (s > 32 ? 32 : s);
 }
 
-void attention(cudaStream_t s, const void* q_in, int H, const AttnArgs& a, float scale, int splits, float* partial,
+void attention(cudaStream_t s, const void* q_in, int H, const AttnBatch& a, float scale, int splits, float* partial,
                unsigned* counters, void* out_in) {
-  if (a.n <= 0) return;
-  if (flash_attention_applies(a)) return flash_attention(s, q_in, H, a, scale, out_in);  // prefill
+  if (a.rows <= 0) return;
   const int per = (a.head_dim + kWarp - 1) / kWarp;  // dims per lane
   with_act(a.t, [&](auto tag) {
     using T = decltype(tag);

@@ -37,6 +37,7 @@
 #include "backend/cuda/cuda_blas.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_flash_attention.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.cuh"
 #include "backend/cuda/cuda_moe.h"
@@ -201,20 +202,16 @@ class CudaBackend final : public Backend {
     const void* q = q_b.data;
     void* out = out_b.data;
     const DType t = act_type({&q_b, &out_b});
+    // Prefill-sized sequences: the tensor-core kernel, one launch each; the rest (decode rows):
+    // one launch over all of them.
+    std::vector<AttnSeq> batch;
     for (const AttnSeq& sq : seqs) {
       const KvBuffer& kv = sq.kv;
       G4_CHECK(kv.head_dim <= 512 && "cuda attention: head_dim above 512");
-      // Splits from static bounds (capacity, window), so a recorded step replays at any position.
-      // An image block can reach past a sliding window (never past the ring, which holds the call).
-      const int max_visible = kv.window > 0 && !sq.blocks ? std::min(kv.window, kv.capacity) : kv.capacity;
-      const int splits = cuda::attention_splits(sq.n, H, max_visible);
-      float* partial = splits > 1 ? static_cast<float*>(partial_.get(mem_, size_t(sq.n) * H * splits * (kv.head_dim + 2) * 4, dev_)) : nullptr;
-      unsigned* counters = splits > 1 ? static_cast<unsigned*>(counters_.get(mem_, size_t(sq.n) * H * sizeof(unsigned), dev_, true)) : nullptr;
       G4_CHECK(kv.quantized() || act_type({&kv.k, &kv.v}) == t);
       cuda::AttnArgs a{};  // value-initialized: its bytes are part of the step's key
       a.row0 = sq.row0;
       a.n = sq.n;
-      a.pos0 = rec_->dyn(sq.pos0);
       a.k = kv.k.data;
       a.v = kv.v.data;
       a.capacity = kv.capacity;
@@ -222,10 +219,36 @@ class CudaBackend final : public Backend {
       a.head_dim = kv.head_dim;
       a.window = kv.window;
       a.quant = quant_args(kv);
-      a.blocks = sq.blocks ? device_blocks(sq.blocks, sq.n) : nullptr;
       a.t = t;
-      launch("attention", cuda::attention, q, H, a, scale, splits, partial, counters, out);
+      if (!cuda::flash_attention_applies(a)) {
+        batch.push_back(sq);
+        continue;
+      }
+      a.pos0 = rec_->dyn(sq.pos0);
+      a.blocks = sq.blocks ? device_blocks(sq.blocks, sq.n) : nullptr;
+      launch("flash_attention", cuda::flash_attention, q, H, a, scale, out);
     }
+    if (batch.empty()) return;
+    const KvBuffer& kv0 = batch[0].kv;
+    cuda::AttnBatch a{};
+    a.tab = seq_table(batch);
+    a.rows = batch_rows(batch);
+    a.n_kv_heads = kv0.n_kv_heads;
+    a.head_dim = kv0.head_dim;
+    a.quant_bits = kv0.quant.bits;
+    a.t = t;
+    // Splits from static bounds (capacity, window), so a recorded step replays at any position.
+    // An image block can reach past a sliding window (never past the ring, which holds the call).
+    int max_visible = 1;
+    for (const AttnSeq& sq : batch) {
+      const KvBuffer& kv = sq.kv;
+      G4_CHECK(kv.n_kv_heads == kv0.n_kv_heads && kv.head_dim == kv0.head_dim && kv.quantized() == kv0.quantized());
+      max_visible = std::max(max_visible, kv.window > 0 && !sq.blocks ? std::min(kv.window, kv.capacity) : kv.capacity);
+    }
+    const int splits = cuda::attention_splits(a.rows, H, max_visible), D = a.head_dim;
+    float* partial = splits > 1 ? static_cast<float*>(partial_.get(mem_, size_t(a.rows) * H * splits * (D + 2) * 4, dev_)) : nullptr;
+    unsigned* counters = splits > 1 ? static_cast<unsigned*>(counters_.get(mem_, size_t(a.rows) * H * sizeof(unsigned), dev_, true)) : nullptr;
+    launch("attention", cuda::attention, q, H, a, scale, splits, partial, counters, out);
   }
   void gelu_mul(const Buf& gate_b, const Buf& up_b, size_t n, ActPrecision P, const Buf& out_b) override {
     const void *gate = gate_b.data, *up = up_b.data;
@@ -314,38 +337,35 @@ class CudaBackend final : public Backend {
   void attn_prep(const Buf& q_b, int H, const Buf& k_b, const Buf& v_b, int Hk, int head_dim, const float* q_norm_w,
                  const float* k_norm_w, bool v_norm, float eps, const std::vector<AttnSeq>& seqs, const RopeTable& t,
                  ActPrecision P) override {
+    if (seqs.empty()) return;
     const bool has_k = bool(k_b);
     const DType at = act_type({&q_b, &k_b, &v_b});
-    const float* inv = tables_.inv_freq(t.inv_freq);
     for (const AttnSeq& sq : seqs) {
       const KvBuffer& kv = sq.kv;
-      cuda::AttnPrepArgs a{};
-      a.t = at;
-      a.q = q_b.at(int64_t(sq.row0) * H * head_dim).data;
-      a.k = has_k ? k_b.at(int64_t(sq.row0) * Hk * head_dim).data : nullptr;
-      a.v = has_k ? v_b.at(int64_t(sq.row0) * Hk * head_dim).data : nullptr;
-      a.H = H;
-      a.Hk = has_k ? Hk : 0;
-      a.head_dim = head_dim;
-      a.q_norm_w = q_norm_w;
-      a.k_norm_w = k_norm_w;
-      a.v_norm = v_norm;
-      a.eps = eps;
-      a.inv_freq = inv;
-      a.position_scale = t.position_scale;
-      a.kc = kv.k.data;
-      a.vc = kv.v.data;
-      if (has_k && !kv.quantized()) G4_CHECK(act_type({&kv.k, &kv.v}) == at);
-      a.capacity = kv.capacity;
-      a.window = kv.window;
-      a.quant = quant_args(kv);
-      if (has_k) G4_CHECK(kv.n_kv_heads == Hk && kv.head_dim == head_dim);
-      if (has_k && a.quant.bits) G4_CHECK(head_dim <= 512 && head_dim % a.quant.group == 0);
-      a.pos0 = rec_->dyn(sq.pos0);
-      const int n = sq.n;
-      launch("attn_prep", cuda::attn_prep, a, n);
-      if (has_k) record_positions(sq);
+      if (!has_k) continue;
+      if (!kv.quantized()) G4_CHECK(act_type({&kv.k, &kv.v}) == at);
+      G4_CHECK(kv.n_kv_heads == Hk && kv.head_dim == head_dim);
+      if (kv.quantized()) G4_CHECK(head_dim <= 512 && head_dim % kv.quant.group_size == 0);
     }
+    cuda::AttnPrepArgs a{};
+    a.t = at;
+    a.q = q_b.data;
+    a.k = has_k ? k_b.data : nullptr;
+    a.v = has_k ? v_b.data : nullptr;
+    a.H = H;
+    a.Hk = has_k ? Hk : 0;
+    a.head_dim = head_dim;
+    a.q_norm_w = q_norm_w;
+    a.k_norm_w = k_norm_w;
+    a.v_norm = v_norm;
+    a.eps = eps;
+    a.inv_freq = tables_.inv_freq(t.inv_freq);
+    a.position_scale = t.position_scale;
+    a.tab = seq_table(seqs);
+    const int rows = batch_rows(seqs);
+    launch("attn_prep", cuda::attn_prep, a, rows);
+    if (has_k)
+      for (const AttnSeq& sq : seqs) record_positions(sq);
   }
   void norm_matmuls(const Buf& x_b, int M, const InputNorm& norm, std::initializer_list<MatOut> outs,
                     ActPrecision P) override {
@@ -488,6 +508,7 @@ class CudaBackend final : public Backend {
   void begin_step() override {
     if (profile_) return;  // profiled ops run one by one
     rec_->begin();         // waits for the previous step
+    last_table_.clear();
     mem_.collect();
     if (timer_) timer_->step_begin();
   }
@@ -679,6 +700,49 @@ class CudaBackend final : public Backend {
   }
   // A step's image blocks (AttnSeq::blocks) on the device, uploaded once per host array and step
   // (every layer's attention passes the same array).
+  static int batch_rows(const std::vector<AttnSeq>& seqs) {
+    int rows = 0;
+    for (const AttnSeq& sq : seqs) rows += sq.n;
+    return rows;
+  }
+  // The device table of a batched attention / attn_prep launch over seqs (cuda::SeqTable): staged
+  // with the step (its bytes are not part of the key), or uploaded outside one. A table equal to
+  // the step's previous one (attention after attn_prep over the same sequences) is reused.
+  cuda::SeqTable seq_table(const std::vector<AttnSeq>& seqs) {
+    const size_t head = (seqs.size() * sizeof(cuda::SeqKv) + 15) & ~size_t(15);
+    std::vector<uint8_t> bytes(head + size_t(batch_rows(seqs)) * sizeof(int32_t), 0);
+    cuda::SeqKv* e = reinterpret_cast<cuda::SeqKv*>(bytes.data());
+    int32_t* row_seq = reinterpret_cast<int32_t*>(bytes.data() + head);
+    int first = 0;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const AttnSeq& sq = seqs[i];
+      cuda::SeqKv& k = e[i];
+      k.row0 = sq.row0;
+      k.first = first;
+      k.pos0 = sq.pos0;
+      k.capacity = sq.kv.capacity;
+      k.window = sq.kv.window;
+      k.k = sq.kv.k.data;
+      k.v = sq.kv.v.data;
+      k.quant = quant_args(sq.kv);
+      k.blocks = sq.blocks ? device_blocks(sq.blocks, sq.n) : nullptr;
+      for (int t = 0; t < sq.n; ++t) row_seq[first + t] = int32_t(i);
+      first += sq.n;
+    }
+    const uint8_t* dev = nullptr;
+    if (rec_->active() && bytes == last_table_) {
+      dev = last_table_dev_;
+    } else if (const void* d = rec_->dyn_bytes(bytes.data(), bytes.size())) {
+      dev = static_cast<const uint8_t*>(d);
+      last_table_ = bytes;
+      last_table_dev_ = dev;
+    } else {  // outside a step: a copy freed once this step's work is done
+      void* d2 = mem_.upload(bytes.data(), bytes.size());
+      mem_.free(d2, /*deferred=*/true);
+      dev = static_cast<const uint8_t*>(d2);
+    }
+    return cuda::SeqTable{reinterpret_cast<const cuda::SeqKv*>(dev), reinterpret_cast<const int32_t*>(dev + head)};
+  }
   const int32_t* device_blocks(const int32_t* host, int n) {
     for (const auto& b : blocks_)
       if (b.first == host) return b.second;
@@ -701,6 +765,8 @@ class CudaBackend final : public Backend {
   Buf moe_xs_, moe_g_, moe_u_, moe_ys_, moe_y_, moe_ids_;
   size_t moe_cap_ = 0;
   std::vector<std::pair<const int32_t*, int32_t*>> blocks_;  // device_blocks of the current step
+  std::vector<uint8_t> last_table_;  // the step's last staged seq_table and its device address
+  const uint8_t* last_table_dev_ = nullptr;
   // Scratch that kernels leave zero (counters, argmax slots) or overwrite (attention partials).
   cuda::GrowBuffer partial_, counters_, argmax_, epilogue_counter_;
   cuda::GrowBuffer moe_h_, moe_dy_;  // device MoE: the items' gated hidden rows and expert outputs

@@ -1,5 +1,5 @@
-// Prefill attention on tensor cores (cuda_flash_attention.cu), called by cuda::attention
-// (cuda_attention.cu) for the launches it applies to.
+// Prefill attention on tensor cores (cuda_flash_attention.cu): the backend's attention op sends
+// each sequence it applies to here, one launch each, and the rest to cuda::attention in one launch.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -11,7 +11,7 @@ namespace g4::cuda {
 // or 512, at least kFlashMinRows query rows, tensor cores on.
 constexpr int kFlashMinRows = 16;
 bool flash_attention_applies(const AttnArgs& a);
-// cuda::attention's contract (q and out [row0 + n, H, head_dim] bf16; each row t sees the
+// The attention contract (q and out [row0 + n, H, head_dim] bf16; each row t sees the
 // positions [lo_t, hi_t]: its causal window, widened to its image block) without splits. Scores
 // from bf16 q, k with f32 accumulation, the softmax in f32 (online, per 32-position tile), the
 // probabilities rounded to bf16 for the P·V MMA, f32 accumulation, the output rounded once.

@@ -25,8 +25,8 @@ struct Dyn {
 __device__ inline int load(const Dyn& d) { return d.ptr ? *d.ptr : d.value; }
 #endif
 
-// One sequence's attention arguments (AttnSeq with device K/V pointers; quant.bits > 0: k and v
-// are null and the rows are read from quant's codes).
+// One sequence's attention arguments for the prefill kernel (cuda_flash_attention.h; AttnSeq with
+// device K/V pointers; quant.bits > 0: k and v are null and the rows are read from quant's codes).
 struct AttnArgs {
   int row0, n;
   Dyn pos0;
@@ -36,6 +36,33 @@ struct AttnArgs {
   KvQuantArgs quant;
   const int32_t* blocks = nullptr;  // device [n, 2] image blocks (backend.h AttnSeq::blocks), or null
   DType t = DType::F32;             // q, k, v and out storage
+};
+
+// One sequence of a batched attention or attn_prep launch. A launch's sequences sit in a device
+// table staged with the step (SeqTable), so a recorded step replays with other sequences, caches
+// and positions: only the launch's row count and the layer's shapes are part of its key.
+struct SeqKv {
+  int row0;      // the sequence's first row in q / k / v / out
+  int first;     // its first row among the launch's rows
+  int pos0;      // the position of its first row
+  int capacity;  // cache slots (a ring when window > 0)
+  int window;    // 0: full attention
+  void* k;       // cache rows [capacity, n_kv_heads, head_dim] of the activation type (unquantized)
+  void* v;
+  KvQuantArgs quant;      // a quantized cache (quant.bits > 0): its codes, scales and biases
+  const int32_t* blocks;  // device [n, 2] image blocks (backend.h AttnSeq::blocks), or null
+};
+// A launch's sequences in device memory: seqs[n_seqs], and row_seq[rows] (launch row -> sequence).
+struct SeqTable {
+  const SeqKv* seqs;
+  const int32_t* row_seq;
+};
+// A batched decode attention launch: `rows` query rows of the table's sequences, all of one layer
+// (n_kv_heads, head_dim; quant_bits: their caches' bits, 0 unquantized; t: q, k, v, out).
+struct AttnBatch {
+  SeqTable tab;
+  int rows, n_kv_heads, head_dim, quant_bits;
+  DType t;
 };
 
 // y[M, w.rows] = x[M, w.cols] · Wᵀ: 32-value units per lane when w.cols % 32 == 0, else one
@@ -121,23 +148,21 @@ void norm_add(cudaStream_t s, void* x, const void* o, int rows, int dim, const f
 // Per-head rms_norm (weight w) then rope of rows at positions pos0.. (one sequence).
 void norm_rope(cudaStream_t s, void* x, int rows, int heads, int head_dim, const float* w, float eps, Dyn pos0,
                const float* inv_freq, float position_scale, DType t);
-// One sequence's attention inputs (Backend::attn_prep): q [rows, H, D] normed (q_norm_w, or none)
-// and roped in place; k [rows, Hk, D] likewise, then k and v (normed when v_norm) written into the
-// cache slots of positions pos0.. (kc/vc [capacity, Hk, D]; ring when window > 0; quant.bits > 0:
-// quantized into quant's rows instead, kc/vc unused). Hk == 0: q only.
+// A batch's attention inputs (Backend::attn_prep), one launch: q [rows, H, D] normed (q_norm_w, or
+// none) and roped in place; k [rows, Hk, D] likewise, then k and v (normed when v_norm) written
+// into the cache slot of each row's position (the table's caches, rings among them; quantized
+// into the sequence's quant rows when quant.bits > 0). Rows are the table's launch rows. Hk == 0:
+// q only.
 struct AttnPrepArgs {
-  void *q, *k, *v;  // of type t, as the cache rows kc / vc
+  void *q, *k, *v;  // of type t, as the cache rows
   int H, Hk, head_dim;
   const float* q_norm_w;
   const float* k_norm_w;
   bool v_norm;
   float eps;
-  Dyn pos0;
   const float* inv_freq;
   float position_scale;
-  void *kc, *vc;
-  int capacity, window;
-  KvQuantArgs quant;
+  SeqTable tab;
   DType t;
 };
 void attn_prep(cudaStream_t s, const AttnPrepArgs& a, int rows);
@@ -147,11 +172,12 @@ void rope(cudaStream_t s, void* x, int rows, int heads, int head_dim, Dyn pos0, 
 // or quantized into quant's rows when quant.bits > 0).
 void kv_write(cudaStream_t s, const void* k, const void* v, int row0, int n, Dyn pos0, int n_kv_heads, int head_dim,
               int capacity, int window, void* kc, void* vc, const KvQuantArgs& quant, DType t);
-// Attention of a.n query rows (flash-decoding: online softmax, no score matrix). The visible
-// positions of each (row, head) are cut into `splits` ranges run by separate blocks; with
-// splits > 1, `partial` holds a.n * H * splits * (head_dim + 2) floats and `counters` a.n * H
-// zeros (the kernel leaves them zero again).
-void attention(cudaStream_t s, const void* q, int H, const AttnArgs& a, float scale, int splits, float* partial,
+// Attention of a.rows query rows of a.tab's sequences in one launch (flash-decoding: online
+// softmax, no score matrix). The visible positions of each (row, head) are cut into `splits`
+// ranges run by separate blocks; with splits > 1, `partial` holds a.rows * H * splits *
+// (head_dim + 2) floats and `counters` a.rows * H zeros (the kernel leaves them zero again).
+// Prefill-sized sequences go to flash_attention (cuda_flash_attention.h) instead.
+void attention(cudaStream_t s, const void* q, int H, const AttnBatch& a, float scale, int splits, float* partial,
                unsigned* counters, void* out);
 // The number of position ranges attention() should use for n rows of H heads when at most
 // max_visible positions are visible (a static bound, so a recorded step stays valid).

@@ -80,15 +80,17 @@ __global__ void norm_rope_kernel(T* x, int heads, int head_dim, const float* w, 
   norm_rope_head(x + (int64_t(r) * heads + h) * head_dim, head_dim, w, eps, pos, inv_freq, static_cast<T*>(nullptr), sh);
 }
 
-// A layer's attention inputs for one sequence in one launch (attn_prep): blocks (row, h) for
+// A layer's attention inputs for a batch of sequences in one launch (attn_prep): blocks (launch
+// row of a.tab, h) for
 // h < H norm and rope query head h; blocks (row, H + g) norm and rope key head g and write it,
 // with value head g (unweighted RMSNorm when v_norm), into the cache slot of the row's position.
 template <class T>
 __global__ void attn_prep_kernel(AttnPrepArgs a) {
   pdl_enter();
   __shared__ float sh[32];
-  const int heads = a.H + a.Hk, r = blockIdx.x / heads, h = blockIdx.x % heads, D = a.head_dim;
-  const int p = load(a.pos0) + r;
+  const int heads = a.H + a.Hk, lr = blockIdx.x / heads, h = blockIdx.x % heads, D = a.head_dim;
+  const SeqKv& sq = a.tab.seqs[a.tab.row_seq[lr]];
+  const int t = lr - sq.first, r = sq.row0 + t, p = sq.pos0 + t;
   const float pos = float(p) * a.position_scale;
   T* const q = static_cast<T*>(a.q);
   if (h < a.H) {
@@ -96,11 +98,11 @@ __global__ void attn_prep_kernel(AttnPrepArgs a) {
     return;
   }
   T *const k = static_cast<T*>(a.k), *const vv = static_cast<T*>(a.v);
-  T *const kc = static_cast<T*>(a.kc), *const vc = static_cast<T*>(a.vc);
+  T *const kc = static_cast<T*>(sq.k), *const vc = static_cast<T*>(sq.v);
   const int g = h - a.H;
-  const int64_t slot = a.window > 0 ? p % a.capacity : p;
+  const int64_t slot = sq.window > 0 ? p % sq.capacity : p;
   const int64_t at = (slot * a.Hk + g) * D, row = (int64_t(r) * a.Hk + g) * D;
-  const KvQuantArgs& qa = a.quant;
+  const KvQuantArgs qa = sq.quant;
   norm_rope_head(k + row, D, a.k_norm_w, a.eps, pos, a.inv_freq, qa.bits ? static_cast<T*>(nullptr) : kc + at, sh);
   T* v = vv + row;
   const float inv = a.v_norm ? inv_rms(v, D, a.eps, sh) : 1.f;

@@ -8,7 +8,7 @@
 namespace g4::cuda {
 namespace {
 
-constexpr int kMaxDyn = 4096;                 // scalars per step
+constexpr size_t kDynBytes = size_t(2) << 20;   // scalars and tables per step
 constexpr size_t kStageBytes = size_t(1) << 20;  // staged from_host bytes per step
 constexpr size_t kMaxGraphs = 16;             // recorded graphs kept (least recently used dropped)
 constexpr size_t kMaxSeen = 4096;             // remembered one-off keys before forgetting
@@ -22,8 +22,8 @@ void check(cudaError_t e, const char* what) {
 }  // namespace
 
 StepRecorder::StepRecorder(cudaStream_t stream, bool graphs) : stream_(stream), graphs_enabled_(graphs) {
-  check(cudaMallocHost(&dyn_host_, kMaxDyn * sizeof(int32_t)), "cudaMallocHost(scalars)");
-  check(cudaMalloc(&dyn_dev_, kMaxDyn * sizeof(int32_t)), "cudaMalloc(scalars)");
+  check(cudaMallocHost(&dyn_host_, kDynBytes), "cudaMallocHost(scalars)");
+  check(cudaMalloc(&dyn_dev_, kDynBytes), "cudaMalloc(scalars)");
   check(cudaMallocHost(&stage_, kStageBytes), "cudaMallocHost(staging)");
 }
 
@@ -38,7 +38,7 @@ StepRecorder::~StepRecorder() {
 void StepRecorder::reset() {
   ops_.clear();
   key_.clear();
-  n_dyn_ = 0;
+  dyn_used_ = 0;
   stage_used_ = 0;
 }
 
@@ -52,14 +52,29 @@ void StepRecorder::begin() {
 
 Dyn StepRecorder::dyn(int value) {
   if (!active_) return Dyn{value, nullptr};
-  if (n_dyn_ == kMaxDyn) {
+  if (dyn_used_ + sizeof(int32_t) > kDynBytes) {
     flush();
     return Dyn{value, nullptr};
   }
-  dyn_host_[n_dyn_] = value;
+  std::memcpy(dyn_host_ + dyn_used_, &value, sizeof(int32_t));
   Dyn d{};  // value-initialized: a Dyn's bytes are part of the step's key
-  d.ptr = dyn_dev_ + n_dyn_++;
+  d.ptr = reinterpret_cast<const int32_t*>(dyn_dev_ + dyn_used_);
+  dyn_used_ += sizeof(int32_t);
   return d;
+}
+
+const void* StepRecorder::dyn_bytes(const void* src, size_t n) {
+  if (!active_) return nullptr;
+  const size_t at = (dyn_used_ + 15) & ~size_t(15);
+  if (at + n > kDynBytes) {
+    flush();
+    return nullptr;
+  }
+  std::memcpy(dyn_host_ + at, src, n);
+  dyn_used_ = at + n;
+  key(0xD7B7E500ull);
+  key(uint64_t(n));
+  return dyn_dev_ + at;
 }
 
 bool StepRecorder::stage_copy(const void* src, size_t n, void* dst) {
@@ -75,9 +90,8 @@ bool StepRecorder::stage_copy(const void* src, size_t n, void* dst) {
 }
 
 void StepRecorder::run_direct() {
-  if (n_dyn_ > 0)
-    check(cudaMemcpyAsync(dyn_dev_, dyn_host_, size_t(n_dyn_) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
-          "scalar copy");
+  if (dyn_used_ > 0)
+    check(cudaMemcpyAsync(dyn_dev_, dyn_host_, dyn_used_, cudaMemcpyHostToDevice, stream_), "scalar copy");
   for (auto& op : ops_) op(stream_);
 }
 
@@ -92,7 +106,7 @@ void StepRecorder::flush() {
 uint64_t StepRecorder::hash() const {
   uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
   for (uint64_t w : key_) h = (h ^ w) * 1099511628211ull;
-  return h ^ uint64_t(n_dyn_);
+  return h ^ uint64_t(dyn_used_);
 }
 
 void StepRecorder::end() {

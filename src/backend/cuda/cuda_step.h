@@ -4,9 +4,11 @@
 // Contract (backend.h begin_step/end_step): between begin() and end() the backend does not
 // launch; each op adds a launch closure and the words that identify it (its key: the backend
 // derives them from the launch's name and every argument the closure passes to its launcher,
-// cuda_backend.cu launch()), and takes its per-step scalars (positions) through dyn(). Scalars
-// live in a pinned host array that is copied to the device as the step's first node, so kernels
-// read them through Dyn pointers and a graph recorded at one position replays at any other.
+// cuda_backend.cu launch()), and takes its per-step scalars (positions) through dyn() and its
+// per-step tables (a batch's sequences: caches, positions) through dyn_bytes(). Both live in a
+// pinned host area that is copied to the device as the step's first node, so kernels read them
+// through device pointers and a graph recorded at one position (or for other sequences of the same
+// shape) replays at any other.
 // Host data for from_host is staged in pinned memory at offsets fixed by the op order, so the
 // graph's copy nodes read the step's own data. end() then:
 //   - replays the graph recorded for this key (the common decode case), or
@@ -47,6 +49,10 @@ class StepRecorder {
   // In a step: records `value` as the step's next scalar and returns its device slot (value 0, so
   // that the Dyn's bytes are the same at every position); outside one: the value itself.
   Dyn dyn(int value);
+  // In a step: copies n bytes into the step's scalar area and returns their device address (16-byte
+  // aligned; the size joins the key, the bytes do not); null outside a step or when the area is
+  // full (the step was flushed: the caller uploads the bytes itself).
+  const void* dyn_bytes(const void* src, size_t n);
   // Appends an identifying word to the step's key.
   void key(uint64_t word) { key_.push_back(word); }
   // Adds one op's launch (run with the step's stream, in order, when the step ends).
@@ -76,10 +82,10 @@ class StepRecorder {
   bool active_ = false;
   std::vector<std::function<void(cudaStream_t)>> ops_;
   std::vector<uint64_t> key_;
-  // Pinned scalars (host) and their device copy; pinned staging for from_host data.
-  int32_t* dyn_host_ = nullptr;
-  int32_t* dyn_dev_ = nullptr;
-  int n_dyn_ = 0;
+  // Pinned scalars and tables (host) and their device copy; pinned staging for from_host data.
+  uint8_t* dyn_host_ = nullptr;
+  uint8_t* dyn_dev_ = nullptr;
+  size_t dyn_used_ = 0;
   uint8_t* stage_ = nullptr;
   size_t stage_used_ = 0;
   std::unordered_map<uint64_t, int> seen_;  // key hash -> steps seen (capture on the 2nd)
