@@ -1,13 +1,16 @@
 // gemma4 bench --model DIR [--prompt-tokens 128] [--gen-tokens 64] [--threads N] [--dtype f32|bf16]
 //              [--chunk 512] [--repeat 1] [--batch-invariant on|off] (on: the kernels serve runs)
 //              [--kv-bits N [--kv-group-size G] [--quantized-kv-start T]]
-// Measures prefill tok/s, decode tok/s (greedy, no stop), time to first token from process start,
-// peak memory and the KV cache's bytes at the end. Prints a human summary on stderr and one JSON
+//              [--batch N] (N sequences: each prefilled alone, then decoded together, one forward a step)
+// Measures prefill tok/s, decode tok/s (greedy, no stop; with --batch, the tokens of all N sequences
+// a second), time to first token from process start, peak memory and the KV caches' bytes at the end. Prints a human summary on stderr and one JSON
 // line on stdout.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <vector>
 
 #include "cli/common.h"
 #include "cli/options.h"
@@ -30,6 +33,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
   cli.value("--gen-tokens", "tokens to decode after the prompt", "64")->type_name("N")->check(CLI::Range(1, 1 << 24));
   cli.value("--chunk", "prefill chunk size in tokens", "512")->type_name("N")->check(CLI::Range(1, 1 << 24));
   cli.value("--repeat", "runs; the best of them is reported", "1")->type_name("N")->check(CLI::Range(1, 1000));
+  cli.value("--batch", "sequences decoded together (each prefilled alone first)", "1")->type_name("N")
+      ->check(CLI::Range(1, 1024));
   cli.value("--dtype", "activation precision (f32 default; on cuda: the storage dtype, bf16 default)")
       ->type_name("f32|bf16")->check(one_of({"f32", "bf16"}));
   Args a;
@@ -38,6 +43,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const int ng = std::atoi(a.get("--gen-tokens").c_str());
   const int chunk = std::atoi(a.get("--chunk").c_str());
   const int repeat = std::atoi(a.get("--repeat").c_str());
+  const int nb = std::atoi(a.get("--batch").c_str());
   auto m = load_model_from_args(a);
   if (!m) return fail("bench", m.message());
   Model& model = *m.value();
@@ -61,38 +67,52 @@ int cmd_bench(const std::vector<std::string>& argv) {
   double best_prefill = 0, best_decode = 0, ttft = 0;
   size_t kv_bytes = 0;
   for (int r = 0; r < repeat; ++r) {
-    auto cache = model.new_cache();
-    auto t0 = clk::now();
-    {
+    std::vector<std::unique_ptr<KvCache>> caches;
+    std::vector<int32_t> next(static_cast<size_t>(nb), 0);
+    double prefill_s = 0;
+    for (int b = 0; b < nb; ++b) {  // sequence b's prompt: the bench prompt with its second token moved by b
+      caches.push_back(model.new_cache());
+      std::vector<int32_t> pb = prompt;
+      if (np > 1) pb[1] = int32_t(1000 + (pb[1] - 1000 + b) % std::max(1, V - 1000));
+      auto t0 = clk::now();
       ProgressTask progress("bench prefill", uint64_t(np), ProgressUnit::Tokens, uint64_t(chunk) + 1);
       for (int i = 0; i < np; i += chunk) {
         const int n = std::min(chunk, np - i);
-        model.forward({SeqInput{cache.get(), prompt.data() + i, n, false}}, P.value(), logits.data());
+        model.forward({SeqInput{caches.back().get(), pb.data() + i, n, false}}, P.value(), logits.data());
         progress.add(uint64_t(n));
       }
+      const auto t1 = clk::now();
+      prefill_s += std::chrono::duration<double>(t1 - t0).count();
+      if (r == 0 && b == 0) ttft = std::chrono::duration<double>(t1 - g_process_start).count();
+      next[size_t(b)] = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
     }
-    auto t1 = clk::now();
-    if (r == 0) ttft = std::chrono::duration<double>(t1 - g_process_start).count();
-    // Greedy, as generation picks tokens (greedy_step: the argmax on the device where there is one).
-    int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    const auto t1 = clk::now();
     {
-      ProgressTask progress("bench decode", uint64_t(ng), ProgressUnit::Tokens, 256);
+      ProgressTask progress("bench decode", uint64_t(ng) * uint64_t(nb), ProgressUnit::Tokens, 256);
       for (int i = 0; i < ng; ++i) {
-        next = greedy_step(model, *cache, next, P.value(), logits);
-        progress.add(1);
+        if (nb == 1) {  // greedy, as generation picks tokens (greedy_step: the argmax on the device where there is one)
+          next[0] = greedy_step(model, *caches[0], next[0], P.value(), logits);
+        } else {  // one forward over every sequence's next token, the argmax where the logits are
+          std::vector<SeqInput> batch;
+          std::vector<int32_t> in = next;
+          for (int b = 0; b < nb; ++b) batch.push_back(SeqInput{caches[size_t(b)].get(), &in[size_t(b)], 1, false});
+          model.forward(batch, P.value(), nullptr, next.data());
+        }
+        progress.add(uint64_t(nb));
       }
     }
-    auto t2 = clk::now();
-    best_prefill = std::max(best_prefill, np / std::chrono::duration<double>(t1 - t0).count());
-    best_decode = std::max(best_decode, ng / std::chrono::duration<double>(t2 - t1).count());
-    kv_bytes = cache->bytes();
+    const auto t2 = clk::now();
+    best_prefill = std::max(best_prefill, double(np) * nb / prefill_s);
+    best_decode = std::max(best_decode, double(ng) * nb / std::chrono::duration<double>(t2 - t1).count());
+    kv_bytes = 0;
+    for (const auto& c : caches) kv_bytes += c->bytes();
   }
   std::fprintf(stderr, "prefill %.1f tok/s, decode %.1f tok/s, ttft %.3f s, peak %.0f MiB, KV cache %.1f MiB (%d threads)\n",
                best_prefill, best_decode, ttft, peak_rss_mib(), double(kv_bytes) / (1 << 20), num_threads());
   std::printf("{\"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f, \"ttft_s\": %.4f, \"peak_rss_mb\": %.1f, "
-              "\"threads\": %d, \"prompt_tokens\": %d, \"gen_tokens\": %d, \"kv_bytes\": %zu, "
+              "\"threads\": %d, \"prompt_tokens\": %d, \"gen_tokens\": %d, \"batch\": %d, \"kv_bytes\": %zu, "
               "\"activations\": \"%s\", \"prefill_blas\": %s}\n",
-              best_prefill, best_decode, ttft, peak_rss_mib(), num_threads(), np, ng, kv_bytes,
+              best_prefill, best_decode, ttft, peak_rss_mib(), num_threads(), np, ng, nb, kv_bytes,
               std::string(dtype_name(model.backend().activation_dtype())).c_str(),
               cuda_prefill_on_blas(model.backend()) ? "true" : "false");
   return 0;
