@@ -47,6 +47,7 @@ Result<Session> open_session(const Args& a, bool chat) {
   plan.context = std::stoi(a.get("--context"));
   plan.kv_bits = a.has("--kv-bits") ? std::stoi(a.get("--kv-bits")) : 0;
   plan.kv_group = std::stoi(a.get("--kv-group-size"));
+  plan.kv_elem_bytes = a.get("--dtype") == "f32" ? 4 : 0;  // device backends store bf16 unless --dtype f32
   plan.chunk = EngineOptions{}.prefill_chunk;
   G4_ASSIGN_OR_RETURN(FitReport fit, plan_fit(a.get("--model"), a.get("--backend"), plan, a.has("--context")));
   G4_TRY(refuse_if_not_fitting(fit, "--context"));

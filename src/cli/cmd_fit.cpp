@@ -28,6 +28,8 @@ int cmd_fit(const std::vector<std::string>& argv) {
       ->check(one_of({"32", "64", "128"}));
   cli.value("--chunk", "prompt tokens per sequence per step (the engine's prefill chunk)", "256")->type_name("N")
       ->check(CLI::Range(1, 1 << 16));
+  cli.value("--dtype", "the activations' storage (on cuda bf16 unless f32; host backends store f32)")
+      ->type_name("f32|bf16")->check(one_of({"f32", "bf16"}));
   cli.flag("--json", "print the numbers as one JSON object");
   Args a;
   if (int rc = cli.parse(argv, a); rc >= 0) return rc;
@@ -37,6 +39,7 @@ int cmd_fit(const std::vector<std::string>& argv) {
   in.kv_bits = a.has("--kv-bits") ? std::stoi(a.get("--kv-bits")) : 0;
   in.kv_group = std::stoi(a.get("--kv-group-size"));
   in.chunk = std::stoi(a.get("--chunk"));
+  in.kv_elem_bytes = a.get("--dtype") == "f32" ? 4 : 0;
   auto rep = plan_fit(a.get("--model"), a.get("--backend"), in);
   if (!rep) return fail("fit", rep.message());
   const FitReport& r = rep.value();

@@ -89,6 +89,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   plan.parallel = o.parallel;
   plan.kv_bits = a.has("--kv-bits") ? std::stoi(a.get("--kv-bits")) : 0;
   plan.kv_group = std::stoi(a.get("--kv-group-size"));
+  plan.kv_elem_bytes = a.get("--dtype") == "f32" ? 4 : 0;  // device backends store bf16 unless --dtype f32
   plan.chunk = EngineOptions{}.prefill_chunk;
   plan.extra_bytes = o.prefix_cache_bytes;
   auto fit = plan_fit(a.get("--model"), a.get("--backend"), plan, a.has("--context"));

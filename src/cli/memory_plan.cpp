@@ -46,18 +46,18 @@ uint64_t kv_elements(const ModelConfig& c, int64_t context, bool full_only) {
   return n;
 }
 
-uint64_t kv_cache_bytes(const ModelConfig& c, int64_t context, int kv_bits, int kv_group, int chunk) {
+uint64_t kv_cache_bytes(const ModelConfig& c, int64_t context, int kv_bits, int kv_group, int chunk, int elem_bytes) {
   uint64_t bytes = 0;
   for (const LayerSpec& L : c.layers) {
     if (L.kv_source >= 0) continue;
     const uint64_t row = uint64_t(L.n_kv_heads) * uint64_t(L.head_dim) * 2;  // K and V elements per slot
     if (L.kind == AttnKind::Sliding && L.window > 0) {
-      bytes += uint64_t(L.window + chunk - 1) * row * 4;
+      bytes += uint64_t(L.window + chunk - 1) * row * uint64_t(elem_bytes);
     } else if (kv_bits > 0) {
       const uint64_t e = full_layer_slots(context) * row;
       bytes += e * uint64_t(kv_bits) / 8 + e / uint64_t(std::max(1, kv_group)) * 8;
     } else {
-      bytes += full_layer_slots(context) * row * 4;
+      bytes += full_layer_slots(context) * row * uint64_t(elem_bytes);
     }
   }
   return bytes;
@@ -93,7 +93,8 @@ Result<uint64_t> stored_weight_bytes(const ModelConfig& c, const WeightSource& w
 MemoryNeed memory_need(const ModelConfig& c, uint64_t weight_bytes, const PlanInput& in, bool on_gpu) {
   MemoryNeed n;
   n.weights = weight_bytes;
-  n.kv = kv_cache_bytes(c, in.context, in.kv_bits, in.kv_group, in.chunk) * uint64_t(std::max(1, in.parallel));
+  const int elem = in.kv_elem_bytes > 0 ? in.kv_elem_bytes : (on_gpu ? 2 : 4);
+  n.kv = kv_cache_bytes(c, in.context, in.kv_bits, in.kv_group, in.chunk, elem) * uint64_t(std::max(1, in.parallel));
   // One step's rows: every sequence's prompt chunk. Per row: residual, normed input, q, k, v,
   // attention output, gate, up and the MLP product, in f32; plus one logits row per sequence.
   int q_dim = 0, kv_dim = 0, mlp = 0;
@@ -265,7 +266,8 @@ Status refuse_if_not_fitting(const FitReport& r, const char* context_flag) {
   std::string hint = r.largest_context > 0
                          ? std::string("; the largest context that fits is ") + std::to_string(r.largest_context) +
                                " tokens (" + context_flag + " " + std::to_string(r.largest_context) + ")"
-                         : "; not even a 256-token context fits";
+                         : "; not even a 256-token context fits (the sliding-window layers hold window + chunk "
+                           "tokens per sequence whatever the context: lower --parallel)";
   return err("%s does not fit this machine: %s%s", r.model.c_str(), r.summary().c_str(), hint.c_str());
 }
 

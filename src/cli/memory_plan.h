@@ -15,7 +15,8 @@ namespace g4::cli {
 struct PlanInput {
   int64_t context = 8192;     // tokens per sequence (prompt + answer)
   int parallel = 1;           // sequences held at once
-  int kv_bits = 0;            // 0: f32 KV cache
+  int kv_bits = 0;            // 0: unquantized KV cache
+  int kv_elem_bytes = 0;      // bytes of an unquantized KV element; 0: the backend's default (cuda: bf16, 2; host: f32, 4)
   int kv_group = 64;
   int chunk = 256;            // prompt tokens per sequence per forward step
   uint64_t extra_bytes = 0;   // e.g. serve's prompt-prefix cache
@@ -36,7 +37,8 @@ uint64_t kv_elements(const ModelConfig& c, int64_t context, bool full_only = fal
 // One sequence's KV-cache bytes as model/kv_cache.h allocates them for `context` tokens: full
 // layers grown by doubling from 256 slots, sliding layers window + chunk - 1 slots; with
 // --kv-bits the full layers' codes plus an f32 scale and bias per group.
-uint64_t kv_cache_bytes(const ModelConfig& c, int64_t context, int kv_bits, int kv_group, int chunk);
+uint64_t kv_cache_bytes(const ModelConfig& c, int64_t context, int kv_bits, int kv_group, int chunk,
+                        int elem_bytes = 4);
 // Bytes the stored tensors of the model take (packed matrices with their scales, vectors).
 Result<uint64_t> stored_weight_bytes(const ModelConfig& c, const WeightSource& w);
 // Bytes one view occupies in the file (packed data + MLX scales/biases).

@@ -76,3 +76,15 @@ def test_fit_on_cuda_says_when_there_is_no_device(bin_):
         return
     assert "weights:" in r.stdout and "total:" in r.stdout  # the need is known without a device
     assert "no CUDA device" in r.stdout or "fits:     no" in r.stdout, r.stdout
+
+
+def test_fit_counts_the_kv_cache_in_the_activations_storage(bin_):
+    # CUDA stores activations and unquantized KV in bf16 unless --dtype f32: half the host's f32 bytes
+    # (sliding-window rings included; they are what 64 sequences of a 31B hold at any context).
+    _, host = fit(bin_, "-c", 8192, "--parallel", 4)
+    _, cuda = fit(bin_, "-c", 8192, "--parallel", 4, "--backend", "cuda")
+    _, cuda_f32 = fit(bin_, "-c", 8192, "--parallel", 4, "--backend", "cuda", "--dtype", "f32")
+    assert cuda["need_bytes"]["kv_cache"] * 2 == host["need_bytes"]["kv_cache"]
+    assert cuda_f32["need_bytes"]["kv_cache"] == host["need_bytes"]["kv_cache"]
+    _, q4 = fit(bin_, "-c", 8192, "--kv-bits", 4, "--backend", "cuda")
+    assert 0 < q4["need_bytes"]["kv_cache"] < cuda["need_bytes"]["kv_cache"] / 4
