@@ -35,6 +35,7 @@ struct TextRequest {
   std::optional<bool> thinking;
   bool stream = false;
   bool include_usage = false;
+  bool ignore_eos = false;  // run to max_tokens: the model's end tokens do not stop it (vLLM, llama-server)
   int max_tokens = 0;  // 0: server default
   SamplingParams sampling;
   std::vector<std::string> stop;

@@ -81,8 +81,8 @@ std::variant<std::shared_ptr<LiveGeneration>, ApiError> LiveGeneration::start(
   const int ctx = engine.options().max_context;
   if (req.max_tokens <= 0 && int(spec.prompt.size()) + spec.max_tokens > ctx)
     spec.max_tokens = std::max(1, ctx - int(spec.prompt.size()));
-  spec.stop_ids = b.stop_ids;
-  g->stop_ids_ = spec.stop_ids;
+  if (!req.ignore_eos) spec.stop_ids = b.stop_ids;
+  g->stop_ids_ = b.stop_ids;  // end tokens never reach the text (with ignore_eos they do not stop it either)
   auto q = g->q_;
   auto id = engine.submit(std::move(spec), [q](const TokenEvent& ev) {
     std::lock_guard<std::mutex> lk(q->mu);

@@ -77,3 +77,18 @@ def test_n_choices(srv):
     chat = c.chat.completions.create(model="starter", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
                                      temperature=0, n=2)
     assert len(chat.choices) == 2 and chat.choices[0].message.content == chat.choices[1].message.content
+
+
+def test_ignore_eos_runs_to_max_tokens(srv):
+    """vLLM's and llama-server's `ignore_eos` (what serving benchmarks send): the model's end tokens
+    no longer stop the answer, which then runs to max_tokens. logit_bias forces <eos> (id 1 of the
+    starter's vocabulary) under greedy decoding, so the plain request stops at its first token."""
+    c = oai(srv)
+    kw = dict(model="starter", prompt="The capital of France is", max_tokens=12, temperature=0, logit_bias={"1": 100})
+    short = c.completions.create(**kw)
+    assert short.choices[0].finish_reason == "stop" and short.usage.completion_tokens == 1
+    full = c.completions.create(**kw, extra_body={"ignore_eos": True})
+    assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 12
+    assert full.choices[0].text == ""  # the end tokens are counted, never written as text
+    status, bad = srv.raw("POST", "/v1/completions", {"prompt": "hi", "ignore_eos": "yes"})
+    assert status == 400 and bad["error"]["param"] == "ignore_eos", bad
