@@ -104,8 +104,9 @@ std::optional<ApiError> read_openai_sampling(const ojson& body, int vocab, TextR
   std::optional<bool> b;
   if (auto e = read_bool(body, "stream", b)) return e;
   r.stream = b.value_or(false);
-  if (auto e = read_bool(body, "ignore_eos", b)) return e;  // vLLM's and llama-server's extension
-  r.ignore_eos = b.value_or(false);
+  std::optional<bool> ig;
+  if (auto e = read_bool(body, "ignore_eos", ig)) return e;  // vLLM's and llama-server's extension
+  r.ignore_eos = ig.value_or(false);
   if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) return bad("stream_options", "'stream_options' must be an object");
     std::optional<bool> u;

@@ -65,6 +65,10 @@ std::variant<std::vector<int32_t>, ApiError> LiveGeneration::prompt_ids(Engine& 
 std::variant<std::shared_ptr<LiveGeneration>, ApiError> LiveGeneration::start(
     Engine& engine, const ModelBundle& b, const TextRequest& req, int default_max_tokens,
     bool allow_special_in_content) {
+  if (req.ignore_eos && req.grammar)  // a finished grammar admits nothing but the end token
+    return ApiError{400, "invalid_request_error",
+                    "ignore_eos cannot be combined with constrained output (response_format, tool_choice, grammar)",
+                    "ignore_eos"};
   TextStreamOptions to;
   to.stop_strings = req.stop;
   auto built = build_prompt(engine, b, req, allow_special_in_content, &to);

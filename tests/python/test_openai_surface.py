@@ -92,3 +92,6 @@ def test_ignore_eos_runs_to_max_tokens(srv):
     assert full.choices[0].text == ""  # the end tokens are counted, never written as text
     status, bad = srv.raw("POST", "/v1/completions", {"prompt": "hi", "ignore_eos": "yes"})
     assert status == 400 and bad["error"]["param"] == "ignore_eos", bad
+    status, bad = srv.raw("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                           "ignore_eos": True, "response_format": {"type": "json_object"}})
+    assert status == 400 and bad["error"]["param"] == "ignore_eos", bad  # a finished grammar admits only the end
