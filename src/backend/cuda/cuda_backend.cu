@@ -37,6 +37,7 @@
 #include "backend/cuda/cuda_blas.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_mma_small.h"
 #include "backend/cuda/cuda_flash_attention.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.cuh"
@@ -313,7 +314,9 @@ class CudaBackend final : public Backend {
   }
   void matmul_norm_add(const Buf& x_b, int M, const WeightView& W, const Buf& y_b, const Buf& resid_b,
                        const float* w, float eps, ActPrecision P) override {
-    if (M > cuda::kEpilogueMaxRows) {  // prefill: the row-parallel norm_add kernel after the matmul
+    // Prefill, and batched decode on the few-row tensor-core kernel (no fused epilogue): the
+    // row-parallel norm_add kernel after the matmul.
+    if (M > cuda::kEpilogueMaxRows || small_rows(x_b, M, W.cols)) {
       Backend::matmul_norm_add(x_b, M, W, y_b, resid_b, w, eps, P);
       return;
     }
@@ -370,7 +373,8 @@ class CudaBackend final : public Backend {
   void norm_matmuls(const Buf& x_b, int M, const InputNorm& norm, std::initializer_list<MatOut> outs,
                     ActPrecision P) override {
     if (outs.size() == 0) return;
-    if (!blas_rows(x_b, M, outs.begin()->w->cols) && !norm_fits(norm, M, outs.begin()->w->cols)) {  // too wide to norm in shared memory
+    const int64_t cols = outs.begin()->w->cols;
+    if (!blas_rows(x_b, M, cols) && !small_rows(x_b, M, cols) && !norm_fits(norm, M, cols)) {  // too wide to norm in shared memory
       Backend::norm_matmuls(x_b, M, norm, outs, P);
       return;
     }
@@ -391,7 +395,8 @@ class CudaBackend final : public Backend {
   void gate_up_gelu(const Buf& x_b, int M, const InputNorm& norm, const WeightView& G, const WeightView& U,
                     bool ggml_table, ActPrecision P, const Buf& gate_b, const Buf& up_b) override {
     if (G.fmt != U.fmt || G.rows != U.rows || G.cols != U.cols || G.group_size != U.group_size || G.bits != U.bits ||
-        G.scale_dtype != U.scale_dtype || (!blas_rows(x_b, M, G.cols) && !norm_fits(norm, M, G.cols))) {
+        G.scale_dtype != U.scale_dtype ||
+        (!blas_rows(x_b, M, G.cols) && !small_rows(x_b, M, G.cols) && !norm_fits(norm, M, G.cols))) {
       Backend::gate_up_gelu(x_b, M, norm, G, U, ggml_table, P, gate_b, up_b);  // separate launches
       return;
     }
@@ -672,7 +677,13 @@ class CudaBackend final : public Backend {
   // instead of by each of the matmul's thousands of blocks in its prologue (which cost more than
   // the weights' reads). Returns the matmul's arguments: the scratch read as is, or x normed in
   // the kernel (always for the int8 GEMVs, which norm in their prepare launch).
+  // Rows for the few-row tensor-core kernel (no input norm of its own) are normed into
+  // norm.scratch the same way.
   cuda::MatArgs normed_args(const Buf& x, int M, const InputNorm& norm, const WeightView& W, ActPrecision P) {
+    if (norm.w && norm.scratch && small_rows(x, M, W.cols)) {
+      rms_norm(x, M, int(W.cols), norm.w, norm.eps, P, norm.scratch);
+      return mat_args(norm.scratch, InputNorm{}, M);
+    }
     if (M != 1 || !norm.w || !norm.scratch || (W.fmt != WFormat::GgufQ4_K && W.fmt != WFormat::GgufQ6_K) ||
         (q8_.q && cuda::q8_gemv_supports(dev(W))))
       return mat_args(x, norm, M);
@@ -685,6 +696,11 @@ class CudaBackend final : public Backend {
                            std::to_string(a.w[0].cols) + " M=" + std::to_string(M);
     if (launch_blas("norm_matmuls", a, M, 0)) return;
     launch("norm_matmuls", cuda::matmuls, a, M);
+  }
+  // Whether M rows of x into `cols`-wide weights take the few-row tensor-core kernel
+  // (cuda_mma_small.h: its input normed beforehand, its epilogues separate launches).
+  static bool small_rows(const Buf& x, int M, int64_t cols) {
+    return M > 1 && cuda::small_mma_rows(act_type({&x}), M, cols) && !cuda::tc_matmul_disabled();
   }
   // Whether M rows of x into `cols`-wide weights take the cuBLAS prefill path (Blas::applies for
   // the launches without an epilogue: their input norm then needs no shared memory).

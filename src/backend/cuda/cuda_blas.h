@@ -26,8 +26,8 @@ namespace g4::cuda {
 class DeviceAllocator;
 
 // Launches with fewer activation rows stay on the matmul kernels (at few rows the bf16 copy of
-// the weights costs more than the kernels' own dequantizing).
-constexpr int kBlasMinRows = 64;
+// the weights costs more than the kernels' own dequantizing; 2 to 32 rows: cuda_mma_small.h).
+constexpr int kBlasMinRows = 33;
 constexpr int kBlasRowBlock = 1024;       // activation rows per GEMM
 constexpr int64_t kBlasMaxCols = 32768;   // the widest input (K) the normed-input scratch holds
 

@@ -1,7 +1,8 @@
 // The matmul kernels (cuda_kernels.h matmul / matmuls / gate_up_gelu) for every weight format:
 // one warp per output row, up to kMaxM activation rows per chunk, optional input norm, fused gated
 // activation and residual epilogue. M = 1 goes to the decode GEMVs (cuda_gemv_decode.cu) where one
-// applies, M >= kTcMinRows to the tensor cores (cuda_tc_matmul.cu).
+// applies, 2 to 63 bf16 rows to the few-row tensor-core kernel (cuda_mma_small.cu), M >= kTcMinRows
+// otherwise to the 3xTF32 tensor cores (cuda_tc_matmul.cu).
 #include <cuda_fp16.h>
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_matmul_common.cuh"
 #include "backend/cuda/cuda_launch.cuh"
+#include "backend/cuda/cuda_mma_small.h"
 
 namespace g4::cuda {
 namespace {
@@ -221,6 +223,10 @@ void matmul_launch(cudaStream_t s, MatArgs a, int M) {
 
 template <WFormat F, int kAct>
 void matmul_fmt(cudaStream_t s, const MatArgs& a, int M) {
+  if (small_mma_applies(a, M)) {  // batched decode: bf16 tensor cores, the weights read once
+    small_mma(s, a, M, kAct);
+    return;
+  }
   if (tc_matmul_applies(a, M)) {  // prefill: tensor cores
     tc_matmul(s, a, M, kAct);
     return;

@@ -1,0 +1,290 @@
+// Few-row matmuls on bf16 tensor cores (cuda_mma_small.h): y = x · wᵀ for 2 to 32 activation rows.
+//
+// The weights are the MMA's A operand (16 weight rows per m16n8k16 tile) and the activation rows
+// its B operand (8 rows per n tile), so one pass over a weight row serves every activation row
+// and a decode step of M sequences reads its weights once, as a single sequence's GEMV does.
+//
+// Block: 16 weight rows of one weight, 8 warps splitting the reduction: warp w takes chunks w,
+// w + 8, ... of kChunk columns (one K-quant super-block, else 128 columns). A warp copies its next
+// chunk's bytes of the 16 rows into shared memory (cp.async, 16-byte coalesced copies, double
+// buffered) while it decodes the current one from there: decoding straight from global memory
+// reads bytes scattered over 16 rows, which the load units serve a sector at a time. The warps'
+// f32 partial sums meet in shared memory, added in warp order (no dependence on timing), and a
+// row's outputs depend on that row's activations only (the same bits in any batch of 2 to 32).
+//
+// Per 128-column step lane (g, t) decodes 32-value unit t of rows g and g + 8 (dequant32, rounded
+// to bf16) and holds them as its A fragments: inside a step the columns are taken in a permuted
+// order, the same for both operands (a dot product does not depend on it), in which the MMA's k
+// positions {2t, 2t+1, 2t+8, 2t+9} of k-chunk c are the lane's physical columns 32t + 4c + {0..3}.
+// Its activations for the step are then 64 contiguous bytes of each of its rows.
+//
+// Before waiting on the previous kernel (PDL), the block asks L2 for its 16 rows (contiguous
+// bytes), so every resident block's weights are on their way at once.
+#include "backend/cuda/cuda_mma_small.h"
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_act.cuh"
+#include "backend/cuda/cuda_dequant.cuh"
+#include "backend/cuda/cuda_launch.cuh"
+#include "backend/cuda/cuda_mma_bf16.cuh"
+
+namespace g4::cuda {
+namespace {
+
+constexpr int kRows = 16;     // weight rows per block (the MMA's m)
+constexpr int kWarps = 8;     // warps per block, splitting the reduction
+constexpr int kStep = 128;    // columns per MMA step (4 units a row)
+constexpr int kThreads = kWarps * 32;
+
+template <WFormat F>
+constexpr bool kSuper = F == WFormat::GgufQ4_K || F == WFormat::GgufQ5_K || F == WFormat::GgufQ6_K;
+// Columns a warp stages at once: whole blocks of every format.
+template <WFormat F>
+constexpr int kChunk = kSuper<F> ? 256 : kStep;
+
+// A chunk's bytes per row (every format's bytes for kChunk columns are contiguous), and the
+// shared slot one row's copy takes: the 16-byte aligned words that cover it.
+inline __host__ __device__ int64_t chunk_bytes(const DevWeight& w, int chunk) { return w.row_bytes / (w.cols / chunk); }
+inline __host__ __device__ int slot_bytes(int64_t cb) { return int((cb + 15) / 16 * 16 + 16); }
+// Dynamic shared memory of a launch: per warp and weight, two chunk buffers of 16 row slots; the
+// end-of-block reduction [warp][n tile · 4 accumulators · 32 lanes] f32 reuses it.
+inline size_t launch_smem(int slot, int mats, int nt) {
+  const size_t bufs = size_t(kWarps) * mats * 2 * kRows * slot, red = size_t(kWarps) * nt * 128 * 4;
+  return bufs > red ? bufs : red;
+}
+
+__device__ inline void cp_async16(void* dst, const void* src) {
+  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ inline void cp_async_wait_prev() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+
+// The block's weight row n0 + r, clamped to the matrix (rows past it are computed, never stored).
+__device__ inline int64_t clamp_row(const DevWeight& w, int64_t n0, int r) {
+  return n0 + r < w.rows ? n0 + r : w.rows - 1;
+}
+
+// Copies chunk c of the block's 16 rows into buf (row r at r · slot), each as the aligned 16-byte
+// words covering it (w.data is 16-byte aligned; the 16 bytes of slack after every uploaded weight
+// cover the last row's end).
+__device__ inline void stage_chunk(const DevWeight& w, int64_t n0, int64_t c, int64_t cb, int slot, uint8_t* buf,
+                                   int lane) {
+  const int words = slot / 16;
+  for (int e = lane; e < kRows * words; e += 32) {
+    const int r = e / words, k = e % words;
+    const uint8_t* src = w.data + clamp_row(w, n0, r) * w.row_bytes + c * cb;
+    const uintptr_t a0 = reinterpret_cast<uintptr_t>(src) & ~uintptr_t(15);
+    if (a0 + 16 * uintptr_t(k) < reinterpret_cast<uintptr_t>(src + cb))
+      cp_async16(buf + r * slot + 16 * k, reinterpret_cast<const void*>(a0 + 16 * uintptr_t(k)));
+  }
+}
+
+// Unit u (of the row) of row r decoded from its staged copy of chunk c, rounded to bf16 pairs:
+// a[i] = (v[2i], v[2i+1]).
+template <WFormat F>
+__device__ inline void decode_pairs(const DevWeight& w, int64_t n0, int r, int64_t c, int64_t cb, int slot,
+                                    const uint8_t* buf, int64_t u, uint32_t* a) {
+  const int64_t row = clamp_row(w, n0, r);
+  const uint8_t* src = w.data + row * w.row_bytes + c * cb;
+  // dequant32 addresses a unit from its row's start: the staged chunk stands at offset c · cb.
+  const uint8_t* base = buf + r * slot + (reinterpret_cast<uintptr_t>(src) & 15) - c * cb;
+  float v[32];
+  dequant32<F>(base, w, row, u, v);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) a[i] = pack_bf16(v[2 * i], v[2 * i + 1]);
+}
+
+// c += A · Bᵀ over one step for the n tiles below M: the lane's A words for rows g (a0) and g + 8
+// (a1), its activation row 8j + g's 32 columns at col read from global memory (L1/L2-resident:
+// every block reads the same few rows).
+template <int kNT>
+__device__ inline void step_mma(const uint32_t* a0, const uint32_t* a1, const bf16* x, int64_t K, int64_t col,
+                                int M, int g, float (*acc)[4]) {
+#pragma unroll
+  for (int j = 0; j < kNT; ++j) {
+    if (8 * j >= M) break;
+    const int m = 8 * j + g;
+    uint32_t xb[16] = {};
+    if (m < M) {
+      const uint4* p = reinterpret_cast<const uint4*>(x + int64_t(m) * K + col);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const uint4 v = p[q];
+        xb[4 * q] = v.x, xb[4 * q + 1] = v.y, xb[4 * q + 2] = v.z, xb[4 * q + 3] = v.w;
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      const uint32_t af[4] = {a0[2 * c], a1[2 * c], a0[2 * c + 1], a1[2 * c + 1]};
+      const uint32_t bf[2] = {xb[2 * c], xb[2 * c + 1]};
+      mma_bf16(acc[j], af, bf);
+    }
+  }
+}
+
+// The block's sums of acc over its warps, element e (tid, tid + kThreads, ...) into out[] in
+// warp order. Element e: n tile j = e / 128, accumulator h = e / 32 % 4, lane e % 32.
+template <int kNT>
+__device__ inline void block_reduce(const float (*acc)[4], float* red, float* out) {
+  constexpr int E = kNT * 128;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();  // the chunk buffers (or the previous reduction) are no longer read
+#pragma unroll
+  for (int j = 0; j < kNT; ++j)
+#pragma unroll
+    for (int h = 0; h < 4; ++h) red[warp * E + (j * 4 + h) * 32 + lane] = acc[j][h];
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < (E + kThreads - 1) / kThreads; ++k) {
+    const int e = threadIdx.x + k * kThreads;
+    float s = 0.f;
+    if (e < E)
+      for (int wp = 0; wp < kWarps; ++wp) s += red[wp * E + e];
+    out[k] = s;
+  }
+}
+
+template <WFormat F, int kAct, int kNT>
+__global__ void __launch_bounds__(kThreads, 2) small_mma_kernel(MatArgs a) {
+  constexpr int kMats = kAct ? 2 : 1;
+  constexpr int E = kNT * 128, kPer = (E + kThreads - 1) / kThreads;
+  extern __shared__ uint4 smem_words[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(smem_words);
+  int i = 0;
+  while (i + 1 < a.n && blockIdx.x >= a.first[i + 1]) ++i;
+  const DevWeight& w = a.w[i];
+  const int64_t n0 = int64_t(blockIdx.x - a.first[i]) * kRows;
+  const int64_t nrows = w.rows - n0 < kRows ? w.rows - n0 : kRows;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  if (tid == 0) prefetch_l2(w.data + n0 * w.row_bytes, size_t(nrows * w.row_bytes));
+  if (kAct && tid == 32) prefetch_l2(a.w2.data + n0 * a.w2.row_bytes, size_t(nrows * a.w2.row_bytes));
+  pdl_enter_streaming();
+
+  const int64_t K = w.cols, cb = chunk_bytes(w, kChunk<F>);
+  const int slot = slot_bytes(cb);
+  uint8_t* bufs = smem + size_t(warp) * kMats * 2 * kRows * slot;  // [mat][2][16 rows][slot]
+  const bf16* x = static_cast<const bf16*>(a.x);
+  const int M = a.M, g = lane >> 2, t = lane & 3;
+  float acc[kNT][4] = {}, acc2[kNT][4] = {};
+  const int64_t chunks = K / kChunk<F>;
+  int cur = 0;
+  auto stage = [&](int64_t c, int b) {
+    stage_chunk(w, n0, c, cb, slot, bufs + b * kRows * slot, lane);
+    if constexpr (kAct != 0) stage_chunk(a.w2, n0, c, cb, slot, bufs + (2 + b) * kRows * slot, lane);
+  };
+  if (warp < chunks) stage(warp, 0);
+  cp_async_commit();
+  for (int64_t c = warp; c < chunks; c += kWarps, cur ^= 1) {
+    if (c + kWarps < chunks) stage(c + kWarps, cur ^ 1);
+    cp_async_commit();
+    cp_async_wait_prev();  // this lane's copies of chunk c have landed
+    __syncwarp();          // and every lane's
+    const uint8_t* b0 = bufs + cur * kRows * slot;
+#pragma unroll
+    for (int s = 0; s < kChunk<F> / kStep; ++s) {
+      const int64_t u = (c * kChunk<F> + s * kStep) / 32 + t;
+      const int64_t col = c * kChunk<F> + s * kStep + 32 * t;
+      uint32_t a0[16], a1[16];
+      decode_pairs<F>(w, n0, g, c, cb, slot, b0, u, a0);
+      decode_pairs<F>(w, n0, g + 8, c, cb, slot, b0, u, a1);
+      step_mma<kNT>(a0, a1, x, K, col, M, g, acc);
+      if constexpr (kAct != 0) {
+        const uint8_t* b2 = bufs + (2 + cur) * kRows * slot;
+        decode_pairs<F>(a.w2, n0, g, c, cb, slot, b2, u, a0);
+        decode_pairs<F>(a.w2, n0, g + 8, c, cb, slot, b2, u, a1);
+        step_mma<kNT>(a0, a1, x, K, col, M, g, acc2);
+      }
+    }
+    __syncwarp();  // every lane is done with buffer cur before the next stage overwrites it
+  }
+
+  float* red = reinterpret_cast<float*>(smem);
+  float sum[kPer], up[kPer];
+  block_reduce<kNT>(acc, red, sum);
+  if constexpr (kAct != 0) block_reduce<kNT>(acc2, red, up);
+  void* y = a.y[i];
+  const bool y_f32 = a.yt == DType::F32;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int e = tid + k * kThreads;
+    const int j = e / 128, h = (e / 32) % 4, l = e % 32;
+    const int64_t n = n0 + (l >> 2) + (h >= 2 ? 8 : 0);
+    const int m = 8 * j + 2 * (l & 3) + (h & 1);
+    if (e >= E || m >= M || n >= w.rows) continue;
+    float v = sum[k];
+    if constexpr (kAct == 1) v = gelu_tanh_mul(v, up[k]);
+    if constexpr (kAct == 2) v = gelu_ggml_mul(v, up[k], a.table);
+    store_out(y, int64_t(m) * w.rows + n, v, y_f32);
+  }
+}
+
+// The most dynamic shared memory a launch asks for: BF16 / F16 chunks (256 bytes a row) of gate
+// and up, or the largest reduction.
+constexpr size_t kMaxSmem = size_t(kWarps) * 2 * 2 * kRows * (256 + 16);
+
+template <WFormat F, int kAct, int kNT>
+void launch_nt(cudaStream_t s, const MatArgs& a, unsigned blocks, size_t smem) {
+  static const bool sized = [] {  // past 48 KiB a kernel must ask for its dynamic shared memory
+    return cudaFuncSetAttribute(small_mma_kernel<F, kAct, kNT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                int(kMaxSmem)) == cudaSuccess;
+  }();
+  (void)sized;  // a refusal shows as the launch's error (G4_CUDA_LAUNCHED)
+  launch_kernel(small_mma_kernel<F, kAct, kNT>, blocks, kThreads, smem, s, a);
+}
+
+template <WFormat F, int kAct>
+void launch_fmt(cudaStream_t s, MatArgs a, int M) {
+  if constexpr (F == WFormat::F32) {
+    return;  // not taken (small_mma_applies)
+  } else {
+    unsigned blocks = 0;
+    int slot = 0;
+    for (int i = 0; i < a.n; ++i) {
+      a.first[i] = blocks;
+      blocks += unsigned((a.w[i].rows + kRows - 1) / kRows);
+      const int si = slot_bytes(chunk_bytes(a.w[i], kChunk<F>));
+      slot = si > slot ? si : slot;
+    }
+    a.first[a.n] = blocks;
+    a.M = M;
+    const int tiles = (M + 7) / 8, nt = tiles <= 1 ? 1 : tiles <= 2 ? 2 : 4;
+    const size_t smem = launch_smem(slot, kAct ? 2 : 1, nt);
+    if (nt == 1) launch_nt<F, kAct, 1>(s, a, blocks, smem);
+    else if (nt == 2) launch_nt<F, kAct, 2>(s, a, blocks, smem);
+    else launch_nt<F, kAct, 4>(s, a, blocks, smem);
+  }
+}
+
+template <int kAct>
+void launch_any(cudaStream_t s, const MatArgs& a, int M) {
+  with_format(a.w[0].fmt, [&](auto f) { launch_fmt<decltype(f)::value, kAct>(s, a, M); });
+}
+
+}  // namespace
+
+bool small_mma_applies(const MatArgs& a, int M) {
+  if (a.norm_w || a.resid || a.pre_y || a.defer_post || a.n < 1 || a.n > 3 || tc_matmul_disabled() ||
+      reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || reinterpret_cast<uintptr_t>(a.w2.data) % 16 != 0)
+    return false;
+  for (int i = 0; i < a.n; ++i) {
+    const DevWeight& w = a.w[i];
+    const int chunk = w.fmt == WFormat::GgufQ4_K || w.fmt == WFormat::GgufQ5_K || w.fmt == WFormat::GgufQ6_K ? 256 : kStep;
+    if (!small_mma_rows(a.xt, M, w.cols) || w.fmt == WFormat::F32 || w.cols % chunk != 0 ||
+        reinterpret_cast<uintptr_t>(w.data) % 16 != 0 || w.row_bytes % (w.cols / chunk) != 0 ||
+        slot_bytes(chunk_bytes(w, chunk)) > 256 + 16)
+      return false;
+  }
+  return true;
+}
+
+void small_mma(cudaStream_t s, const MatArgs& a, int M, int act) {
+  if (act == 1) launch_any<1>(s, a, M);
+  else if (act == 2) launch_any<2>(s, a, M);
+  else launch_any<0>(s, a, M);
+}
+
+}  // namespace g4::cuda
