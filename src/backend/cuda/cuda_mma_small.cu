@@ -83,6 +83,24 @@ __device__ inline void stage_chunk(const DevWeight& w, int64_t n0, int64_t c, in
   }
 }
 
+// Q4_K unit s of the super-block at b (16-byte aligned: Q4_K rows are whole 144-byte blocks)
+// as bf16 pairs: dequant32's values (d·q - dmin·m), its quants read as two 16-byte words.
+__device__ inline void q4k_pairs(const uint8_t* b, int s, uint32_t* a) {
+  int sc, m;
+  scale_min_k4(s, b + 4, &sc, &m);
+  const float d = ld_half(b) * float(sc), dm = ld_half(b + 2) * float(m);
+  const uint4* q = reinterpret_cast<const uint4*>(b + 16 + 32 * (s / 2));
+  const uint4 q0 = q[0], q1 = q[1];
+  const uint32_t words[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+  const int shift = (s & 1) * 4;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {  // values 4i .. 4i+3
+    const uint32_t v = (words[i] >> shift) & 0x0F0F0F0Fu;
+    a[2 * i] = pack_bf16(d * float(v & 0xFF) - dm, d * float((v >> 8) & 0xFF) - dm);
+    a[2 * i + 1] = pack_bf16(d * float((v >> 16) & 0xFF) - dm, d * float(v >> 24) - dm);
+  }
+}
+
 // Unit u (of the row) of row r decoded from its staged copy of chunk c, rounded to bf16 pairs:
 // a[i] = (v[2i], v[2i+1]).
 template <WFormat F>
@@ -90,6 +108,10 @@ __device__ inline void decode_pairs(const DevWeight& w, int64_t n0, int r, int64
                                     const uint8_t* buf, int64_t u, uint32_t* a) {
   const int64_t row = clamp_row(w, n0, r);
   const uint8_t* src = w.data + row * w.row_bytes + c * cb;
+  if constexpr (F == WFormat::GgufQ4_K) {  // one super-block a chunk, staged at the slot's start
+    q4k_pairs(buf + r * slot, int(u % 8), a);
+    return;
+  }
   // dequant32 addresses a unit from its row's start: the staged chunk stands at offset c · cb.
   const uint8_t* base = buf + r * slot + (reinterpret_cast<uintptr_t>(src) & 15) - c * cb;
   float v[32];
