@@ -136,14 +136,19 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> g, const s
 }
 GrammarMatcher::~GrammarMatcher() = default;
 
-void GrammarMatcher::mask(float* logits, int vocab_size) {
+bool GrammarMatcher::mask(float* logits, int vocab_size) {
+  if (impl_->m.IsTerminated()) return false;  // XGrammar throws if asked for a mask past its end
   DLTensor t{};
   t.data = impl_->bits.data();
   t.device = DLDevice{kDLCPU, 0};
   t.ndim = 1;
   t.dtype = xgrammar::GetBitmaskDLType();
   t.shape = &impl_->shape;
-  if (!impl_->m.FillNextTokenBitmask(&t)) return;  // every token allowed
+  try {
+    if (!impl_->m.FillNextTokenBitmask(&t)) return true;  // every token allowed
+  } catch (const std::exception&) {
+    return false;
+  }
   const float ninf = -std::numeric_limits<float>::infinity();
   const int n = std::min(vocab_size, impl_->g->impl().vocab_size);
   for (int w = 0; w * 32 < n; ++w) {
@@ -153,7 +158,10 @@ void GrammarMatcher::mask(float* logits, int vocab_size) {
       if (!((word >> b) & 1u)) logits[i] = ninf;
   }
   for (int i = n; i < vocab_size; ++i) logits[i] = ninf;
+  return true;
 }
+
+bool GrammarMatcher::terminated() const { return impl_->m.IsTerminated(); }
 
 bool GrammarMatcher::accept(int32_t token) {
   try {
@@ -192,7 +200,8 @@ Result<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::structural_tag(c
 }
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar>, const std::vector<int32_t>&) {}
 GrammarMatcher::~GrammarMatcher() = default;
-void GrammarMatcher::mask(float*, int) {}
+bool GrammarMatcher::mask(float*, int) { return false; }
+bool GrammarMatcher::terminated() const { return false; }
 bool GrammarMatcher::accept(int32_t) { return false; }
 bool GrammarMatcher::complete() const { return false; }
 bool grammar_engine_available() { return false; }

@@ -67,8 +67,12 @@ class GrammarMatcher {
   // stop_ids: the tokens that end the sequence, the only ones allowed once the grammar is complete.
   GrammarMatcher(std::shared_ptr<const CompiledGrammar> g, const std::vector<int32_t>& stop_ids);
   ~GrammarMatcher();
-  // logits [vocab_size]: every token the grammar does not allow next becomes -inf.
-  void mask(float* logits, int vocab_size);
+  // logits [vocab_size]: every token the grammar does not allow next becomes -inf. Returns false,
+  // leaving logits as they are, once the matcher has accepted a stop token (nothing may follow:
+  // the caller ends the sequence) or when the grammar engine fails.
+  bool mask(float* logits, int vocab_size);
+  // Whether a stop token has been accepted (the constrained sequence is over).
+  bool terminated() const;
   // Advances past `token`; false (and no change) when the grammar does not allow it.
   bool accept(int32_t token);
   // Whether the grammar's root is complete (only stop tokens may follow).

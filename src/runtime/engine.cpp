@@ -144,6 +144,11 @@ EngineStats Engine::stats() const {
   return s;
 }
 
+void Engine::grammar_end(Slot& s) {
+  if (s.matcher && s.matcher->terminated()) finish(s, FinishReason::Stop);
+  else finish(s, FinishReason::Error, "grammar: the constrained sequence has no allowed continuation");
+}
+
 void Engine::finish(Slot& s, FinishReason r, const std::string& error) {
   TokenEvent ev;
   ev.done = true;
@@ -309,7 +314,7 @@ void Engine::step() {
     if (dr) keep_hidden(s, int(i));
     const int32_t tok = sample_row(s, mode, i);
     if (tok < 0) {
-      finish(s, FinishReason::Error, "grammar: the constrained sequence has no allowed continuation");
+      grammar_end(s);
       continue;
     }
     emit(s, tok);
@@ -404,7 +409,7 @@ int32_t Engine::sample_row(Slot& s, const SampleMode& mode, size_t row) {
     double mask_s = 0;
     if (s.matcher) {
       const auto tg = clk::now();
-      s.matcher->mask(lp, V);
+      if (!s.matcher->mask(lp, V)) return -1;
       mask_s = std::chrono::duration<double>(clk::now() - tg).count();
     }
     tok = s.sampler->sample(lp, s.history);  // leaves the processed logprobs in lp

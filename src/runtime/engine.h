@@ -145,9 +145,12 @@ class Engine {
   SampleMode sample_mode(const std::vector<Slot*>& slots) const;
   // Model::forward for `batch`, its outputs into the buffers `mode` reads.
   void run_forward(const std::vector<SeqInput>& batch, const SampleMode& mode);
-  // The token of logit row `row` for s (appended to its history); -1 when s's grammar allows no
-  // sampled token (s is then finished with an error).
+  // The token of logit row `row` for s (appended to its history); -1 when s's grammar gives no
+  // token (the caller ends s: grammar_end).
   int32_t sample_row(Slot& s, const SampleMode& mode, size_t row);
+  // Ends s after its grammar gave no token: a stop, when the grammar had already accepted its stop
+  // token (nothing may follow); an error when it refused the sampled token.
+  void grammar_end(Slot& s);
   // Reports `tok` as s's next token; finishes s at a stop token or its max_tokens (returns true).
   bool emit(Slot& s, int32_t tok);
   // Copies logit row `row`'s final-normed hidden state into s.hidden (the drafter's input).

@@ -56,7 +56,16 @@ TEST_F(GrammarTest, MaskKeepsExactlyTheTokensThatStartAWordOfTheGrammar) {
   ASSERT_TRUE(m.accept(byte_id('b')));
   EXPECT_TRUE(m.complete());
   EXPECT_EQ(allowed(m), (std::set<int>{kEos}));  // complete: only the stop token
+  EXPECT_FALSE(m.terminated());
   EXPECT_TRUE(m.accept(kEos));
+  // Past the stop token nothing may follow: the mask says so (XGrammar itself throws) and leaves
+  // the logits alone, and every token is refused.
+  EXPECT_TRUE(m.terminated());
+  std::vector<float> logits(kPadded, 0.5f);
+  EXPECT_FALSE(m.mask(logits.data(), kPadded));
+  EXPECT_EQ(logits, std::vector<float>(kPadded, 0.5f));
+  EXPECT_FALSE(m.accept(testing::kA));
+  EXPECT_FALSE(m.accept(kEos));
 }
 
 TEST_F(GrammarTest, JsonSchemaEnumIsSpelledOutTokenByToken) {
