@@ -85,6 +85,9 @@ def jinja_seeds(d: Path) -> None:
     (d / "namespace_cycle.jinja").write_text(
         "{% set ns = namespace(a=1, l=[]) %}{% set ns.self = ns %}{% set ns.l = [ns, loop] %}"
         "{% for x in [1] %}{% set loop.me = loop %}{% set ns.loops = [loop] %}{% endfor %}{{ ns.self.a }}")
+    # Printing the cycle itself (once a stack overflow in repr).
+    (d / "namespace_cycle_print.jinja").write_text(
+        "{% set ns = namespace(a=0) %}{% set ns.self = ns %}{% set ns.l = [ns] %}{{ ns.self }}{{ ns.l }}")
 
 
 def tokenizer_seeds(d: Path) -> None:

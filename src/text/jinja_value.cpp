@@ -12,6 +12,38 @@
 
 namespace g4::jinja {
 
+namespace {
+// The containers whose repr is being built, innermost last (CPython's Py_ReprEnter): one met again
+// inside itself prints as [...] / {...}.
+thread_local std::vector<const void*> g_repr_active;
+struct ReprEnter {
+  const void* p;
+  bool again;
+  explicit ReprEnter(const void* q)
+      : p(q), again(std::find(g_repr_active.begin(), g_repr_active.end(), q) != g_repr_active.end()) {
+    if (again) return;
+    if (g_repr_active.size() >= size_t(kMaxNesting)) throw JinjaError("values nested too deeply to print");
+    g_repr_active.push_back(p);
+  }
+  ~ReprEnter() {
+    if (!again) g_repr_active.pop_back();
+  }
+  ReprEnter(const ReprEnter&) = delete;
+  ReprEnter& operator=(const ReprEnter&) = delete;
+};
+// Bounds the recursion of ==, < and json.dumps over nested (or circular) containers.
+thread_local int g_nesting = 0;
+struct NestGuard {
+  explicit NestGuard(const char* what) {
+    if (g_nesting >= kMaxNesting) throw JinjaError(std::string(what) + ": values nested too deeply (or circular)");
+    ++g_nesting;
+  }
+  ~NestGuard() { --g_nesting; }
+  NestGuard(const NestGuard&) = delete;
+  NestGuard& operator=(const NestGuard&) = delete;
+};
+}  // namespace
+
 Value Value::make_list(List items) {
   Value v;
   v.type = Type::List;
@@ -209,12 +241,16 @@ std::string repr(const Value& v) {
   switch (v.type) {
     case Type::String: return py_repr_string(v.s);
     case Type::List: {
+      const ReprEnter enter(v.list.get());
+      if (enter.again) return v.tuple ? "(...)" : "[...]";
       std::string o = v.tuple ? "(" : "[";
       for (size_t k = 0; k < v.list->size(); ++k) o += (k ? ", " : "") + repr((*v.list)[k]);
       if (v.tuple && v.list->size() == 1) o += ",";
       return o + (v.tuple ? ")" : "]");
     }
     case Type::Dict: {
+      const ReprEnter enter(v.dict.get());
+      if (enter.again) return "{...}";
       std::string o = "{";
       bool first = true;
       for (auto& kv : v.dict->items) {
@@ -237,6 +273,8 @@ std::string to_str(const Value& v) {
     case Type::String: return v.s;
     case Type::List: case Type::Dict: return repr(v);
     case Type::Namespace: {
+      const ReprEnter enter(v.dict.get());
+      if (enter.again) return "<Namespace {...}>";
       std::string o = "<Namespace {";
       bool first = true;
       for (auto& kv : v.dict->items) {
@@ -255,16 +293,19 @@ bool equals(const Value& a, const Value& b) {
     return a.as_int() == b.as_int();
   }
   if (a.type != b.type) return false;
+  const NestGuard nest("==");
   switch (a.type) {
     case Type::Undefined: case Type::None: return true;
     case Type::String: return a.s == b.s;
     case Type::List: {
+      if (a.list == b.list) return true;  // the same list (Python compares items by identity first)
       if (a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k)
         if (!equals((*a.list)[k], (*b.list)[k])) return false;
       return true;
     }
     case Type::Dict: {
+      if (a.dict == b.dict) return true;
       if (a.dict->items.size() != b.dict->items.size()) return false;
       for (auto& kv : a.dict->items) {
         const Value* o = b.dict->find(kv.first);
@@ -290,6 +331,7 @@ int compare(const Value& a, const Value& b) {
     return c < 0 ? -1 : c > 0 ? 1 : 0;
   }
   if (a.type == Type::List && b.type == Type::List) {
+    const NestGuard nest("<");
     size_t n = std::min(a.list->size(), b.list->size());
     for (size_t k = 0; k < n; ++k) {
       if (equals((*a.list)[k], (*b.list)[k])) continue;
@@ -361,6 +403,7 @@ static void json_string(const std::string& s, bool ascii, std::string& out) {
 }
 
 static void dumps_rec(const Value& v, const DumpOptions& o, int level, std::string& out) {
+  const NestGuard nest("tojson");
   bool pretty = o.indent >= 0 || !o.indent_str.empty();
   std::string item_sep = o.has_separators ? o.item_sep : (pretty ? "," : ", ");
   const std::string& key_sep = o.key_sep;

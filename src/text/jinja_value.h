@@ -29,6 +29,9 @@ struct JinjaError : std::runtime_error {
 // are made): a hostile template ends with an error instead of taking the machine's memory.
 constexpr size_t kMaxStringBytes = size_t(16) << 20;  // any string value, and the output
 constexpr size_t kMaxListItems = size_t(1) << 20;     // any list (range(), repetition, ...)
+// Containers nested inside one another that str / repr / == / < / tojson walk (a list holding
+// itself is circular: repr prints it as [...] as Python does, the others stop with an error).
+constexpr int kMaxNesting = 200;
 
 struct Value;
 struct Dict;

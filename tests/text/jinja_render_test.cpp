@@ -64,6 +64,19 @@ TEST(JinjaRender, SelfReferencingNamespacesRender) {
             "1 1");
 }
 
+// Printing such a cycle ends (the fuzz harness found `{{ ns.self }}` overflowing the stack): str
+// and repr print the inner occurrence as Python does; == of a cycle with itself is true without
+// walking it; tojson refuses the namespace.
+TEST(JinjaRender, CircularValuesPrintAndCompare) {
+  const std::string ns = "{% set ns = namespace(a=0) %}{% set ns.self = ns %}";
+  EXPECT_EQ(render(ns + "{{ ns }}"), "<Namespace {'a': 0, 'self': <Namespace {...}>}>");
+  EXPECT_EQ(render(ns + "{{ ns.self }}"), "<Namespace {'a': 0, 'self': <Namespace {...}>}>");
+  const std::string nl = "{% set n = namespace() %}{% set n.l = [n, 2] %}";
+  EXPECT_EQ(render(nl + "{{ n.l }}"), "[<Namespace {'l': [...]}>, 2]");
+  EXPECT_EQ(render(nl + "{{ n.l == n.l }}"), "True");
+  EXPECT_NE(error_of(nl + "{{ n.l | tojson }}"), "");
+}
+
 TEST(JinjaRender, ScopingFollowsJinja2) {
   EXPECT_EQ(render("{% set x = 1 %}{% for i in [2, 3] %}{% set x = i %}{{ x }}{% endfor %}{{ x }}"), "231");
   EXPECT_EQ(render("{% set ns = namespace(v=0) %}{% for i in [1, 2] %}{% set ns.v = ns.v + i %}{% endfor %}{{ ns.v }}"), "3");
