@@ -1,8 +1,9 @@
 // The matmul kernels (cuda_kernels.h matmul / matmuls / gate_up_gelu) for every weight format:
 // one warp per output row, up to kMaxM activation rows per chunk, optional input norm, fused gated
 // activation and residual epilogue. M = 1 goes to the decode GEMVs (cuda_gemv_decode.cu) where one
-// applies, 2 to 63 bf16 rows to the few-row tensor-core kernel (cuda_mma_small.cu), M >= kTcMinRows
-// otherwise to the 3xTF32 tensor cores (cuda_tc_matmul.cu).
+// applies, 2 to 32 bf16 rows to the few-row tensor-core kernel (cuda_mma_small.cu), 33 and more to
+// cuBLAS (cuda_blas.h, chosen by the backend), M >= kTcMinRows otherwise to the 3xTF32 tensor cores
+// (cuda_tc_matmul.cu).
 #include <cuda_fp16.h>
 
 #include <cstdint>
