@@ -166,7 +166,8 @@ TEST_F(CudaBf16Test, FusedDecodeOps) {
 // activation-tile count (1, 2, 4 tiles of 8 rows, partly filled), weights whose rows end inside
 // a 16-row block, reductions shorter than the block's 8 warps (K = 128) and longer (K = 2048), one
 // and three weights per launch, the gated MLP in both gelu forms, the input norm and the residual
-// epilogue (both launched beside it). Bounds as PrefillOnBlas. A row's output must not depend on
+// epilogue (both launched beside it), Q4_K / Q6_K (chunks at any alignment) / Q8_0 decoded from
+// words and MLX / bf16 through dequant32. Bounds as PrefillOnBlas. A row's output must not depend on
 // the other rows (the same bits at M = 9 as in the first 9 rows of M = 32), nor on the run.
 TEST_F(CudaBf16Test, FewRowsOnTensorCores) {
   std::mt19937 rng(51);
@@ -176,12 +177,14 @@ TEST_F(CudaBf16Test, FewRowsOnTensorCores) {
   };
   auto [w1, rb1] = q4(45, 2048);
   const WeightView W{WFormat::GgufQ4_K, 45, 2048, w1.data(), rb1};
+  auto q6 = test::random_blocks(WFormat::GgufQ6_K, 21, 768, rng);  // 210-byte blocks: unaligned chunks
+  const WeightView W6{WFormat::GgufQ6_K, 21, 768, q6.data(), gguf_row_bytes(WFormat::GgufQ6_K, 768)};
   auto q8 = test::random_blocks(WFormat::GgufQ8_0, 29, 128, rng);
   const WeightView W8{WFormat::GgufQ8_0, 29, 128, q8.data(), gguf_row_bytes(WFormat::GgufQ8_0, 128)};
   test::OwnedWeight mlx = test::random_mlx(50, 384, 4, 64, DType::BF16, 5);
   test::OwnedWeight bf = test::random_float(37, 256, WFormat::BF16, 6);
   std::vector<float> first9;
-  for (const WeightView* w : std::initializer_list<const WeightView*>{&W, &W8, &mlx.view, &bf.view}) {
+  for (const WeightView* w : std::initializer_list<const WeightView*>{&W, &W6, &W8, &mlx.view, &bf.view}) {
     const WeightView dW = cu->place_weight(*w);
     const auto xall = bf16_rounded(randn(size_t(32) * size_t(w->cols), 60));  // every M takes its first rows
     for (int M : {2, 7, 9, 16, 17, 25, 32}) {

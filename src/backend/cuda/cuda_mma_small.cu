@@ -18,6 +18,9 @@
 // positions {2t, 2t+1, 2t+8, 2t+9} of k-chunk c are the lane's physical columns 32t + 4c + {0..3}.
 // Its activations for the step are then 64 contiguous bytes of each of its rows.
 //
+// Q4_K, Q6_K and Q8_0 units (the GGUF Q4_K_M / Q8_0 files' formats) are decoded from words;
+// the other formats through dequant32's byte reads.
+//
 // Before waiting on the previous kernel (PDL), the block asks L2 for its 16 rows (contiguous
 // bytes), so every resident block's weights are on their way at once.
 #include "backend/cuda/cuda_mma_small.h"
@@ -83,6 +86,14 @@ __device__ inline void stage_chunk(const DevWeight& w, int64_t n0, int64_t c, in
   }
 }
 
+// Byte i of v minus kBias, as an exact float, without an int-to-float conversion (Hopper issues
+// conversions at an eighth of the FP32 rate, and they bounded these kernels): one PRMT makes the
+// float whose bits are 0x4B0000xx, 2^23 + byte exactly, and one FADD takes 2^23 + kBias off.
+template <int i, int kBias>
+__device__ inline float byte_value(uint32_t v) {
+  return __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7440 + i)) - (8388608.f + kBias);
+}
+
 // Q4_K unit s of the super-block at b (16-byte aligned: Q4_K rows are whole 144-byte blocks)
 // as bf16 pairs: dequant32's values (d·q - dmin·m), its quants read as two 16-byte words.
 __device__ inline void q4k_pairs(const uint8_t* b, int s, uint32_t* a) {
@@ -96,8 +107,55 @@ __device__ inline void q4k_pairs(const uint8_t* b, int s, uint32_t* a) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) {  // values 4i .. 4i+3
     const uint32_t v = (words[i] >> shift) & 0x0F0F0F0Fu;
-    a[2 * i] = pack_bf16(d * float(v & 0xFF) - dm, d * float((v >> 8) & 0xFF) - dm);
-    a[2 * i + 1] = pack_bf16(d * float((v >> 16) & 0xFF) - dm, d * float(v >> 24) - dm);
+    a[2 * i] = pack_bf16(d * byte_value<0, 0>(v) - dm, d * byte_value<1, 0>(v) - dm);
+    a[2 * i + 1] = pack_bf16(d * byte_value<2, 0>(v) - dm, d * byte_value<3, 0>(v) - dm);
+  }
+}
+
+// The 32 bytes at p (any alignment; shared memory with at least 3 readable bytes after them) as
+// 8 little-endian words: 9 aligned word loads and funnel shifts instead of 32 byte loads.
+__device__ inline void ld32_unaligned(const uint8_t* p, uint32_t* out) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(a & ~uintptr_t(3));
+  const unsigned sh = unsigned(a & 3) * 8;
+  uint32_t prev = w[0];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t next = w[i + 1];
+    out[i] = __funnelshift_r(prev, next, sh);
+    prev = next;
+  }
+}
+
+// Q6_K unit t (0..7) of the super-block at b, dequant32's values: (d · scale) · (q - 32), q from
+// 4 low bits (ql) and 2 high bits (qh), read as words.
+__device__ inline void q6k_pairs(const uint8_t* b, int t, uint32_t* a) {
+  const int h = t / 4, s = t % 4;
+  const float d = ld_half(b + 208);
+  const float d0 = d * float(int8_t(b[192 + 2 * t])), d1 = d * float(int8_t(b[192 + 2 * t + 1]));
+  uint32_t ql[8], qh[8];
+  ld32_unaligned(b + 64 * h + 32 * (s & 1), ql);
+  ld32_unaligned(b + 128 + 32 * h, qh);
+  const int lo_shift = (s >> 1) * 4, hi_shift = 2 * s;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {  // values 4i .. 4i+3 (the first 16 with d0)
+    const uint32_t q = ((ql[i] >> lo_shift) & 0x0F0F0F0Fu) | (((qh[i] >> hi_shift) & 0x03030303u) << 4);
+    const float sc = i < 4 ? d0 : d1;
+    a[2 * i] = pack_bf16(sc * byte_value<0, 32>(q), sc * byte_value<1, 32>(q));
+    a[2 * i + 1] = pack_bf16(sc * byte_value<2, 32>(q), sc * byte_value<3, 32>(q));
+  }
+}
+
+// Q8_0 block at b (34 bytes: f16 scale, 32 int8 quants), dequant32's values d · q.
+__device__ inline void q80_pairs(const uint8_t* b, uint32_t* a) {
+  const float d = ld_half(b);
+  uint32_t q[8];
+  ld32_unaligned(b + 2, q);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t v = q[i] ^ 0x80808080u;  // int8 b as the byte b + 128
+    a[2 * i] = pack_bf16(d * byte_value<0, 128>(v), d * byte_value<1, 128>(v));
+    a[2 * i + 1] = pack_bf16(d * byte_value<2, 128>(v), d * byte_value<3, 128>(v));
   }
 }
 
@@ -112,8 +170,17 @@ __device__ inline void decode_pairs(const DevWeight& w, int64_t n0, int r, int64
     q4k_pairs(buf + r * slot, int(u % 8), a);
     return;
   }
+  const uint8_t* chunk = buf + r * slot + (reinterpret_cast<uintptr_t>(src) & 15);  // the staged chunk
+  if constexpr (F == WFormat::GgufQ6_K) {  // one super-block a chunk
+    q6k_pairs(chunk, int(u % 8), a);
+    return;
+  }
+  if constexpr (F == WFormat::GgufQ8_0) {  // four 34-byte blocks a chunk
+    q80_pairs(chunk + (u % 4) * 34, a);
+    return;
+  }
   // dequant32 addresses a unit from its row's start: the staged chunk stands at offset c · cb.
-  const uint8_t* base = buf + r * slot + (reinterpret_cast<uintptr_t>(src) & 15) - c * cb;
+  const uint8_t* base = chunk - c * cb;
   float v[32];
   dequant32<F>(base, w, row, u, v);
 #pragma unroll
