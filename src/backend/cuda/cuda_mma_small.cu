@@ -4,13 +4,14 @@
 // its B operand (8 rows per n tile), so one pass over a weight row serves every activation row
 // and a decode step of M sequences reads its weights once, as a single sequence's GEMV does.
 //
-// Block: 16 weight rows of one weight, 8 warps splitting the reduction: warp w takes chunks w,
-// w + 8, ... of kChunk columns (one K-quant super-block, else 128 columns). A warp copies its next
-// chunk's bytes of the 16 rows into shared memory (cp.async, 16-byte coalesced copies, double
-// buffered) while it decodes the current one from there: decoding straight from global memory
-// reads bytes scattered over 16 rows, which the load units serve a sector at a time. The warps'
-// f32 partial sums meet in shared memory, added in warp order (no dependence on timing), and a
-// row's outputs depend on that row's activations only (the same bits in any batch of 2 to 32).
+// Block: 16 weight rows of one weight (or of gate and up), 8 warps splitting the reduction: warp w
+// takes work items w, w + 8, ..., an item being a chunk of kChunk columns (one K-quant super-block,
+// else 128 columns) of one weight. A warp copies its next item's bytes of the 16 rows into shared
+// memory (cp.async, 16-byte coalesced copies, double buffered) while it decodes the current one
+// from there: decoding straight from global memory reads bytes scattered over 16 rows, which the
+// load units serve a sector at a time. The warps' f32 partial sums meet in shared memory, added in
+// warp order (no dependence on timing), and a row's outputs depend on that row's activations only
+// (the same bits in any batch of 2 to 32).
 //
 // Per 128-column step lane (g, t) decodes 32-value unit t of rows g and g + 8 (dequant32, rounded
 // to bf16) and holds them as its A fragments: inside a step the columns are taken in a permuted
@@ -18,8 +19,8 @@
 // positions {2t, 2t+1, 2t+8, 2t+9} of k-chunk c are the lane's physical columns 32t + 4c + {0..3}.
 // Its activations for the step are then 64 contiguous bytes of each of its rows.
 //
-// Q4_K, Q6_K and Q8_0 units (the GGUF Q4_K_M / Q8_0 files' formats) are decoded from words;
-// the other formats through dequant32's byte reads.
+// Q4_K, Q6_K and Q8_0 units (the GGUF Q4_K_M / Q8_0 files' formats) are decoded from words, Q4_K
+// in bf16 arithmetic (q4k_pairs); the other formats through dequant32's byte reads.
 //
 // Before waiting on the previous kernel (PDL), the block asks L2 for its 16 rows (contiguous
 // bytes), so every resident block's weights are on their way at once.
@@ -52,10 +53,10 @@ constexpr int kChunk = kSuper<F> ? 256 : kStep;
 // shared slot one row's copy takes: the 16-byte aligned words that cover it.
 inline __host__ __device__ int64_t chunk_bytes(const DevWeight& w, int chunk) { return w.row_bytes / (w.cols / chunk); }
 inline __host__ __device__ int slot_bytes(int64_t cb) { return int((cb + 15) / 16 * 16 + 16); }
-// Dynamic shared memory of a launch: per warp and weight, two chunk buffers of 16 row slots; the
-// end-of-block reduction [warp][n tile · 4 accumulators · 32 lanes] f32 reuses it.
-inline size_t launch_smem(int slot, int mats, int nt) {
-  const size_t bufs = size_t(kWarps) * mats * 2 * kRows * slot, red = size_t(kWarps) * nt * 128 * 4;
+// Dynamic shared memory of a launch: per warp, two chunk buffers of 16 row slots; the end-of-block
+// reduction [warp][n tile · 4 accumulators · 32 lanes] f32 reuses it.
+inline size_t launch_smem(int slot, int nt) {
+  const size_t bufs = size_t(kWarps) * 2 * kRows * slot, red = size_t(kWarps) * nt * 128 * 4;
   return bufs > red ? bufs : red;
 }
 
@@ -94,21 +95,35 @@ __device__ inline float byte_value(uint32_t v) {
   return __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7440 + i)) - (8388608.f + kBias);
 }
 
-// Q4_K unit s of the super-block at b (16-byte aligned: Q4_K rows are whole 144-byte blocks)
-// as bf16 pairs: dequant32's values (d·q - dmin·m), its quants read as two 16-byte words.
+// d · x + c on bf16 pairs, one rounding (sm_80+).
+__device__ inline uint32_t fma_bf16x2(uint32_t x, uint32_t d, uint32_t c) {
+  uint32_t r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(d), "r"(c));
+  return r;
+}
+
+// Q4_K unit s of the super-block at b (16-byte aligned: Q4_K rows are whole 144-byte blocks) as
+// bf16 pairs d·q - dmin·m, computed in bf16 arithmetic: one PRMT puts two quants in the mantissas
+// of bf16 128 + q, one FMA takes 128 off (exact), one FMA applies the unit's scale and min
+// (rounded to bf16) with one rounding: 2 instructions a value where f32 math and a rounding
+// conversion took 4 (these kernels are bound by instruction issue). The quants are read as two
+// 16-byte words.
 __device__ inline void q4k_pairs(const uint8_t* b, int s, uint32_t* a) {
   int sc, m;
   scale_min_k4(s, b + 4, &sc, &m);
   const float d = ld_half(b) * float(sc), dm = ld_half(b + 2) * float(m);
+  const uint32_t d2 = pack_bf16(d, d), m2 = pack_bf16(-dm, -dm);
+  constexpr uint32_t kOne = 0x3F803F80u, kMinus128 = 0xC300C300u;  // bf16 pairs (1, 1), (-128, -128)
   const uint4* q = reinterpret_cast<const uint4*>(b + 16 + 32 * (s / 2));
   const uint4 q0 = q[0], q1 = q[1];
   const uint32_t words[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
   const int shift = (s & 1) * 4;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {  // values 4i .. 4i+3
+  for (int i = 0; i < 8; ++i) {  // values 4i .. 4i+3: bytes of v, each below 16
     const uint32_t v = (words[i] >> shift) & 0x0F0F0F0Fu;
-    a[2 * i] = pack_bf16(d * byte_value<0, 0>(v) - dm, d * byte_value<1, 0>(v) - dm);
-    a[2 * i + 1] = pack_bf16(d * byte_value<2, 0>(v) - dm, d * byte_value<3, 0>(v) - dm);
+    const uint32_t p01 = __byte_perm(v, 0x43u, 0x4140), p23 = __byte_perm(v, 0x43u, 0x4342);  // 0x43qq: 128 + q
+    a[2 * i] = fma_bf16x2(fma_bf16x2(p01, kOne, kMinus128), d2, m2);
+    a[2 * i + 1] = fma_bf16x2(fma_bf16x2(p23, kOne, kMinus128), d2, m2);
   }
 }
 
@@ -255,38 +270,36 @@ __global__ void __launch_bounds__(kThreads, 2) small_mma_kernel(MatArgs a) {
 
   const int64_t K = w.cols, cb = chunk_bytes(w, kChunk<F>);
   const int slot = slot_bytes(cb);
-  uint8_t* bufs = smem + size_t(warp) * kMats * 2 * kRows * slot;  // [mat][2][16 rows][slot]
+  uint8_t* bufs = smem + size_t(warp) * 2 * kRows * slot;  // [2][16 rows][slot]
   const bf16* x = static_cast<const bf16*>(a.x);
   const int M = a.M, g = lane >> 2, t = lane & 3;
   float acc[kNT][4] = {}, acc2[kNT][4] = {};
-  const int64_t chunks = K / kChunk<F>;
+  // Work items: chunk i / kMats of weight i % kMats (gate and up alternate), so that the 2 x 10
+  // chunks of a 2560-wide gate/up pair spread over the 8 warps as 3 / 2, not as 2 / 1 pairs.
+  const int64_t items = K / kChunk<F> * kMats;
   int cur = 0;
-  auto stage = [&](int64_t c, int b) {
-    stage_chunk(w, n0, c, cb, slot, bufs + b * kRows * slot, lane);
-    if constexpr (kAct != 0) stage_chunk(a.w2, n0, c, cb, slot, bufs + (2 + b) * kRows * slot, lane);
-  };
-  if (warp < chunks) stage(warp, 0);
+  auto weight = [&](int64_t item) -> const DevWeight& { return kAct != 0 && item % kMats ? a.w2 : w; };
+  if (warp < items) stage_chunk(weight(warp), n0, warp / kMats, cb, slot, bufs, lane);
   cp_async_commit();
-  for (int64_t c = warp; c < chunks; c += kWarps, cur ^= 1) {
-    if (c + kWarps < chunks) stage(c + kWarps, cur ^ 1);
+  for (int64_t item = warp; item < items; item += kWarps, cur ^= 1) {
+    const int64_t next = item + kWarps;
+    if (next < items) stage_chunk(weight(next), n0, next / kMats, cb, slot, bufs + (cur ^ 1) * kRows * slot, lane);
     cp_async_commit();
-    cp_async_wait_prev();  // this lane's copies of chunk c have landed
+    cp_async_wait_prev();  // this lane's copies of this item have landed
     __syncwarp();          // and every lane's
+    const int64_t c = item / kMats;
+    const bool second = kAct != 0 && item % kMats;  // warp-uniform
+    const DevWeight& wi = weight(item);
     const uint8_t* b0 = bufs + cur * kRows * slot;
 #pragma unroll
     for (int s = 0; s < kChunk<F> / kStep; ++s) {
       const int64_t u = (c * kChunk<F> + s * kStep) / 32 + t;
       const int64_t col = c * kChunk<F> + s * kStep + 32 * t;
       uint32_t a0[16], a1[16];
-      decode_pairs<F>(w, n0, g, c, cb, slot, b0, u, a0);
-      decode_pairs<F>(w, n0, g + 8, c, cb, slot, b0, u, a1);
-      step_mma<kNT>(a0, a1, x, K, col, M, g, acc);
-      if constexpr (kAct != 0) {
-        const uint8_t* b2 = bufs + (2 + cur) * kRows * slot;
-        decode_pairs<F>(a.w2, n0, g, c, cb, slot, b2, u, a0);
-        decode_pairs<F>(a.w2, n0, g + 8, c, cb, slot, b2, u, a1);
-        step_mma<kNT>(a0, a1, x, K, col, M, g, acc2);
-      }
+      decode_pairs<F>(wi, n0, g, c, cb, slot, b0, u, a0);
+      decode_pairs<F>(wi, n0, g + 8, c, cb, slot, b0, u, a1);
+      if (second) step_mma<kNT>(a0, a1, x, K, col, M, g, acc2);
+      else step_mma<kNT>(a0, a1, x, K, col, M, g, acc);
     }
     __syncwarp();  // every lane is done with buffer cur before the next stage overwrites it
   }
@@ -311,9 +324,9 @@ __global__ void __launch_bounds__(kThreads, 2) small_mma_kernel(MatArgs a) {
   }
 }
 
-// The most dynamic shared memory a launch asks for: BF16 / F16 chunks (256 bytes a row) of gate
-// and up, or the largest reduction.
-constexpr size_t kMaxSmem = size_t(kWarps) * 2 * 2 * kRows * (256 + 16);
+// The most dynamic shared memory a launch asks for: BF16 / F16 chunks (256 bytes a row), or the
+// largest reduction.
+constexpr size_t kMaxSmem = size_t(kWarps) * 2 * kRows * (256 + 16);
 
 template <WFormat F, int kAct, int kNT>
 void launch_nt(cudaStream_t s, const MatArgs& a, unsigned blocks, size_t smem) {
@@ -341,7 +354,7 @@ void launch_fmt(cudaStream_t s, MatArgs a, int M) {
     a.first[a.n] = blocks;
     a.M = M;
     const int tiles = (M + 7) / 8, nt = tiles <= 1 ? 1 : tiles <= 2 ? 2 : 4;
-    const size_t smem = launch_smem(slot, kAct ? 2 : 1, nt);
+    const size_t smem = launch_smem(slot, nt);
     if (nt == 1) launch_nt<F, kAct, 1>(s, a, blocks, smem);
     else if (nt == 2) launch_nt<F, kAct, 2>(s, a, blocks, smem);
     else launch_nt<F, kAct, 4>(s, a, blocks, smem);

@@ -2,7 +2,9 @@
 // bf16 tensor cores, reading each weight once for all rows.
 //
 // Accuracy contract (as cuBLAS prefill, cuda_blas.h): products of bf16-rounded weights and bf16
-// activations summed in f32; outputs rounded once to the output type. The SIMT kernels
+// activations summed in f32; outputs rounded once to the output type. Q4_K weights are computed in
+// bf16 arithmetic: bf16(q · bf16(d) - bf16(dmin·m)), one rounding after the unit's scale and min
+// are themselves rounded to bf16. The SIMT kernels
 // (cuda_matmul.cu) stay the path for f32 activations and for widths this kernel does not take,
 // and the op tests compare both with the reference backend.
 #pragma once
