@@ -168,7 +168,9 @@ TEST_F(CudaBf16Test, FusedDecodeOps) {
 // and three weights per launch, the gated MLP in both gelu forms, the input norm and the residual
 // epilogue (both launched beside it), Q4_K / Q6_K (chunks at any alignment) / Q8_0 decoded from
 // words and MLX / bf16 through dequant32. Bounds as PrefillOnBlas. A row's output must not depend on
-// the other rows (the same bits at M = 9 as in the first 9 rows of M = 32), nor on the run.
+// the other rows (the same bits at M = 9 as in the first 9 rows of M = 32), nor on the run. The
+// residual update left pending by matmul_norm_add, with a scale, fused into the next input norm:
+// the same bits as launched one by one.
 TEST_F(CudaBf16Test, FewRowsOnTensorCores) {
   std::mt19937 rng(51);
   auto q4 = [&](int64_t rows, int64_t cols) {
@@ -254,6 +256,44 @@ TEST_F(CudaBf16Test, FewRowsOnTensorCores) {
       EXPECT_LE(rel_err(down(dr, want.size()), want), 8e-3) << "matmul_norm_add M=" << M;
       for (const Buf& p : {dx, dr, dys}) cu->free(p);
     }
+  }
+  {  // matmul_norm_add, a scale of the residual, the next input norm: one fused launch, the same
+     // bits as the three launched one by one (a host read of the residual flushes the pending update)
+    const int64_t D = 256;
+    auto [ob, orb] = q4(D, C);
+    auto [nb, nrb] = q4(64, D);
+    const WeightView Wo{WFormat::GgufQ4_K, D, C, ob.data(), orb}, Wn{WFormat::GgufQ4_K, 64, D, nb.data(), nrb};
+    const WeightView dWo = cu->place_weight(Wo), dWn = cu->place_weight(Wn);
+    const auto pw2 = randn(size_t(D), 61), nw2 = randn(size_t(D), 62);
+    Buf dpw2 = cu->alloc_f32(D), dnw2 = cu->alloc_f32(D);
+    cu->from_host(pw2.data(), pw2.size(), dpw2);
+    cu->from_host(nw2.data(), nw2.size(), dnw2);
+    for (int M : {3, 20}) {
+      const auto res = bf16_rounded(randn(size_t(M) * D, 63, 3.f)), xc = bf16_rounded(randn(size_t(M) * C, 64));
+      std::vector<float> want_res = res, ys(size_t(M) * D), xn(size_t(M) * D), want_q(size_t(M) * 64);
+      ref->matmul_norm_add(xc.data(), M, Wo, ys.data(), want_res.data(), pw2.data(), 1e-6f, ActPrecision::F32);
+      ref->scale(want_res.data(), 0.5f, want_res.size(), ActPrecision::F32, want_res.data());
+      ref->rms_norm(want_res.data(), M, int(D), nw2.data(), 1e-6f, ActPrecision::F32, xn.data());
+      ref->matmul(xn.data(), M, Wn, ActPrecision::F32, want_q.data());
+      auto run = [&](bool one_by_one) {
+        Buf dx = up(xc), dr = up(res), dys = cu->alloc_act(ys.size()), dxn = cu->alloc_act(xn.size());
+        Buf dq = cu->alloc_act(want_q.size());
+        cu->matmul_norm_add(dx, M, dWo, dys, dr, dpw2.f32(), 1e-6f, ActPrecision::BF16);
+        if (one_by_one) (void)down(dr, res.size());
+        cu->scale(dr, 0.5f, res.size(), ActPrecision::BF16, dr);
+        if (one_by_one) (void)down(dr, res.size());
+        cu->norm_matmuls(dr, M, InputNorm{dnw2.f32(), 1e-6f, dxn}, {MatOut{&dWn, dq}}, ActPrecision::BF16);
+        std::pair out{down(dr, res.size()), down(dq, want_q.size())};
+        for (const Buf& p : {dx, dr, dys, dxn, dq}) cu->free(p);
+        return out;
+      };
+      const auto fused = run(false), plain = run(true);
+      EXPECT_EQ(fused.first, plain.first) << "residual, M=" << M;
+      EXPECT_EQ(fused.second, plain.second) << "next matmul, M=" << M;
+      EXPECT_LE(rel_err(fused.first, want_res), 8e-3) << "residual M=" << M;
+      EXPECT_LE(rel_err(fused.second, want_q), 1e-2) << "next matmul M=" << M;
+    }
+    for (const Buf& p : {dpw2, dnw2}) cu->free(p);
   }
   for (const Buf& p : {dnw, dpw}) cu->free(p);
 }

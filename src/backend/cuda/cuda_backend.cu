@@ -271,6 +271,11 @@ class CudaBackend final : public Backend {
     launch("add", cuda::add, a, b, n, y, t);
   }
   void scale(const Buf& a_b, float f, size_t n, ActPrecision P, const Buf& y_b) override {
+    if (pending_.y && pending_.rows > 1 && pending_.scale == 1.f && a_b.data == pending_.resid &&
+        y_b.data == pending_.resid && n == size_t(pending_.rows) * size_t(pending_.n)) {
+      pending_.scale = f;  // the pending residual, scaled in place: launched with it
+      return;
+    }
     const void* a = a_b.data;
     void* y = y_b.data;
     const DType t = act_type({&a_b, &y_b});
@@ -314,9 +319,15 @@ class CudaBackend final : public Backend {
   }
   void matmul_norm_add(const Buf& x_b, int M, const WeightView& W, const Buf& y_b, const Buf& resid_b,
                        const float* w, float eps, ActPrecision P) override {
-    // Prefill, and batched decode on the few-row tensor-core kernel (no fused epilogue): the
-    // row-parallel norm_add kernel after the matmul.
-    if (M > cuda::kEpilogueMaxRows || small_rows(x_b, M, W.cols)) {
+    // Batched decode on the few-row tensor-core kernel (no fused epilogue): the norm_add is left
+    // pending for the next op (the next input norm takes it: PendingPost).
+    if (small_rows(x_b, M, W.cols)) {
+      matmul(x_b, M, W, P, y_b);
+      pending_ = PendingPost{y_b.data, resid_b.data, act_type({&x_b, &y_b, &resid_b}), int(W.rows), w, eps, M};
+      return;
+    }
+    // Prefill: the row-parallel norm_add kernel after the matmul.
+    if (M > cuda::kEpilogueMaxRows) {
       Backend::matmul_norm_add(x_b, M, W, y_b, resid_b, w, eps, P);
       return;
     }
@@ -532,11 +543,13 @@ class CudaBackend final : public Backend {
   // Runs fn(stream, args...) now, or logs it with its key when a step is being recorded. The key
   // is the name and every argument (add_key), so two launches replay as one graph exactly when
   // they would launch the same kernels on the same memory with the same scalars.
-  // A one-row matmul_norm_add's post-norm and residual add (resid[n] += rms_norm(y)·w), left out
-  // of its launch (MatArgs::defer_post) for the next op: fused into that op's prepare when it is
-  // an int8 GEMV on the same row (take_pending: the next layer's q/k/v, gate/up, a plain matmul of
-  // the residual), else launched alone before it (flush_pending: every launch, host copy, sync and
-  // step end first), so every op sees the residual exactly where plain order has it.
+  // A matmul_norm_add's post-norm and residual add (resid[rows, n] += rms_norm(y)·w), left out of
+  // its launch for the next op. One row (MatArgs::defer_post): fused into that op's prepare when
+  // it is an int8 GEMV on the same row (take_pending: the next layer's q/k/v, gate/up, a plain
+  // matmul of the residual). 2-32 rows (the few-row kernel): a scale of the residual joins it, and
+  // the next input norm of the residual launches all three as one (normed_args). Else launched
+  // alone before the next op (flush_pending: every launch, host copy, sync and step end first),
+  // so every op sees the residual exactly where plain order has it.
   struct PendingPost {
     const void* y = nullptr;
     void* resid = nullptr;
@@ -544,6 +557,8 @@ class CudaBackend final : public Backend {
     int n = 0;
     const float* w = nullptr;
     float eps = 0.f;
+    int rows = 1;
+    float scale = 1.f;  // then resid *= scale
   };
   PendingPost pending_;
   static constexpr int kPdlMaxRows = 64;
@@ -552,10 +567,13 @@ class CudaBackend final : public Backend {
     if (!pending_.y) return;
     const PendingPost p = pending_;
     pending_ = PendingPost{};
-    launch("post_norm_add", cuda::post_norm_add, p.y, p.resid, p.t, p.n, p.w, p.eps);
+    if (p.rows == 1) return launch("post_norm_add", cuda::post_norm_add, p.y, p.resid, p.t, p.n, p.w, p.eps);
+    const void* y = p.y;
+    launch("norm_add", cuda::norm_add, p.resid, y, p.rows, p.n, p.w, p.eps, p.t);
+    if (p.scale != 1.f) launch("scale", cuda::scale, static_cast<const void*>(p.resid), p.scale, size_t(p.rows) * p.n, p.resid, p.t);
   }
   void take_pending(cuda::MatArgs& a, int M, bool gelu) {
-    if (!pending_.y || M != 1 || a.x != pending_.resid || a.w[0].cols != pending_.n || a.xt != pending_.t ||
+    if (!pending_.y || M != 1 || pending_.rows != 1 || a.x != pending_.resid || a.w[0].cols != pending_.n || a.xt != pending_.t ||
         !cuda::q8_prepare_fusable(a, gelu))
       return;
     a.pre_y = pending_.y;
@@ -681,7 +699,16 @@ class CudaBackend final : public Backend {
   // norm.scratch the same way.
   cuda::MatArgs normed_args(const Buf& x, int M, const InputNorm& norm, const WeightView& W, ActPrecision P) {
     if (norm.w && norm.scratch && small_rows(x, M, W.cols)) {
-      rms_norm(x, M, int(W.cols), norm.w, norm.eps, P, norm.scratch);
+      if (pending_.y && pending_.rows == M && pending_.resid == x.data && pending_.n == W.cols &&
+          pending_.t == act_type({&x, &norm.scratch})) {  // the pending residual update, then this norm
+        const PendingPost p = pending_;
+        pending_ = PendingPost{};
+        void* xn = norm.scratch.data;
+        launch("norm_add_norm", cuda::norm_add_norm, p.resid, p.y, p.rows, p.n, p.w, p.eps, p.scale, norm.w, norm.eps,
+               xn, p.t);
+      } else {
+        rms_norm(x, M, int(W.cols), norm.w, norm.eps, P, norm.scratch);
+      }
       return mat_args(norm.scratch, InputNorm{}, M);
     }
     if (M != 1 || !norm.w || !norm.scratch || (W.fmt != WFormat::GgufQ4_K && W.fmt != WFormat::GgufQ6_K) ||

@@ -145,6 +145,10 @@ void embed(cudaStream_t s, const DevWeight& e, const int32_t* ids, int n, float 
 void rms_norm(cudaStream_t s, const void* x, int rows, int dim, const float* w, float eps, void* y, DType t);
 // x[rows, dim] += rms_norm(o)·w.
 void norm_add(cudaStream_t s, void* x, const void* o, int rows, int dim, const float* w, float eps, DType t);
+// x[rows, dim] = (x + rms_norm(o)·w)·scale, then xn = rms_norm(x)·w2 (w2 null: unweighted): norm_add,
+// scale and rms_norm in one launch, each rounded as alone.
+void norm_add_norm(cudaStream_t s, void* x, const void* o, int rows, int dim, const float* w, float eps, float scale,
+                   const float* w2, float eps2, void* xn, DType t);
 // Per-head rms_norm (weight w) then rope of rows at positions pos0.. (one sequence).
 void norm_rope(cudaStream_t s, void* x, int rows, int heads, int head_dim, const float* w, float eps, Dyn pos0,
                const float* inv_freq, float position_scale, DType t);

@@ -27,6 +27,12 @@ __global__ void rms_norm_kernel(const T* x, int dim, const float* w, float eps, 
   }
 }
 
+// One element of norm_add: x + rms_norm(o)·w, rounded once.
+template <class T>
+__device__ inline T norm_added(T x, T o, float inv, float w) {
+  return from_f<T>(to_f(x) + to_f(o) * inv * w);
+}
+
 // x[row] += rms_norm(o[row]) * w: one block per row (rms_norm_kernel's rounding, then the add).
 template <class T>
 __global__ void norm_add_kernel(T* x, const T* o, int dim, const float* w, float eps) {
@@ -35,7 +41,31 @@ __global__ void norm_add_kernel(T* x, const T* o, int dim, const float* w, float
   const T* orow = o + int64_t(blockIdx.x) * dim;
   T* xr = x + int64_t(blockIdx.x) * dim;
   const float inv = inv_rms(orow, dim, eps, sh);
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) xr[i] = from_f<T>(to_f(xr[i]) + to_f(orow[i]) * inv * w[i]);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) xr[i] = norm_added(xr[i], orow[i], inv, w[i]);
+}
+
+// norm_add, then scale (when s != 1), then rms_norm into xn, one block per row, each step rounded
+// as its own kernel rounds. A thread reads back only the x elements it wrote itself (inv_rms
+// strides as the loop), so no barrier is needed between the write and the second norm.
+template <class T>
+__global__ void norm_add_norm_kernel(T* x, const T* o, int dim, const float* w, float eps, float s,
+                                     const float* w2, float eps2, T* xn) {
+  pdl_enter();
+  __shared__ float sh[32];
+  const T* orow = o + int64_t(blockIdx.x) * dim;
+  T* xr = x + int64_t(blockIdx.x) * dim;
+  T* yr = xn + int64_t(blockIdx.x) * dim;
+  const float inv = inv_rms(orow, dim, eps, sh);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    T v = norm_added(xr[i], orow[i], inv, w[i]);
+    if (s != 1.f) v = from_f<T>(to_f(v) * s);  // scale_kernel's rounding
+    xr[i] = v;
+  }
+  const float inv2 = inv_rms(static_cast<const T*>(xr), dim, eps2, sh);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = to_f(xr[i]) * inv2;
+    yr[i] = from_f<T>(w2 ? v * w2[i] : v);  // rms_norm_kernel's rounding
+  }
 }
 
 // One head of x [head_dim] in place, by the whole block: RMSNorm with weight w (none when w is
@@ -170,6 +200,16 @@ void norm_add(cudaStream_t s, void* x, const void* o, int rows, int dim, const f
   with_act(t, [&](auto tag) {
     using T = decltype(tag);
     launch_kernel(norm_add_kernel<T>, rows, 256, 0, s, static_cast<T*>(x), static_cast<const T*>(o), dim, w, eps);
+  });
+}
+
+void norm_add_norm(cudaStream_t s, void* x, const void* o, int rows, int dim, const float* w, float eps, float scale,
+                   const float* w2, float eps2, void* xn, DType t) {
+  if (rows <= 0) return;
+  with_act(t, [&](auto tag) {
+    using T = decltype(tag);
+    launch_kernel(norm_add_norm_kernel<T>, rows, 256, 0, s, static_cast<T*>(x), static_cast<const T*>(o), dim, w, eps,
+                  scale, w2, eps2, static_cast<T*>(xn));
   });
 }
 
