@@ -46,14 +46,18 @@ struct Max {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
+// 1 / sqrt(mean(x²) + eps) from each thread's partial sum of squares ss (inv_rms's strided order).
+__device__ inline float rms_inv(float ss, int dim, float eps, float* sh) {
+  ss = block_sum(ss, sh);
+  return 1.0f / sqrtf(ss / float(dim) + eps);
+}
 // 1 / sqrt(mean(x²) + eps) over x[dim], by the whole block (every thread gets it). Its barriers
 // order the block's reads of x before any write that follows. sh: 32 floats of shared memory.
 template <class T>
 __device__ inline float inv_rms(const T* x, int dim, float eps, float* sh) {
   float ss = 0.f;
   for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += to_f(x[i]) * to_f(x[i]);
-  ss = block_sum(ss, sh);
-  return 1.0f / sqrtf(ss / float(dim) + eps);
+  return rms_inv(ss, dim, eps, sh);
 }
 
 inline unsigned blocks_for(int64_t n, int per) { return unsigned((n + per - 1) / per); }

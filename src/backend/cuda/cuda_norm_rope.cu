@@ -44,27 +44,53 @@ __global__ void norm_add_kernel(T* x, const T* o, int dim, const float* w, float
   for (int i = threadIdx.x; i < dim; i += blockDim.x) xr[i] = norm_added(xr[i], orow[i], inv, w[i]);
 }
 
-// norm_add, then scale (when s != 1), then rms_norm into xn, one block per row, each step rounded
-// as its own kernel rounds. A thread reads back only the x elements it wrote itself (inv_rms
-// strides as the loop), so no barrier is needed between the write and the second norm.
-template <class T>
-__global__ void norm_add_norm_kernel(T* x, const T* o, int dim, const float* w, float eps, float s,
-                                     const float* w2, float eps2, T* xn) {
+// norm_add, then scale (when s != 1), then rms_norm into xn, one block of 256 threads per row, each
+// step rounded as its own kernel rounds. The row's elements (i = thread + 256 j, j < kPer) are read
+// once into registers, all loads in flight together: the separate kernels' chain of dependent
+// reads is what a row of a batched-decode step waits on. The sums of squares run in inv_rms's
+// order, so the bits are the separate kernels'.
+template <class T, int kPer>
+__global__ void __launch_bounds__(256) norm_add_norm_kernel(T* x, const T* o, int dim, const float* w, float eps,
+                                                            float s, const float* w2, float eps2, T* xn) {
   pdl_enter();
   __shared__ float sh[32];
   const T* orow = o + int64_t(blockIdx.x) * dim;
   T* xr = x + int64_t(blockIdx.x) * dim;
   T* yr = xn + int64_t(blockIdx.x) * dim;
-  const float inv = inv_rms(orow, dim, eps, sh);
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    T v = norm_added(xr[i], orow[i], inv, w[i]);
-    if (s != 1.f) v = from_f<T>(to_f(v) * s);  // scale_kernel's rounding
-    xr[i] = v;
+  T ov[kPer], xv[kPer];
+  float wv[kPer], w2v[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + 256 * j;
+    if (i < dim) {
+      ov[j] = orow[i];
+      xv[j] = xr[i];
+      wv[j] = w[i];
+      w2v[j] = w2 ? w2[i] : 1.f;
+    }
   }
-  const float inv2 = inv_rms(static_cast<const T*>(xr), dim, eps2, sh);
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    const float v = to_f(xr[i]) * inv2;
-    yr[i] = from_f<T>(w2 ? v * w2[i] : v);  // rms_norm_kernel's rounding
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j)
+    if (threadIdx.x + 256 * j < dim) ss += to_f(ov[j]) * to_f(ov[j]);
+  const float inv = rms_inv(ss, dim, eps, sh);
+  ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + 256 * j;
+    if (i >= dim) continue;
+    T v = norm_added(xv[j], ov[j], inv, wv[j]);
+    if (s != 1.f) v = from_f<T>(to_f(v) * s);  // scale_kernel's rounding
+    xr[i] = xv[j] = v;
+    ss += to_f(v) * to_f(v);
+  }
+  const float inv2 = rms_inv(ss, dim, eps2, sh);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + 256 * j;
+    if (i >= dim) continue;
+    const float v = to_f(xv[j]) * inv2;
+    yr[i] = from_f<T>(w2 ? v * w2v[j] : v);  // rms_norm_kernel's rounding
   }
 }
 
@@ -206,10 +232,17 @@ void norm_add(cudaStream_t s, void* x, const void* o, int rows, int dim, const f
 void norm_add_norm(cudaStream_t s, void* x, const void* o, int rows, int dim, const float* w, float eps, float scale,
                    const float* w2, float eps2, void* xn, DType t) {
   if (rows <= 0) return;
+  if (dim > 256 * 24) {  // wider than the kernel's registers hold: the three kernels
+    norm_add(s, x, o, rows, dim, w, eps, t);
+    if (scale != 1.f) cuda::scale(s, x, scale, size_t(rows) * size_t(dim), x, t);
+    rms_norm(s, x, rows, dim, w2, eps2, xn, t);
+    return;
+  }
   with_act(t, [&](auto tag) {
     using T = decltype(tag);
-    launch_kernel(norm_add_norm_kernel<T>, rows, 256, 0, s, static_cast<T*>(x), static_cast<const T*>(o), dim, w, eps,
-                  scale, w2, eps2, static_cast<T*>(xn));
+    auto* k = dim <= 256 * 12 ? norm_add_norm_kernel<T, 12> : norm_add_norm_kernel<T, 24>;
+    launch_kernel(k, rows, 256, 0, s, static_cast<T*>(x), static_cast<const T*>(o), dim, w, eps, scale, w2, eps2,
+                  static_cast<T*>(xn));
   });
 }
 
