@@ -6,9 +6,9 @@
 //
 // Block: 16 weight rows of one weight (or of gate and up), 8 warps splitting the reduction: warp w
 // takes work items w, w + 8, ..., an item being a chunk of kChunk columns (one K-quant super-block,
-// else 128 columns) of one weight. A warp copies its next item's bytes of the 16 rows into shared
-// memory (cp.async, 16-byte coalesced copies, double buffered) while it decodes the current one
-// from there: decoding straight from global memory reads bytes scattered over 16 rows, which the
+// else 128 columns) of one weight. A warp copies its next items' bytes of the 16 rows into shared
+// memory (cp.async, 16-byte coalesced copies, a ring of 2-4 buffers) while it decodes the current
+// one from there: decoding straight from global memory reads bytes scattered over 16 rows, which the
 // load units serve a sector at a time. The warps' f32 partial sums meet in shared memory, added in
 // warp order (no dependence on timing), and a row's outputs depend on that row's activations only
 // (the same bits in any batch of 2 to 32).
@@ -43,20 +43,29 @@ constexpr int kWarps = 8;     // warps per block, splitting the reduction
 constexpr int kStep = 128;    // columns per MMA step (4 units a row)
 constexpr int kThreads = kWarps * 32;
 
+// Columns a warp stages at once: whole blocks of every format (a K-quant super-block, else a step).
+__host__ __device__ constexpr int chunk_cols(WFormat f) {
+  return f == WFormat::GgufQ4_K || f == WFormat::GgufQ5_K || f == WFormat::GgufQ6_K ? 256 : kStep;
+}
 template <WFormat F>
-constexpr bool kSuper = F == WFormat::GgufQ4_K || F == WFormat::GgufQ5_K || F == WFormat::GgufQ6_K;
-// Columns a warp stages at once: whole blocks of every format.
-template <WFormat F>
-constexpr int kChunk = kSuper<F> ? 256 : kStep;
+constexpr int kChunk = chunk_cols(F);
 
 // A chunk's bytes per row (every format's bytes for kChunk columns are contiguous), and the
 // shared slot one row's copy takes: the 16-byte aligned words that cover it.
 inline __host__ __device__ int64_t chunk_bytes(const DevWeight& w, int chunk) { return w.row_bytes / (w.cols / chunk); }
 inline __host__ __device__ int slot_bytes(int64_t cb) { return int((cb + 15) / 16 * 16 + 16); }
-// Dynamic shared memory of a launch: per warp, two chunk buffers of 16 row slots; the end-of-block
-// reduction [warp][n tile · 4 accumulators · 32 lanes] f32 reuses it.
+// Chunk buffers a warp keeps in flight (a ring): as many as fit kStageBytes a block, 2 to 4. A
+// warp's next items are all on their way while it decodes one, so its run costs about one memory
+// latency, not one per item (gate/up of a 2560-wide layer: 3 items a warp).
+constexpr int kStageBytes = 96 * 1024;
+inline __host__ __device__ int ring_stages(int slot) {
+  const int s = kStageBytes / (kWarps * kRows * slot);
+  return s < 2 ? 2 : s > 4 ? 4 : s;
+}
+// Dynamic shared memory of a launch: per warp, ring_stages chunk buffers of 16 row slots; the
+// end-of-block reduction [warp][n tile · 4 accumulators · 32 lanes] f32 reuses it.
 inline size_t launch_smem(int slot, int nt) {
-  const size_t bufs = size_t(kWarps) * 2 * kRows * slot, red = size_t(kWarps) * nt * 128 * 4;
+  const size_t bufs = size_t(kWarps) * ring_stages(slot) * kRows * slot, red = size_t(kWarps) * nt * 128 * 4;
   return bufs > red ? bufs : red;
 }
 
@@ -65,7 +74,12 @@ __device__ inline void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
 }
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ inline void cp_async_wait_prev() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+// Waits until at most stages - 1 of this thread's copy groups are pending (the oldest has landed).
+__device__ inline void cp_async_wait_ring(int stages) {
+  if (stages <= 2) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+  else if (stages == 3) asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+  else asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+}
 
 // The block's weight row n0 + r, clamped to the matrix (rows past it are computed, never stored).
 __device__ inline int64_t clamp_row(const DevWeight& w, int64_t n0, int r) {
@@ -270,27 +284,28 @@ __global__ void __launch_bounds__(kThreads, 2) small_mma_kernel(MatArgs a) {
 
   const int64_t K = w.cols, cb = chunk_bytes(w, kChunk<F>);
   const int slot = slot_bytes(cb);
-  uint8_t* bufs = smem + size_t(warp) * 2 * kRows * slot;  // [2][16 rows][slot]
+  const int stages = ring_stages(slot);
+  uint8_t* bufs = smem + size_t(warp) * stages * kRows * slot;  // [stages][16 rows][slot]
   const bf16* x = static_cast<const bf16*>(a.x);
   const int M = a.M, g = lane >> 2, t = lane & 3;
   float acc[kNT][4] = {}, acc2[kNT][4] = {};
   // Work items: chunk i / kMats of weight i % kMats (gate and up alternate), so that the 2 x 10
   // chunks of a 2560-wide gate/up pair spread over the 8 warps as 3 / 2, not as 2 / 1 pairs.
   const int64_t items = K / kChunk<F> * kMats;
-  int cur = 0;
   auto weight = [&](int64_t item) -> const DevWeight& { return kAct != 0 && item % kMats ? a.w2 : w; };
-  if (warp < items) stage_chunk(weight(warp), n0, warp / kMats, cb, slot, bufs, lane);
-  cp_async_commit();
-  for (int64_t item = warp; item < items; item += kWarps, cur ^= 1) {
-    const int64_t next = item + kWarps;
-    if (next < items) stage_chunk(weight(next), n0, next / kMats, cb, slot, bufs + (cur ^ 1) * kRows * slot, lane);
+  auto stage = [&](int64_t item, int b) {  // one copy group per item (empty past the last)
+    if (item < items) stage_chunk(weight(item), n0, item / kMats, cb, slot, bufs + b * kRows * slot, lane);
     cp_async_commit();
-    cp_async_wait_prev();  // this lane's copies of this item have landed
-    __syncwarp();          // and every lane's
+  };
+  for (int b = 0; b < stages; ++b) stage(warp + int64_t(b) * kWarps, b);
+  int b = 0;
+  for (int64_t item = warp; item < items; item += kWarps) {
+    cp_async_wait_ring(stages);  // this lane's copies of this item have landed
+    __syncwarp();                // and every lane's
     const int64_t c = item / kMats;
     const bool second = kAct != 0 && item % kMats;  // warp-uniform
     const DevWeight& wi = weight(item);
-    const uint8_t* b0 = bufs + cur * kRows * slot;
+    const uint8_t* b0 = bufs + b * kRows * slot;
 #pragma unroll
     for (int s = 0; s < kChunk<F> / kStep; ++s) {
       const int64_t u = (c * kChunk<F> + s * kStep) / 32 + t;
@@ -301,7 +316,9 @@ __global__ void __launch_bounds__(kThreads, 2) small_mma_kernel(MatArgs a) {
       if (second) step_mma<kNT>(a0, a1, x, K, col, M, g, acc2);
       else step_mma<kNT>(a0, a1, x, K, col, M, g, acc);
     }
-    __syncwarp();  // every lane is done with buffer cur before the next stage overwrites it
+    __syncwarp();  // every lane is done with buffer b before it is refilled
+    stage(item + int64_t(stages) * kWarps, b);
+    b = b + 1 == stages ? 0 : b + 1;
   }
 
   float* red = reinterpret_cast<float*>(smem);
@@ -324,9 +341,9 @@ __global__ void __launch_bounds__(kThreads, 2) small_mma_kernel(MatArgs a) {
   }
 }
 
-// The most dynamic shared memory a launch asks for: BF16 / F16 chunks (256 bytes a row), or the
-// largest reduction.
-constexpr size_t kMaxSmem = size_t(kWarps) * 2 * kRows * (256 + 16);
+// The most dynamic shared memory a launch asks for: the ring's budget (or two BF16 / F16 chunks of
+// 256 bytes a row, below it), more than the largest reduction.
+constexpr size_t kMaxSmem = kStageBytes;
 
 template <WFormat F, int kAct, int kNT>
 void launch_nt(cudaStream_t s, const MatArgs& a, unsigned blocks, size_t smem) {
@@ -369,12 +386,12 @@ void launch_any(cudaStream_t s, const MatArgs& a, int M) {
 }  // namespace
 
 bool small_mma_applies(const MatArgs& a, int M) {
-  if (a.norm_w || a.resid || a.pre_y || a.defer_post || a.n < 1 || a.n > 3 || tc_matmul_disabled() ||
+  if (a.norm_w || a.resid || a.pre_y || a.defer_post || a.n < 1 || a.n > 3 ||
       reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || reinterpret_cast<uintptr_t>(a.w2.data) % 16 != 0)
     return false;
   for (int i = 0; i < a.n; ++i) {
     const DevWeight& w = a.w[i];
-    const int chunk = w.fmt == WFormat::GgufQ4_K || w.fmt == WFormat::GgufQ5_K || w.fmt == WFormat::GgufQ6_K ? 256 : kStep;
+    const int chunk = chunk_cols(w.fmt);
     if (!small_mma_rows(a.xt, M, w.cols) || w.fmt == WFormat::F32 || w.cols % chunk != 0 ||
         reinterpret_cast<uintptr_t>(w.data) % 16 != 0 || w.row_bytes % (w.cols / chunk) != 0 ||
         slot_bytes(chunk_bytes(w, chunk)) > 256 + 16)

@@ -21,9 +21,10 @@ constexpr int kSmallMinRows = 2, kSmallMaxRows = 32;
 constexpr int kSmallStep = 128;
 
 // Whether M rows of activations of type xt into weights of width cols take this path (the backend
-// then norms the input separately: the kernel has no input norm).
+// then norms the input separately: the kernel has no input norm). Not with the tensor cores off.
 inline bool small_mma_rows(DType xt, int M, int64_t cols) {
-  return xt == DType::BF16 && M >= kSmallMinRows && M <= kSmallMaxRows && cols % kSmallStep == 0;
+  return xt == DType::BF16 && M >= kSmallMinRows && M <= kSmallMaxRows && cols % kSmallStep == 0 &&
+         !tc_matmul_disabled();
 }
 // Whether launch a of M rows runs here: small_mma_rows for every weight, no input norm, no fused
 // epilogue (resid, deferred post-norm), x and the weights 16-byte aligned, weights not f32.
