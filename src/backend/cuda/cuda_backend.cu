@@ -35,6 +35,7 @@
 #include "backend/cuda/cuda_alloc.h"
 #include "backend/cuda/cuda_backend_args.h"
 #include "backend/cuda/cuda_blas.h"
+#include "backend/cuda/cuda_seq_tables.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_mma_small.h"
@@ -56,6 +57,9 @@ class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const BackendOptions& opt) : opt_(opt), dev_(opt.device), mem_(dev_), tables_(mem_) {
     rec_ = std::make_unique<cuda::StepRecorder>(dev_.stream(), opt.graphs);
+    seqs_ = std::make_unique<cuda::SeqTables>(*rec_, mem_, [this](const int32_t* host, size_t n, int32_t* d) {
+      from_host(host, n, Buf(d, DType::I32, int64_t(n), dev_.id()));
+    });
     cuda::set_tensor_cores(opt.tensor_cores);
     if (opt.profile) profile_ = cuda::make_op_profile();
     if (opt.timing) timer_ = cuda::make_step_timer();
@@ -77,6 +81,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     profile_.reset();
     timer_.reset();
+    seqs_.reset();
     rec_.reset();  // waits for the stream
     mem_.collect();
     if (bounce_) cudaFreeHost(bounce_);
@@ -226,14 +231,14 @@ class CudaBackend final : public Backend {
         continue;
       }
       a.pos0 = rec_->dyn(sq.pos0);
-      a.blocks = sq.blocks ? device_blocks(sq.blocks, sq.n) : nullptr;
+      a.blocks = sq.blocks ? seqs_->blocks(sq.blocks, sq.n) : nullptr;
       launch("flash_attention", cuda::flash_attention, q, H, a, scale, out);
     }
     if (batch.empty()) return;
     const KvBuffer& kv0 = batch[0].kv;
     cuda::AttnBatch a{};
-    a.tab = seq_table(batch);
-    a.rows = batch_rows(batch);
+    a.tab = seqs_->table(batch);
+    a.rows = cuda::batch_rows(batch);
     a.n_kv_heads = kv0.n_kv_heads;
     a.head_dim = kv0.head_dim;
     a.quant_bits = kv0.quant.bits;
@@ -375,8 +380,8 @@ class CudaBackend final : public Backend {
     a.eps = eps;
     a.inv_freq = tables_.inv_freq(t.inv_freq);
     a.position_scale = t.position_scale;
-    a.tab = seq_table(seqs);
-    const int rows = batch_rows(seqs);
+    a.tab = seqs_->table(seqs);
+    const int rows = cuda::batch_rows(seqs);
     launch("attn_prep", cuda::attn_prep, a, rows);
     if (has_k)
       for (const AttnSeq& sq : seqs) record_positions(sq);
@@ -524,15 +529,12 @@ class CudaBackend final : public Backend {
   void begin_step() override {
     if (profile_) return;  // profiled ops run one by one
     rec_->begin();         // waits for the previous step
-    last_table_.clear();
+    seqs_->begin_step();
     mem_.collect();
     if (timer_) timer_->step_begin();
   }
   void end_step() override {
-    // This step's image blocks are forgotten (the next step's arrays may reuse the host
-    // addresses) and freed once its work is done (collect: next begin_step or sync).
-    for (const auto& b : blocks_) mem_.free(b.second, /*deferred=*/true);
-    blocks_.clear();
+    seqs_->end_step();
     flush_pending();
     if (timer_) timer_->step_logged(dev_.stream());
     rec_->end();
@@ -727,7 +729,7 @@ class CudaBackend final : public Backend {
   // Whether M rows of x into `cols`-wide weights take the few-row tensor-core kernel
   // (cuda_mma_small.h: its input normed beforehand, its epilogues separate launches).
   static bool small_rows(const Buf& x, int M, int64_t cols) {
-    return M > 1 && cuda::small_mma_rows(act_type({&x}), M, cols) && !cuda::tc_matmul_disabled();
+    return cuda::small_mma_rows(act_type({&x}), M, cols);
   }
   // Whether M rows of x into `cols`-wide weights take the cuBLAS prefill path (Blas::applies for
   // the launches without an epilogue: their input norm then needs no shared memory).
@@ -741,60 +743,6 @@ class CudaBackend final : public Backend {
     launch(op, cuda::blas_matmuls, static_cast<const cuda::Blas*>(blas_.get()), a, M, act);
     return true;
   }
-  // A step's image blocks (AttnSeq::blocks) on the device, uploaded once per host array and step
-  // (every layer's attention passes the same array).
-  static int batch_rows(const std::vector<AttnSeq>& seqs) {
-    int rows = 0;
-    for (const AttnSeq& sq : seqs) rows += sq.n;
-    return rows;
-  }
-  // The device table of a batched attention / attn_prep launch over seqs (cuda::SeqTable): staged
-  // with the step (its bytes are not part of the key), or uploaded outside one. A table equal to
-  // the step's previous one (attention after attn_prep over the same sequences) is reused.
-  cuda::SeqTable seq_table(const std::vector<AttnSeq>& seqs) {
-    const size_t head = (seqs.size() * sizeof(cuda::SeqKv) + 15) & ~size_t(15);
-    std::vector<uint8_t> bytes(head + size_t(batch_rows(seqs)) * sizeof(int32_t), 0);
-    cuda::SeqKv* e = reinterpret_cast<cuda::SeqKv*>(bytes.data());
-    int32_t* row_seq = reinterpret_cast<int32_t*>(bytes.data() + head);
-    int first = 0;
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      const AttnSeq& sq = seqs[i];
-      cuda::SeqKv& k = e[i];
-      k.row0 = sq.row0;
-      k.first = first;
-      k.pos0 = sq.pos0;
-      k.capacity = sq.kv.capacity;
-      k.window = sq.kv.window;
-      k.k = sq.kv.k.data;
-      k.v = sq.kv.v.data;
-      k.quant = quant_args(sq.kv);
-      k.blocks = sq.blocks ? device_blocks(sq.blocks, sq.n) : nullptr;
-      for (int t = 0; t < sq.n; ++t) row_seq[first + t] = int32_t(i);
-      first += sq.n;
-    }
-    const uint8_t* dev = nullptr;
-    if (rec_->active() && bytes == last_table_) {
-      dev = last_table_dev_;
-    } else if (const void* d = rec_->dyn_bytes(bytes.data(), bytes.size())) {
-      dev = static_cast<const uint8_t*>(d);
-      last_table_ = bytes;
-      last_table_dev_ = dev;
-    } else {  // outside a step: a copy freed once this step's work is done
-      void* d2 = mem_.upload(bytes.data(), bytes.size());
-      mem_.free(d2, /*deferred=*/true);
-      dev = static_cast<const uint8_t*>(d2);
-    }
-    return cuda::SeqTable{reinterpret_cast<const cuda::SeqKv*>(dev), reinterpret_cast<const int32_t*>(dev + head)};
-  }
-  const int32_t* device_blocks(const int32_t* host, int n) {
-    for (const auto& b : blocks_)
-      if (b.first == host) return b.second;
-    int32_t* d = I(alloc_i32(size_t(n) * 2));
-    from_host(host, size_t(n) * 2, Buf(d, DType::I32, int64_t(n) * 2, dev_.id()));
-    blocks_.push_back({host, d});
-    return d;
-  }
-
   BackendOptions opt_;
   cuda::Device dev_;
   cuda::DeviceAllocator mem_;
@@ -807,9 +755,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Backend> host_ops_ = make_reference_backend();  // MoE routing on the host
   Buf moe_xs_, moe_g_, moe_u_, moe_ys_, moe_y_, moe_ids_;
   size_t moe_cap_ = 0;
-  std::vector<std::pair<const int32_t*, int32_t*>> blocks_;  // device_blocks of the current step
-  std::vector<uint8_t> last_table_;  // the step's last staged seq_table and its device address
-  const uint8_t* last_table_dev_ = nullptr;
+  std::unique_ptr<cuda::SeqTables> seqs_;  // attention's per-step device tables
   // Scratch that kernels leave zero (counters, argmax slots) or overwrite (attention partials).
   cuda::GrowBuffer partial_, counters_, argmax_, epilogue_counter_;
   cuda::GrowBuffer moe_h_, moe_dy_;  // device MoE: the items' gated hidden rows and expert outputs
