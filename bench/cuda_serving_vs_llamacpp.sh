@@ -16,6 +16,7 @@
 #     bash bench/cuda_serving_vs_llamacpp.sh
 #
 # G4_BINS: the gemma4 binaries to serve with, one after another (A/B of two builds in one lease).
+# G4_SERVE_ARGS: extra `serve` flags (e.g. "--cuda-bf16-cache 16").
 # G4_PEER=0: ours only (no waiting for llama.cpp's build, no llama-batched-bench).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -44,7 +45,7 @@ for V in $VARIANTS; do
   NPP=0
   for BIN in $BINS; do
     port=$((port + 1))
-    $BIN serve --model /tmp/t-$V.gguf --backend cuda --parallel 64 --port $port > $OUT/serve-$V-$port.log 2>&1 &
+    $BIN serve --model /tmp/t-$V.gguf --backend cuda --parallel 64 --port $port ${G4_SERVE_ARGS:-} > $OUT/serve-$V-$port.log 2>&1 &
     SRV=$!
     python3 -c 'import sys, time, urllib.request
 for _ in range(240):

@@ -162,6 +162,47 @@ TEST_F(CudaBf16Test, FusedDecodeOps) {
   for (const Buf& p : {dpw, dnw}) cu->free(p);
 }
 
+// --cuda-bf16-cache: the cuBLAS launches read kept bf16 copies of their weights. A plain matmul is
+// the same GEMM over the same bf16 values (the same bits as dequantizing per launch); gate/up runs
+// two GEMMs instead of one over both (bounded against the reference). A weight past the budget
+// stays dequantized per launch.
+TEST_F(CudaBf16Test, Bf16WeightCache) {
+  std::string why;
+  BackendOptions opt;
+  opt.activations = DType::BF16;
+  opt.int8_dots = false;
+  opt.bf16_weight_cache_gib = 1;
+  const auto cached = make_cuda_backend(&why, opt);
+  ASSERT_TRUE(cached) << why;
+  if (!cuda_prefill_on_blas(*cu)) GTEST_SKIP() << "no cuBLAS";
+  std::mt19937 rng(71);
+  const int64_t C = 512, O = 300;
+  auto w = test::random_blocks(WFormat::GgufQ4_K, O, C, rng), g = test::random_blocks(WFormat::GgufQ4_K, O, C, rng);
+  auto u = test::random_blocks(WFormat::GgufQ4_K, O, C, rng);
+  const int64_t rb = int64_t(gguf_row_bytes(WFormat::GgufQ4_K, C));
+  const WeightView W{WFormat::GgufQ4_K, O, C, w.data(), rb}, G{WFormat::GgufQ4_K, O, C, g.data(), rb},
+      U{WFormat::GgufQ4_K, O, C, u.data(), rb};
+  const WeightView dW = cu->place_weight(W), cW = cached->place_weight(W);
+  const WeightView cG = cached->place_weight(G), cU = cached->place_weight(U);
+  for (int M : {40, 70}) {
+    const auto x = bf16_rounded(randn(size_t(M) * C, uint32_t(72 + M)));
+    std::vector<float> want(size_t(M) * O), us(want.size());
+    Buf dx = up(x), dy = cu->alloc_act(want.size());
+    cu->matmul(dx, M, dW, ActPrecision::BF16, dy);
+    const auto plain = down(dy, want.size());
+    Buf cx = test::upload_act(*cached, x), cy = cached->alloc_act(want.size()), cu2 = cached->alloc_act(want.size());
+    for (int rep = 0; rep < 2; ++rep) {  // the copy made at the first launch, read at both
+      cached->matmul(cx, M, cW, ActPrecision::BF16, cy);
+      EXPECT_EQ(test::download(*cached, cy, want.size()), plain) << "matmul M=" << M << " run " << rep;
+    }
+    ref->gate_up_gelu(x.data(), M, InputNorm{}, G, U, true, ActPrecision::F32, want.data(), us.data());
+    cached->gate_up_gelu(cx, M, InputNorm{}, cG, cU, true, ActPrecision::BF16, cy, cu2);
+    EXPECT_LE(rel_err(test::download(*cached, cy, want.size()), want), 1e-2) << "gate_up_gelu M=" << M;
+    for (const Buf& p : {dx, dy}) cu->free(p);
+    for (const Buf& p : {cx, cy, cu2}) cached->free(p);
+  }
+}
+
 // Batched decode (2 to 32 rows) on the few-row tensor-core kernel (cuda_mma_small.h): every
 // activation-tile count (1, 2, 4 tiles of 8 rows, partly filled), weights whose rows end inside
 // a 16-row block, reductions shorter than the block's 8 warps (K = 128) and longer (K = 2048), one

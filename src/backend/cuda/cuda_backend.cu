@@ -740,6 +740,8 @@ class CudaBackend final : public Backend {
   // Launch a on cuBLAS (cuda_blas.h) when it applies; false: the caller launches its kernels.
   bool launch_blas(const char* op, const cuda::MatArgs& a, int M, int act) {
     if (!blas_ || !blas_->applies(a, M)) return false;
+    if (opt_.bf16_weight_cache_gib > 0)  // before the launch is logged: the copies exist when it runs
+      blas_->cache_weights(dev_.stream(), a, act, mem_, size_t(opt_.bf16_weight_cache_gib) << 30);
     launch(op, cuda::blas_matmuls, static_cast<const cuda::Blas*>(blas_.get()), a, M, act);
     return true;
   }

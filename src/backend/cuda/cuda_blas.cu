@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <unordered_map>
 
 #include "backend/cuda/cuda_act.cuh"
 #include "backend/cuda/cuda_alloc.h"
@@ -82,6 +83,12 @@ struct Blas::Impl {
   bf16* input = nullptr;    // kBlasRowBlock × kBlasMaxCols normed input rows
   float* act = nullptr;     // kActBytes
   void* workspace = nullptr;
+  std::unordered_map<const uint8_t*, bf16*> copies;  // bf16 copies of weights, by their data
+  size_t copy_bytes = 0;
+  const bf16* copy_of(const DevWeight& w) const {
+    const auto it = copies.find(w.data);
+    return it == copies.end() ? nullptr : it->second;
+  }
 
   ~Impl() {
     if (handle) destroy(handle);
@@ -169,24 +176,48 @@ void Blas::run(cudaStream_t s, const MatArgs& a, int M, int act) const {
       if (act) nc = std::min<int64_t>(nc, int64_t(kActBytes / (size_t(kBlasRowBlock) * 2 * 4)));
       if (nc < N) nc = std::max<int64_t>(128, nc / 128 * 128);
       nc = std::min(nc, N);
+      const bf16* copy = b.copy_of(w);
+      const bf16* copy2 = act ? b.copy_of(a.w2) : nullptr;
+      if (copy && (!act || copy2)) nc = act ? nc : N;  // no scratch to fill: one GEMM unless gated
       for (int64_t n0 = 0; n0 < N; n0 += nc) {
         const int n = int(std::min(nc, N - n0));
         const bf16* A = b.weights;
         const bool direct = !act && w.fmt == WFormat::BF16 && w.row_bytes == K * 2;  // already bf16 rows
         if (direct) A = reinterpret_cast<const bf16*>(w.data + n0 * w.row_bytes);
+        else if (copy && (!act || copy2)) A = copy + n0 * K;
         else dequant_rows(s, w, n0, n, b.weights);
         if (!act) {
           b.gemm_rows(n, mb, int(K), A, int(K), x, y + size_t(n0) * ysize, yct, int(N));
           continue;
         }
-        dequant_rows(s, a.w2, n0, n, b.weights + int64_t(n) * K);
-        b.gemm_rows(2 * n, mb, int(K), A, int(K), x, b.act, CUDA_R_32F, 2 * n);
+        if (copy && copy2) {  // gate and up products side by side, as from one GEMM over both
+          b.gemm_rows(n, mb, int(K), A, int(K), x, b.act, CUDA_R_32F, 2 * n);
+          b.gemm_rows(n, mb, int(K), copy2 + n0 * K, int(K), x, b.act + n, CUDA_R_32F, 2 * n);
+        } else {
+          dequant_rows(s, a.w2, n0, n, b.weights + int64_t(n) * K);
+          b.gemm_rows(2 * n, mb, int(K), A, int(K), x, b.act, CUDA_R_32F, 2 * n);
+        }
         launch_kernel(gelu_mul_kernel, dim3(blocks_for(int64_t(mb) * n)), dim3(kThreads), 0, s,
                       static_cast<const float*>(b.act), mb, n, static_cast<void*>(y), N, n0, a.yt == DType::F32,
                       act == 2 ? a.table : static_cast<const uint16_t*>(nullptr));
         G4_CUDA_LAUNCHED();
       }
     }
+  }
+}
+
+void Blas::cache_weights(cudaStream_t s, const MatArgs& a, int act, DeviceAllocator& mem, size_t budget_bytes) {
+  Impl& b = *impl_;
+  for (int i = 0; i <= (act ? 1 : a.n - 1); ++i) {
+    const DevWeight& w = act && i == 1 ? a.w2 : a.w[i];
+    if (b.copies.count(w.data) || (w.fmt == WFormat::BF16 && w.row_bytes == w.cols * 2)) continue;
+    const size_t bytes = size_t(w.rows) * size_t(w.cols) * 2;
+    if (b.copy_bytes + bytes > budget_bytes) continue;
+    bf16* d = static_cast<bf16*>(mem.alloc(bytes));
+    for (int64_t r0 = 0; r0 < w.rows; r0 += 65536)
+      dequant_rows(s, w, r0, int(std::min<int64_t>(65536, w.rows - r0)), d + r0 * w.cols);
+    b.copies[w.data] = d;
+    b.copy_bytes += bytes;
   }
 }
 
