@@ -12,7 +12,9 @@
 //
 // The scratch (about 200 MiB, allocated once by create) bounds a launch's chunks: at most
 // kBlasRowBlock activation rows and as many weight rows as fit; larger launches loop over chunks.
-// Every pointer is fixed at creation, so steps that use it replay as CUDA graphs.
+// Every pointer is fixed at creation, so steps that use it replay as CUDA graphs. With a weight
+// cache budget (BackendOptions::bf16_weight_cache_gib, cache_weights), a weight's bf16 copy is made
+// once and kept, and its launches read the copy instead of dequantizing into the scratch.
 #pragma once
 #include <cuda_runtime.h>
 
