@@ -205,10 +205,10 @@ TEST_F(CudaBf16Test, Bf16WeightCache) {
 
 // Batched decode (2 to 32 rows) on the few-row tensor-core kernel (cuda_mma_small.h): every
 // activation-tile count (1, 2, 4 tiles of 8 rows, partly filled), weights whose rows end inside
-// a 16-row block, reductions shorter than the block's 8 warps (K = 128) and longer (K = 2048), one
-// and three weights per launch, the gated MLP in both gelu forms, the input norm and the residual
-// epilogue (both launched beside it), Q4_K / Q6_K (chunks at any alignment) / Q8_0 decoded from
-// words and MLX / bf16 through dequant32. Bounds as PrefillOnBlas. A row's output must not depend on
+// a 16-row block, reductions shorter than the block's 8 warps (K = 128) and longer (K = 5120: a
+// warp's items through its ring of chunk buffers), one and three weights per launch, the gated MLP
+// in both gelu forms, the input norm and the residual epilogue (both launched beside it), Q4_K /
+// Q6_K (chunks at any alignment) / Q8_0 decoded from words and MLX / bf16 through dequant32. Bounds as PrefillOnBlas. A row's output must not depend on
 // the other rows (the same bits at M = 9 as in the first 9 rows of M = 32), nor on the run. The
 // residual update left pending by matmul_norm_add, with a scale, fused into the next input norm:
 // the same bits as launched one by one.
@@ -218,8 +218,8 @@ TEST_F(CudaBf16Test, FewRowsOnTensorCores) {
     auto data = test::random_blocks(WFormat::GgufQ4_K, rows, cols, rng);
     return std::pair{std::move(data), gguf_row_bytes(WFormat::GgufQ4_K, cols)};
   };
-  auto [w1, rb1] = q4(45, 2048);
-  const WeightView W{WFormat::GgufQ4_K, 45, 2048, w1.data(), rb1};
+  auto [w1, rb1] = q4(45, 5120);  // 20 super-blocks: 3 or 2 items a warp, through the buffer ring
+  const WeightView W{WFormat::GgufQ4_K, 45, 5120, w1.data(), rb1};
   auto q6 = test::random_blocks(WFormat::GgufQ6_K, 21, 768, rng);  // 210-byte blocks: unaligned chunks
   const WeightView W6{WFormat::GgufQ6_K, 21, 768, q6.data(), gguf_row_bytes(WFormat::GgufQ6_K, 768)};
   auto q8 = test::random_blocks(WFormat::GgufQ8_0, 29, 128, rng);
