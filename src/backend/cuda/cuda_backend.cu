@@ -572,11 +572,12 @@ class CudaBackend final : public Backend {
     if (p.rows == 1) return launch("post_norm_add", cuda::post_norm_add, p.y, p.resid, p.t, p.n, p.w, p.eps);
     const void* y = p.y;
     launch("norm_add", cuda::norm_add, p.resid, y, p.rows, p.n, p.w, p.eps, p.t);
-    if (p.scale != 1.f) launch("scale", cuda::scale, static_cast<const void*>(p.resid), p.scale, size_t(p.rows) * p.n, p.resid, p.t);
+    if (p.scale != 1.f)
+      launch("scale", cuda::scale, static_cast<const void*>(p.resid), p.scale, size_t(p.rows) * p.n, p.resid, p.t);
   }
   void take_pending(cuda::MatArgs& a, int M, bool gelu) {
-    if (!pending_.y || M != 1 || pending_.rows != 1 || a.x != pending_.resid || a.w[0].cols != pending_.n || a.xt != pending_.t ||
-        !cuda::q8_prepare_fusable(a, gelu))
+    if (!pending_.y || M != 1 || pending_.rows != 1 || a.x != pending_.resid || a.w[0].cols != pending_.n ||
+        a.xt != pending_.t || !cuda::q8_prepare_fusable(a, gelu))
       return;
     a.pre_y = pending_.y;
     a.pre_w = pending_.w;

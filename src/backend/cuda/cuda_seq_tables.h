@@ -22,7 +22,8 @@ class SeqTables {
   // upload_i32(host, count, dev): copies count int32 from host to the device array dev the way
   // the backend writes host data (staged with a step being recorded, else at once).
   using UploadI32 = std::function<void(const int32_t* host, size_t count, int32_t* dev)>;
-  SeqTables(StepRecorder& rec, DeviceAllocator& mem, UploadI32 upload) : rec_(rec), mem_(mem), upload_(std::move(upload)) {}
+  SeqTables(StepRecorder& rec, DeviceAllocator& mem, UploadI32 upload)
+      : rec_(rec), mem_(mem), upload_(std::move(upload)) {}
 
   // The device table of a launch over seqs: staged with the step (its bytes are not part of the
   // key), or uploaded outside one. A table equal to the step's previous one (attention after
