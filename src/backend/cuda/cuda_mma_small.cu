@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(kThreads, 2) small_mma_kernel(MatArgs a) {
   const bf16* x = static_cast<const bf16*>(a.x);
   const int M = a.M, g = lane >> 2, t = lane & 3;
   float acc[kNT][4] = {}, acc2[kNT][4] = {};
-  // Work items: chunk i / kMats of weight i % kMats (gate and up alternate), so that the 2 x 10
+  // Work item j: chunk j / kMats of weight j % kMats (gate and up alternate), so that the 2 x 10
   // chunks of a 2560-wide gate/up pair spread over the 8 warps as 3 / 2, not as 2 / 1 pairs.
   const int64_t items = K / kChunk<F> * kMats;
   auto weight = [&](int64_t item) -> const DevWeight& { return kAct != 0 && item % kMats ? a.w2 : w; };
