@@ -27,6 +27,7 @@ namespace {
 
 constexpr size_t kWeightBytes = size_t(96) << 20;  // one chunk of bf16 weight rows (gate and up: both)
 constexpr size_t kActBytes = size_t(32) << 20;     // gate/up products of one chunk, f32
+constexpr size_t kCopyHeadroom = size_t(2) << 30;  // device memory a bf16 weight copy leaves free
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;
 constexpr int kThreads = 256;
 
@@ -213,6 +214,10 @@ void Blas::cache_weights(cudaStream_t s, const MatArgs& a, int act, DeviceAlloca
     if (b.copies.count(w.data) || (w.fmt == WFormat::BF16 && w.row_bytes == w.cols * 2)) continue;
     const size_t bytes = size_t(w.rows) * size_t(w.cols) * 2;
     if (b.copy_bytes + bytes > budget_bytes) continue;
+    // A copy is only made while kCopyHeadroom of device memory stays free (KV caches grow later):
+    // a budget larger than the device leaves the rest dequantized per launch, never out of memory.
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess || free_bytes < bytes + kCopyHeadroom) continue;
     bf16* d = static_cast<bf16*>(mem.alloc(bytes));
     for (int64_t r0 = 0; r0 < w.rows; r0 += 65536)
       dequant_rows(s, w, r0, int(std::min<int64_t>(65536, w.rows - r0)), d + r0 * w.cols);

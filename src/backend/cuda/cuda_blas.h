@@ -49,7 +49,8 @@ class Blas {
   // (x·w2ᵀ) (act 1: MLX's tanh form; 2: ggml's table, a.table); y of type a.yt.
   void run(cudaStream_t s, const MatArgs& a, int M, int act) const;
   // Keeps a bf16 copy of every weight of launch a that has none (dequantized on stream s now), as
-  // long as the copies stay within budget_bytes; run then reads the copy. Host side, outside a
+  // long as the copies stay within budget_bytes and 2 GiB of device memory stays free; run then
+  // reads the copy. Host side, outside a
   // graph capture (the backend calls it when it issues the launch).
   void cache_weights(cudaStream_t s, const MatArgs& a, int act, DeviceAllocator& mem, size_t budget_bytes);
 
