@@ -292,7 +292,8 @@ __global__ void __launch_bounds__(kThreads, 2) small_mma_kernel(MatArgs a) {
   // Work item j: chunk j / kMats of weight j % kMats (gate and up alternate), so that the 2 x 10
   // chunks of a 2560-wide gate/up pair spread over the 8 warps as 3 / 2, not as 2 / 1 pairs.
   const int64_t items = K / kChunk<F> * kMats;
-  auto weight = [&](int64_t item) -> const DevWeight& { return kAct != 0 && item % kMats ? a.w2 : w; };
+  auto is_up = [&](int64_t item) { return kAct != 0 && item % kMats != 0; };  // warp-uniform
+  auto weight = [&](int64_t item) -> const DevWeight& { return is_up(item) ? a.w2 : w; };
   auto stage = [&](int64_t item, int b) {  // one copy group per item (empty past the last)
     if (item < items) stage_chunk(weight(item), n0, item / kMats, cb, slot, bufs + b * kRows * slot, lane);
     cp_async_commit();
@@ -303,7 +304,7 @@ __global__ void __launch_bounds__(kThreads, 2) small_mma_kernel(MatArgs a) {
     cp_async_wait_ring(stages);  // this lane's copies of this item have landed
     __syncwarp();                // and every lane's
     const int64_t c = item / kMats;
-    const bool second = kAct != 0 && item % kMats;  // warp-uniform
+    const bool second = is_up(item);
     const DevWeight& wi = weight(item);
     const uint8_t* b0 = bufs + b * kRows * slot;
 #pragma unroll

@@ -13,6 +13,13 @@
 namespace g4::cuda {
 namespace {
 
+// One element of rms_norm: x · inv (· w when weighted), rounded once.
+template <class T>
+__device__ inline T rms_normed(T x, float inv, bool weighted, float w) {
+  const float v = to_f(x) * inv;
+  return from_f<T>(weighted ? v * w : v);
+}
+
 // One block per row.
 template <class T>
 __global__ void rms_norm_kernel(const T* x, int dim, const float* w, float eps, T* y) {
@@ -21,10 +28,7 @@ __global__ void rms_norm_kernel(const T* x, int dim, const float* w, float eps, 
   const T* xr = x + int64_t(blockIdx.x) * dim;
   T* yr = y + int64_t(blockIdx.x) * dim;
   const float inv = inv_rms(xr, dim, eps, sh);
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    const float v = to_f(xr[i]) * inv;
-    yr[i] = from_f<T>(w ? v * w[i] : v);
-  }
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = rms_normed(xr[i], inv, w != nullptr, w ? w[i] : 1.f);
 }
 
 // One element of norm_add: x + rms_norm(o)·w, rounded once.
@@ -89,8 +93,7 @@ __global__ void __launch_bounds__(256) norm_add_norm_kernel(T* x, const T* o, in
   for (int j = 0; j < kPer; ++j) {
     const int i = threadIdx.x + 256 * j;
     if (i >= dim) continue;
-    const float v = to_f(xv[j]) * inv2;
-    yr[i] = from_f<T>(w2 ? v * w2v[j] : v);  // rms_norm_kernel's rounding
+    yr[i] = rms_normed(xv[j], inv2, w2 != nullptr, w2v[j]);  // rms_norm_kernel's rounding
   }
 }
 
