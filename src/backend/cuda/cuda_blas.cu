@@ -31,6 +31,9 @@ constexpr size_t kCopyHeadroom = size_t(2) << 30;  // device memory a bf16 weigh
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;
 constexpr int kThreads = 256;
 
+// Whether w's rows are plain bf16 already (cuBLAS reads them in place: no scratch, no copy).
+bool plain_bf16(const DevWeight& w) { return w.fmt == WFormat::BF16 && w.row_bytes == w.cols * 2; }
+
 // One thread per 32-value unit of rows r0 .. r0 + nrows of w, written as bf16 rows of w.cols.
 template <WFormat F>
 __global__ void __launch_bounds__(kThreads) dequant_rows_kernel(DevWeight w, int64_t r0, int nrows, bf16* out) {
@@ -86,6 +89,7 @@ struct Blas::Impl {
   void* workspace = nullptr;
   std::unordered_map<const uint8_t*, bf16*> copies;  // bf16 copies of weights, by their data
   size_t copy_bytes = 0;
+  bool out_of_room = false;  // a copy was refused for want of device memory: none is tried again
   const bf16* copy_of(const DevWeight& w) const {
     const auto it = copies.find(w.data);
     return it == copies.end() ? nullptr : it->second;
@@ -179,19 +183,19 @@ void Blas::run(cudaStream_t s, const MatArgs& a, int M, int act) const {
       nc = std::min(nc, N);
       const bf16* copy = b.copy_of(w);
       const bf16* copy2 = act ? b.copy_of(a.w2) : nullptr;
-      if (copy && (!act || copy2)) nc = act ? nc : N;  // no scratch to fill: one GEMM unless gated
+      const bool copied = copy && (!act || copy2);  // every weight of the GEMM has its bf16 copy
+      if (copied && !act) nc = N;  // no scratch to fill: one GEMM (gate/up keep the products' chunks)
       for (int64_t n0 = 0; n0 < N; n0 += nc) {
         const int n = int(std::min(nc, N - n0));
         const bf16* A = b.weights;
-        const bool direct = !act && w.fmt == WFormat::BF16 && w.row_bytes == K * 2;  // already bf16 rows
-        if (direct) A = reinterpret_cast<const bf16*>(w.data + n0 * w.row_bytes);
-        else if (copy && (!act || copy2)) A = copy + n0 * K;
+        if (!act && plain_bf16(w)) A = reinterpret_cast<const bf16*>(w.data + n0 * w.row_bytes);
+        else if (copied) A = copy + n0 * K;
         else dequant_rows(s, w, n0, n, b.weights);
         if (!act) {
           b.gemm_rows(n, mb, int(K), A, int(K), x, y + size_t(n0) * ysize, yct, int(N));
           continue;
         }
-        if (copy && copy2) {  // gate and up products side by side, as from one GEMM over both
+        if (copied) {  // gate and up products side by side, as from one GEMM over both
           b.gemm_rows(n, mb, int(K), A, int(K), x, b.act, CUDA_R_32F, 2 * n);
           b.gemm_rows(n, mb, int(K), copy2 + n0 * K, int(K), x, b.act + n, CUDA_R_32F, 2 * n);
         } else {
@@ -211,13 +215,17 @@ void Blas::cache_weights(cudaStream_t s, const MatArgs& a, int act, DeviceAlloca
   Impl& b = *impl_;
   for (int i = 0; i <= (act ? 1 : a.n - 1); ++i) {
     const DevWeight& w = act && i == 1 ? a.w2 : a.w[i];
-    if (b.copies.count(w.data) || (w.fmt == WFormat::BF16 && w.row_bytes == w.cols * 2)) continue;
+    if (b.out_of_room) return;
+    if (b.copies.count(w.data) || plain_bf16(w)) continue;
     const size_t bytes = size_t(w.rows) * size_t(w.cols) * 2;
     if (b.copy_bytes + bytes > budget_bytes) continue;
     // A copy is only made while kCopyHeadroom of device memory stays free (KV caches grow later):
     // a budget larger than the device leaves the rest dequantized per launch, never out of memory.
     size_t free_bytes = 0, total_bytes = 0;
-    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess || free_bytes < bytes + kCopyHeadroom) continue;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess || free_bytes < bytes + kCopyHeadroom) {
+      b.out_of_room = true;  // later launches do not ask the device again
+      return;
+    }
     bf16* d = static_cast<bf16*>(mem.alloc(bytes));
     for (int64_t r0 = 0; r0 < w.rows; r0 += 65536)
       dequant_rows(s, w, r0, int(std::min<int64_t>(65536, w.rows - r0)), d + r0 * w.cols);
