@@ -259,6 +259,16 @@ class Backend {
   // projections: the attention's q, k, v), x [M, cols]. norm.w == nullptr: x as is.
   virtual void norm_matmuls(const Buf& x, int M, const InputNorm& norm, std::initializer_list<MatOut> outs,
                             ActPrecision P);
+  // A MoE layer's three input norms (26B-A4B), rows of dim: h1 = rms_norm(f)·w_f (the dense
+  // branch's post-norm), xr = rms_norm(x)·w_r (the router's input), xn = rms_norm(x)·w_x (the
+  // experts' input). A null weight: no weight.
+  virtual void moe_norms(const Buf& f, const Buf& x, int rows, int dim, const float* w_f, const float* w_r,
+                         const float* w_x, float eps, ActPrecision P, const Buf& h1, const Buf& xr, const Buf& xn);
+  // A MoE layer's exit, rows of dim: f = h1 + rms_norm(h2)·w2 (the experts' post-norm joining the
+  // dense branch), x = (x + rms_norm(f)·w)·s (the layer's post-norm, residual add and, when the
+  // layer scalar comes next, s; else 1). h2 and f are scratch (contents afterwards unspecified).
+  virtual void moe_exit(const Buf& x, const Buf& h1, const Buf& h2, int rows, int dim, const float* w2,
+                        const float* w, float eps, float s, ActPrecision P, const Buf& f);
   // The gated MLP's first half: gate_out = gelu(xn·Gᵀ) * (xn·Uᵀ), xn = rms_norm(x)·norm.w as in
   // norm_matmuls, x [M, G.cols], gate_out and up_scratch [M, G.rows]; gelu per ggml's table
   // (gelu_mul_ggml) or MLX's order (gelu_mul). up_scratch's contents afterwards are unspecified.

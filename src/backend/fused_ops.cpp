@@ -43,6 +43,22 @@ void Backend::norm_add(const Buf& x, const Buf& o, int rows, int dim, const floa
   add(x, o, size_t(rows) * size_t(dim), P, x);
 }
 
+void Backend::moe_norms(const Buf& f, const Buf& x, int rows, int dim, const float* w_f, const float* w_r,
+                        const float* w_x, float eps, ActPrecision P, const Buf& h1, const Buf& xr, const Buf& xn) {
+  rms_norm(f, rows, dim, w_f, eps, P, h1);
+  rms_norm(x, rows, dim, w_r, eps, P, xr);
+  rms_norm(x, rows, dim, w_x, eps, P, xn);
+}
+
+void Backend::moe_exit(const Buf& x, const Buf& h1, const Buf& h2, int rows, int dim, const float* w2,
+                       const float* w, float eps, float s, ActPrecision P, const Buf& f) {
+  const size_t n = size_t(rows) * size_t(dim);
+  rms_norm(h2, rows, dim, w2, eps, P, h2);
+  add(h1, h2, n, P, f);
+  norm_add(x, f, rows, dim, w, eps, P);
+  if (s != 1.f) scale(x, s, n, P, x);
+}
+
 void Backend::matmul_norm_add(const Buf& x, int M, const WeightView& W, const Buf& y_scratch, const Buf& x_resid,
                               const float* w, float eps, ActPrecision P) {
   matmul(x, M, W, P, y_scratch);

@@ -5,7 +5,8 @@
 // a cache hold K and V of n_kv_heads * head_dim per token, sliding layers at most `window` tokens
 // (mlx-lm RotatingKVCache), KV-shared layers none. Every weight is resolved (shapes and dtypes
 // checked), so `info` also validates a checkpoint; --config-only skips the weights (a directory
-// with just config.json, and generation_config.json, is enough).
+// with just config.json, and generation_config.json, is enough). --experts FILE.jsonl summarizes
+// an expert trace (model/expert_trace.h) instead.
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +20,7 @@
 #include "io/gguf_model.h"
 #include "io/model_dir.h"
 #include "io/safetensors_source.h"
+#include "model/expert_trace.h"
 
 namespace g4::cli {
 namespace {
@@ -70,8 +72,16 @@ int cmd_info(const std::vector<std::string>& argv) {
   add_context_option(cli, "", "context for the KV-cache size (default: the model's max_position_embeddings)");
   cli.flag("--json", "print JSON");
   cli.flag("--config-only", "read config.json only, not the weights");
+  cli.value("--experts", "summarize an expert trace written by --trace-experts instead (per MoE layer: load, "
+            "hot and cold experts; no model needed)")->type_name("FILE.jsonl");
   Args a;
   if (int rc = cli.parse(argv, a); rc >= 0) return rc;
+  if (a.has("--experts")) {
+    auto summary = summarize_expert_trace(a.get("--experts"), a.has("--json"));
+    if (!summary) return fail("info", summary.message());
+    std::fputs(summary.value().c_str(), stdout);
+    return 0;
+  }
   std::string path = a.get("--model");
   if (path.empty()) path = default_model_path();
   if (path.empty()) return fail("info", no_model_message());

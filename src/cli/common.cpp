@@ -11,6 +11,7 @@
 #include "core/mapped_file.h"
 #include "core/thread_pool.h"
 #include "model/drafter.h"
+#include "model/expert_trace.h"
 #include "runtime/image_prompt.h"
 #include "quant/matmul.h"
 
@@ -105,6 +106,11 @@ Status apply_model_flags(const Args& a, Model& m, ActPrecision P) {
     m.set_drafter(std::move(dr));
   } else if (a.has("--draft-tokens")) {
     return err("--draft-tokens needs --draft-model");
+  }
+  if (a.has("--trace-experts")) {
+    if (m.config().n_experts == 0) return err("--trace-experts: the model has no MoE layers");
+    G4_ASSIGN_OR_RETURN(std::unique_ptr<ExpertTrace> t, ExpertTrace::open(a.get("--trace-experts")));
+    m.set_expert_trace(std::move(t));
   }
   return Status::ok();
 }

@@ -157,6 +157,8 @@ void add_model_options(VerbCli& cli) {
   cli.value("--draft-model", "a Gemma 4 assistant drafter checkpoint for speculative decoding")->type_name("DIR");
   cli.value("--draft-tokens", "drafts per round (with --draft-model; default: the drafter's block_size - 1)")
       ->type_name("N")->check(CLI::Range(1, 64));
+  cli.value("--trace-experts", "append the routed experts and weights of every token at every MoE layer to "
+            "FILE as JSON lines (summary: gemma4 info --experts FILE)")->type_name("FILE");
   cli.group("Options");
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "model/drafter.h"
+#include "model/expert_trace.h"
 
 namespace g4 {
 
@@ -12,9 +13,11 @@ namespace g4 {
 // ids I32.
 struct Model::Scratch {
   int rows = 0, logit_rows = 0;
-  Buf x, xn, q, k, v, att, o, gate, up, f, h1, h2;
+  Buf x, xn, q, k, v, att, o, gate, up, f, h1, h2, xr;  // xr: the MoE router's normed input
   Buf ple, ple_tok, ple_l, pg;
   Buf scores, rw, last, logits;
+  Buf tr_idx, tr_w;  // with an expert trace: every MoE layer's router output [moe layers, rows, K]
+  int tr_rows = 0;
   Buf lora_t, lora_z;  // [rows, rank], [rows, widest adapted output]
   Buf tk_vals, tk_lse, tk_ids;  // top_k outputs [logit_rows, k_cap] (f32, I32), [logit_rows]
   int tk_rows = 0, tk_k = 0;
@@ -32,6 +35,26 @@ Model::Model(ModelConfig cfg, ModelWeights w, std::shared_ptr<const WeightSource
 Model::~Model() = default;  // buffers are owned (and freed) by the backend
 
 void Model::set_drafter(std::unique_ptr<Drafter> d) { drafter_ = std::move(d); }
+
+void Model::set_expert_trace(std::shared_ptr<ExpertTrace> t) {
+  trace_ = std::move(t);
+}
+
+void Model::record_experts(const std::vector<SeqInput>& batch, int R) {
+  std::vector<int> layers;
+  for (int l = 0; l < cfg_.n_layers; ++l)
+    if (cfg_.layers[size_t(l)].moe) layers.push_back(l);
+  const size_t n = layers.size() * size_t(R) * size_t(cfg_.top_k_experts);
+  std::vector<int32_t> idx(n);
+  std::vector<float> w(n);
+  be_->to_host(s_->tr_idx, n, idx.data());
+  be_->to_host(s_->tr_w, n, w.data());
+  std::vector<ExpertTrace::Row> rows;
+  rows.reserve(size_t(R));
+  for (size_t i = 0; i < batch.size(); ++i)
+    for (int t = 0; t < batch[i].n; ++t) rows.push_back({int(i), batch[i].cache->size() + t, batch[i].tokens[t]});
+  trace_->record(cfg_.n_experts, cfg_.top_k_experts, layers, rows, idx.data(), w.data());
+}
 
 const Buf& Model::normed_rows() const { return s_->last; }
 
@@ -85,7 +108,7 @@ void Model::ensure_scratch(int rows, int lrows, int top_k) {
   Scratch& s = *s_;
   if (rows > s.rows) {
     Backend& be = *be_;
-    for (const Buf& p : {s.x, s.xn, s.q, s.k, s.v, s.att, s.o, s.gate, s.up, s.f, s.h1, s.h2, s.ple, s.ple_tok,
+    for (const Buf& p : {s.x, s.xn, s.q, s.k, s.v, s.att, s.o, s.gate, s.up, s.f, s.h1, s.h2, s.xr, s.ple, s.ple_tok,
                          s.ple_l, s.pg, s.scores, s.rw, s.ids, s.ridx})
       be.free(p);
     const size_t R = size_t(rows), d = size_t(cfg_.hidden);
@@ -97,7 +120,7 @@ void Model::ensure_scratch(int rows, int lrows, int top_k) {
     }
     const size_t np = size_t(cfg_.n_layers) * size_t(cfg_.ple_width);
     s.x = be.alloc_act(R * d); s.xn = be.alloc_act(R * d); s.o = be.alloc_act(R * d); s.f = be.alloc_act(R * d);
-    s.h1 = be.alloc_act(R * d); s.h2 = be.alloc_act(R * d);
+    s.h1 = be.alloc_act(R * d); s.h2 = be.alloc_act(R * d); s.xr = be.alloc_act(cfg_.n_experts > 0 ? R * d : 1);
     s.q = be.alloc_act(R * qw); s.att = be.alloc_act(R * qw);
     s.k = be.alloc_act(R * kw); s.v = be.alloc_act(R * kw);
     s.gate = be.alloc_act(R * std::max<size_t>(iw, 1)); s.up = be.alloc_act(R * std::max<size_t>(iw, 1));
@@ -115,6 +138,16 @@ void Model::ensure_scratch(int rows, int lrows, int top_k) {
     s.lora_t = be_->alloc_act(size_t(rows) * size_t(lora_->rank));
     s.lora_z = be_->alloc_act(size_t(rows) * size_t(lora_->max_out));
     s.lora_rows = rows;
+  }
+  if (trace_ && cfg_.n_experts > 0 && rows > s.tr_rows) {
+    be_->free(s.tr_idx);
+    be_->free(s.tr_w);
+    int moe_layers = 0;
+    for (const LayerSpec& ls : cfg_.layers) moe_layers += ls.moe ? 1 : 0;
+    const size_t n = size_t(std::max(1, moe_layers)) * size_t(rows) * size_t(std::max(1, cfg_.top_k_experts));
+    s.tr_idx = be_->alloc_i32(n);
+    s.tr_w = be_->alloc_f32(n);
+    s.tr_rows = rows;
   }
   if (top_k > 0 && (lrows > s.tk_rows || top_k > s.tk_k)) {
     for (const Buf& p : {s.tk_vals, s.tk_lse, s.tk_ids}) be_->free(p);
@@ -229,6 +262,7 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
     }
   }
 
+  int moe_seen = 0;  // MoE layers passed (the expert trace's layer index)
   for (int l = 0; l < N; ++l) {
     const LayerSpec& ls = cfg_.layers[size_t(l)];
     const LayerWeights& lw = w_.layers[size_t(l)];
@@ -305,22 +339,27 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
       if (ll) lora_add(ll->down, S.gate, R, P, S.f);
       tap("mlp_out", l, S.f, Rd);
     }
+    // Without a per-layer input the layer scalar joins the MoE exit (one op fewer a layer).
+    const float exit_scale = ls.moe && Pw == 0 ? T(lw.layer_scalar) : 1.f;
     if (ls.moe) {
       const int E = cfg_.n_experts, K = cfg_.top_k_experts;
-      be.rms_norm(S.f, R, d, lw.post_ffw_ln1.data, cfg_.rms_eps, P, S.h1);
-      // router on the un-normed residual h
-      be.rms_norm(S.x, R, d, lw.router_norm_w[P == ActPrecision::BF16 ? 1 : 0].data, cfg_.rms_eps,
-                  P, S.xn);
-      be.matmul(S.xn, R, lw.router, P, S.scores);
-      be.router_topk(S.scores, R, E, K, lw.per_expert_scale.data, P, S.ridx, S.rw);
+      // The router's output: this layer's slice of the trace buffers when tracing.
+      const int64_t tr_at = int64_t(moe_seen++) * R * K;
+      const Buf ridx = trace_ ? S.tr_idx.at(tr_at) : S.ridx;
+      const Buf rw = trace_ ? S.tr_w.at(tr_at) : S.rw;
+      // h1: the dense branch post-normed; the router reads the un-normed residual h, normed with
+      // its own weight (xr); the experts read it normed by pre_ffw_ln2 (xn).
+      be.moe_norms(S.f, S.x, R, d, lw.post_ffw_ln1.data, lw.router_norm_w[P == ActPrecision::BF16 ? 1 : 0].data,
+                   lw.pre_ffw_ln2.data, cfg_.rms_eps, P, S.h1, S.xr, S.xn);
+      be.matmul(S.xr, R, lw.router, P, S.scores);
+      be.router_topk(S.scores, R, E, K, lw.per_expert_scale.data, P, ridx, rw);
       tap("router_scores", l, S.scores, size_t(R) * E);
-      be.rms_norm(S.x, R, d, lw.pre_ffw_ln2.data, cfg_.rms_eps, P, S.xn);
-      be.moe_experts(S.xn, R, d, S.ridx, S.rw, K, lw.ex_gate, lw.ex_up, lw.ex_down, P, S.h2);
+      be.moe_experts(S.xn, R, d, ridx, rw, K, lw.ex_gate, lw.ex_up, lw.ex_down, P, S.h2);
       tap("experts_out", l, S.h2, Rd);
-      be.rms_norm(S.h2, R, d, lw.post_ffw_ln2.data, cfg_.rms_eps, P, S.h2);
-      be.add(S.h1, S.h2, Rd, P, S.f);
+      be.moe_exit(S.x, S.h1, S.h2, R, d, lw.post_ffw_ln2.data, lw.post_ffw_ln.data, cfg_.rms_eps, exit_scale, P, S.f);
+    } else if (tap_) {
+      be.norm_add(S.x, S.f, R, d, lw.post_ffw_ln.data, cfg_.rms_eps, P);
     }
-    if (ls.moe || tap_) be.norm_add(S.x, S.f, R, d, lw.post_ffw_ln.data, cfg_.rms_eps, P);
 
     // --- per-layer input (§2.9) ---
     if (Pw > 0) {
@@ -335,7 +374,7 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
       gelu_mul(S.pg, ple_l, size_t(R) * Pw, P, S.pg);
       matmul_norm_add(S.pg, R, lw.ple_proj, ll ? ll->ple_proj : nullptr, S.o, lw.post_ple_ln.data, P);
     }
-    if (lw.layer_scalar != 1.f) be.scale(S.x, T(lw.layer_scalar), Rd, P, S.x);
+    if (lw.layer_scalar != 1.f && !(ls.moe && Pw == 0)) be.scale(S.x, T(lw.layer_scalar), Rd, P, S.x);
     tap("layer_out", l, S.x, Rd);
   }
 
@@ -366,6 +405,7 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
     be.to_host(S.tk_ids, size_t(LR) * topk->k, topk->ids);
     be.to_host(S.tk_lse, size_t(LR), topk->lse);
   }
+  if (trace_ && moe_seen > 0) record_experts(batch, R);
   for (const SeqInput& s : batch) s.cache->advance(s.n);
 }
 

@@ -17,6 +17,7 @@
 namespace g4 {
 
 class Drafter;
+class ExpertTrace;
 
 // One sequence's part of a batched forward call: `n` new tokens appended to `cache`.
 struct SeqInput {
@@ -76,6 +77,11 @@ class Model {
   // Number of logit rows forward() writes for this batch.
   static int logit_rows(const std::vector<SeqInput>& batch);
 
+  // Records the routed experts of every token of every later forward into t (expert_trace.h;
+  // null: stop). The idx / weights the router writes land in a per-step buffer read back once
+  // after the step, with the logits: no sync per layer.
+  void set_expert_trace(std::shared_ptr<ExpertTrace> t);
+
   // Optional tap for layer-by-layer debugging: called with (name, layer, host copy of a buffer).
   using Tap = std::function<void(const char* name, int layer, const float* data, size_t n)>;
   void set_tap(Tap t) { tap_ = std::move(t); }
@@ -84,6 +90,8 @@ class Model {
   struct Scratch;
   void ensure_scratch(int rows, int logit_rows, int top_k = 0);
   void tap(const char* name, int layer, const Buf& p, size_t n);
+  // After a forward step's end_step, before the caches advance: its routed experts to trace_.
+  void record_experts(const std::vector<SeqInput>& batch, int R);
   // y[M, d.b.rows] += the adapter delta of x (lora.h); nothing when d is null.
   void lora_add(const LoraDelta* d, const Buf& x, int M, ActPrecision P, const Buf& y);
   // The residual stream (scratch x) += rms_norm(x·Wᵀ + adapter delta)·norm_w: Backend::matmul_norm_add,
@@ -102,6 +110,7 @@ class Model {
   KvCacheOptions kv_opt_;
   std::unique_ptr<LoraAdapter> lora_;
   Tap tap_;
+  std::shared_ptr<ExpertTrace> trace_;
   std::unique_ptr<Drafter> drafter_;  // last: it frees its buffers through be_
 };
 
