@@ -134,10 +134,13 @@ struct BackendOptions {
   // CUDA with bf16 activations and tensor_cores: prefill matmuls (>= 64 rows) on cuBLAS's bf16 GEMMs
   // over weights dequantized to bf16 (cuda_blas.h); off, or without cuBLAS: the 3xTF32 kernels.
   bool blas = true;
-  // CUDA with cuBLAS: GiB of bf16 copies of the weights the cuBLAS launches (33+ rows) read, made
-  // at a weight's first such launch and kept, in place of dequantizing it at every launch (faster
-  // prefill and 33-64-stream decode for 4x a quantized weight's memory). 0: none.
+  // CUDA with cuBLAS: GiB of bf16 copies of the weights the cuBLAS launches read, made at a
+  // weight's first such launch and kept, in place of dequantizing it at every launch (faster
+  // prefill, and decode of 16+ streams on cuBLAS, for 4x a quantized weight's memory). 0: none.
   int bf16_weight_cache_gib = 0;
+  // CUDA with cuBLAS: the fewest rows a launch whose weights all have bf16 copies (or are bf16)
+  // runs on cuBLAS rather than the few-row kernel (cuda_mma_small.h). 0: kBlasCachedMinRows.
+  int blas_cached_min_rows = 0;
   // CUDA with bf16 activations: decode matmuls (one row) dot the activation row quantized to int8
   // blocks of 32 (llama.cpp's q8_1 form, dp4a) instead of in f32. The f32 path never does.
   bool int8_dots = true;

@@ -3,6 +3,7 @@
 // starter) chats through the built-in Gemma 3 turn template unless --chat-template says otherwise. Prints load progress, then
 // "ready: http://HOST:PORT" once the model is loaded. SIGINT/SIGTERM drain running requests (for at
 // most --shutdown-timeout seconds, then cancel them) and exit.
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -98,6 +99,18 @@ int cmd_serve(const std::vector<std::string>& argv) {
   o.max_context = int(fit.value().input.context);
   auto bo = backend_options_from_args(a);
   if (!bo) return fail("serve", bo.message());
+  // On a GPU the device memory the plan leaves free (past a 4 GiB margin) holds bf16 copies of the
+  // weights cuBLAS reads, as engines that serve bf16 weights spend it: batched decode of many
+  // streams and prefill read them instead of dequantizing every weight at every launch.
+  // --cuda-bf16-cache GIB (0: none) overrides.
+  if (!a.has("--cuda-bf16-cache") && fit.value().on_gpu && fit.value().free_known) {
+    const uint64_t need = fit.value().need.total(), free = fit.value().free.bytes, margin = uint64_t(4) << 30;
+    const uint64_t gib = free > need + margin ? std::min<uint64_t>((free - need - margin) >> 30, 1024) : 0;
+    bo.value().bf16_weight_cache_gib = int(gib);
+    if (gib > 0)
+      progress("note: up to " + std::to_string(gib) + " GiB of free device memory keeps bf16 copies of the weights "
+               "for batched decode and prefill (--cuda-bf16-cache 0: none)");
+  }
   auto b = load_bundle(a.get("--model"), a.get("--backend"), progress, bo.value());
   if (!b) return fail("serve", b.message());
   if (a.has("--chat-template")) {

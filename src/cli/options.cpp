@@ -134,6 +134,9 @@ void add_load_options(VerbCli& cli) {
             "streams) instead of dequantizing them at every launch, while 2 GiB of device memory stays "
             "free; 0: none", "0")
       ->type_name("GIB")->check(CLI::Range(0, 1024));
+  cli.value("--cuda-blas-cached-rows", "the fewest rows a launch whose weights have bf16 copies runs on "
+            "cuBLAS instead of the few-row tensor-core kernel (tuning; 0: the built-in switch-over)", "0")
+      ->type_name("N")->check(CLI::Range(0, 33));
   cli.value("--int8-dots", "with --dtype bf16: decode matmuls on int8-quantized activation rows (dp4a)", "on")
       ->type_name("on|off")->check(one_of({"on", "off"}));
   cli.value("--cuda-pdl", "programmatic dependent launch: a kernel is scheduled while the one before it "

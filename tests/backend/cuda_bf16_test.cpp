@@ -184,16 +184,22 @@ TEST_F(CudaBf16Test, Bf16WeightCache) {
       U{WFormat::GgufQ4_K, O, C, u.data(), rb};
   const WeightView dW = cu->place_weight(W), cW = cached->place_weight(W);
   const WeightView cG = cached->place_weight(G), cU = cached->place_weight(U);
-  for (int M : {40, 70}) {
+  // 24 rows: on cuBLAS only with the copies (kBlasCachedMinRows), else on the few-row kernel.
+  for (int M : {24, 40, 70}) {
     const auto x = bf16_rounded(randn(size_t(M) * C, uint32_t(72 + M)));
     std::vector<float> want(size_t(M) * O), us(want.size());
     Buf dx = up(x), dy = cu->alloc_act(want.size());
     cu->matmul(dx, M, dW, ActPrecision::BF16, dy);
     const auto plain = down(dy, want.size());
+    ref->matmul(x.data(), M, W, ActPrecision::F32, want.data());
     Buf cx = test::upload_act(*cached, x), cy = cached->alloc_act(want.size()), cu2 = cached->alloc_act(want.size());
     for (int rep = 0; rep < 2; ++rep) {  // the copy made at the first launch, read at both
       cached->matmul(cx, M, cW, ActPrecision::BF16, cy);
-      EXPECT_EQ(test::download(*cached, cy, want.size()), plain) << "matmul M=" << M << " run " << rep;
+      const auto got = test::download(*cached, cy, want.size());
+      if (M >= 33) {
+        EXPECT_EQ(got, plain) << "matmul M=" << M << " run " << rep;
+      }
+      EXPECT_LE(rel_err(got, want), 8e-3) << "matmul M=" << M << " run " << rep;
     }
     ref->gate_up_gelu(x.data(), M, InputNorm{}, G, U, true, ActPrecision::F32, want.data(), us.data());
     cached->gate_up_gelu(cx, M, InputNorm{}, cG, cU, true, ActPrecision::BF16, cy, cu2);

@@ -739,10 +739,13 @@ class CudaBackend final : public Backend {
            cols <= cuda::kBlasMaxCols;
   }
   // Launch a on cuBLAS (cuda_blas.h) when it applies; false: the caller launches its kernels.
+  // From blas_cached_min_rows rows (below kBlasMinRows), only when every weight is read as bf16.
   bool launch_blas(const char* op, const cuda::MatArgs& a, int M, int act) {
-    if (!blas_ || !blas_->applies(a, M)) return false;
+    const int cached_min = opt_.blas_cached_min_rows > 0 ? opt_.blas_cached_min_rows : cuda::kBlasCachedMinRows;
+    if (!blas_ || !blas_->applies(a, M, std::min(cached_min, cuda::kBlasMinRows))) return false;
     if (opt_.bf16_weight_cache_gib > 0)  // before the launch is logged: the copies exist when it runs
       blas_->cache_weights(dev_.stream(), a, act, mem_, size_t(opt_.bf16_weight_cache_gib) << 30);
+    if (M < cuda::kBlasMinRows && !blas_->reads_bf16(a, act)) return false;
     launch(op, cuda::blas_matmuls, static_cast<const cuda::Blas*>(blas_.get()), a, M, act);
     return true;
   }

@@ -90,7 +90,9 @@ struct Blas::Impl {
   std::unordered_map<const uint8_t*, bf16*> copies;  // bf16 copies of weights, by their data
   size_t copy_bytes = 0;
   bool out_of_room = false;  // a copy was refused for want of device memory: none is tried again
-  const bf16* copy_of(const DevWeight& w) const {
+  // w's rows as bf16 without dequantizing: in place when plain bf16, else its kept copy; or null.
+  const bf16* bf16_rows(const DevWeight& w) const {
+    if (plain_bf16(w)) return reinterpret_cast<const bf16*>(w.data);
     const auto it = copies.find(w.data);
     return it == copies.end() ? nullptr : it->second;
   }
@@ -148,12 +150,20 @@ std::unique_ptr<Blas> Blas::create(DeviceAllocator& mem, std::string* why) {
   return std::unique_ptr<Blas>(new Blas(std::move(impl)));
 }
 
-bool Blas::applies(const MatArgs& a, int M) const {
-  if (a.xt != DType::BF16 || M < kBlasMinRows || a.resid || a.pre_y || a.defer_post || a.n < 1 || a.n > 3 ||
+bool Blas::applies(const MatArgs& a, int M, int min_rows) const {
+  if (a.xt != DType::BF16 || M < min_rows || a.resid || a.pre_y || a.defer_post || a.n < 1 || a.n > 3 ||
       (a.yt != DType::BF16 && a.yt != DType::F32))
     return false;
   for (int i = 0; i < a.n; ++i)
     if (a.w[i].cols % 32 != 0 || a.w[i].cols > kBlasMaxCols || a.w[i].cols != a.w[0].cols) return false;
+  return true;
+}
+
+bool Blas::reads_bf16(const MatArgs& a, int act) const {
+  for (int i = 0; i <= (act ? 1 : a.n - 1); ++i) {
+    const DevWeight& w = act && i == 1 ? a.w2 : a.w[i];
+    if (!impl_->bf16_rows(w)) return false;
+  }
   return true;
 }
 
@@ -178,24 +188,28 @@ void Blas::run(cudaStream_t s, const MatArgs& a, int M, int act) const {
       // Rows per chunk: what the weight scratch holds (gate and up side by side), and for gate/up
       // what the f32 product scratch holds; whole multiples of 128 rows except the last.
       int64_t nc = int64_t(kWeightBytes / (size_t(K) * 2 * (act ? 2 : 1)));
-      if (act) nc = std::min<int64_t>(nc, int64_t(kActBytes / (size_t(kBlasRowBlock) * 2 * 4)));
+      if (act) nc = std::min<int64_t>(nc, int64_t(kActBytes / (size_t(mb) * 2 * 4)));
       if (nc < N) nc = std::max<int64_t>(128, nc / 128 * 128);
       nc = std::min(nc, N);
-      const bf16* copy = b.copy_of(w);
-      const bf16* copy2 = act ? b.copy_of(a.w2) : nullptr;
-      const bool copied = copy && (!act || copy2);  // every weight of the GEMM has its bf16 copy
+      const bf16* copy = b.bf16_rows(w);
+      const bf16* copy2 = act ? b.bf16_rows(a.w2) : nullptr;
+      const bool copied = copy && (!act || copy2);  // every weight of the GEMM read as bf16 in place
       if (copied && !act) nc = N;  // no scratch to fill: one GEMM (gate/up keep the products' chunks)
+      // Gate and up copied side by side (cache_weights) and one chunk: one GEMM over both.
+      const bool one_gemm = copied && act && copy2 == copy + N * K && nc >= N;
+      if (one_gemm) nc = N;
       for (int64_t n0 = 0; n0 < N; n0 += nc) {
         const int n = int(std::min(nc, N - n0));
         const bf16* A = b.weights;
-        if (!act && plain_bf16(w)) A = reinterpret_cast<const bf16*>(w.data + n0 * w.row_bytes);
-        else if (copied) A = copy + n0 * K;
+        if (copied) A = copy + n0 * K;
         else dequant_rows(s, w, n0, n, b.weights);
         if (!act) {
           b.gemm_rows(n, mb, int(K), A, int(K), x, y + size_t(n0) * ysize, yct, int(N));
           continue;
         }
-        if (copied) {  // gate and up products side by side, as from one GEMM over both
+        if (one_gemm) {
+          b.gemm_rows(2 * n, mb, int(K), copy, int(K), x, b.act, CUDA_R_32F, 2 * n);
+        } else if (copied) {  // gate and up products side by side, as from one GEMM over both
           b.gemm_rows(n, mb, int(K), A, int(K), x, b.act, CUDA_R_32F, 2 * n);
           b.gemm_rows(n, mb, int(K), copy2 + n0 * K, int(K), x, b.act + n, CUDA_R_32F, 2 * n);
         } else {
@@ -213,12 +227,19 @@ void Blas::run(cudaStream_t s, const MatArgs& a, int M, int act) const {
 
 void Blas::cache_weights(cudaStream_t s, const MatArgs& a, int act, DeviceAllocator& mem, size_t budget_bytes) {
   Impl& b = *impl_;
-  for (int i = 0; i <= (act ? 1 : a.n - 1); ++i) {
-    const DevWeight& w = act && i == 1 ? a.w2 : a.w[i];
-    if (b.out_of_room) return;
-    if (b.copies.count(w.data) || plain_bf16(w)) continue;
-    const size_t bytes = size_t(w.rows) * size_t(w.cols) * 2;
-    if (b.copy_bytes + bytes > budget_bytes) continue;
+  // gate_up_gelu's two weights are copied together, gate then up in one allocation (run reads
+  // both with one GEMM); matmul launches' weights one by one.
+  const int groups = act ? 1 : a.n;
+  for (int i = 0; i < groups && !b.out_of_room; ++i) {
+    const DevWeight* ws[2] = {&a.w[i], act ? &a.w2 : nullptr};
+    const int n = act ? 2 : 1;
+    size_t bytes = 0;
+    bool wanted = false;
+    for (int j = 0; j < n; ++j) {
+      bytes += size_t(ws[j]->rows) * size_t(ws[j]->cols) * 2;
+      wanted |= !b.bf16_rows(*ws[j]);
+    }
+    if (!wanted || b.copy_bytes + bytes > budget_bytes) continue;
     // A copy is only made while kCopyHeadroom of device memory stays free (KV caches grow later):
     // a budget larger than the device leaves the rest dequantized per launch, never out of memory.
     size_t free_bytes = 0, total_bytes = 0;
@@ -227,9 +248,13 @@ void Blas::cache_weights(cudaStream_t s, const MatArgs& a, int act, DeviceAlloca
       return;
     }
     bf16* d = static_cast<bf16*>(mem.alloc(bytes));
-    for (int64_t r0 = 0; r0 < w.rows; r0 += 65536)
-      dequant_rows(s, w, r0, int(std::min<int64_t>(65536, w.rows - r0)), d + r0 * w.cols);
-    b.copies[w.data] = d;
+    for (int j = 0; j < n; ++j) {
+      const DevWeight& w = *ws[j];
+      for (int64_t r0 = 0; r0 < w.rows; r0 += 65536)
+        dequant_rows(s, w, r0, int(std::min<int64_t>(65536, w.rows - r0)), d + r0 * w.cols);
+      if (!b.copies.count(w.data)) b.copies[w.data] = d;  // a weight copied before keeps that copy
+      d += w.rows * w.cols;
+    }
     b.copy_bytes += bytes;
   }
 }

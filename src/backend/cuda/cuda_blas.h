@@ -30,6 +30,9 @@ class DeviceAllocator;
 // Launches with fewer activation rows stay on the matmul kernels (at few rows the bf16 copy of
 // the weights costs more than the kernels' own dequantizing; 2 to 32 rows: cuda_mma_small.h).
 constexpr int kBlasMinRows = 33;
+// With bf16 copies of every weight of a launch (cache_weights), or bf16 weights, cuBLAS reads no
+// scratch and wins from fewer rows (BackendOptions::blas_cached_min_rows overrides).
+constexpr int kBlasCachedMinRows = 16;
 constexpr int kBlasRowBlock = 1024;       // activation rows per GEMM
 constexpr int64_t kBlasMaxCols = 32768;   // the widest input (K) the normed-input scratch holds
 
@@ -42,9 +45,12 @@ class Blas {
   Blas& operator=(const Blas&) = delete;
 
   // Whether launch `a` (matmuls, or gate_up_gelu when act != 0) of M rows runs here: bf16 input,
-  // M >= kBlasMinRows, K a multiple of 32 within kBlasMaxCols, no fused epilogue (resid / deferred
+  // M >= min_rows, K a multiple of 32 within kBlasMaxCols, no fused epilogue (resid / deferred
   // post-norm), no int8 scratch in use.
-  bool applies(const MatArgs& a, int M) const;
+  bool applies(const MatArgs& a, int M, int min_rows = kBlasMinRows) const;
+  // Whether every weight of launch a (act: gate_up_gelu's two) is read without dequantizing: bf16
+  // already, or with its copy kept.
+  bool reads_bf16(const MatArgs& a, int act) const;
   // y[i][M, w[i].rows] = rms_norm?(x) · w[i]ᵀ for i < a.n (act 0), or y[0] = gelu(x·w[0]ᵀ) ·
   // (x·w2ᵀ) (act 1: MLX's tanh form; 2: ggml's table, a.table); y of type a.yt.
   void run(cudaStream_t s, const MatArgs& a, int M, int act) const;

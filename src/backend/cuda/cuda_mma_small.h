@@ -14,7 +14,8 @@
 
 namespace g4::cuda {
 
-// (More rows go to cuBLAS, cuda_blas.h kBlasMinRows.)
+// (More rows go to cuBLAS, cuda_blas.h kBlasMinRows; from kBlasCachedMinRows when the weights are
+// read as bf16 there.)
 constexpr int kSmallMinRows = 2, kSmallMaxRows = 32;
 // The reduction step (columns of every weight row per MMA step): widths must be multiples (K-quant
 // widths, of their 256-column super-blocks).
