@@ -14,7 +14,8 @@ namespace g4 {
 struct Model::Scratch {
   int rows = 0, logit_rows = 0;
   Buf x, xn, q, k, v, att, o, gate, up, f, h1, h2, xr;  // xr: the MoE router's normed input
-  Buf ple, ple_tok, ple_l, pg;
+  Buf ple, ple_tok, pg;  // ple_tok, once consumed: the per-layer inputs layer-major [N, rows, Pw] (rows > 1)
+  Buf ple_idx;          // I32 [rows * N]: the gather that makes them layer-major
   Buf scores, rw, last, logits;
   Buf tr_idx, tr_w;  // with an expert trace: every MoE layer's router output [moe layers, rows, K]
   int tr_rows = 0;
@@ -109,7 +110,7 @@ void Model::ensure_scratch(int rows, int lrows, int top_k) {
   if (rows > s.rows) {
     Backend& be = *be_;
     for (const Buf& p : {s.x, s.xn, s.q, s.k, s.v, s.att, s.o, s.gate, s.up, s.f, s.h1, s.h2, s.xr, s.ple, s.ple_tok,
-                         s.ple_l, s.pg, s.scores, s.rw, s.ids, s.ridx})
+                         s.ple_idx, s.pg, s.scores, s.rw, s.ids, s.ridx})
       be.free(p);
     const size_t R = size_t(rows), d = size_t(cfg_.hidden);
     size_t qw = 0, kw = 0, iw = 0;
@@ -125,7 +126,8 @@ void Model::ensure_scratch(int rows, int lrows, int top_k) {
     s.k = be.alloc_act(R * kw); s.v = be.alloc_act(R * kw);
     s.gate = be.alloc_act(R * std::max<size_t>(iw, 1)); s.up = be.alloc_act(R * std::max<size_t>(iw, 1));
     s.ple = be.alloc_act(R * std::max<size_t>(np, 1)); s.ple_tok = be.alloc_act(R * std::max<size_t>(np, 1));
-    s.ple_l = be.alloc_act(R * std::max(1, cfg_.ple_width)); s.pg = be.alloc_act(R * std::max(1, cfg_.ple_width));
+    s.ple_idx = be.alloc_i32(R * std::max<size_t>(size_t(cfg_.n_layers), 1));
+    s.pg = be.alloc_act(R * std::max(1, cfg_.ple_width));
     s.scores = be.alloc_act(R * std::max(1, cfg_.n_experts));
     s.rw = be.alloc_f32(R * std::max(1, cfg_.top_k_experts));
     s.ids = be.alloc_i32(R);
@@ -229,6 +231,13 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
     be.rms_norm(S.ple, R * N, Pw, w_.ple_proj_norm.data, cfg_.rms_eps, P, S.ple);
     be.add(S.ple, S.ple_tok, size_t(R) * np, P, S.ple);
     be.scale(S.ple, T(std::pow(2.0, -0.5)), size_t(R) * np, P, S.ple);
+    if (R > 1) {  // layer-major into ple_tok, so that each layer's [R, Pw] slice is contiguous
+      std::vector<int32_t> idx(size_t(R) * size_t(N));
+      for (int l = 0; l < N; ++l)
+        for (int r = 0; r < R; ++r) idx[size_t(l) * size_t(R) + size_t(r)] = r * N + l;
+      be.from_host(idx.data(), idx.size(), S.ple_idx);
+      be.gather_rows(S.ple, S.ple_idx, R * N, Pw, S.ple_tok);
+    }
   }
 
   // Per-sequence attention descriptors; the KvBuffer is filled per layer.
@@ -363,12 +372,9 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
 
     // --- per-layer input (§2.9) ---
     if (Pw > 0) {
-      // This layer's slice of the per-layer inputs: contiguous for one row (decode), gathered else.
-      Buf ple_l = S.ple.at(int64_t(l) * Pw);
-      if (R > 1) {
-        be.copy_cols(S.ple, R, N * Pw, l * Pw, Pw, S.ple_l);
-        ple_l = S.ple_l;
-      }
+      // This layer's slice of the per-layer inputs [R, Pw]: in place for one row (decode), from
+      // the layer-major copy else.
+      const Buf ple_l = R > 1 ? S.ple_tok.at(int64_t(l) * R * Pw) : S.ple.at(int64_t(l) * Pw);
       be.matmul(S.x, R, lw.ple_gate, P, S.pg);
       if (ll) lora_add(ll->ple_gate, S.x, R, P, S.pg);
       gelu_mul(S.pg, ple_l, size_t(R) * Pw, P, S.pg);
