@@ -486,5 +486,63 @@ TEST_F(CudaBf16Test, FlashAttentionAtPrefill) {
   }
 }
 
+// A MoE layer's fused norms (moe_norms: three rms_norms of two rows in one launch) and exit
+// (moe_exit: rms_norm, add, norm_add and the layer scalar in one launch): the same bits as the
+// ops launched one by one, and the reference's values within one op's bound each. Widths of one
+// register slice (2816, 26B-A4B's) and two (4000); 1 row (decode) and 70 (prefill).
+TEST_F(CudaBf16Test, MoeNormsAndExitAsTheirOps) {
+  for (int dim : {2816, 4000}) {
+    for (int rows : {1, 70}) {
+      const size_t n = size_t(rows) * size_t(dim);
+      const auto f = bf16_rounded(randn(n, 81, 2.f)), x = bf16_rounded(randn(n, 82, 3.f));
+      const auto h1 = bf16_rounded(randn(n, 83)), h2 = bf16_rounded(randn(n, 84, 5.f));
+      const auto wf = randn(size_t(dim), 85), wr = randn(size_t(dim), 86), wx = randn(size_t(dim), 87);
+      const auto w2 = randn(size_t(dim), 88), w = randn(size_t(dim), 89);
+      std::vector<Buf> ws;
+      for (const auto* h : {&wf, &wr, &wx, &w2, &w}) {
+        ws.push_back(cu->alloc_f32(size_t(dim)));
+        cu->from_host(h->data(), h->size(), ws.back());
+      }
+      const float* dwf = ws[0].f32(), *dwr = ws[1].f32(), *dwx = ws[2].f32(), *dw2 = ws[3].f32(), *dw = ws[4].f32();
+      const std::string at = " dim=" + std::to_string(dim) + " rows=" + std::to_string(rows);
+      {  // moe_norms
+        std::vector<float> want_h1(n), want_xr(n), want_xn(n);
+        ref->moe_norms(f.data(), x.data(), rows, dim, wf.data(), wr.data(), wx.data(), 1e-6f, ActPrecision::F32,
+                       want_h1.data(), want_xr.data(), want_xn.data());
+        Buf df = up(f), dx = up(x), a = cu->alloc_act(n), b = cu->alloc_act(n), c = cu->alloc_act(n);
+        cu->moe_norms(df, dx, rows, dim, dwf, dwr, dwx, 1e-6f, ActPrecision::BF16, a, b, c);
+        const auto fh1 = down(a, n), fxr = down(b, n), fxn = down(c, n);
+        cu->rms_norm(df, rows, dim, dwf, 1e-6f, ActPrecision::BF16, a);
+        cu->rms_norm(dx, rows, dim, dwr, 1e-6f, ActPrecision::BF16, b);
+        cu->rms_norm(dx, rows, dim, dwx, 1e-6f, ActPrecision::BF16, c);
+        EXPECT_EQ(fh1, down(a, n)) << "h1" << at;
+        EXPECT_EQ(fxr, down(b, n)) << "xr" << at;
+        EXPECT_EQ(fxn, down(c, n)) << "xn" << at;
+        EXPECT_LE(rel_err(fh1, want_h1), 8e-3) << "h1" << at;
+        EXPECT_LE(rel_err(fxr, want_xr), 8e-3) << "xr" << at;
+        EXPECT_LE(rel_err(fxn, want_xn), 8e-3) << "xn" << at;
+        for (const Buf& p : {df, dx, a, b, c}) cu->free(p);
+      }
+      for (float s : {1.f, 0.5f}) {  // moe_exit, without and with the layer scalar
+        std::vector<float> want = x, f2(n), h2r = h2;
+        ref->moe_exit(want.data(), h1.data(), h2r.data(), rows, dim, w2.data(), w.data(), 1e-6f, s,
+                      ActPrecision::F32, f2.data());
+        Buf dx = up(x), d1 = up(h1), d2 = up(h2), df = cu->alloc_act(n);
+        cu->moe_exit(dx, d1, d2, rows, dim, dw2, dw, 1e-6f, s, ActPrecision::BF16, df);
+        const auto fused = down(dx, n);
+        Buf ex = up(x), e2 = up(h2);
+        cu->rms_norm(e2, rows, dim, dw2, 1e-6f, ActPrecision::BF16, e2);
+        cu->add(d1, e2, n, ActPrecision::BF16, df);
+        cu->norm_add(ex, df, rows, dim, dw, 1e-6f, ActPrecision::BF16);
+        if (s != 1.f) cu->scale(ex, s, n, ActPrecision::BF16, ex);
+        EXPECT_EQ(fused, down(ex, n)) << "moe_exit s=" << s << at;
+        EXPECT_LE(rel_err(fused, want), 8e-3) << "moe_exit s=" << s << at;
+        for (const Buf& p : {dx, d1, d2, df, ex, e2}) cu->free(p);
+      }
+      for (const Buf& p : ws) cu->free(p);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace g4

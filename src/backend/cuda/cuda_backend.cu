@@ -46,6 +46,7 @@
 #include "backend/cuda/cuda_observers.h"
 #include "backend/cuda/cuda_step.h"
 #include "backend/host_backend.h"
+#include "backend/moe_host_routed.h"
 #include "core/status.h"
 
 namespace g4 {
@@ -181,6 +182,28 @@ class CudaBackend final : public Backend {
     void* y = y_b.data;
     const DType t = act_type({&x_b, &y_b});
     launch("rms_norm", cuda::rms_norm, x, rows, dim, w, eps, y, t);
+  }
+  void moe_norms(const Buf& f_b, const Buf& x_b, int rows, int dim, const float* w_f, const float* w_r,
+                 const float* w_x, float eps, ActPrecision P, const Buf& h1_b, const Buf& xr_b,
+                 const Buf& xn_b) override {
+    const void *f = f_b.data, *x = x_b.data;
+    void *h1 = h1_b.data, *xr = xr_b.data, *xn = xn_b.data;
+    const DType t = act_type({&f_b, &x_b, &h1_b, &xr_b, &xn_b});
+    launch("moe_norms", cuda::moe_norms, f, x, rows, dim, w_f, w_r, w_x, eps, h1, xr, xn, t);
+  }
+  void moe_exit(const Buf& x_b, const Buf& h1_b, const Buf& h2_b, int rows, int dim, const float* w2, const float* w,
+                float eps, float s, ActPrecision P, const Buf& f_b) override {
+    void* x = x_b.data;
+    const void *h1 = h1_b.data, *h2 = h2_b.data;
+    const DType t = act_type({&x_b, &h1_b, &h2_b});
+    cuda::MoeCombine c{};  // the experts' pending combination into h2, computed in the kernel
+    if (combine_.y && combine_.out == h2 && combine_.rows == rows && combine_.d == dim && combine_.t == t) {
+      c.y = combine_.y;
+      c.w = combine_.w;
+      c.k = combine_.k;
+      combine_ = PendingCombine{};
+    }
+    launch("moe_exit", cuda::moe_exit, x, h1, h2, c, rows, dim, w2, w, eps, s, t);
   }
   void rope(const Buf& x_b, int rows, int heads, int head_dim, int pos0, const RopeTable& t, ActPrecision P) override {
     void* x = x_b.data;
@@ -470,54 +493,14 @@ class CudaBackend final : public Backend {
   void moe_experts(const Buf& x, int rows, int d, const Buf& idx, const Buf& w_b, int k,
                    const std::vector<WeightView>& gate, const std::vector<WeightView>& up,
                    const std::vector<WeightView>& down, ActPrecision P, const Buf& out_b) override {
-    const int E = int(gate.size());
-    const int64_t I = gate[0].rows;
     if (one_format(gate, gate[0].fmt) && one_format(up, gate[0].fmt) && one_format(down, down[0].fmt) &&
         moe_experts_on_device(x, rows, d, idx, w_b, k, gate, up, down, out_b))
       return;
-    std::vector<int32_t> hidx(size_t(rows) * k);
-    to_host(idx, hidx.size(), hidx.data());
-    // Each expert's (row, slot) items, and where its outputs land in y (expert after expert).
-    std::vector<std::vector<int32_t>> by_expert(static_cast<size_t>(E));
-    for (int i = 0; i < rows * k; ++i) by_expert[size_t(hidx[size_t(i)])].push_back(i);
-    const size_t n = size_t(rows) * k;
-    if (n > moe_cap_) {  // grown outside any recorded step (to_host above left step mode)
-      for (const Buf& p : {moe_xs_, moe_g_, moe_u_, moe_y_, moe_ys_, moe_ids_}) free(p);
-      moe_xs_ = alloc_act(n * size_t(d));
-      moe_g_ = alloc_act(n * size_t(I));
-      moe_u_ = alloc_act(n * size_t(I));
-      moe_ys_ = alloc_act(n * size_t(d));
-      moe_y_ = alloc_act(n * size_t(d));
-      moe_ids_ = alloc_i32(2 * n);
-      moe_cap_ = n;
-    }
-    std::vector<int32_t> rows_of(n), back(n);  // gather source rows; y position of each item
-    size_t at = 0;
-    for (int e = 0; e < E; ++e)
-      for (int32_t item : by_expert[size_t(e)]) {
-        rows_of[at] = item / k;
-        back[size_t(item)] = int32_t(at);
-        ++at;
-      }
-    from_host(rows_of.data(), n, moe_ids_);
-    from_host(back.data(), n, moe_ids_.at(int64_t(n)));
-    gather_rows(x, moe_ids_, int(n), d, moe_xs_);
-    at = 0;
-    for (int e = 0; e < E; ++e) {
-      const int m = int(by_expert[size_t(e)].size());
-      if (!m) continue;
-      const Buf xe = moe_xs_.at(int64_t(at) * d);
-      matmul(xe, m, gate[size_t(e)], P, moe_g_);
-      matmul(xe, m, up[size_t(e)], P, moe_u_);
-      gelu_mul(moe_g_, moe_u_, size_t(m) * I, P, moe_g_);
-      matmul(moe_g_, m, down[size_t(e)], P, moe_ys_.at(int64_t(at) * d));
-      at += size_t(m);
-    }
-    gather_rows(moe_ys_, moe_ids_.at(int64_t(n)), int(n), d, moe_y_);  // back to (row, slot) order
-    const void* yv = moe_y_.data;
+    const Buf y = host_moe_.run(*this, x, rows, d, idx, k, gate, up, down, P);
+    const void* yv = y.data;
     const float* w = F(w_b);
     void* out = out_b.data;
-    const DType t = act_type({&moe_y_, &out_b});
+    const DType t = act_type({&y, &out_b});
     launch("moe_combine", cuda::moe_combine, yv, w, rows, k, d, out, t);
   }
   void sync() override {
@@ -563,15 +546,30 @@ class CudaBackend final : public Backend {
     float scale = 1.f;  // then resid *= scale
   };
   PendingPost pending_;
+  // The device MoE path's last step, out[rows, d] = Σ_j w[r, j]·y[r, j] (moe_combine), left for the
+  // MoE exit that reads out next (moe_exit), or launched alone before any other launch.
+  struct PendingCombine {
+    const void* y = nullptr;
+    const float* w = nullptr;
+    void* out = nullptr;
+    int rows = 0, k = 0, d = 0;
+    DType t = DType::F32;
+  };
+  PendingCombine combine_;
   static constexpr int kPdlMaxRows = 64;
   int step_rows_ = 0;  // rows of the step being logged (embed sets it)
   void flush_pending() {
+    if (combine_.y) {
+      const PendingCombine c = combine_;
+      combine_ = PendingCombine{};
+      launch("moe_combine", cuda::moe_combine, c.y, c.w, c.rows, c.k, c.d, c.out, c.t);
+    }
     if (!pending_.y) return;
     const PendingPost p = pending_;
     pending_ = PendingPost{};
-    if (p.rows == 1) return launch("post_norm_add", cuda::post_norm_add, p.y, p.resid, p.t, p.n, p.w, p.eps);
     const void* y = p.y;
-    launch("norm_add", cuda::norm_add, p.resid, y, p.rows, p.n, p.w, p.eps, p.t);
+    if (p.rows == 1) launch("post_norm_add", cuda::post_norm_add, y, p.resid, p.t, p.n, p.w, p.eps);
+    else launch("norm_add", cuda::norm_add, p.resid, y, p.rows, p.n, p.w, p.eps, p.t);
     if (p.scale != 1.f)
       launch("scale", cuda::scale, static_cast<const void*>(p.resid), p.scale, size_t(p.rows) * p.n, p.resid, p.t);
   }
@@ -673,9 +671,9 @@ class CudaBackend final : public Backend {
       launch("moe_gate_up", cuda::moe_grouped_matmul, a, g, items, E, hidden, gate[0].fmt, true);
       launch("moe_down", cuda::moe_grouped_matmul, b, g, items, E, int64_t(d), down[0].fmt, false);
     }
-    const float* w = F(w_b);
-    void* out = out_b.data;
-    launch("moe_combine", cuda::moe_combine, static_cast<const void*>(y), w, rows, k, d, out, t);
+    // The combination is left pending: moe_exit takes it into its kernel (else the next launch
+    // runs it first, flush_pending).
+    combine_ = PendingCombine{y, F(w_b), out_b.data, rows, k, d, t};
     return true;
   }
   // Whether an input norm of M rows of `cols` fits the matmul kernels' shared memory (or there is none).
@@ -759,8 +757,7 @@ class CudaBackend final : public Backend {
   std::string label_;                              // the profile label of the next launch (matmul shapes)
   std::unordered_set<std::string> skip_;           // G4_CUDA_SKIP: launch names never run
   std::unique_ptr<Backend> host_ops_ = make_reference_backend();  // MoE routing on the host
-  Buf moe_xs_, moe_g_, moe_u_, moe_ys_, moe_y_, moe_ids_;
-  size_t moe_cap_ = 0;
+  HostRoutedMoe host_moe_;  // the MoE fallback: routing read back, a matmul per expert
   std::unique_ptr<cuda::SeqTables> seqs_;  // attention's per-step device tables
   // Scratch that kernels leave zero (counters, argmax slots) or overwrite (attention partials).
   cuda::GrowBuffer partial_, counters_, argmax_, epilogue_counter_;

@@ -149,6 +149,22 @@ void norm_add(cudaStream_t s, void* x, const void* o, int rows, int dim, const f
 // scale and rms_norm in one launch, each rounded as alone.
 void norm_add_norm(cudaStream_t s, void* x, const void* o, int rows, int dim, const float* w, float eps, float scale,
                    const float* w2, float eps2, void* xn, DType t);
+// Backend::moe_norms in one launch: h1 = rms_norm(f)·w_f, xr = rms_norm(x)·w_r, xn = rms_norm(x)·w_x,
+// each rounded as rms_norm alone.
+void moe_norms(cudaStream_t s, const void* f, const void* x, int rows, int dim, const float* w_f, const float* w_r,
+               const float* w_x, float eps, void* h1, void* xr, void* xn, DType t);
+// Backend::moe_exit in one launch: x = (x + rms_norm(h1 + rms_norm(h2)·w2)·w)·scale, each step
+// rounded as rms_norm, add, norm_add and scale alone. With c.y, h2 is first the combination of
+// the routed experts' outputs as moe_combine makes it (c.y [rows, c.k, dim], c.w [rows, c.k]),
+// not read (nor written).
+struct MoeCombine {
+  const void* y = nullptr;
+  const float* w = nullptr;
+  int k = 0;
+  int unused = 0;  // keeps the struct free of padding (its bytes are part of a step's key)
+};
+void moe_exit(cudaStream_t s, void* x, const void* h1, const void* h2, const MoeCombine& c, int rows, int dim,
+              const float* w2, const float* w, float eps, float scale, DType t);
 // Per-head rms_norm (weight w) then rope of rows at positions pos0.. (one sequence).
 void norm_rope(cudaStream_t s, void* x, int rows, int heads, int head_dim, const float* w, float eps, Dyn pos0,
                const float* inv_freq, float position_scale, DType t);

@@ -48,6 +48,23 @@ __global__ void norm_add_kernel(T* x, const T* o, int dim, const float* w, float
   for (int i = threadIdx.x; i < dim; i += blockDim.x) xr[i] = norm_added(xr[i], orow[i], inv, w[i]);
 }
 
+// A row's elements i = thread + 256 j (j < kPer) of the 256-thread block, into registers.
+template <class T, int kPer>
+__device__ inline void load_row(const T* row, int dim, T (&v)[kPer]) {
+#pragma unroll
+  for (int j = 0; j < kPer; ++j)
+    if (threadIdx.x + 256 * j < dim) v[j] = row[threadIdx.x + 256 * j];
+}
+// rms_inv of a row held by load_row (the sum in inv_rms's order: the same bits).
+template <class T, int kPer>
+__device__ inline float row_rms_inv(const T (&v)[kPer], int dim, float eps, float* sh) {
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j)
+    if (threadIdx.x + 256 * j < dim) ss += to_f(v[j]) * to_f(v[j]);
+  return rms_inv(ss, dim, eps, sh);
+}
+
 // norm_add, then scale (when s != 1), then rms_norm into xn, one block of 256 threads per row, each
 // step rounded as its own kernel rounds. The row's elements (i = thread + 256 j, j < kPer) are read
 // once into registers, all loads in flight together: the separate kernels' chain of dependent
@@ -63,22 +80,18 @@ __global__ void __launch_bounds__(256) norm_add_norm_kernel(T* x, const T* o, in
   T* yr = xn + int64_t(blockIdx.x) * dim;
   T ov[kPer], xv[kPer];
   float wv[kPer], w2v[kPer];
+  load_row(orow, dim, ov);
+  load_row(static_cast<const T*>(xr), dim, xv);
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int i = threadIdx.x + 256 * j;
     if (i < dim) {
-      ov[j] = orow[i];
-      xv[j] = xr[i];
       wv[j] = w[i];
       w2v[j] = w2 ? w2[i] : 1.f;
     }
   }
+  const float inv = row_rms_inv(ov, dim, eps, sh);
   float ss = 0.f;
-#pragma unroll
-  for (int j = 0; j < kPer; ++j)
-    if (threadIdx.x + 256 * j < dim) ss += to_f(ov[j]) * to_f(ov[j]);
-  const float inv = rms_inv(ss, dim, eps, sh);
-  ss = 0.f;
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int i = threadIdx.x + 256 * j;
@@ -94,6 +107,73 @@ __global__ void __launch_bounds__(256) norm_add_norm_kernel(T* x, const T* o, in
     const int i = threadIdx.x + 256 * j;
     if (i >= dim) continue;
     yr[i] = rms_normed(xv[j], inv2, w2 != nullptr, w2v[j]);  // rms_norm_kernel's rounding
+  }
+}
+
+// moe_norms: one block of 256 threads per row, f and x read once.
+template <class T, int kPer>
+__global__ void __launch_bounds__(256) moe_norms_kernel(const T* f, const T* x, int dim, const float* w_f,
+                                                        const float* w_r, const float* w_x, float eps, T* h1, T* xr,
+                                                        T* xn) {
+  pdl_enter();
+  __shared__ float sh[32];
+  const int64_t off = int64_t(blockIdx.x) * dim;
+  T fv[kPer], xv[kPer];
+  load_row(f + off, dim, fv);
+  load_row(x + off, dim, xv);
+  const float inv_f = row_rms_inv(fv, dim, eps, sh), inv_x = row_rms_inv(xv, dim, eps, sh);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + 256 * j;
+    if (i >= dim) continue;
+    h1[off + i] = rms_normed(fv[j], inv_f, w_f != nullptr, w_f ? w_f[i] : 1.f);
+    xr[off + i] = rms_normed(xv[j], inv_x, w_r != nullptr, w_r ? w_r[i] : 1.f);
+    xn[off + i] = rms_normed(xv[j], inv_x, w_x != nullptr, w_x ? w_x[i] : 1.f);
+  }
+}
+
+// moe_exit: one block of 256 threads per row; the row's h2, h1 and x read once. With y (the
+// routed experts' outputs [rows, k, dim] and their weights cw [rows, k]), h2 is their combination,
+// computed here as moe_combine_kernel computes it, instead of read.
+template <class T, int kPer>
+__global__ void __launch_bounds__(256) moe_exit_kernel(T* x, const T* h1, const T* h2, const T* y, const float* cw,
+                                                       int k, int dim, const float* w2, const float* w, float eps,
+                                                       float s) {
+  pdl_enter();
+  __shared__ float sh[32];
+  const int64_t off = int64_t(blockIdx.x) * dim;
+  T hv[kPer], fv[kPer], xv[kPer];
+  if (y) {
+    const int r = blockIdx.x;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = threadIdx.x + 256 * j;
+      if (i >= dim) continue;
+      float acc = 0.f;
+      for (int e = 0; e < k; ++e) acc += cw[r * k + e] * to_f(y[(int64_t(r) * k + e) * dim + i]);
+      hv[j] = from_f<T>(acc);
+    }
+  } else {
+    load_row(h2 + off, dim, hv);
+  }
+  load_row(h1 + off, dim, fv);
+  load_row(static_cast<const T*>(x) + off, dim, xv);
+  const float inv2 = row_rms_inv(hv, dim, eps, sh);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + 256 * j;
+    if (i >= dim) continue;
+    const T hn = rms_normed(hv[j], inv2, w2 != nullptr, w2 ? w2[i] : 1.f);  // rms_norm_kernel's rounding
+    fv[j] = from_f<T>(to_f(fv[j]) + to_f(hn));                            // add_kernel's
+  }
+  const float inv = row_rms_inv(fv, dim, eps, sh);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + 256 * j;
+    if (i >= dim) continue;
+    T v = norm_added(xv[j], fv[j], inv, w[i]);  // norm_add_kernel's
+    if (s != 1.f) v = from_f<T>(to_f(v) * s);   // scale_kernel's
+    x[off + i] = v;
   }
 }
 
@@ -246,6 +326,42 @@ void norm_add_norm(cudaStream_t s, void* x, const void* o, int rows, int dim, co
     auto* k = dim <= 256 * 12 ? norm_add_norm_kernel<T, 12> : norm_add_norm_kernel<T, 24>;
     launch_kernel(k, rows, 256, 0, s, static_cast<T*>(x), static_cast<const T*>(o), dim, w, eps, scale, w2, eps2,
                   static_cast<T*>(xn));
+  });
+}
+
+void moe_norms(cudaStream_t s, const void* f, const void* x, int rows, int dim, const float* w_f, const float* w_r,
+               const float* w_x, float eps, void* h1, void* xr, void* xn, DType t) {
+  if (rows <= 0) return;
+  if (dim > 256 * 24) {  // wider than the kernel's registers hold: the three kernels
+    rms_norm(s, f, rows, dim, w_f, eps, h1, t);
+    rms_norm(s, x, rows, dim, w_r, eps, xr, t);
+    rms_norm(s, x, rows, dim, w_x, eps, xn, t);
+    return;
+  }
+  with_act(t, [&](auto tag) {
+    using T = decltype(tag);
+    auto* k = dim <= 256 * 12 ? moe_norms_kernel<T, 12> : moe_norms_kernel<T, 24>;
+    launch_kernel(k, rows, 256, 0, s, static_cast<const T*>(f), static_cast<const T*>(x), dim, w_f, w_r, w_x, eps,
+                  static_cast<T*>(h1), static_cast<T*>(xr), static_cast<T*>(xn));
+  });
+}
+
+void moe_exit(cudaStream_t s, void* x, const void* h1, const void* h2, const MoeCombine& c, int rows, int dim,
+              const float* w2, const float* w, float eps, float scale, DType t) {
+  if (rows <= 0) return;
+  if (dim > 256 * 24) {  // the separate kernels (h2 is scratch: normed in place)
+    if (c.y) moe_combine(s, c.y, c.w, rows, c.k, dim, const_cast<void*>(h2), t);
+    rms_norm(s, h2, rows, dim, w2, eps, const_cast<void*>(h2), t);
+    add(s, h1, h2, size_t(rows) * size_t(dim), const_cast<void*>(h2), t);
+    norm_add(s, x, h2, rows, dim, w, eps, t);
+    if (scale != 1.f) cuda::scale(s, x, scale, size_t(rows) * size_t(dim), x, t);
+    return;
+  }
+  with_act(t, [&](auto tag) {
+    using T = decltype(tag);
+    auto* k = dim <= 256 * 12 ? moe_exit_kernel<T, 12> : moe_exit_kernel<T, 24>;
+    launch_kernel(k, rows, 256, 0, s, static_cast<T*>(x), static_cast<const T*>(h1), static_cast<const T*>(h2),
+                  static_cast<const T*>(c.y), c.w, c.k, dim, w2, w, eps, scale);
   });
 }
 
