@@ -315,7 +315,7 @@ TEST_F(CudaBf16Test, FewRowsOnTensorCores) {
     Buf dpw2 = cu->alloc_f32(D), dnw2 = cu->alloc_f32(D);
     cu->from_host(pw2.data(), pw2.size(), dpw2);
     cu->from_host(nw2.data(), nw2.size(), dnw2);
-    for (int M : {3, 20}) {
+    for (int M : {3, 20, 48}) {  // 48: on cuBLAS (kBlasMinRows), the update still left pending
       const auto res = bf16_rounded(randn(size_t(M) * D, 63, 3.f)), xc = bf16_rounded(randn(size_t(M) * C, 64));
       std::vector<float> want_res = res, ys(size_t(M) * D), xn(size_t(M) * D), want_q(size_t(M) * 64);
       ref->matmul_norm_add(xc.data(), M, Wo, ys.data(), want_res.data(), pw2.data(), 1e-6f, ActPrecision::F32);

@@ -183,7 +183,7 @@ TEST_F(CudaQ8Test, FusedDecodeOps) {
 // the prepare of an int8 GEMV on the same row (q/k/v with their input norm, gate/up, a plain
 // matmul of the residual), or launched alone before any other op and before a read. Each chain is
 // checked against the reference doing the same ops in order: the consumer's outputs and the
-// residual itself.
+// residual itself, whose bits must be those of the update (and the layer scalar) launched alone.
 TEST_F(CudaQ8Test, DeferredEpilogueMeetsTheNextOp) {
   const int64_t C = 1536, O = 768;  // residual width C; the producer projects O -> C
   std::mt19937 rng(80);
@@ -198,37 +198,55 @@ TEST_F(CudaQ8Test, DeferredEpilogueMeetsTheNextOp) {
   cu->from_host(pw.data(), pw.size(), dpw);
   cu->from_host(nw.data(), nw.size(), dnw);
   const auto h = bf16_rounded(randn(size_t(O), 83)), res = bf16_rounded(randn(size_t(C), 84, 3.f));
+  // With a layer scalar after the residual update (sc != 1: it joins the deferred epilogue).
+  for (float sc : {1.f, 0.5f}) {
   for (const char* next : {"norm_matmuls", "gate_up_gelu", "matmul", "rms_norm", "read"}) {
     std::vector<float> resid = res, ys(static_cast<size_t>(C)), want(static_cast<size_t>(O)), up_s(want.size()),
                        xn(static_cast<size_t>(C));
     ref->matmul_norm_add(h.data(), 1, D, ys.data(), resid.data(), pw.data(), 1e-6f, ActPrecision::F32);
+    if (sc != 1.f) ref->scale(resid.data(), sc, resid.size(), ActPrecision::F32, resid.data());
     Buf dh = up(h), dr = up(res), dys = cu->alloc_act(C), dout = cu->alloc_act(std::max(C, O)),
         dup = cu->alloc_act(O), dxn = cu->alloc_act(C);
+    std::vector<float> plain;  // the residual with the update and the scale launched one by one
+    {
+      Buf pr = up(res);
+      cu->matmul_norm_add(dh, 1, dD, dys, pr, dpw.f32(), 1e-6f, ActPrecision::BF16);
+      (void)down(pr, resid.size());
+      if (sc != 1.f) cu->scale(pr, sc, resid.size(), ActPrecision::BF16, pr);
+      plain = down(pr, resid.size());
+      cu->free(pr);
+    }
     cu->matmul_norm_add(dh, 1, dD, dys, dr, dpw.f32(), 1e-6f, ActPrecision::BF16);
-    const std::string n = next;
+    if (sc != 1.f) cu->scale(dr, sc, resid.size(), ActPrecision::BF16, dr);
+    const std::string n = next + std::string(sc != 1.f ? " (scaled)" : "");
     size_t out_n = 0;
-    if (n == "norm_matmuls") {
+    if (n.rfind("norm_matmuls", 0) == 0) {
       ref->norm_matmuls(resid.data(), 1, InputNorm{nw.data(), 1e-6f, xn.data()}, {{&G, want.data()}}, ActPrecision::F32);
       cu->norm_matmuls(dr, 1, InputNorm{dnw.f32(), 1e-6f, dxn}, {{&dG, dout}}, ActPrecision::BF16);
       out_n = size_t(O);
-    } else if (n == "gate_up_gelu") {
+    } else if (n.rfind("gate_up_gelu", 0) == 0) {
       ref->gate_up_gelu(resid.data(), 1, InputNorm{nw.data(), 1e-6f, xn.data()}, G, U, false, ActPrecision::F32,
                         want.data(), up_s.data());
       cu->gate_up_gelu(dr, 1, InputNorm{dnw.f32(), 1e-6f, dxn}, dG, dU, false, ActPrecision::BF16, dout, dup);
       out_n = size_t(O);
-    } else if (n == "matmul") {
+    } else if (n.rfind("matmul", 0) == 0) {
       ref->matmul(resid.data(), 1, G, ActPrecision::F32, want.data());
       cu->matmul(dr, 1, dG, ActPrecision::BF16, dout);
       out_n = size_t(O);
-    } else if (n == "rms_norm") {
+    } else if (n.rfind("rms_norm", 0) == 0) {
       want.resize(size_t(C));
       ref->rms_norm(resid.data(), 1, int(C), nw.data(), 1e-6f, ActPrecision::F32, want.data());
       cu->rms_norm(dr, 1, int(C), dnw.f32(), 1e-6f, ActPrecision::BF16, dout);
       out_n = size_t(C);
     }
-    EXPECT_LE(rel_err(down(dr, resid.size()), resid), 2e-2) << "residual, next op " << n;
-    if (out_n) EXPECT_LE(rel_err(down(dout, out_n), want), 2e-2) << "output of " << n;
+    const auto got = down(dr, resid.size());
+    EXPECT_EQ(got, plain) << "residual, next op " << n << ": not the bits of the ops one by one";
+    EXPECT_LE(rel_err(got, resid), 2e-2) << "residual, next op " << n;
+    if (out_n) {
+      EXPECT_LE(rel_err(down(dout, out_n), want), 2e-2) << "output of " << n;
+    }
     for (const Buf& p : {dh, dr, dys, dout, dup, dxn}) cu->free(p);
+  }
   }
   for (const Buf& p : {dpw, dnw}) cu->free(p);
 }

@@ -299,7 +299,7 @@ class CudaBackend final : public Backend {
     launch("add", cuda::add, a, b, n, y, t);
   }
   void scale(const Buf& a_b, float f, size_t n, ActPrecision P, const Buf& y_b) override {
-    if (pending_.y && pending_.rows > 1 && pending_.scale == 1.f && a_b.data == pending_.resid &&
+    if (pending_.y && pending_.scale == 1.f && a_b.data == pending_.resid &&
         y_b.data == pending_.resid && n == size_t(pending_.rows) * size_t(pending_.n)) {
       pending_.scale = f;  // the pending residual, scaled in place: launched with it
       return;
@@ -347,9 +347,9 @@ class CudaBackend final : public Backend {
   }
   void matmul_norm_add(const Buf& x_b, int M, const WeightView& W, const Buf& y_b, const Buf& resid_b,
                        const float* w, float eps, ActPrecision P) override {
-    // Batched decode on the few-row tensor-core kernel (no fused epilogue): the norm_add is left
-    // pending for the next op (the next input norm takes it: PendingPost).
-    if (small_rows(x_b, M, W.cols)) {
+    // Batched decode on the few-row tensor-core kernel or cuBLAS (no fused epilogue): the norm_add
+    // is left pending for the next op (the next input norm takes it: PendingPost).
+    if (batched_rows(x_b, M, W.cols)) {
       matmul(x_b, M, W, P, y_b);
       pending_ = PendingPost{y_b.data, resid_b.data, act_type({&x_b, &y_b, &resid_b}), int(W.rows), w, eps, M};
       return;
@@ -531,7 +531,8 @@ class CudaBackend final : public Backend {
   // A matmul_norm_add's post-norm and residual add (resid[rows, n] += rms_norm(y)·w), left out of
   // its launch for the next op. One row (MatArgs::defer_post): fused into that op's prepare when
   // it is an int8 GEMV on the same row (take_pending: the next layer's q/k/v, gate/up, a plain
-  // matmul of the residual). 2-32 rows (the few-row kernel): a scale of the residual joins it, and
+  // matmul of the residual), a scale of the residual joining it. 2-64 rows (batched_rows): a
+// scale of the residual joins it, and
   // the next input norm of the residual launches all three as one (normed_args). Else launched
   // alone before the next op (flush_pending: every launch, host copy, sync and step end first),
   // so every op sees the residual exactly where plain order has it.
@@ -580,6 +581,7 @@ class CudaBackend final : public Backend {
     a.pre_y = pending_.y;
     a.pre_w = pending_.w;
     a.pre_eps = pending_.eps;
+    a.pre_scale = pending_.scale;
     pending_ = PendingPost{};
   }
 
@@ -699,7 +701,7 @@ class CudaBackend final : public Backend {
   // Rows for the few-row tensor-core kernel (no input norm of its own) are normed into
   // norm.scratch the same way.
   cuda::MatArgs normed_args(const Buf& x, int M, const InputNorm& norm, const WeightView& W, ActPrecision P) {
-    if (norm.w && norm.scratch && small_rows(x, M, W.cols)) {
+    if (norm.w && norm.scratch && batched_rows(x, M, W.cols)) {
       if (pending_.y && pending_.rows == M && pending_.resid == x.data && pending_.n == W.cols &&
           pending_.t == act_type({&x, &norm.scratch})) {  // the pending residual update, then this norm
         const PendingPost p = pending_;
@@ -729,6 +731,13 @@ class CudaBackend final : public Backend {
   // (cuda_mma_small.h: its input normed beforehand, its epilogues separate launches).
   static bool small_rows(const Buf& x, int M, int64_t cols) {
     return cuda::small_mma_rows(act_type({&x}), M, cols);
+  }
+  // Batched decode rows (2 to kPendingMaxRows) into `cols`-wide weights on the few-row kernel or
+  // cuBLAS: their input norm runs as its own launch (fused with a pending residual update:
+  // normed_args), their post-norm and residual add are left pending (matmul_norm_add).
+  static constexpr int kPendingMaxRows = 64;
+  bool batched_rows(const Buf& x, int M, int64_t cols) const {
+    return small_rows(x, M, cols) || (M <= kPendingMaxRows && blas_rows(x, M, cols));
   }
   // Whether M rows of x into `cols`-wide weights take the cuBLAS prefill path (Blas::applies for
   // the launches without an epilogue: their input norm then needs no shared memory).

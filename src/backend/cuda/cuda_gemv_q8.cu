@@ -76,14 +76,16 @@ __global__ void __launch_bounds__(kPrepWarps * kWarp) q8_prepare_kernel(const vo
 
 // matmul_norm_add's second half after an int8 GEMV, by one block whose threads each hold kPostPer
 // values in registers (all loads in flight at once): resid[c] += y[c] · inv_rms(y) · pw[c] over a
-// row of n <= kPostMax values, stored in the activation type. With o.q set (a deferred epilogue
+// row of n <= kPostMax values, stored in the activation type, then (scale != 1) resid[c] *= scale
+// rounded again, as a separate scale launch rounds it. With o.q set (a deferred epilogue
 // fused with the next matmul's prepare), the stored row is then normed with norm_w (when set) and
 // cut into int8 blocks as q8_prepare_kernel does (n % 32 == 0; thread t holds values t + 1024 k,
 // so each warp's lanes hold whole 32-value blocks).
 constexpr int kPostThreads = 1024, kPostPer = 8, kPostMax = kPostThreads * kPostPer;
 __global__ void __launch_bounds__(kPostThreads) post_add_prepare_kernel(const void* y, const float* pw, float peps,
-                                                                        void* resid, bool bf, int n,
-                                                                        const float* norm_w, float eps, Q8Act o) {
+                                                                        float scale, void* resid, bool bf,
+                                                                        int n, const float* norm_w, float eps,
+                                                                        Q8Act o) {
   pdl_enter();
   __shared__ float red[32];
   float v[kPostPer], ss = 0.f;
@@ -101,6 +103,7 @@ __global__ void __launch_bounds__(kPostThreads) post_add_prepare_kernel(const vo
     const int c = threadIdx.x + k * kPostThreads;
     if (c >= n) continue;
     store_out(resid, c, ldx(resid, c, bf) + v[k] * inv * pw[c], !bf);
+    if (scale != 1.f) store_out(resid, c, ldx(resid, c, bf) * scale, !bf);
     v[k] = ldx(resid, c, bf);  // the stored value, as the next kernel would read it
     ss2 += v[k] * v[k];
   }
@@ -567,7 +570,7 @@ bool q8_gemv_supports(const DevWeight& w) {
 bool q8_post_deferrable(const DevWeight& w) { return q8_gemv_supports(w) && w.rows <= kPostMax; }
 
 void post_norm_add(cudaStream_t s, const void* y, void* resid, DType t, int n, const float* w, float eps) {
-  launch_kernel(post_add_prepare_kernel, 1, kPostThreads, 0, s, y, w, eps, resid, t == DType::BF16, n,
+  launch_kernel(post_add_prepare_kernel, 1, kPostThreads, 0, s, y, w, eps, 1.f, resid, t == DType::BF16, n,
                 static_cast<const float*>(nullptr), 0.f, Q8Act{});
 }
 
@@ -585,8 +588,8 @@ bool q8_prepare_fusable(const MatArgs& a, bool gelu) {
 bool q8_gemv(cudaStream_t s, const MatArgs& a, int act) {
   if (!q8_gemv_takes(a, act)) return false;
   if (a.pre_y) {
-    launch_kernel(post_add_prepare_kernel, 1, kPostThreads, 0, s, a.pre_y, a.pre_w, a.pre_eps, const_cast<void*>(a.x),
-                  a.xt == DType::BF16, int(a.w[0].cols), a.norm_w, a.eps, a.q8);
+    launch_kernel(post_add_prepare_kernel, 1, kPostThreads, 0, s, a.pre_y, a.pre_w, a.pre_eps, a.pre_scale,
+                  const_cast<void*>(a.x), a.xt == DType::BF16, int(a.w[0].cols), a.norm_w, a.eps, a.q8);
   } else {
     q8_prepare(s, a.x, a.xt, 1, a.w[0].cols, a.norm_w, a.eps, a.q8);
   }

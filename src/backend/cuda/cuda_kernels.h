@@ -99,14 +99,17 @@ struct MatArgs {
   Q8Act q8;
   // int8 GEMVs only (q8_post_deferrable). defer_post: with resid, leave the post-norm and residual
   // add out of this launch (the backend hands it to the next prepare, or launches it alone:
-  // post_norm_add). pre_y: before this launch's input row is prepared, x += rms_norm(pre_y)·pre_w
-  // over the row's pre_n values (a previous launch's deferred epilogue; x is that launch's resid),
-  // in the same one-block kernel that then norms and quantizes x.
+  // post_norm_add). pre_y: before this launch's input row is prepared, x = (x + rms_norm(pre_y)·pre_w)
+  // · pre_scale over the row's pre_n values (a previous launch's deferred epilogue and the layer
+  // scalar after it; x is that launch's resid), each step rounded as post_norm_add and scale
+  // round it, in the same one-block kernel that then norms and quantizes x.
   // (Ordered so that the struct has no padding after q8: its bytes are part of a step's key.)
   const void* pre_y = nullptr;
   const float* pre_w = nullptr;
   float pre_eps = 0.f;
+  float pre_scale = 1.f;
   int defer_post = 0;
+  int unused = 0;  // keeps the struct's tail free of padding
 };
 // Whether a one-row matmul_norm_add into w runs on the int8 GEMVs with the separate post-norm
 // kernel (q8 scratch set), so that its epilogue may be deferred (MatArgs::defer_post).
