@@ -31,6 +31,8 @@ Model::Model(ModelConfig cfg, ModelWeights w, std::shared_ptr<const WeightSource
     : cfg_(std::move(cfg)), w_(std::move(w)), src_(std::move(src)), be_(std::move(be)),
       s_(std::make_unique<Scratch>()) {
   for (const LayerSpec& ls : cfg_.layers) rope_.push_back(make_rope_table(ls.rope, ls.head_dim));
+  for (int l = 0; l < int(cfg_.layers.size()); ++l)
+    if (cfg_.layers[size_t(l)].moe) moe_layers_.push_back(l);
 }
 
 Model::~Model() = default;  // buffers are owned (and freed) by the backend
@@ -42,10 +44,7 @@ void Model::set_expert_trace(std::shared_ptr<ExpertTrace> t) {
 }
 
 void Model::record_experts(const std::vector<SeqInput>& batch, int R) {
-  std::vector<int> layers;
-  for (int l = 0; l < cfg_.n_layers; ++l)
-    if (cfg_.layers[size_t(l)].moe) layers.push_back(l);
-  const size_t n = layers.size() * size_t(R) * size_t(cfg_.top_k_experts);
+  const size_t n = moe_layers_.size() * size_t(R) * size_t(cfg_.top_k_experts);
   std::vector<int32_t> idx(n);
   std::vector<float> w(n);
   be_->to_host(s_->tr_idx, n, idx.data());
@@ -54,7 +53,7 @@ void Model::record_experts(const std::vector<SeqInput>& batch, int R) {
   rows.reserve(size_t(R));
   for (size_t i = 0; i < batch.size(); ++i)
     for (int t = 0; t < batch[i].n; ++t) rows.push_back({int(i), batch[i].cache->size() + t, batch[i].tokens[t]});
-  trace_->record(cfg_.n_experts, cfg_.top_k_experts, layers, rows, idx.data(), w.data());
+  trace_->record(cfg_.n_experts, cfg_.top_k_experts, moe_layers_, rows, idx.data(), w.data());
 }
 
 const Buf& Model::normed_rows() const { return s_->last; }
@@ -144,9 +143,7 @@ void Model::ensure_scratch(int rows, int lrows, int top_k) {
   if (trace_ && cfg_.n_experts > 0 && rows > s.tr_rows) {
     be_->free(s.tr_idx);
     be_->free(s.tr_w);
-    int moe_layers = 0;
-    for (const LayerSpec& ls : cfg_.layers) moe_layers += ls.moe ? 1 : 0;
-    const size_t n = size_t(std::max(1, moe_layers)) * size_t(rows) * size_t(std::max(1, cfg_.top_k_experts));
+    const size_t n = std::max<size_t>(1, moe_layers_.size()) * size_t(rows) * size_t(std::max(1, cfg_.top_k_experts));
     s.tr_idx = be_->alloc_i32(n);
     s.tr_w = be_->alloc_f32(n);
     s.tr_rows = rows;
@@ -349,7 +346,8 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
       tap("mlp_out", l, S.f, Rd);
     }
     // Without a per-layer input the layer scalar joins the MoE exit (one op fewer a layer).
-    const float exit_scale = ls.moe && Pw == 0 ? T(lw.layer_scalar) : 1.f;
+    const bool scalar_in_exit = ls.moe && Pw == 0;
+    const float exit_scale = scalar_in_exit ? T(lw.layer_scalar) : 1.f;
     if (ls.moe) {
       const int E = cfg_.n_experts, K = cfg_.top_k_experts;
       // The router's output: this layer's slice of the trace buffers when tracing.
@@ -380,7 +378,7 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
       gelu_mul(S.pg, ple_l, size_t(R) * Pw, P, S.pg);
       matmul_norm_add(S.pg, R, lw.ple_proj, ll ? ll->ple_proj : nullptr, S.o, lw.post_ple_ln.data, P);
     }
-    if (lw.layer_scalar != 1.f && !(ls.moe && Pw == 0)) be.scale(S.x, T(lw.layer_scalar), Rd, P, S.x);
+    if (lw.layer_scalar != 1.f && !scalar_in_exit) be.scale(S.x, T(lw.layer_scalar), Rd, P, S.x);
     tap("layer_out", l, S.x, Rd);
   }
 

@@ -106,6 +106,7 @@ class Model {
   std::shared_ptr<const WeightSource> src_;  // keeps the mapped files alive
   std::unique_ptr<Backend> be_;
   std::vector<RopeTable> rope_;        // per layer
+  std::vector<int> moe_layers_;        // the MoE layers' numbers, in order
   std::unique_ptr<Scratch> s_;
   KvCacheOptions kv_opt_;
   std::unique_ptr<LoraAdapter> lora_;

@@ -159,10 +159,24 @@ bool Blas::applies(const MatArgs& a, int M, int min_rows) const {
   return true;
 }
 
+namespace {
+// The GEMMs of a launch and the weights each reads: one per weight of a matmuls launch (n = 1);
+// gate_up_gelu's one, over gate and up (n = 2).
+struct GemmWeights {
+  const DevWeight* w[2];
+  int n;
+};
+int gemm_count(const MatArgs& a, int act) { return act ? 1 : a.n; }
+GemmWeights gemm_weights(const MatArgs& a, int act, int i) {
+  return act ? GemmWeights{{&a.w[0], &a.w2}, 2} : GemmWeights{{&a.w[i], nullptr}, 1};
+}
+}  // namespace
+
 bool Blas::reads_bf16(const MatArgs& a, int act) const {
-  for (int i = 0; i <= (act ? 1 : a.n - 1); ++i) {
-    const DevWeight& w = act && i == 1 ? a.w2 : a.w[i];
-    if (!impl_->bf16_rows(w)) return false;
+  for (int i = 0; i < gemm_count(a, act); ++i) {
+    const GemmWeights g = gemm_weights(a, act, i);
+    for (int j = 0; j < g.n; ++j)
+      if (!impl_->bf16_rows(*g.w[j])) return false;
   }
   return true;
 }
@@ -181,8 +195,9 @@ void Blas::run(cudaStream_t s, const MatArgs& a, int M, int act) const {
       rms_norm(s, x, mb, int(K), a.norm_w, a.eps, b.input, DType::BF16);
       x = b.input;
     }
-    for (int i = 0; i < (act ? 1 : a.n); ++i) {
-      const DevWeight& w = a.w[i];
+    for (int i = 0; i < gemm_count(a, act); ++i) {
+      const GemmWeights g = gemm_weights(a, act, i);
+      const DevWeight& w = *g.w[0];
       const int64_t N = w.rows;
       uint8_t* y = static_cast<uint8_t*>(a.y[i]) + size_t(m0) * size_t(N) * ysize;
       // Rows per chunk: what the weight scratch holds (gate and up side by side), and for gate/up
@@ -192,7 +207,7 @@ void Blas::run(cudaStream_t s, const MatArgs& a, int M, int act) const {
       if (nc < N) nc = std::max<int64_t>(128, nc / 128 * 128);
       nc = std::min(nc, N);
       const bf16* copy = b.bf16_rows(w);
-      const bf16* copy2 = act ? b.bf16_rows(a.w2) : nullptr;
+      const bf16* copy2 = act ? b.bf16_rows(*g.w[1]) : nullptr;
       const bool copied = copy && (!act || copy2);  // every weight of the GEMM read as bf16 in place
       if (copied && !act) nc = N;  // no scratch to fill: one GEMM (gate/up keep the products' chunks)
       // Gate and up copied side by side (cache_weights) and one chunk: one GEMM over both.
@@ -213,7 +228,7 @@ void Blas::run(cudaStream_t s, const MatArgs& a, int M, int act) const {
           b.gemm_rows(n, mb, int(K), A, int(K), x, b.act, CUDA_R_32F, 2 * n);
           b.gemm_rows(n, mb, int(K), copy2 + n0 * K, int(K), x, b.act + n, CUDA_R_32F, 2 * n);
         } else {
-          dequant_rows(s, a.w2, n0, n, b.weights + int64_t(n) * K);
+          dequant_rows(s, *g.w[1], n0, n, b.weights + int64_t(n) * K);
           b.gemm_rows(2 * n, mb, int(K), A, int(K), x, b.act, CUDA_R_32F, 2 * n);
         }
         launch_kernel(gelu_mul_kernel, dim3(blocks_for(int64_t(mb) * n)), dim3(kThreads), 0, s,
@@ -229,15 +244,13 @@ void Blas::cache_weights(cudaStream_t s, const MatArgs& a, int act, DeviceAlloca
   Impl& b = *impl_;
   // gate_up_gelu's two weights are copied together, gate then up in one allocation (run reads
   // both with one GEMM); matmul launches' weights one by one.
-  const int groups = act ? 1 : a.n;
-  for (int i = 0; i < groups && !b.out_of_room; ++i) {
-    const DevWeight* ws[2] = {&a.w[i], act ? &a.w2 : nullptr};
-    const int n = act ? 2 : 1;
+  for (int i = 0; i < gemm_count(a, act) && !b.out_of_room; ++i) {
+    const GemmWeights g = gemm_weights(a, act, i);
     size_t bytes = 0;
     bool wanted = false;
-    for (int j = 0; j < n; ++j) {
-      bytes += size_t(ws[j]->rows) * size_t(ws[j]->cols) * 2;
-      wanted |= !b.bf16_rows(*ws[j]);
+    for (int j = 0; j < g.n; ++j) {
+      bytes += size_t(g.w[j]->rows) * size_t(g.w[j]->cols) * 2;
+      wanted |= !b.bf16_rows(*g.w[j]);
     }
     if (!wanted || b.copy_bytes + bytes > budget_bytes) continue;
     // A copy is only made while kCopyHeadroom of device memory stays free (KV caches grow later):
@@ -248,8 +261,8 @@ void Blas::cache_weights(cudaStream_t s, const MatArgs& a, int act, DeviceAlloca
       return;
     }
     bf16* d = static_cast<bf16*>(mem.alloc(bytes));
-    for (int j = 0; j < n; ++j) {
-      const DevWeight& w = *ws[j];
+    for (int j = 0; j < g.n; ++j) {
+      const DevWeight& w = *g.w[j];
       for (int64_t r0 = 0; r0 < w.rows; r0 += 65536)
         dequant_rows(s, w, r0, int(std::min<int64_t>(65536, w.rows - r0)), d + r0 * w.cols);
       if (!b.copies.count(w.data)) b.copies[w.data] = d;  // a weight copied before keeps that copy
