@@ -147,6 +147,13 @@ struct BackendOptions {
   // CUDA: kernels launched with programmatic dependent launch (cuda_launch.cuh): each may be
   // scheduled while the one before it finishes, hiding the launch gap between a step's kernels.
   bool pdl = true;
+  // CUDA with bf16 activations and int8_dots: batch-invariant numerics (`--batch-invariant on`).
+  // Every launch of up to 64 rows computes each row with the one-row arithmetic (the int8 GEMVs
+  // over several prepared rows, per-row post-norms, attention splits and expert lanes chosen per
+  // row), so a sequence's tokens do not depend on the rows beside it; larger launches keep their
+  // fast kernels (their rows depend on the launch's row count), and the serving engine keeps its
+  // forwards within 64 rows (invariant_row_limit).
+  bool row_exact = false;
   bool profile = false;      // CUDA: every op timed by events; per-op table on stderr at exit
   bool timing = false;       // CUDA: host/device time per step; medians on stderr at exit
   int device = 0;            // CUDA: the GPU (CUDA device number) the backend runs on
@@ -290,6 +297,12 @@ class Backend {
   virtual void top_k(const Buf& x, int rows, int n, int k, const Buf& vals, const Buf& idx, const Buf& lse);
   // Whether buffers live in device memory (callers then prefer argmax to reading whole logits).
   virtual bool on_device() const { return false; }
+  // The most rows a forward may have for each row to be computed exactly as it would be alone (the
+  // rows of larger forwards depend on their row count only); 0: any number (host backends, whose
+  // batch-invariant kernels are row-exact at every size), or no such promise (CUDA without
+  // BackendOptions::row_exact). The serving engine cuts prompts into chunks of at most that many
+  // rows and runs each step in forwards of at most that many rows.
+  virtual int invariant_row_limit() const { return 0; }
   // Whether kv_write and attention take quantized KV buffers (KvBuffer::quant.bits > 0).
   virtual bool supports_kv_quant() const { return false; }
   // Whether attention takes bidirectional image blocks (AttnSeq::blocks).

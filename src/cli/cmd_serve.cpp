@@ -83,8 +83,11 @@ int cmd_serve(const std::vector<std::string>& argv) {
   }
   // Same tokens for a sequence whether it runs alone or in a batch (and with or without a
   // prefix-cache hit): row-exact kernels for every batch size, so --batch-invariant is on by
-  // default here. Off trades that for faster single-stream decode.
-  if (Status s = apply_process_flags(a, /*batch_invariant_default=*/true); !s) return fail("serve", s.message());
+  // default on the host backends, where it costs little. On CUDA it runs batches on the one-row
+  // kernels (BackendOptions::row_exact), well below the batched kernels' throughput: off there
+  // unless asked for (or a drafter needs it).
+  const bool invariant_default = a.get("--backend") != "cuda";
+  if (Status s = apply_process_flags(a, invariant_default); !s) return fail("serve", s.message());
   PlanInput plan;  // checked against the machine before anything loads
   plan.context = o.max_context;
   plan.parallel = o.parallel;

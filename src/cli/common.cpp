@@ -140,6 +140,7 @@ Result<BackendOptions> backend_options_from_args(const Args& a) {
   // accuracy contract of docs/cuda-notes.md); host backends always store f32 (their --dtype is a
   // rounding mode, parse_precision).
   o.activations = dt == "f32" ? DType::F32 : DType::BF16;
+  o.row_exact = batch_invariant();  // apply_process_flags has set it
   return o;
 }
 

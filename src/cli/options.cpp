@@ -118,7 +118,8 @@ void add_load_options(VerbCli& cli) {
             "mmap (map the file), copy (read into huge pages)", "auto")
       ->type_name("MODE")->check(one_of({"auto", "mmap", "copy"}));
   cli.value("--batch-invariant", "on: row-exact kernels, a sequence's tokens do not depend on its batch "
-            "(default: on for serve and with --draft-model, else off)")
+            "(default: on for serve on the CPU and with --draft-model, else off; on CUDA it costs batched "
+            "throughput)")
       ->type_name("on|off")->check(one_of({"on", "off"}));
   cli.group("CUDA backend (BackendOptions)");
   cli.value("--cuda-device", "the GPU to run on (its CUDA device number)", "0")

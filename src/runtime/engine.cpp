@@ -258,6 +258,12 @@ void Engine::step() {
       finish(*sp, FinishReason::Cancelled);
   admit();
 
+  // A backend whose rows compute as alone only up to a bound (Backend::invariant_row_limit) gets
+  // prompt chunks of at most that many rows, and the step in forwards of at most that many rows
+  // (row_groups), so a sequence's tokens stay those it gets alone, after a prefix-cache hit too
+  // (a chunk that must hold a whole image block may run longer, alone).
+  const int limit = model_.backend().invariant_row_limit();
+  const int chunk = limit > 0 ? std::min(opt_.prefill_chunk, limit) : opt_.prefill_chunk;
   std::vector<SeqInput> batch;
   std::vector<Slot*> in_batch;
   for (auto& sp : slots_) {
@@ -268,7 +274,7 @@ void Engine::step() {
     in.cache = s.cache.get();
     if (s.consumed < int(prompt.size())) {
       in.n = image_block_chunk_end(model_.config(), prompt.data(), int(prompt.size()),
-                                   s.consumed + std::min(opt_.prefill_chunk, int(prompt.size()) - s.consumed)) -
+                                   s.consumed + std::min(chunk, int(prompt.size()) - s.consumed)) -
              s.consumed;
       in.tokens = prompt.data() + s.consumed;
       if (!s.req->spec.soft.empty()) {  // the features of this chunk's image tokens come next
@@ -288,10 +294,38 @@ void Engine::step() {
   for (size_t i = 0; i < in_batch.size() && all_decoding; ++i)
     all_decoding = in_batch[i]->consumed >= int(in_batch[i]->req->spec.prompt.size()) && in_batch[i]->has_hidden &&
                    !needs_host_logits(in_batch[i]->req->spec);
-  if (all_decoding) {
-    speculative_step(in_batch, t0);
-    return;
+  std::vector<int> rows;
+  for (size_t i = 0; i < batch.size(); ++i) rows.push_back(all_decoding ? 1 + dr->draft_tokens() : batch[i].n);
+  clk::time_point tg = t0;  // each forward's step time from where the one before it ended
+  for (const std::vector<size_t>& g : row_groups(rows, limit)) {
+    std::vector<SeqInput> sub_batch;
+    std::vector<Slot*> sub_slots;
+    for (size_t i : g) {
+      sub_batch.push_back(batch[i]);
+      sub_slots.push_back(in_batch[i]);
+    }
+    if (all_decoding) speculative_step(sub_slots, tg);
+    else forward_and_emit(sub_batch, sub_slots, tg);
+    tg = clk::now();
   }
+}
+
+std::vector<std::vector<size_t>> Engine::row_groups(const std::vector<int>& rows, int limit) {
+  std::vector<std::vector<size_t>> groups(1);
+  int in_group = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (limit > 0 && !groups.back().empty() && in_group + rows[i] > limit) {
+      groups.emplace_back();
+      in_group = 0;
+    }
+    groups.back().push_back(i);
+    in_group += rows[i];
+  }
+  return groups;
+}
+
+void Engine::forward_and_emit(const std::vector<SeqInput>& batch, const std::vector<Slot*>& in_batch,
+                              clk::time_point t0) {
   const SampleMode mode = sample_mode(in_batch);
   const auto tf = clk::now();
   run_forward(batch, mode);
@@ -311,7 +345,7 @@ void Engine::step() {
     } else {
       s.fed.push_back(s.pending);
     }
-    if (dr) keep_hidden(s, int(i));
+    if (model_.drafter()) keep_hidden(s, int(i));
     const int32_t tok = sample_row(s, mode, i);
     if (tok < 0) {
       grammar_end(s);

@@ -119,6 +119,10 @@ class Engine {
   void request_stop(bool drain);
   EngineStats stats() const;
 
+  // The forwards a step's sequences (rows[i] rows each) run in: consecutive sequences in groups of
+  // at most `limit` rows (a sequence of more rows alone); one group when limit is 0.
+  static std::vector<std::vector<size_t>> row_groups(const std::vector<int>& rows, int limit);
+
  private:
   struct Request;
   struct Slot;
@@ -138,7 +142,12 @@ class Engine {
   // into s's cache and returns the tokens reused.
   Slot* prompt_sibling(const Request& r);
   int start_from_sibling(Slot& s, const Slot& sibling);
+  // One step: every active sequence's next prompt chunk or token, in one forward (or several:
+  // row_groups), then its sampled token emitted.
   void step();
+  // One forward of `batch` (the sequences of in_batch), then each sequence's token sampled and
+  // emitted (a prefill chunk that ends short of its prompt emits nothing).
+  void forward_and_emit(const std::vector<SeqInput>& batch, const std::vector<Slot*>& in_batch, clk::time_point t0);
   // With a drafter on the model and every active sequence decoding: one draft-and-verify round
   // for each, verified in one batched forward.
   void speculative_step(const std::vector<Slot*>& slots, clk::time_point t0);

@@ -44,6 +44,7 @@
 #include "backend/cuda/cuda_launch.cuh"
 #include "backend/cuda/cuda_moe.h"
 #include "backend/cuda/cuda_observers.h"
+#include "backend/cuda/cuda_pending.h"
 #include "backend/cuda/cuda_step.h"
 #include "backend/host_backend.h"
 #include "backend/moe_host_routed.h"
@@ -93,6 +94,7 @@ class CudaBackend final : public Backend {
   DType activation_dtype() const override { return opt_.activations; }
   // Buffers live in GPU memory: callers take the argmax / top k here instead of copying logits.
   bool on_device() const override { return true; }
+  int invariant_row_limit() const override { return opt_.row_exact && q8_.q ? kRowExactMaxRows : 0; }
   cuda::StepRecorder::Counts step_counts() const { return rec_->counts(); }
   bool prefill_on_blas() const { return blas_ != nullptr; }
 
@@ -156,16 +158,16 @@ class CudaBackend final : public Backend {
     if (profile_) label_ = "matmul " + std::to_string(w.rows) + "x" + std::to_string(w.cols) + " M=" + std::to_string(M);
     // Op 20 ("big_matmul", >= 64Ki rows: the LM head) only to tell it apart in G4_CUDA_SKIP ablations.
     const char* op = w.rows >= 65536 ? "big_matmul" : "matmul";
-    if (M == 1 && pending_.y && x == pending_.resid) {  // may take the deferred epilogue
+    if (q8_rows(M) && pending_.y && x == pending_.resid) {  // may take the deferred epilogue
       cuda::MatArgs a = mat_args(x_b, InputNorm{}, M);
       a.yt = yt;
       a.n = 1;
       a.w[0] = w;
       a.y[0] = y;
-      take_pending(a, M, false);
+      pending_.take_into(a, M, false);
       if (a.pre_y) return launch(op, cuda::matmuls, a, M);
     }
-    if (M > 1 && blas_) {
+    if (M > 1 && blas_ && !q8_rows(M)) {
       cuda::MatArgs a = mat_args(x_b, InputNorm{}, M);
       a.yt = yt;
       a.n = 1;
@@ -173,7 +175,7 @@ class CudaBackend final : public Backend {
       a.y[0] = y;
       if (launch_blas(op, a, M, 0)) return;
     }
-    const cuda::Q8Act q8 = M == 1 ? q8_ : cuda::Q8Act{};
+    const cuda::Q8Act q8 = q8_rows(M) ? q8_ : cuda::Q8Act{};
     launch(op, cuda::matmul, x, xt, M, w, y, yt, q8);
   }
   void rms_norm(const Buf& x_b, int rows, int dim, const float* w, float eps, ActPrecision P,
@@ -196,13 +198,7 @@ class CudaBackend final : public Backend {
     void* x = x_b.data;
     const void *h1 = h1_b.data, *h2 = h2_b.data;
     const DType t = act_type({&x_b, &h1_b, &h2_b});
-    cuda::MoeCombine c{};  // the experts' pending combination into h2, computed in the kernel
-    if (combine_.y && combine_.out == h2 && combine_.rows == rows && combine_.d == dim && combine_.t == t) {
-      c.y = combine_.y;
-      c.w = combine_.w;
-      c.k = combine_.k;
-      combine_ = PendingCombine{};
-    }
+    const cuda::MoeCombine c = combine_.take_for(h2, rows, dim, t);  // computed in the kernel
     launch("moe_exit", cuda::moe_exit, x, h1, h2, c, rows, dim, w2, w, eps, s, t);
   }
   void rope(const Buf& x_b, int rows, int heads, int head_dim, int pos0, const RopeTable& t, ActPrecision P) override {
@@ -249,7 +245,9 @@ class CudaBackend final : public Backend {
       a.window = kv.window;
       a.quant = quant_args(kv);
       a.t = t;
-      if (!cuda::flash_attention_applies(a)) {
+      // Row-exact: a prompt chunk's rows on the decode kernel too, so a row's bits do not depend
+      // on the chunk it came in (a prefix-cache hit moves the chunk boundaries).
+      if (!cuda::flash_attention_applies(a) || (opt_.row_exact && sq.n <= kRowExactMaxRows)) {
         batch.push_back(sq);
         continue;
       }
@@ -274,7 +272,8 @@ class CudaBackend final : public Backend {
       G4_CHECK(kv.n_kv_heads == kv0.n_kv_heads && kv.head_dim == kv0.head_dim && kv.quantized() == kv0.quantized());
       max_visible = std::max(max_visible, kv.window > 0 && !sq.blocks ? std::min(kv.window, kv.capacity) : kv.capacity);
     }
-    const int splits = cuda::attention_splits(a.rows, H, max_visible), D = a.head_dim;
+    // Row-exact: the splits a lone row gets (a row's partial sums depend on the split count only).
+    const int splits = cuda::attention_splits(opt_.row_exact ? 1 : a.rows, H, max_visible), D = a.head_dim;
     float* partial = splits > 1 ? static_cast<float*>(partial_.get(mem_, size_t(a.rows) * H * splits * (D + 2) * 4, dev_)) : nullptr;
     unsigned* counters = splits > 1 ? static_cast<unsigned*>(counters_.get(mem_, size_t(a.rows) * H * sizeof(unsigned), dev_, true)) : nullptr;
     launch("attention", cuda::attention, q, H, a, scale, splits, partial, counters, out);
@@ -351,11 +350,13 @@ class CudaBackend final : public Backend {
     // is left pending for the next op (the next input norm takes it: PendingPost).
     if (batched_rows(x_b, M, W.cols)) {
       matmul(x_b, M, W, P, y_b);
-      pending_ = PendingPost{y_b.data, resid_b.data, act_type({&x_b, &y_b, &resid_b}), int(W.rows), w, eps, M};
+      pending_ = cuda::PendingPost{y_b.data, resid_b.data, act_type({&x_b, &y_b, &resid_b}), int(W.rows), w, eps, M};
       return;
     }
+    // The int8 GEMVs (one row, or the rows of a row-exact launch) leave the post-norm pending.
+    const bool defer = q8_rows(M) && cuda::q8_post_deferrable(dev(W));
     // Prefill: the row-parallel norm_add kernel after the matmul.
-    if (M > cuda::kEpilogueMaxRows) {
+    if (M > cuda::kEpilogueMaxRows && !defer) {
       Backend::matmul_norm_add(x_b, M, W, y_b, resid_b, w, eps, P);
       return;
     }
@@ -371,10 +372,9 @@ class CudaBackend final : public Backend {
     a.counter = static_cast<unsigned*>(epilogue_counter_.get(mem_, sizeof(unsigned), dev_, true));
     if (profile_) label_ = "matmul_norm_add " + std::to_string(W.rows) + "x" + std::to_string(W.cols) + " M=" +
                       std::to_string(M);
-    const bool defer = M == 1 && a.q8.q && cuda::q8_post_deferrable(a.w[0]);
     a.defer_post = defer;
     launch("matmul_norm_add", cuda::matmuls, a, M);
-    if (defer) pending_ = PendingPost{y_scratch, x_resid, a.xt, int(W.rows), w, eps};
+    if (defer) pending_ = cuda::PendingPost{y_scratch, x_resid, a.xt, int(W.rows), w, eps, M, 1.f, true};
   }
   void attn_prep(const Buf& q_b, int H, const Buf& k_b, const Buf& v_b, int Hk, int head_dim, const float* q_norm_w,
                  const float* k_norm_w, bool v_norm, float eps, const std::vector<AttnSeq>& seqs, const RopeTable& t,
@@ -413,7 +413,8 @@ class CudaBackend final : public Backend {
                     ActPrecision P) override {
     if (outs.size() == 0) return;
     const int64_t cols = outs.begin()->w->cols;
-    if (!blas_rows(x_b, M, cols) && !small_rows(x_b, M, cols) && !norm_fits(norm, M, cols)) {  // too wide to norm in shared memory
+    if (!q8_rows(M) && !blas_rows(x_b, M, cols) && !small_rows(x_b, M, cols) &&
+        !norm_fits(norm, M, cols)) {  // too wide to norm in shared memory
       Backend::norm_matmuls(x_b, M, norm, outs, P);
       return;
     }
@@ -435,7 +436,7 @@ class CudaBackend final : public Backend {
                     bool ggml_table, ActPrecision P, const Buf& gate_b, const Buf& up_b) override {
     if (G.fmt != U.fmt || G.rows != U.rows || G.cols != U.cols || G.group_size != U.group_size || G.bits != U.bits ||
         G.scale_dtype != U.scale_dtype ||
-        (!blas_rows(x_b, M, G.cols) && !small_rows(x_b, M, G.cols) && !norm_fits(norm, M, G.cols))) {
+        (!q8_rows(M) && !blas_rows(x_b, M, G.cols) && !small_rows(x_b, M, G.cols) && !norm_fits(norm, M, G.cols))) {
       Backend::gate_up_gelu(x_b, M, norm, G, U, ggml_table, P, gate_b, up_b);  // separate launches
       return;
     }
@@ -447,7 +448,7 @@ class CudaBackend final : public Backend {
     a.w2 = dev(U);
     a.y[0] = gate_out;
     a.table = ggml_table ? tables_.gelu_table() : nullptr;
-    take_pending(a, M, true);
+    pending_.take_into(a, M, true);
     if (profile_) label_ = "gate_up_gelu " + std::to_string(G.rows) + "x" + std::to_string(G.cols) + " M=" + std::to_string(M);
     if (launch_blas("gate_up_gelu", a, M, a.table ? 2 : 1)) return;
     launch("gate_up_gelu", cuda::gate_up_gelu, a, M);
@@ -473,7 +474,7 @@ class CudaBackend final : public Backend {
   // replays as one graph; prefill with bf16 activations groups the items by expert on the device
   // and runs grouped tensor-core GEMMs (cuda_moe_grouped.cu). Otherwise (f32 activations, mixed
   // formats) the routing comes back to the host, which runs one matmul per expert.
-  static constexpr int kMoeDeviceRows = 8;
+  static constexpr int kMoeDeviceRows = 8;  // kRowExactMaxRows when row-exact
   void router_topk(const Buf& scores, int rows, int E, int k, const float* per_expert_scale, ActPrecision P,
                    const Buf& idx, const Buf& weights) override {
     if (cuda::router_topk_applies(E, k)) {
@@ -525,66 +526,31 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  // Runs fn(stream, args...) now, or logs it with its key when a step is being recorded. The key
-  // is the name and every argument (add_key), so two launches replay as one graph exactly when
-  // they would launch the same kernels on the same memory with the same scalars.
-  // A matmul_norm_add's post-norm and residual add (resid[rows, n] += rms_norm(y)·w), left out of
-  // its launch for the next op. One row (MatArgs::defer_post): fused into that op's prepare when
-  // it is an int8 GEMV on the same row (take_pending: the next layer's q/k/v, gate/up, a plain
-  // matmul of the residual), a scale of the residual joining it. 2-64 rows (batched_rows): a
-// scale of the residual joins it, and
-  // the next input norm of the residual launches all three as one (normed_args). Else launched
-  // alone before the next op (flush_pending: every launch, host copy, sync and step end first),
-  // so every op sees the residual exactly where plain order has it.
-  struct PendingPost {
-    const void* y = nullptr;
-    void* resid = nullptr;
-    DType t = DType::F32;
-    int n = 0;
-    const float* w = nullptr;
-    float eps = 0.f;
-    int rows = 1;
-    float scale = 1.f;  // then resid *= scale
-  };
-  PendingPost pending_;
-  // The device MoE path's last step, out[rows, d] = Σ_j w[r, j]·y[r, j] (moe_combine), left for the
-  // MoE exit that reads out next (moe_exit), or launched alone before any other launch.
-  struct PendingCombine {
-    const void* y = nullptr;
-    const float* w = nullptr;
-    void* out = nullptr;
-    int rows = 0, k = 0, d = 0;
-    DType t = DType::F32;
-  };
-  PendingCombine combine_;
+  cuda::PendingPost pending_;      // a matmul_norm_add's post-norm (cuda_pending.h)
+  cuda::PendingCombine combine_;   // the device MoE path's combination (cuda_pending.h)
   static constexpr int kPdlMaxRows = 64;
   int step_rows_ = 0;  // rows of the step being logged (embed sets it)
+  // The pending epilogues no op took, launched alone (before every launch, host copy, sync and
+  // step end).
   void flush_pending() {
-    if (combine_.y) {
-      const PendingCombine c = combine_;
-      combine_ = PendingCombine{};
+    if (combine_) {
+      const cuda::PendingCombine c = combine_;
+      combine_ = cuda::PendingCombine{};
       launch("moe_combine", cuda::moe_combine, c.y, c.w, c.rows, c.k, c.d, c.out, c.t);
     }
-    if (!pending_.y) return;
-    const PendingPost p = pending_;
-    pending_ = PendingPost{};
+    if (!pending_) return;
+    const cuda::PendingPost p = pending_;
+    pending_ = cuda::PendingPost{};
     const void* y = p.y;
-    if (p.rows == 1) launch("post_norm_add", cuda::post_norm_add, y, p.resid, p.t, p.n, p.w, p.eps);
+    if (p.q8) launch("post_norm_add", cuda::post_norm_add, y, p.resid, p.t, p.n, p.w, p.eps, p.rows);
     else launch("norm_add", cuda::norm_add, p.resid, y, p.rows, p.n, p.w, p.eps, p.t);
     if (p.scale != 1.f)
       launch("scale", cuda::scale, static_cast<const void*>(p.resid), p.scale, size_t(p.rows) * p.n, p.resid, p.t);
   }
-  void take_pending(cuda::MatArgs& a, int M, bool gelu) {
-    if (!pending_.y || M != 1 || pending_.rows != 1 || a.x != pending_.resid || a.w[0].cols != pending_.n ||
-        a.xt != pending_.t || !cuda::q8_prepare_fusable(a, gelu))
-      return;
-    a.pre_y = pending_.y;
-    a.pre_w = pending_.w;
-    a.pre_eps = pending_.eps;
-    a.pre_scale = pending_.scale;
-    pending_ = PendingPost{};
-  }
 
+  // Runs fn(stream, args...) now, or logs it with its key when a step is being recorded. The key
+  // is the name and every argument (add_key), so two launches replay as one graph exactly when
+  // they would launch the same kernels on the same memory with the same scalars.
   template <class... P, class... A>
   void launch(const char* op, void (*fn)(cudaStream_t, P...), A&&... args) {
     static_assert(sizeof...(P) == sizeof...(A), "launch: one argument per launcher parameter");
@@ -640,7 +606,7 @@ class CudaBackend final : public Backend {
     const DType t = act_type({&x, &out_b});
     void* h = moe_h_.get(mem_, size_t(items) * size_t(hidden) * dtype_size(t), dev_);
     void* y = moe_dy_.get(mem_, size_t(items) * size_t(d) * dtype_size(t), dev_);
-    const bool decode = rows <= kMoeDeviceRows;
+    const bool decode = rows <= (opt_.row_exact ? kRowExactMaxRows : kMoeDeviceRows);
     cuda::MoeMatArgs a{};
     a.x = x.data;
     a.xt = t;
@@ -662,8 +628,8 @@ class CudaBackend final : public Backend {
     b.w0 = dev(down[0]);
     b.q8 = a.q8;
     if (decode) {
-      launch("moe_gate_up", cuda::moe_matmul, a, items, hidden, gate[0].fmt, true);
-      launch("moe_down", cuda::moe_matmul, b, items, int64_t(d), down[0].fmt, false);
+      launch("moe_gate_up", cuda::moe_matmul, a, items, k, hidden, gate[0].fmt, true);
+      launch("moe_down", cuda::moe_matmul, b, items, k, int64_t(d), down[0].fmt, false);
     } else {
       if (!cuda::moe_grouped_applies(a, E, hidden) || !cuda::moe_grouped_applies(b, E, d)) return false;
       const size_t slots = cuda::moe_group_slots(items, E), blocks = size_t(cuda::moe_group_max_blocks(items, E));
@@ -675,7 +641,7 @@ class CudaBackend final : public Backend {
     }
     // The combination is left pending: moe_exit takes it into its kernel (else the next launch
     // runs it first, flush_pending).
-    combine_ = PendingCombine{y, F(w_b), out_b.data, rows, k, d, t};
+    combine_ = cuda::PendingCombine{y, F(w_b), out_b.data, rows, k, d, t};
     return true;
   }
   // Whether an input norm of M rows of `cols` fits the matmul kernels' shared memory (or there is none).
@@ -691,7 +657,7 @@ class CudaBackend final : public Backend {
     a.yt = a.xt;
     a.norm_w = norm.w;
     a.eps = norm.eps;
-    if (M == 1) a.q8 = q8_;
+    if (q8_rows(M)) a.q8 = q8_;
     return a;
   }
   // A decode row (M = 1) into K-quant matmuls: normed once into norm.scratch by one small kernel,
@@ -702,10 +668,10 @@ class CudaBackend final : public Backend {
   // norm.scratch the same way.
   cuda::MatArgs normed_args(const Buf& x, int M, const InputNorm& norm, const WeightView& W, ActPrecision P) {
     if (norm.w && norm.scratch && batched_rows(x, M, W.cols)) {
-      if (pending_.y && pending_.rows == M && pending_.resid == x.data && pending_.n == W.cols &&
+      if (pending_.y && !pending_.q8 && pending_.rows == M && pending_.resid == x.data && pending_.n == W.cols &&
           pending_.t == act_type({&x, &norm.scratch})) {  // the pending residual update, then this norm
-        const PendingPost p = pending_;
-        pending_ = PendingPost{};
+        const cuda::PendingPost p = pending_;
+        pending_ = cuda::PendingPost{};
         void* xn = norm.scratch.data;
         launch("norm_add_norm", cuda::norm_add_norm, p.resid, p.y, p.rows, p.n, p.w, p.eps, p.scale, norm.w, norm.eps,
                xn, p.t);
@@ -721,12 +687,16 @@ class CudaBackend final : public Backend {
     return mat_args(norm.scratch, InputNorm{}, M);
   }
   void launch_matmuls(cuda::MatArgs a, int M) {
-    take_pending(a, M, false);
+    pending_.take_into(a, M, false);
     if (profile_) label_ = "matmuls x" + std::to_string(a.n) + " " + std::to_string(a.w[0].rows) + "x" +
                            std::to_string(a.w[0].cols) + " M=" + std::to_string(M);
     if (launch_blas("norm_matmuls", a, M, 0)) return;
     launch("norm_matmuls", cuda::matmuls, a, M);
   }
+  // Whether a launch of M rows takes the int8 GEMVs (where its weights allow): one row, or, with
+  // BackendOptions::row_exact, up to kRowExactMaxRows rows, each computed as if alone.
+  static constexpr int kRowExactMaxRows = 64;
+  bool q8_rows(int M) const { return q8_.q && (M == 1 || (opt_.row_exact && M <= kRowExactMaxRows)); }
   // Whether M rows of x into `cols`-wide weights take the few-row tensor-core kernel
   // (cuda_mma_small.h: its input normed beforehand, its epilogues separate launches).
   static bool small_rows(const Buf& x, int M, int64_t cols) {
@@ -737,6 +707,7 @@ class CudaBackend final : public Backend {
   // normed_args), their post-norm and residual add are left pending (matmul_norm_add).
   static constexpr int kPendingMaxRows = 64;
   bool batched_rows(const Buf& x, int M, int64_t cols) const {
+    if (q8_rows(M)) return false;
     return small_rows(x, M, cols) || (M <= kPendingMaxRows && blas_rows(x, M, cols));
   }
   // Whether M rows of x into `cols`-wide weights take the cuBLAS prefill path (Blas::applies for
@@ -748,6 +719,7 @@ class CudaBackend final : public Backend {
   // Launch a on cuBLAS (cuda_blas.h) when it applies; false: the caller launches its kernels.
   // From blas_cached_min_rows rows (below kBlasMinRows), only when every weight is read as bf16.
   bool launch_blas(const char* op, const cuda::MatArgs& a, int M, int act) {
+    if (a.q8.q) return false;  // the int8 GEMVs' rows (q8_rows)
     const int cached_min = opt_.blas_cached_min_rows > 0 ? opt_.blas_cached_min_rows : cuda::kBlasCachedMinRows;
     if (!blas_ || !blas_->applies(a, M, std::min(cached_min, cuda::kBlasMinRows))) return false;
     if (opt_.bf16_weight_cache_gib > 0)  // before the launch is logged: the copies exist when it runs

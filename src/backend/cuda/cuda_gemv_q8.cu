@@ -74,13 +74,14 @@ __global__ void __launch_bounds__(kPrepWarps * kWarp) q8_prepare_kernel(const vo
   q8_store_block(v, c, lane, o);
 }
 
-// matmul_norm_add's second half after an int8 GEMV, by one block whose threads each hold kPostPer
-// values in registers (all loads in flight at once): resid[c] += y[c] · inv_rms(y) · pw[c] over a
-// row of n <= kPostMax values, stored in the activation type, then (scale != 1) resid[c] *= scale
-// rounded again, as a separate scale launch rounds it. With o.q set (a deferred epilogue
-// fused with the next matmul's prepare), the stored row is then normed with norm_w (when set) and
-// cut into int8 blocks as q8_prepare_kernel does (n % 32 == 0; thread t holds values t + 1024 k,
-// so each warp's lanes hold whole 32-value blocks).
+// matmul_norm_add's second half after an int8 GEMV, row blockIdx.x of y and resid ([rows, n]) by
+// one block whose threads each hold kPostPer values in registers (all loads in flight at once):
+// resid[c] += y[c] · inv_rms(y) · pw[c] over a row of n <= kPostMax values, stored in the
+// activation type, then (scale != 1) resid[c] *= scale rounded again, as a separate scale launch
+// rounds it. With o.q set (a deferred epilogue fused with the next matmul's prepare), the stored
+// row is then normed with norm_w (when set) and cut into int8 blocks as q8_prepare_kernel does
+// (n % 32 == 0; thread t holds values t + 1024 k, so each warp's lanes hold whole 32-value
+// blocks). A row's arithmetic is the same whatever the grid's row count.
 constexpr int kPostThreads = 1024, kPostPer = 8, kPostMax = kPostThreads * kPostPer;
 __global__ void __launch_bounds__(kPostThreads) post_add_prepare_kernel(const void* y, const float* pw, float peps,
                                                                         float scale, void* resid, bool bf,
@@ -88,6 +89,10 @@ __global__ void __launch_bounds__(kPostThreads) post_add_prepare_kernel(const vo
                                                                         Q8Act o) {
   pdl_enter();
   __shared__ float red[32];
+  const int64_t row_off = int64_t(blockIdx.x) * n * (bf ? 2 : 4);
+  y = static_cast<const uint8_t*>(y) + row_off;
+  resid = static_cast<uint8_t*>(resid) + row_off;
+  if (o.q) o = q8_row(o, blockIdx.x, n);
   float v[kPostPer], ss = 0.f;
 #pragma unroll
   for (int k = 0; k < kPostPer; ++k) {
@@ -382,11 +387,17 @@ struct Unit<WFormat::F32, B> : FloatUnit<WFormat::F32> {};
 // ---- the GEMV ----------------------------------------------------------------------------------
 
 constexpr int kQ8Warps = 4;  // warps per block
+constexpr int kQ8Cols = 8;   // prepared rows a block of a multi-row launch dots each weight row with
 
-// y[i][r] = w[i][r] · x for the a.n weights of the launch (blocks [first[i], first[i+1]) take
-// weight i, kQ8Warps * 32 / lpr rows each). kAct != kPlain: gelu(w[0][r] · x) * (w2[r] · x).
-// a.resid: matmul_norm_add's epilogue by the last block (cuda_matmul_common.cuh).
-template <WFormat F, int kBits, int kAct>
+// y[i][m][r] = w[i][r] · x[m] for the a.n weights of the launch (blocks [first[i], first[i+1])
+// take weight i, kQ8Warps * 32 / lpr rows each) and the a.M prepared rows (blockIdx.y: rows
+// kCols·blockIdx.y onward, at most kCols of them, each weight unit loaded once for them all).
+// kAct != kPlain: gelu(w[0][r] · x) * (w2[r] · x). a.resid (a.M == 1 only): matmul_norm_add's
+// epilogue by the last block (cuda_matmul_common.cuh).
+// Row m's arithmetic (its units in the same lanes, summed in the same order, the same shuffle
+// tree) depends on lpr and the weights only: the same bits at any a.M and either kCols (the CUDA
+// op tests check it; batch-invariant decode rests on it).
+template <WFormat F, int kBits, int kAct, int kCols>
 __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_gemv_kernel(MatArgs a, Q8Act x, int lpr) {
   using U = Unit<F, kBits>;
   int i = 0;
@@ -395,7 +406,7 @@ __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_gemv_kernel(MatArgs a, Q8
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t r0 = int64_t(blockIdx.x - a.first[i]) * kQ8Warps * (kWarp / lpr);
   const int64_t r = r0 + (int64_t(warp) * kWarp + lane) / lpr;
-  if (threadIdx.x == 0 && r0 < w.rows) {  // this block's weight rows, while the kernels before it finish
+  if (threadIdx.x == 0 && blockIdx.y == 0 && r0 < w.rows) {  // this block's weight rows, while the kernels before it finish
     const int64_t n = min(int64_t(kQ8Warps * (kWarp / lpr)), w.rows - r0);
     prefetch_l2(w.data + r0 * w.row_bytes, size_t(n * w.row_bytes));
     if constexpr (kAct != kPlain) prefetch_l2(a.w2.data + r0 * a.w2.row_bytes, size_t(n * a.w2.row_bytes));
@@ -403,27 +414,38 @@ __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_gemv_kernel(MatArgs a, Q8
   pdl_enter_streaming();
   const int sub = lane % lpr;
   const int64_t nu = w.cols / U::kVals;
-  float acc = 0.f, acc2 = 0.f;
+  const int m0 = int(blockIdx.y) * kCols, nm = min(kCols, a.M - m0);
+  float acc[kCols], acc2[kCols];
+#pragma unroll
+  for (int m = 0; m < kCols; ++m) acc[m] = acc2[m] = 0.f;
   if (r < w.rows) {
     const uint8_t* row = w.data + r * w.row_bytes;
     const uint8_t* row2 = a.w2.data + r * a.w2.row_bytes;
-#pragma unroll 4
+#pragma unroll(kCols == 1 ? 4 : 1)
     for (int64_t u = sub; u < nu; u += lpr) {
-      acc += U::dot(row, w, r, u, x);
-      if constexpr (kAct != kPlain) acc2 += U::dot(row2, a.w2, r, u, x);
+#pragma unroll
+      for (int m = 0; m < kCols; ++m) {
+        if (m >= nm) break;
+        const Q8Act xm = kCols == 1 ? x : q8_row(x, m0 + m, w.cols);
+        acc[m] += U::dot(row, w, r, u, xm);
+        if constexpr (kAct != kPlain) acc2[m] += U::dot(row2, a.w2, r, u, xm);
+      }
     }
   }
-  for (int o = lpr / 2; o > 0; o >>= 1) {
-    acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if constexpr (kAct != kPlain) acc2 += __shfl_xor_sync(0xffffffffu, acc2, o);
+#pragma unroll
+  for (int m = 0; m < kCols; ++m) {
+    for (int o = lpr / 2; o > 0; o >>= 1) {
+      acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
+      if constexpr (kAct != kPlain) acc2[m] += __shfl_xor_sync(0xffffffffu, acc2[m], o);
+    }
+    if (r < w.rows && sub == 0 && m < nm) {
+      float v = acc[m];
+      if constexpr (kAct == kGelu) v = gelu_tanh_mul(acc[m], acc2[m]);
+      if constexpr (kAct == kGeluGgml) v = gelu_ggml_mul(acc[m], acc2[m], a.table);
+      store_out(a.y[i], int64_t(m0 + m) * w.rows + r, v, a.yt == DType::F32);
+    }
   }
-  if (r < w.rows && sub == 0) {
-    float v = acc;
-    if constexpr (kAct == kGelu) v = gelu_tanh_mul(acc, acc2);
-    if constexpr (kAct == kGeluGgml) v = gelu_ggml_mul(acc, acc2, a.table);
-    store_out(a.y[i], r, v, a.yt == DType::F32);
-  }
-  if (a.resid) residual_epilogue(a, a.y[0], a.w[0].rows);
+  if (kCols == 1 && a.resid) residual_epilogue(a, a.y[0], a.w[0].rows);
 }
 
 // The routed experts (MoeMatArgs, cuda_moe.h): grid (row blocks, items); item i dots expert
@@ -487,8 +509,17 @@ int lanes_per_row(int64_t units, int64_t rows) {
   return lpr;
 }
 
+template <WFormat F, int kBits, int kCols>
+void gemv_act(cudaStream_t s, const MatArgs& a, int act, dim3 grid, int lpr) {
+  if (act == kGelu) launch_kernel(q8_gemv_kernel<F, kBits, kGelu, kCols>, grid, kQ8Warps * kWarp, 0, s, a, a.q8, lpr);
+  else if (act == kGeluGgml) launch_kernel(q8_gemv_kernel<F, kBits, kGeluGgml, kCols>, grid, kQ8Warps * kWarp, 0, s, a, a.q8, lpr);
+  else launch_kernel(q8_gemv_kernel<F, kBits, kPlain, kCols>, grid, kQ8Warps * kWarp, 0, s, a, a.q8, lpr);
+}
+
+// The GEMV launch over a.M prepared rows. lpr comes from the weights' shape alone, never from
+// a.M, so that a row's bits do not depend on the rows beside it.
 template <WFormat F, int kBits>
-void gemv_launch(cudaStream_t s, MatArgs a, int act) {
+void gemv_launch(cudaStream_t s, MatArgs a, int M, int act) {
   int64_t rows = 0;
   for (int i = 0; i < a.n; ++i) rows += a.w[i].rows;
   const int lpr = lanes_per_row(a.w[0].cols / unit_vals<F, kBits>(), rows);
@@ -499,21 +530,21 @@ void gemv_launch(cudaStream_t s, MatArgs a, int act) {
     blocks += blocks_for(a.w[i].rows, rows_per_block);
   }
   a.first[a.n] = blocks;
-  a.M = 1;
+  a.M = M;
   a.norm_w = nullptr;  // applied by the prepare launch
   const bool post = a.resid && a.w[0].rows <= kPostMax;
   void* resid = a.resid;
   if (post) a.resid = nullptr;  // the post-norm kernel below (or a later prepare) instead of the last-block epilogue
-  if (act == kGelu) launch_kernel(q8_gemv_kernel<F, kBits, kGelu>, blocks, kQ8Warps * kWarp, 0, s, a, a.q8, lpr);
-  else if (act == kGeluGgml) launch_kernel(q8_gemv_kernel<F, kBits, kGeluGgml>, blocks, kQ8Warps * kWarp, 0, s, a, a.q8, lpr);
-  else launch_kernel(q8_gemv_kernel<F, kBits, kPlain>, blocks, kQ8Warps * kWarp, 0, s, a, a.q8, lpr);
+  if (M == 1) gemv_act<F, kBits, 1>(s, a, act, dim3(blocks), lpr);
+  else gemv_act<F, kBits, kQ8Cols>(s, a, act, dim3(blocks, unsigned(blocks_for(M, kQ8Cols))), lpr);
   if (post && !a.defer_post)
-    post_norm_add(s, a.y[0], resid, a.xt, int(a.w[0].rows), a.post_w, a.post_eps);
+    post_norm_add(s, a.y[0], resid, a.xt, int(a.w[0].rows), a.post_w, a.post_eps, M);
 }
 
 template <WFormat F, int kBits>
-void moe_launch(cudaStream_t s, const MoeMatArgs& a, int items, int64_t rows, int act) {
-  const int lpr = lanes_per_row(a.w0.cols / unit_vals<F, kBits>(), rows * items);
+void moe_launch(cudaStream_t s, const MoeMatArgs& a, int items, int per_token, int64_t rows, int act) {
+  // Lanes per row from one token's items, so that a token's bits do not depend on the tokens beside it.
+  const int lpr = lanes_per_row(a.w0.cols / unit_vals<F, kBits>(), rows * per_token);
   const dim3 grid(blocks_for(rows, kQ8Warps * (kWarp / lpr)), unsigned(items));
   if (act == kGelu) launch_kernel(q8_moe_kernel<F, kBits, kGelu>, grid, kQ8Warps * kWarp, 0, s, a, lpr);
   else launch_kernel(q8_moe_kernel<F, kBits, kPlain>, grid, kQ8Warps * kWarp, 0, s, a, lpr);
@@ -537,8 +568,8 @@ void with_bits(int bits, Fn&& launch) {
 }
 
 template <WFormat F>
-void gemv_fmt(cudaStream_t s, const MatArgs& a, int act) {
-  with_bits<F>(a.w[0].bits, [&](auto b) { gemv_launch<F, decltype(b)::value>(s, a, act); });
+void gemv_fmt(cudaStream_t s, const MatArgs& a, int M, int act) {
+  with_bits<F>(a.w[0].bits, [&](auto b) { gemv_launch<F, decltype(b)::value>(s, a, M, act); });
 }
 
 }  // namespace
@@ -569,9 +600,9 @@ bool q8_gemv_supports(const DevWeight& w) {
 
 bool q8_post_deferrable(const DevWeight& w) { return q8_gemv_supports(w) && w.rows <= kPostMax; }
 
-void post_norm_add(cudaStream_t s, const void* y, void* resid, DType t, int n, const float* w, float eps) {
-  launch_kernel(post_add_prepare_kernel, 1, kPostThreads, 0, s, y, w, eps, 1.f, resid, t == DType::BF16, n,
-                static_cast<const float*>(nullptr), 0.f, Q8Act{});
+void post_norm_add(cudaStream_t s, const void* y, void* resid, DType t, int n, const float* w, float eps, int rows) {
+  launch_kernel(post_add_prepare_kernel, unsigned(rows), kPostThreads, 0, s, y, w, eps, 1.f, resid, t == DType::BF16,
+                n, static_cast<const float*>(nullptr), 0.f, Q8Act{});
 }
 
 bool q8_gemv_takes(const MatArgs& a, int act) {
@@ -585,42 +616,43 @@ bool q8_prepare_fusable(const MatArgs& a, bool gelu) {
   return q8_gemv_takes(a, gelu ? kGelu : kPlain) && a.w[0].cols <= kPostMax;
 }
 
-bool q8_gemv(cudaStream_t s, const MatArgs& a, int act) {
-  if (!q8_gemv_takes(a, act)) return false;
+bool q8_gemv(cudaStream_t s, const MatArgs& a, int M, int act) {
+  if (!q8_gemv_takes(a, act) || M < 1 || int64_t(M) * a.w[0].cols > kQ8MaxValues) return false;
+  if (M > 1 && a.resid && a.w[0].rows > kPostMax) return false;  // the last-block epilogue is for one row
   if (a.pre_y) {
-    launch_kernel(post_add_prepare_kernel, 1, kPostThreads, 0, s, a.pre_y, a.pre_w, a.pre_eps, a.pre_scale,
+    launch_kernel(post_add_prepare_kernel, unsigned(M), kPostThreads, 0, s, a.pre_y, a.pre_w, a.pre_eps, a.pre_scale,
                   const_cast<void*>(a.x), a.xt == DType::BF16, int(a.w[0].cols), a.norm_w, a.eps, a.q8);
   } else {
-    q8_prepare(s, a.x, a.xt, 1, a.w[0].cols, a.norm_w, a.eps, a.q8);
+    q8_prepare(s, a.x, a.xt, M, a.w[0].cols, a.norm_w, a.eps, a.q8);
   }
   bool same_bits = true;
   for (int i = 1; i < a.n; ++i) same_bits = same_bits && a.w[i].bits == a.w[0].bits;
   with_format(a.w[0].fmt, [&](auto f) {
     constexpr WFormat F = decltype(f)::value;
     if (same_bits || a.resid) {
-      gemv_fmt<F>(s, a, act);
+      gemv_fmt<F>(s, a, M, act);
     } else {  // MLX mixed precision inside one q/k/v launch: a launch per weight
       for (int i = 0; i < a.n; ++i) {
         MatArgs one = a;
         one.n = 1;
         one.w[0] = a.w[i];
         one.y[0] = a.y[i];
-        gemv_fmt<F>(s, one, act);
+        gemv_fmt<F>(s, one, M, act);
       }
     }
   });
   return true;
 }
 
-bool q8_moe_matmul(cudaStream_t s, const MoeMatArgs& a, int items, int64_t rows, bool gelu) {
+bool q8_moe_matmul(cudaStream_t s, const MoeMatArgs& a, int items, int per_token, int64_t rows, bool gelu) {
   const int x_rows = (items + a.x_div - 1) / a.x_div;
-  if (!a.q8.q || !q8_gemv_supports(a.w0) || int64_t(x_rows) * a.w0.cols > kQ8MaxCols) return false;
+  if (!a.q8.q || !q8_gemv_supports(a.w0) || int64_t(x_rows) * a.w0.cols > kQ8MaxValues) return false;
   // One kernel dots gate and up with the same unit: both must have w0's format and bits.
   if (gelu && (a.w20.fmt != a.w0.fmt || a.w20.bits != a.w0.bits || !q8_gemv_supports(a.w20))) return false;
   q8_prepare(s, a.x, a.xt, x_rows, a.w0.cols, nullptr, 0.f, a.q8);
   with_format(a.w0.fmt, [&](auto f) {
     constexpr WFormat F = decltype(f)::value;
-    with_bits<F>(a.w0.bits, [&](auto b) { moe_launch<F, decltype(b)::value>(s, a, items, rows, gelu ? kGelu : kPlain); });
+    with_bits<F>(a.w0.bits, [&](auto b) { moe_launch<F, decltype(b)::value>(s, a, items, per_token, rows, gelu ? kGelu : kPlain); });
   });
   return true;
 }

@@ -94,8 +94,9 @@ struct MatArgs {
   // Set by the launch: warps that share one output row (K-quant rows at M = 1 split their
   // super-blocks among them; 1 elsewhere).
   int split = 1;
-  // Non-null: at M = 1, formats the int8 GEMVs take (q8_gemv_supports) are dotted with the
-  // activation row quantized into this scratch (cuda_q8.cuh, cuda_gemv_q8.cu); null: in f32.
+  // Non-null: formats the int8 GEMVs take (q8_gemv_supports) are dotted with the activation
+  // rows quantized into this scratch (cuda_q8.cuh, cuda_gemv_q8.cu); null: in f32. The backend
+  // sets it at M = 1, and for the rows of a row-exact launch (BackendOptions::row_exact).
   Q8Act q8;
   // int8 GEMVs only (q8_post_deferrable). defer_post: with resid, leave the post-norm and residual
   // add out of this launch (the backend hands it to the next prepare, or launches it alone:
@@ -117,8 +118,9 @@ bool q8_post_deferrable(const DevWeight& w);
 // Whether a one-row launch of a (gelu: gate_up_gelu; else matmuls) runs on the int8 GEMVs with
 // its input row prepared by one block, so that a deferred epilogue may be fused into it (pre_y).
 bool q8_prepare_fusable(const MatArgs& a, bool gelu);
-// resid[n] += rms_norm(y[n])·w: a deferred epilogue launched on its own (one block).
-void post_norm_add(cudaStream_t s, const void* y, void* resid, DType t, int n, const float* w, float eps);
+// resid[r][n] += rms_norm(y[r][n])·w for r < rows: a deferred epilogue launched on its own (one
+// block per row; a row's bits do not depend on rows).
+void post_norm_add(cudaStream_t s, const void* y, void* resid, DType t, int n, const float* w, float eps, int rows);
 // Whether the int8 decode GEMV takes weight w (format, bits, group, alignment, width).
 bool q8_gemv_supports(const DevWeight& w);
 // The shared memory a normed input of M rows (at most 8 per launch) takes; launches whose norm

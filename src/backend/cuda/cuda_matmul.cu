@@ -224,6 +224,9 @@ void matmul_launch(cudaStream_t s, MatArgs a, int M) {
 
 template <WFormat F, int kAct>
 void matmul_fmt(cudaStream_t s, const MatArgs& a, int M) {
+  // Decode on int8 activations (bf16 mode): one row, or the rows of a row-exact launch (a.q8 set
+  // by the backend for those only).
+  if (a.q8.q && q8_gemv(s, a, M, kAct)) return;
   if (small_mma_applies(a, M)) {  // batched decode: bf16 tensor cores, the weights read once
     small_mma(s, a, M, kAct);
     return;
@@ -232,7 +235,6 @@ void matmul_fmt(cudaStream_t s, const MatArgs& a, int M) {
     tc_matmul(s, a, M, kAct);
     return;
   }
-  if (M == 1 && q8_gemv(s, a, kAct)) return;       // decode on int8 activations (bf16 mode)
   if (M == 1 && decode_gemv(s, a, kAct)) return;  // decode: the GEMV kernels
   if (a.w[0].cols % 32 == 0) matmul_launch<F, true, kAct>(s, a, M);
   else matmul_launch<F, false, kAct>(s, a, M);

@@ -75,8 +75,9 @@ __device__ inline void norm_row_to_shared(const void* x, bool bf, int64_t cols, 
 // this launch (act: Act), else returns false and launches nothing.
 bool decode_gemv(cudaStream_t s, const MatArgs& a, int act);
 // The int8 decode path (cuda_gemv_q8.cu), when a.q8 is set and q8_gemv_supports every weight of
-// the launch: prepares a.x (normed with a.norm_w when set) into a.q8, then one GEMV launch.
-// Returns false, launching nothing, when it does not apply.
-bool q8_gemv(cudaStream_t s, const MatArgs& a, int act);
+// the launch: prepares the M rows of a.x (normed with a.norm_w when set) into a.q8, then one GEMV
+// launch; each row's bits are those it gets alone (M = 1). Returns false, launching nothing, when
+// it does not apply (or M rows do not fit the scratch, or a.resid's epilogue needs M = 1).
+bool q8_gemv(cudaStream_t s, const MatArgs& a, int M, int act);
 
 }  // namespace g4::cuda

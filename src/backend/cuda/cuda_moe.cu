@@ -136,9 +136,10 @@ void router_topk(cudaStream_t s, const void* scores, DType st, int rows, int E, 
 }
 bool router_topk_applies(int E, int k) { return E <= kWarp * kRouterPer && k >= 1 && k <= kWarp && k <= E; }
 
-void moe_matmul(cudaStream_t s, const MoeMatArgs& a, int items, int64_t rows, WFormat fmt, bool gelu) {
+void moe_matmul(cudaStream_t s, const MoeMatArgs& a, int items, int per_token, int64_t rows, WFormat fmt,
+                bool gelu) {
   if (items <= 0) return;
-  if (q8_moe_matmul(s, a, items, rows, gelu)) return;
+  if (q8_moe_matmul(s, a, items, per_token, rows, gelu)) return;
   const dim3 grid(blocks_for(rows, kMoeWarps), unsigned(items));
   with_format(fmt, [&](auto f) {
     constexpr WFormat F = decltype(f)::value;

@@ -31,11 +31,12 @@ struct MoeMatArgs {
   DevWeight w20; // with w2: the first up expert's (its bits may differ from w0's: MLX mixed precision)
   Q8Act q8;      // non-null: the int8 GEMVs (cuda_gemv_q8.cu) where they take w0's format
 };
-void moe_matmul(cudaStream_t s, const MoeMatArgs& a, int items, int64_t rows, WFormat fmt, bool gelu);
+// per_token: the items of one token (top k); an item's bits depend on it, not on items.
+void moe_matmul(cudaStream_t s, const MoeMatArgs& a, int items, int per_token, int64_t rows, WFormat fmt, bool gelu);
 // moe_matmul on int8 activations (cuda_gemv_q8.cu): the x rows prepared into a.q8, then one launch
 // over (row blocks, items). Returns false, launching nothing, when a.q8 is null, w0's format is
 // not taken or the x rows do not fit the scratch.
-bool q8_moe_matmul(cudaStream_t s, const MoeMatArgs& a, int items, int64_t rows, bool gelu);
+bool q8_moe_matmul(cudaStream_t s, const MoeMatArgs& a, int items, int per_token, int64_t rows, bool gelu);
 
 // Prefill MoE (cuda_moe_grouped.cu): the items grouped by expert into blocks of slots, on the
 // device. slots [moe_group_slots(items, E)]: item numbers, -1 for a block's unused tail;

@@ -23,20 +23,22 @@ struct Q8Act {
   float* s;
   float* xf;
 };
-// The values (rows x cols) a Q8Act scratch holds (Gemma 4's widest matmul input is 21504; the
-// routed experts of a decode step are at most 8 x 8 rows of 704 or 2816).
+// The widest row the int8 GEMVs take, and the values (rows x cols) a Q8Act scratch holds: 64
+// rows of Gemma 4's widest matmul input (21504), or the routed experts of 64 rows (64 x 8 items
+// of 704 or 2816), about 11 MB.
 constexpr int64_t kQ8MaxCols = 65536;
-inline size_t q8_scratch_bytes() { return size_t(kQ8MaxCols) * (1 + 4) + size_t(kQ8MaxCols / 32) * 8 + 256; }
+constexpr int64_t kQ8MaxValues = int64_t(1) << 21;
+inline size_t q8_scratch_bytes() { return size_t(kQ8MaxValues) * (1 + 4) + size_t(kQ8MaxValues / 32) * 8 + 256; }
 // Carves the four arrays out of one scratch allocation of q8_scratch_bytes() (16-byte aligned).
 inline Q8Act q8_act_in(void* base) {
   uint8_t* p = static_cast<uint8_t*>(base);
   Q8Act a{};
   a.xf = reinterpret_cast<float*>(p);
-  p += kQ8MaxCols * 4;
+  p += kQ8MaxValues * 4;
   a.d = reinterpret_cast<float*>(p);
-  p += kQ8MaxCols / 32 * 4;
+  p += kQ8MaxValues / 32 * 4;
   a.s = reinterpret_cast<float*>(p);
-  p += kQ8MaxCols / 32 * 4;
+  p += kQ8MaxValues / 32 * 4;
   a.q = reinterpret_cast<int8_t*>(p);
   return a;
 }
