@@ -73,7 +73,7 @@ def main() -> int:
     cmd = [a.bin, "serve", "--model", a.model, "--backend", a.backend, "--port", str(port),
            "--parallel", str(max(a.streams, 1)), *a.serve_args]
     log = tempfile.TemporaryFile(mode="w+")  # the server's stderr, shown when something fails
-    srv = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    srv = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
 
     def server_log() -> str:
         log.seek(0)
@@ -105,6 +105,7 @@ def main() -> int:
         for t in threads:
             t.join()
     finally:
+        died = srv.poll()  # the server's own exit status, if it died during the run
         srv.terminate()
         try:
             srv.wait(timeout=30)
@@ -113,7 +114,9 @@ def main() -> int:
     bad = 0
     for i, (x, y) in enumerate(zip(alone, together)):
         if isinstance(x, str) or isinstance(y, str):
-            print(f"request {i}: error: {x if isinstance(x, str) else y}\nserver log:\n{server_log()}")
+            print(f"request {i}: error: {x if isinstance(x, str) else y}\n"
+                  f"server exit status during the run: {died} (None: alive; negative: killed by that signal)\n"
+                  f"server log:\n{server_log()}")
             return 2
         if x != y:
             bad += 1

@@ -231,15 +231,18 @@ TEST_F(CudaRowExactTest, RoutedExpertsPerRow) {
   }
 }
 
-// Decode attention of three sequences (caches of 2048 slots at positions 100, 700 and 1500) in one
-// launch against each sequence alone.
+// Decode attention of four sequences in one launch against each sequence alone: caches of
+// different capacities (the batch's largest sets the split count by default) at positions 100,
+// 700 and 1500, and a sliding window of 512 in a ring of 600 slots at position 1000.
 TEST_F(CudaRowExactTest, DecodeAttentionPerSequence) {
-  const int H = 8, Hk = 2, D = 256, cap = 2048;
-  const std::vector<int> pos = {100, 700, 1500};
+  const int H = 8, Hk = 2, D = 256;
+  const std::vector<int> pos = {100, 700, 1500, 1000}, caps = {2048, 800, 4096, 600}, windows = {0, 0, 0, 512};
   for (Backend* be : {cu.get(), plain.get()}) {
     std::vector<Buf> kc, vc;
-    std::vector<std::vector<int32_t>> book(pos.size(), std::vector<int32_t>(size_t(cap), -1));
+    std::vector<std::vector<int32_t>> book;
     for (size_t i = 0; i < pos.size(); ++i) {
+      const int cap = caps[i];
+      book.push_back(std::vector<int32_t>(size_t(cap), -1));
       kc.push_back(be->alloc_act(size_t(cap) * Hk * D));
       vc.push_back(be->alloc_act(size_t(cap) * Hk * D));
       const Buf k = test::upload_act(*be, randn(size_t(pos[i]) * Hk * D, uint32_t(40 + i)));
@@ -248,7 +251,7 @@ TEST_F(CudaRowExactTest, DecodeAttentionPerSequence) {
       all.row0 = 0;
       all.n = pos[i];
       all.pos0 = 0;
-      all.kv = test::f32_kv(kc[i], vc[i], book[i].data(), cap, Hk, D, 0);
+      all.kv = test::f32_kv(kc[i], vc[i], book[i].data(), cap, Hk, D, windows[i]);
       for (int p = 0; p < pos[i]; ++p) {
         AttnSeq one = all;
         one.row0 = p;
@@ -270,7 +273,7 @@ TEST_F(CudaRowExactTest, DecodeAttentionPerSequence) {
         s.row0 = int(j);
         s.n = 1;
         s.pos0 = pos[i] - 1;  // the last written position's query
-        s.kv = test::f32_kv(kc[i], vc[i], book[i].data(), cap, Hk, D, 0);
+        s.kv = test::f32_kv(kc[i], vc[i], book[i].data(), caps[i], Hk, D, windows[i]);
         seqs.push_back(s);
         const auto r = row_of(q, int64_t(H) * D, int(i));
         qs.insert(qs.end(), r.begin(), r.end());
@@ -282,7 +285,7 @@ TEST_F(CudaRowExactTest, DecodeAttentionPerSequence) {
       be->free(dout);
       return out;
     };
-    const auto together = run({0, 1, 2});
+    const auto together = run({0, 1, 2, 3});
     std::vector<std::vector<float>> alone;
     for (size_t i = 0; i < pos.size(); ++i) alone.push_back(run({i}));
     const int bad = rows_differing(together, alone, int64_t(H) * D);

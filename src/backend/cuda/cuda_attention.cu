@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* 
   __threadfence();
   // Each split's weight exp(m_s - M) / L, from the headers read in parallel (one thread each).
   const float* p0 = partial + int64_t(blockIdx.x) * S * (D + 2);
-  __shared__ float sh_ms[32], sh_ls[32];
+  __shared__ float sh_ms[kAttnMaxSplits], sh_ls[kAttnMaxSplits];
   if (threadIdx.x < S) {
     sh_ms[threadIdx.x] = __ldcg(p0 + threadIdx.x * (D + 2) + D);
     sh_ls[threadIdx.x] = __ldcg(p0 + threadIdx.x * (D + 2) + D + 1);
@@ -186,7 +186,7 @@ void attention_launch(cudaStream_t s, const T* q, int H, const AttnBatch& a, flo
 int attention_splits(int n, int H, int max_visible) {
   if (n * H >= 128) return 1;  // enough blocks already
   const int s = (max_visible + 31) / 32;
-  return s < 1 ? 1 : (s > 32 ? 32 : s);
+  return s < 1 ? 1 : (s > kAttnMaxSplits ? kAttnMaxSplits : s);
 }
 
 void attention(cudaStream_t s, const void* q_in, int H, const AttnBatch& a, float scale, int splits, float* partial,

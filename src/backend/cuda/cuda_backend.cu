@@ -272,8 +272,10 @@ class CudaBackend final : public Backend {
       G4_CHECK(kv.n_kv_heads == kv0.n_kv_heads && kv.head_dim == kv0.head_dim && kv.quantized() == kv0.quantized());
       max_visible = std::max(max_visible, kv.window > 0 && !sq.blocks ? std::min(kv.window, kv.capacity) : kv.capacity);
     }
-    // Row-exact: the splits a lone row gets (a row's partial sums depend on the split count only).
-    const int splits = cuda::attention_splits(opt_.row_exact ? 1 : a.rows, H, max_visible), D = a.head_dim;
+    // Row-exact: one split count for every row whatever its batch (the batch's largest cache, which
+    // sets the count otherwise, changes with the batch).
+    const int splits = opt_.row_exact ? cuda::kAttnMaxSplits : cuda::attention_splits(a.rows, H, max_visible);
+    const int D = a.head_dim;
     float* partial = splits > 1 ? static_cast<float*>(partial_.get(mem_, size_t(a.rows) * H * splits * (D + 2) * 4, dev_)) : nullptr;
     unsigned* counters = splits > 1 ? static_cast<unsigned*>(counters_.get(mem_, size_t(a.rows) * H * sizeof(unsigned), dev_, true)) : nullptr;
     launch("attention", cuda::attention, q, H, a, scale, splits, partial, counters, out);

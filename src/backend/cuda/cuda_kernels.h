@@ -205,7 +205,10 @@ void kv_write(cudaStream_t s, const void* k, const void* v, int row0, int n, Dyn
 void attention(cudaStream_t s, const void* q, int H, const AttnBatch& a, float scale, int splits, float* partial,
                unsigned* counters, void* out);
 // The number of position ranges attention() should use for n rows of H heads when at most
-// max_visible positions are visible (a static bound, so a recorded step stays valid).
+// max_visible positions are visible (a static bound, so a recorded step stays valid), at most
+// kAttnMaxSplits. A row's bits depend on the split count and its own visible positions only, so
+// a row-exact launch (BackendOptions::row_exact) uses kAttnMaxSplits for every row.
+constexpr int kAttnMaxSplits = 32;
 int attention_splits(int n, int H, int max_visible);
 // out[r] = first index of the largest non-NaN value of row r of x [rows, n] (0 for an all-NaN row).
 // slots / counters: rows zeros each (the kernel leaves them zero).
