@@ -167,7 +167,7 @@ class CudaBackend final : public Backend {
       pending_.take_into(a, M, false);
       if (a.pre_y) return launch(op, cuda::matmuls, a, M);
     }
-    if (M > 1 && blas_ && !q8_rows(M)) {
+    if (M > 1 && blas_ && !(q8_rows(M) && cuda::q8_gemv_supports(w))) {
       cuda::MatArgs a = mat_args(x_b, InputNorm{}, M);
       a.yt = yt;
       a.n = 1;
@@ -415,7 +415,9 @@ class CudaBackend final : public Backend {
                     ActPrecision P) override {
     if (outs.size() == 0) return;
     const int64_t cols = outs.begin()->w->cols;
-    if (!q8_rows(M) && !blas_rows(x_b, M, cols) && !small_rows(x_b, M, cols) &&
+    bool q8 = q8_rows(M);  // every weight on the int8 GEMVs (their prepare norms the rows)
+    for (const MatOut& o : outs) q8 = q8 && cuda::q8_gemv_supports(dev(*o.w));
+    if (!q8 && !blas_rows(x_b, M, cols) && !small_rows(x_b, M, cols) &&
         !norm_fits(norm, M, cols)) {  // too wide to norm in shared memory
       Backend::norm_matmuls(x_b, M, norm, outs, P);
       return;
@@ -438,7 +440,8 @@ class CudaBackend final : public Backend {
                     bool ggml_table, ActPrecision P, const Buf& gate_b, const Buf& up_b) override {
     if (G.fmt != U.fmt || G.rows != U.rows || G.cols != U.cols || G.group_size != U.group_size || G.bits != U.bits ||
         G.scale_dtype != U.scale_dtype ||
-        (!q8_rows(M) && !blas_rows(x_b, M, G.cols) && !small_rows(x_b, M, G.cols) && !norm_fits(norm, M, G.cols))) {
+        (!(q8_rows(M) && cuda::q8_gemv_supports(dev(G))) && !blas_rows(x_b, M, G.cols) &&
+         !small_rows(x_b, M, G.cols) && !norm_fits(norm, M, G.cols))) {
       Backend::gate_up_gelu(x_b, M, norm, G, U, ggml_table, P, gate_b, up_b);  // separate launches
       return;
     }
