@@ -158,8 +158,8 @@ class CudaBackend final : public Backend {
     if (profile_) label_ = "matmul " + std::to_string(w.rows) + "x" + std::to_string(w.cols) + " M=" + std::to_string(M);
     // Op 20 ("big_matmul", >= 64Ki rows: the LM head) only to tell it apart in G4_CUDA_SKIP ablations.
     const char* op = w.rows >= 65536 ? "big_matmul" : "matmul";
-    if (q8_rows(M) && pending_.y && x == pending_.resid) {  // may take the deferred epilogue
-      cuda::MatArgs a = mat_args(x_b, InputNorm{}, M);
+    if (q8_rows(M, w) && pending_.y && x == pending_.resid) {  // may take the deferred epilogue
+      cuda::MatArgs a = mat_args(x_b, InputNorm{}, M, w);
       a.yt = yt;
       a.n = 1;
       a.w[0] = w;
@@ -167,15 +167,15 @@ class CudaBackend final : public Backend {
       pending_.take_into(a, M, false);
       if (a.pre_y) return launch(op, cuda::matmuls, a, M);
     }
-    if (M > 1 && blas_ && !(q8_rows(M) && cuda::q8_gemv_supports(w))) {
-      cuda::MatArgs a = mat_args(x_b, InputNorm{}, M);
+    if (M > 1 && blas_ && !q8_rows(M, w)) {
+      cuda::MatArgs a = mat_args(x_b, InputNorm{}, M, w);
       a.yt = yt;
       a.n = 1;
       a.w[0] = w;
       a.y[0] = y;
       if (launch_blas(op, a, M, 0)) return;
     }
-    const cuda::Q8Act q8 = q8_rows(M) ? q8_ : cuda::Q8Act{};
+    const cuda::Q8Act q8 = q8_rows(M, w) ? q8_ : cuda::Q8Act{};
     launch(op, cuda::matmul, x, xt, M, w, y, yt, q8);
   }
   void rms_norm(const Buf& x_b, int rows, int dim, const float* w, float eps, ActPrecision P,
@@ -350,20 +350,20 @@ class CudaBackend final : public Backend {
                        const float* w, float eps, ActPrecision P) override {
     // Batched decode on the few-row tensor-core kernel or cuBLAS (no fused epilogue): the norm_add
     // is left pending for the next op (the next input norm takes it: PendingPost).
-    if (batched_rows(x_b, M, W.cols)) {
+    if (batched_rows(x_b, M, dev(W))) {
       matmul(x_b, M, W, P, y_b);
       pending_ = cuda::PendingPost{y_b.data, resid_b.data, act_type({&x_b, &y_b, &resid_b}), int(W.rows), w, eps, M};
       return;
     }
     // The int8 GEMVs (one row, or the rows of a row-exact launch) leave the post-norm pending.
-    const bool defer = q8_rows(M) && cuda::q8_post_deferrable(dev(W));
+    const bool defer = q8_rows(M, dev(W)) && cuda::q8_post_deferrable(dev(W));
     // Prefill: the row-parallel norm_add kernel after the matmul.
     if (M > cuda::kEpilogueMaxRows && !defer) {
       Backend::matmul_norm_add(x_b, M, W, y_b, resid_b, w, eps, P);
       return;
     }
     void *y_scratch = y_b.data, *x_resid = resid_b.data;
-    cuda::MatArgs a = mat_args(x_b, InputNorm{}, M);
+    cuda::MatArgs a = mat_args(x_b, InputNorm{}, M, dev(W));
     G4_CHECK(act_type({&x_b, &y_b, &resid_b}) == a.xt);
     a.n = 1;
     a.w[0] = dev(W);
@@ -415,8 +415,8 @@ class CudaBackend final : public Backend {
                     ActPrecision P) override {
     if (outs.size() == 0) return;
     const int64_t cols = outs.begin()->w->cols;
-    bool q8 = q8_rows(M);  // every weight on the int8 GEMVs (their prepare norms the rows)
-    for (const MatOut& o : outs) q8 = q8 && cuda::q8_gemv_supports(dev(*o.w));
+    bool q8 = true;  // every weight on the int8 GEMVs (their prepare norms the rows)
+    for (const MatOut& o : outs) q8 = q8 && q8_rows(M, dev(*o.w));
     if (!q8 && !blas_rows(x_b, M, cols) && !small_rows(x_b, M, cols) &&
         !norm_fits(norm, M, cols)) {  // too wide to norm in shared memory
       Backend::norm_matmuls(x_b, M, norm, outs, P);
@@ -440,7 +440,7 @@ class CudaBackend final : public Backend {
                     bool ggml_table, ActPrecision P, const Buf& gate_b, const Buf& up_b) override {
     if (G.fmt != U.fmt || G.rows != U.rows || G.cols != U.cols || G.group_size != U.group_size || G.bits != U.bits ||
         G.scale_dtype != U.scale_dtype ||
-        (!(q8_rows(M) && cuda::q8_gemv_supports(dev(G))) && !blas_rows(x_b, M, G.cols) &&
+        (!q8_rows(M, dev(G)) && !blas_rows(x_b, M, G.cols) &&
          !small_rows(x_b, M, G.cols) && !norm_fits(norm, M, G.cols))) {
       Backend::gate_up_gelu(x_b, M, norm, G, U, ggml_table, P, gate_b, up_b);  // separate launches
       return;
@@ -653,16 +653,16 @@ class CudaBackend final : public Backend {
   static bool norm_fits(const InputNorm& norm, int M, int64_t cols) {
     return !norm.w || cuda::matmul_norm_smem(M, cols) <= 40 * 1024;
   }
-  // A matmul launch's arguments over M rows of input x; the outputs are of x's type. One row
-  // (decode) takes the int8 GEMVs where they are on (q8_).
-  cuda::MatArgs mat_args(const Buf& x, const InputNorm& norm, int M) const {
+  // A matmul launch's arguments over M rows of input x into weights like w; the outputs are of
+  // x's type. The int8 GEMVs' scratch is set where they take the launch (q8_rows).
+  cuda::MatArgs mat_args(const Buf& x, const InputNorm& norm, int M, const cuda::DevWeight& w) const {
     cuda::MatArgs a{};
     a.x = x.data;
     a.xt = act_type({&x});
     a.yt = a.xt;
     a.norm_w = norm.w;
     a.eps = norm.eps;
-    if (q8_rows(M)) a.q8 = q8_;
+    if (q8_rows(M, w)) a.q8 = q8_;
     return a;
   }
   // A decode row (M = 1) into K-quant matmuls: normed once into norm.scratch by one small kernel,
@@ -672,7 +672,7 @@ class CudaBackend final : public Backend {
   // Rows for the few-row tensor-core kernel (no input norm of its own) are normed into
   // norm.scratch the same way.
   cuda::MatArgs normed_args(const Buf& x, int M, const InputNorm& norm, const WeightView& W, ActPrecision P) {
-    if (norm.w && norm.scratch && batched_rows(x, M, W.cols)) {
+    if (norm.w && norm.scratch && batched_rows(x, M, dev(W))) {
       if (pending_.y && !pending_.q8 && pending_.rows == M && pending_.resid == x.data && pending_.n == W.cols &&
           pending_.t == act_type({&x, &norm.scratch})) {  // the pending residual update, then this norm
         const cuda::PendingPost p = pending_;
@@ -683,13 +683,13 @@ class CudaBackend final : public Backend {
       } else {
         rms_norm(x, M, int(W.cols), norm.w, norm.eps, P, norm.scratch);
       }
-      return mat_args(norm.scratch, InputNorm{}, M);
+      return mat_args(norm.scratch, InputNorm{}, M, dev(W));
     }
     if (M != 1 || !norm.w || !norm.scratch || (W.fmt != WFormat::GgufQ4_K && W.fmt != WFormat::GgufQ6_K) ||
         (q8_.q && cuda::q8_gemv_supports(dev(W))))
-      return mat_args(x, norm, M);
+      return mat_args(x, norm, M, dev(W));
     rms_norm(x, 1, int(W.cols), norm.w, norm.eps, P, norm.scratch);
-    return mat_args(norm.scratch, InputNorm{}, M);
+    return mat_args(norm.scratch, InputNorm{}, M, dev(W));
   }
   void launch_matmuls(cuda::MatArgs a, int M) {
     pending_.take_into(a, M, false);
@@ -698,21 +698,25 @@ class CudaBackend final : public Backend {
     if (launch_blas("norm_matmuls", a, M, 0)) return;
     launch("norm_matmuls", cuda::matmuls, a, M);
   }
-  // Whether a launch of M rows takes the int8 GEMVs (where its weights allow): one row, or, with
-  // BackendOptions::row_exact, up to kRowExactMaxRows rows, each computed as if alone.
+  // Whether a launch of M rows into weight w takes the int8 GEMVs: one row (where w is not taken
+  // they fall back by themselves), or, with BackendOptions::row_exact, up to kRowExactMaxRows rows
+  // into a weight they take, each row computed as if alone.
   static constexpr int kRowExactMaxRows = 64;
-  bool q8_rows(int M) const { return q8_.q && (M == 1 || (opt_.row_exact && M <= kRowExactMaxRows)); }
+  bool q8_rows(int M, const cuda::DevWeight& w) const {
+    return q8_.q && (M == 1 || (opt_.row_exact && M <= kRowExactMaxRows && cuda::q8_gemv_supports(w)));
+  }
   // Whether M rows of x into `cols`-wide weights take the few-row tensor-core kernel
   // (cuda_mma_small.h: its input normed beforehand, its epilogues separate launches).
   static bool small_rows(const Buf& x, int M, int64_t cols) {
     return cuda::small_mma_rows(act_type({&x}), M, cols);
   }
-  // Batched decode rows (2 to kPendingMaxRows) into `cols`-wide weights on the few-row kernel or
+  // Batched decode rows (2 to kPendingMaxRows) into weight w on the few-row kernel or
   // cuBLAS: their input norm runs as its own launch (fused with a pending residual update:
   // normed_args), their post-norm and residual add are left pending (matmul_norm_add).
   static constexpr int kPendingMaxRows = 64;
-  bool batched_rows(const Buf& x, int M, int64_t cols) const {
-    if (q8_rows(M)) return false;
+  bool batched_rows(const Buf& x, int M, const cuda::DevWeight& w) const {
+    if (q8_rows(M, w)) return false;
+    const int64_t cols = w.cols;
     return small_rows(x, M, cols) || (M <= kPendingMaxRows && blas_rows(x, M, cols));
   }
   // Whether M rows of x into `cols`-wide weights take the cuBLAS prefill path (Blas::applies for
