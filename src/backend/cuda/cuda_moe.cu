@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_kernel_util.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_moe.h"
+#include "backend/cuda/cuda_moe_combine.cuh"
 #include "backend/cuda/cuda_launch.cuh"
 
 namespace g4::cuda {
@@ -19,11 +20,7 @@ template <class T>
 __global__ void moe_combine_kernel(const T* y, const float* w, int k, int d, T* out) {
   pdl_enter();
   const int r = blockIdx.x;
-  for (int i = threadIdx.x; i < d; i += blockDim.x) {
-    float acc = 0.f;
-    for (int j = 0; j < k; ++j) acc += w[r * k + j] * to_f(y[(int64_t(r) * k + j) * d + i]);
-    out[int64_t(r) * d + i] = from_f<T>(acc);
-  }
+  for (int i = threadIdx.x; i < d; i += blockDim.x) out[int64_t(r) * d + i] = from_f<T>(moe_combined(y, w, r, k, d, i));
 }
 
 // One warp per row of scores [rows, E] (E <= 32 * kPer): k rounds of a warp arg-max by (value,

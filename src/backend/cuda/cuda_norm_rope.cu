@@ -3,12 +3,14 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/cuda_act.cuh"
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_kernel_util.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.cuh"
+#include "backend/cuda/cuda_moe_combine.cuh"
 
 namespace g4::cuda {
 namespace {
@@ -134,7 +136,7 @@ __global__ void __launch_bounds__(256) moe_norms_kernel(const T* f, const T* x, 
 
 // moe_exit: one block of 256 threads per row; the row's h2, h1 and x read once. With y (the
 // routed experts' outputs [rows, k, dim] and their weights cw [rows, k]), h2 is their combination,
-// computed here as moe_combine_kernel computes it, instead of read.
+// computed here (moe_combined, as moe_combine_kernel computes it) instead of read.
 template <class T, int kPer>
 __global__ void __launch_bounds__(256) moe_exit_kernel(T* x, const T* h1, const T* h2, const T* y, const float* cw,
                                                        int k, int dim, const float* w2, const float* w, float eps,
@@ -149,9 +151,7 @@ __global__ void __launch_bounds__(256) moe_exit_kernel(T* x, const T* h1, const 
     for (int j = 0; j < kPer; ++j) {
       const int i = threadIdx.x + 256 * j;
       if (i >= dim) continue;
-      float acc = 0.f;
-      for (int e = 0; e < k; ++e) acc += cw[r * k + e] * to_f(y[(int64_t(r) * k + e) * dim + i]);
-      hv[j] = from_f<T>(acc);
+      hv[j] = from_f<T>(moe_combined(y, cw, r, k, dim, i));
     }
   } else {
     load_row(h2 + off, dim, hv);
@@ -294,6 +294,15 @@ __global__ void kv_write_kernel(const T* k, const T* v, int row0, Dyn pos0, int 
   }
 }
 
+// The row kernels that hold a row in registers (load_row: 256 threads x kPer values) take rows
+// up to kRegRowMax wide; row_per(dim, fn) calls fn with the kPer (12 or 24) that holds dim.
+constexpr int kRegRowMax = 256 * 24;
+template <class Fn>
+void row_per(int dim, Fn&& fn) {
+  if (dim <= 256 * 12) fn(std::integral_constant<int, 12>{});
+  else fn(std::integral_constant<int, 24>{});
+}
+
 }  // namespace
 
 void rms_norm(cudaStream_t s, const void* x, int rows, int dim, const float* w, float eps, void* y, DType t) {
@@ -315,7 +324,7 @@ void norm_add(cudaStream_t s, void* x, const void* o, int rows, int dim, const f
 void norm_add_norm(cudaStream_t s, void* x, const void* o, int rows, int dim, const float* w, float eps, float scale,
                    const float* w2, float eps2, void* xn, DType t) {
   if (rows <= 0) return;
-  if (dim > 256 * 24) {  // wider than the kernel's registers hold: the three kernels
+  if (dim > kRegRowMax) {  // wider than the kernel's registers hold: the three kernels
     norm_add(s, x, o, rows, dim, w, eps, t);
     if (scale != 1.f) cuda::scale(s, x, scale, size_t(rows) * size_t(dim), x, t);
     rms_norm(s, x, rows, dim, w2, eps2, xn, t);
@@ -323,16 +332,17 @@ void norm_add_norm(cudaStream_t s, void* x, const void* o, int rows, int dim, co
   }
   with_act(t, [&](auto tag) {
     using T = decltype(tag);
-    auto* k = dim <= 256 * 12 ? norm_add_norm_kernel<T, 12> : norm_add_norm_kernel<T, 24>;
-    launch_kernel(k, rows, 256, 0, s, static_cast<T*>(x), static_cast<const T*>(o), dim, w, eps, scale, w2, eps2,
-                  static_cast<T*>(xn));
+    row_per(dim, [&](auto per) {
+      launch_kernel(norm_add_norm_kernel<T, decltype(per)::value>, rows, 256, 0, s, static_cast<T*>(x),
+                    static_cast<const T*>(o), dim, w, eps, scale, w2, eps2, static_cast<T*>(xn));
+    });
   });
 }
 
 void moe_norms(cudaStream_t s, const void* f, const void* x, int rows, int dim, const float* w_f, const float* w_r,
                const float* w_x, float eps, void* h1, void* xr, void* xn, DType t) {
   if (rows <= 0) return;
-  if (dim > 256 * 24) {  // wider than the kernel's registers hold: the three kernels
+  if (dim > kRegRowMax) {  // wider than the kernel's registers hold: the three kernels
     rms_norm(s, f, rows, dim, w_f, eps, h1, t);
     rms_norm(s, x, rows, dim, w_r, eps, xr, t);
     rms_norm(s, x, rows, dim, w_x, eps, xn, t);
@@ -340,16 +350,18 @@ void moe_norms(cudaStream_t s, const void* f, const void* x, int rows, int dim, 
   }
   with_act(t, [&](auto tag) {
     using T = decltype(tag);
-    auto* k = dim <= 256 * 12 ? moe_norms_kernel<T, 12> : moe_norms_kernel<T, 24>;
-    launch_kernel(k, rows, 256, 0, s, static_cast<const T*>(f), static_cast<const T*>(x), dim, w_f, w_r, w_x, eps,
-                  static_cast<T*>(h1), static_cast<T*>(xr), static_cast<T*>(xn));
+    row_per(dim, [&](auto per) {
+      launch_kernel(moe_norms_kernel<T, decltype(per)::value>, rows, 256, 0, s, static_cast<const T*>(f),
+                    static_cast<const T*>(x), dim, w_f, w_r, w_x, eps, static_cast<T*>(h1), static_cast<T*>(xr),
+                    static_cast<T*>(xn));
+    });
   });
 }
 
 void moe_exit(cudaStream_t s, void* x, const void* h1, const void* h2, const MoeCombine& c, int rows, int dim,
               const float* w2, const float* w, float eps, float scale, DType t) {
   if (rows <= 0) return;
-  if (dim > 256 * 24) {  // the separate kernels (h2 is scratch: normed in place)
+  if (dim > kRegRowMax) {  // the separate kernels (h2 is scratch: normed in place)
     if (c.y) moe_combine(s, c.y, c.w, rows, c.k, dim, const_cast<void*>(h2), t);
     rms_norm(s, h2, rows, dim, w2, eps, const_cast<void*>(h2), t);
     add(s, h1, h2, size_t(rows) * size_t(dim), const_cast<void*>(h2), t);
@@ -359,9 +371,11 @@ void moe_exit(cudaStream_t s, void* x, const void* h1, const void* h2, const Moe
   }
   with_act(t, [&](auto tag) {
     using T = decltype(tag);
-    auto* k = dim <= 256 * 12 ? moe_exit_kernel<T, 12> : moe_exit_kernel<T, 24>;
-    launch_kernel(k, rows, 256, 0, s, static_cast<T*>(x), static_cast<const T*>(h1), static_cast<const T*>(h2),
-                  static_cast<const T*>(c.y), c.w, c.k, dim, w2, w, eps, scale);
+    row_per(dim, [&](auto per) {
+      launch_kernel(moe_exit_kernel<T, decltype(per)::value>, rows, 256, 0, s, static_cast<T*>(x),
+                    static_cast<const T*>(h1), static_cast<const T*>(h2), static_cast<const T*>(c.y), c.w, c.k, dim,
+                    w2, w, eps, scale);
+    });
   });
 }
 
