@@ -8,6 +8,7 @@
 
 #include "cli/command.h"
 #include "cli/progress_bar.h"
+#include "core/crash_report.h"
 
 #ifndef G4_VERSION
 #define G4_VERSION "unknown"
@@ -79,6 +80,7 @@ int main(int argc, char** argv) {
     version();
     return 0;
   }
+  g4::install_crash_report("gemma4");
   g4::cli::install_progress_bar();
   std::vector<std::string> args(argv + 2, argv + argc);
   std::string verb = first;
