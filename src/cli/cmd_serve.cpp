@@ -45,6 +45,9 @@ int cmd_serve(const std::vector<std::string>& argv) {
   cli.value("--prefix-cache-mb", "memory for the prompt-prefix cache; 0 disables it", "256")->type_name("MiB")
       ->check(CLI::Range(0, 1 << 20));
   cli.flag("--no-prefix-cache", "disable the prompt-prefix cache");
+  cli.value("--step-tokens", "rows one engine step feeds at most: every decoding stream's token first, then "
+            "prompt chunks, oldest request first, so streams keep their pace beside long prompts; 0: no bound",
+            std::to_string(EngineOptions{}.step_tokens))->type_name("N")->check(CLI::Range(0, 1 << 20));
   cli.value("--log-format", "the request log on stderr, one line per request: text, json, or none", "text")
       ->type_name("FORMAT")->check(one_of({"text", "json", "none"}));
   cli.flag("-v,--verbose", "add each request's prefill / decode speed and the engine's load to its log line");
@@ -74,6 +77,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   o.log.verbose = a.has("--verbose");
   o.prefix_cache_bytes = a.has("--no-prefix-cache") ? 0 : size_t(std::stoi(a.get("--prefix-cache-mb"))) << 20;
   o.shutdown_timeout_s = std::stoi(a.get("--shutdown-timeout"));
+  o.step_tokens = std::stoi(a.get("--step-tokens"));
   o.max_connections = std::stoi(a.get("--max-connections"));
   o.allow_special_in_content = a.has("--allow-special-in-content");
   for (std::string rest = a.get("--cors-origin"); !rest.empty();) {  // comma-separated origins
@@ -95,6 +99,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   plan.kv_group = std::stoi(a.get("--kv-group-size"));
   plan.kv_elem_bytes = a.get("--dtype") == "f32" ? 4 : 0;  // device backends store bf16 unless --dtype f32
   plan.chunk = EngineOptions{}.prefill_chunk;
+  plan.step_tokens = o.step_tokens;
   plan.extra_bytes = o.prefix_cache_bytes;
   auto fit = plan_fit(a.get("--model"), a.get("--backend"), plan, a.has("--context"));
   if (!fit) return fail("serve", fit.message());

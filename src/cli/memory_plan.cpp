@@ -95,7 +95,7 @@ MemoryNeed memory_need(const ModelConfig& c, uint64_t weight_bytes, const PlanIn
   n.weights = weight_bytes;
   const int elem = in.kv_elem_bytes > 0 ? in.kv_elem_bytes : (on_gpu ? 2 : 4);
   n.kv = kv_cache_bytes(c, in.context, in.kv_bits, in.kv_group, in.chunk, elem) * uint64_t(std::max(1, in.parallel));
-  // One step's rows: every sequence's prompt chunk. Per row: residual, normed input, q, k, v,
+  // One step's rows: every sequence's prompt chunk, within the step's row bound. Per row: residual, normed input, q, k, v,
   // attention output, gate, up and the MLP product, in f32; plus one logits row per sequence.
   int q_dim = 0, kv_dim = 0, mlp = 0;
   for (const LayerSpec& L : c.layers) {
@@ -103,7 +103,8 @@ MemoryNeed memory_need(const ModelConfig& c, uint64_t weight_bytes, const PlanIn
     kv_dim = std::max(kv_dim, L.n_kv_heads * L.head_dim);
     mlp = std::max(mlp, L.mlp_width);
   }
-  const uint64_t rows = uint64_t(std::max(1, in.chunk)) * uint64_t(std::max(1, in.parallel));
+  uint64_t rows = uint64_t(std::max(1, in.chunk)) * uint64_t(std::max(1, in.parallel));
+  if (in.step_tokens > 0) rows = std::min(rows, uint64_t(std::max(in.step_tokens, in.chunk)));
   // MoE: each routed (row, expert) item's gated hidden row and expert output (the device MoE's scratch).
   const uint64_t moe = uint64_t(c.top_k_experts) * uint64_t(c.moe_width + c.hidden);
   const uint64_t per_row = (uint64_t(3 * c.hidden + 2 * q_dim + 2 * kv_dim + 3 * mlp) + moe) * 4;

@@ -19,6 +19,7 @@ struct PlanInput {
   int kv_elem_bytes = 0;      // bytes of an unquantized KV element; 0: the backend's default (cuda: bf16, 2; host: f32, 4)
   int kv_group = 64;
   int chunk = 256;            // prompt tokens per sequence per forward step
+  int step_tokens = 0;        // rows per forward step at most (EngineOptions::step_tokens); 0: no bound
   uint64_t extra_bytes = 0;   // e.g. serve's prompt-prefix cache
 };
 

@@ -264,17 +264,27 @@ void Engine::step() {
   // (a chunk that must hold a whole image block may run longer, alone).
   const int limit = model_.backend().invariant_row_limit();
   const int chunk = limit > 0 ? std::min(opt_.prefill_chunk, limit) : opt_.prefill_chunk;
+  std::vector<Slot*> active;
+  std::vector<int> prompt_left;
+  std::vector<uint64_t> order;
+  for (auto& sp : slots_) {
+    if (!sp->req) continue;
+    active.push_back(sp.get());
+    prompt_left.push_back(std::max(0, int(sp->req->spec.prompt.size()) - sp->consumed));
+    order.push_back(sp->req->id);
+  }
+  const std::vector<int> take = step_rows(prompt_left, order, chunk, opt_.step_tokens);
   std::vector<SeqInput> batch;
   std::vector<Slot*> in_batch;
-  for (auto& sp : slots_) {
-    Slot& s = *sp;
-    if (!s.req) continue;
+  for (size_t k = 0; k < active.size(); ++k) {
+    if (take[k] == 0) continue;  // a prompt waiting for room in a later step
+    Slot& s = *active[k];
     const auto& prompt = s.req->spec.prompt;
     SeqInput in;
     in.cache = s.cache.get();
     if (s.consumed < int(prompt.size())) {
-      in.n = image_block_chunk_end(model_.config(), prompt.data(), int(prompt.size()),
-                                   s.consumed + std::min(chunk, int(prompt.size()) - s.consumed)) -
+      // A chunk never splits an image block (it may then run past the budget).
+      in.n = image_block_chunk_end(model_.config(), prompt.data(), int(prompt.size()), s.consumed + take[k]) -
              s.consumed;
       in.tokens = prompt.data() + s.consumed;
       if (!s.req->spec.soft.empty()) {  // the features of this chunk's image tokens come next
@@ -308,6 +318,31 @@ void Engine::step() {
     else forward_and_emit(sub_batch, sub_slots, tg);
     tg = clk::now();
   }
+}
+
+std::vector<int> Engine::step_rows(const std::vector<int>& prompt_left, const std::vector<uint64_t>& order,
+                                   int chunk, int budget) {
+  std::vector<int> rows(prompt_left.size(), 0);
+  int used = 0;
+  std::vector<size_t> prompts;
+  for (size_t i = 0; i < prompt_left.size(); ++i) {
+    if (prompt_left[i] > 0) {
+      prompts.push_back(i);
+    } else {
+      rows[i] = 1;
+      ++used;
+    }
+  }
+  std::stable_sort(prompts.begin(), prompts.end(), [&](size_t a, size_t b) { return order[a] < order[b]; });
+  for (size_t j = 0; j < prompts.size(); ++j) {
+    const size_t i = prompts[j];
+    int n = std::min(chunk, prompt_left[i]);
+    if (budget > 0 && j > 0) n = std::min(n, budget - used);
+    if (n <= 0) break;
+    rows[i] = n;
+    used += n;
+  }
+  return rows;
 }
 
 std::vector<std::vector<size_t>> Engine::row_groups(const std::vector<int>& rows, int limit) {

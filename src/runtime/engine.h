@@ -71,6 +71,11 @@ struct EngineOptions {
   int max_queue = 64;               // waiting requests beyond the slots; more are refused
   int max_context = 8192;           // prompt + max_tokens limit per sequence
   int prefill_chunk = 256;          // prompt tokens per sequence per step
+  // Rows one step feeds at most (llama.cpp's n_batch, vLLM's max_num_batched_tokens): every
+  // decoding sequence's token first, then prompt chunks, the oldest request's first, so decoding
+  // streams keep their pace while long prompts are prefilled beside them. The oldest prompt
+  // always gets a chunk (prompts progress when decode rows alone fill the budget). 0: no bound.
+  int step_tokens = 2048;
   ActPrecision precision = ActPrecision::F32;
   size_t prefix_cache_bytes = size_t(256) << 20;  // 0 disables the prompt-prefix cache
 };
@@ -119,6 +124,13 @@ class Engine {
   void request_stop(bool drain);
   EngineStats stats() const;
 
+  // The rows each sequence feeds in one step (EngineOptions::step_tokens): prompt_left[i] is
+  // sequence i's prompt tokens still to feed (0: it is decoding, one row), order[i] its request's
+  // arrival (older first). Decoding sequences get 1; prompts up to `chunk` rows each, oldest
+  // first, while the step stays within `budget` rows (0: no bound), the last one cut to fit;
+  // the oldest prompt gets its chunk whatever the budget. 0: not in this step.
+  static std::vector<int> step_rows(const std::vector<int>& prompt_left, const std::vector<uint64_t>& order,
+                                    int chunk, int budget);
   // The forwards a step's sequences (rows[i] rows each) run in: consecutive sequences in groups of
   // at most `limit` rows (a sequence of more rows alone); one group when limit is 0.
   static std::vector<std::vector<size_t>> row_groups(const std::vector<int>& rows, int limit);
@@ -142,8 +154,8 @@ class Engine {
   // into s's cache and returns the tokens reused.
   Slot* prompt_sibling(const Request& r);
   int start_from_sibling(Slot& s, const Slot& sibling);
-  // One step: every active sequence's next prompt chunk or token, in one forward (or several:
-  // row_groups), then its sampled token emitted.
+  // One step: every decoding sequence's next token and the prompt chunks step_rows gives room to,
+  // in one forward (or several: row_groups), then each sequence's sampled token emitted.
   void step();
   // One forward of `batch` (the sequences of in_batch), then each sequence's token sampled and
   // emitted (a prefill chunk that ends short of its prompt emits nothing).

@@ -61,6 +61,7 @@ Server::Server(const ModelBundle& bundle, ServerOptions opt) : bundle_(bundle), 
   eo.max_queue = opt_.max_queue;
   eo.max_context = opt_.max_context;
   eo.prefix_cache_bytes = opt_.prefix_cache_bytes;
+  eo.step_tokens = opt_.step_tokens;
   engine_ = std::make_unique<Engine>(*bundle.model, eo);
   std::string id = opt_.model_id.empty() ? bundle.name : opt_.model_id;
   ctx_.reset(new Context{bundle_, *engine_, opt_, metrics_, stopping_, id, generation_defaults(bundle.model->config())});

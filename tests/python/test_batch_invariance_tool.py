@@ -28,6 +28,14 @@ def test_cpu_requests_alone_equal_batched(gemma4_bin):
     assert "4 of 4 requests got the same 8 tokens" in r.stdout
 
 
+def test_cpu_small_step_budget_keeps_the_answers(gemma4_bin):
+    """A 16-row step budget (--step-tokens): prompts are cut into pieces and wait behind decode
+    rows, yet every request gets the tokens it gets alone."""
+    r = check(gemma4_bin, "--streams", "4", "--max-tokens", "8", "--", "--threads", "2", "--step-tokens", "16")
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    assert "4 of 4 requests got the same 8 tokens" in r.stdout
+
+
 def test_cuda_requests_alone_equal_batched(gemma4_bin, tmp_path):
     probe = subprocess.run([str(gemma4_bin), "logits", "--model", str(STARTER), "--backend", "cuda", "--ids", "2,3",
                             "--out", str(tmp_path / "p.npy")], capture_output=True, text=True, timeout=300)
