@@ -46,8 +46,9 @@ int cmd_serve(const std::vector<std::string>& argv) {
       ->check(CLI::Range(0, 1 << 20));
   cli.flag("--no-prefix-cache", "disable the prompt-prefix cache");
   cli.value("--step-tokens", "rows one engine step feeds at most: every decoding stream's token first, then "
-            "prompt chunks, oldest request first, so streams keep their pace beside long prompts; 0: no bound",
-            std::to_string(EngineOptions{}.step_tokens))->type_name("N")->check(CLI::Range(0, 1 << 20));
+            "prompt chunks, oldest request first, so streams keep their pace beside long prompts; 0: no bound; "
+            "auto: 2048 on cuda, 256 on the host backends (whose rows cost far more)", "auto")
+      ->type_name("N|auto")->check(CLI::IsMember({"auto"}) | CLI::Range(0, 1 << 20));
   cli.value("--log-format", "the request log on stderr, one line per request: text, json, or none", "text")
       ->type_name("FORMAT")->check(one_of({"text", "json", "none"}));
   cli.flag("-v,--verbose", "add each request's prefill / decode speed and the engine's load to its log line");
@@ -77,7 +78,8 @@ int cmd_serve(const std::vector<std::string>& argv) {
   o.log.verbose = a.has("--verbose");
   o.prefix_cache_bytes = a.has("--no-prefix-cache") ? 0 : size_t(std::stoi(a.get("--prefix-cache-mb"))) << 20;
   o.shutdown_timeout_s = std::stoi(a.get("--shutdown-timeout"));
-  o.step_tokens = std::stoi(a.get("--step-tokens"));
+  const std::string step_tokens = a.get("--step-tokens");
+  o.step_tokens = step_tokens != "auto" ? std::stoi(step_tokens) : a.get("--backend") == "cuda" ? 2048 : 256;
   o.max_connections = std::stoi(a.get("--max-connections"));
   o.allow_special_in_content = a.has("--allow-special-in-content");
   for (std::string rest = a.get("--cors-origin"); !rest.empty();) {  // comma-separated origins
