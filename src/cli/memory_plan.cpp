@@ -95,8 +95,9 @@ MemoryNeed memory_need(const ModelConfig& c, uint64_t weight_bytes, const PlanIn
   n.weights = weight_bytes;
   const int elem = in.kv_elem_bytes > 0 ? in.kv_elem_bytes : (on_gpu ? 2 : 4);
   n.kv = kv_cache_bytes(c, in.context, in.kv_bits, in.kv_group, in.chunk, elem) * uint64_t(std::max(1, in.parallel));
-  // One step's rows: every sequence's prompt chunk, within the step's row bound. Per row: residual, normed input, q, k, v,
-  // attention output, gate, up and the MLP product, in f32; plus one logits row per sequence.
+  // One step's rows: every sequence's prompt chunk, within the step's row bound. Per row: residual,
+  // normed input, q, k, v, attention output, gate, up and the MLP product, in f32; plus one logits
+  // row per sequence.
   int q_dim = 0, kv_dim = 0, mlp = 0;
   for (const LayerSpec& L : c.layers) {
     q_dim = std::max(q_dim, c.n_heads * L.head_dim);
