@@ -79,7 +79,10 @@ int cmd_serve(const std::vector<std::string>& argv) {
   o.prefix_cache_bytes = a.has("--no-prefix-cache") ? 0 : size_t(std::stoi(a.get("--prefix-cache-mb"))) << 20;
   o.shutdown_timeout_s = std::stoi(a.get("--shutdown-timeout"));
   const std::string step_tokens = a.get("--step-tokens");
-  o.step_tokens = step_tokens != "auto" ? std::stoi(step_tokens) : a.get("--backend") == "cuda" ? 2048 : 256;
+  constexpr int kHostStepTokens = 256;  // host rows cost ~100x a device row: a smaller bound keeps the pace
+  o.step_tokens = step_tokens != "auto"         ? std::stoi(step_tokens)
+                  : a.get("--backend") == "cuda" ? EngineOptions{}.step_tokens
+                                                 : kHostStepTokens;
   o.max_connections = std::stoi(a.get("--max-connections"));
   o.allow_special_in_content = a.has("--allow-special-in-content");
   for (std::string rest = a.get("--cors-origin"); !rest.empty();) {  // comma-separated origins
