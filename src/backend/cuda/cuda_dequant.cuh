@@ -13,15 +13,18 @@
 
 namespace g4::cuda {
 
-// The fields of a WeightView a kernel needs, by value (pointers are device memory).
+// The fields of a WeightView a kernel needs, by value (pointers are device memory). Its bytes
+// are part of a step's key (cuda_step.h): the fields are ordered so that it has no padding, and
+// the reserved bytes are zero (cuda_launch_structs_check.cu checks).
 struct DevWeight {
-  WFormat fmt;
   int64_t rows, cols, row_bytes;
   const uint8_t* data;
-  int bits, group_size;
   const void* scales;
   const void* biases;
+  int bits, group_size;
+  WFormat fmt;
   DType scale_dtype;
+  uint8_t reserved[6] = {};
 };
 
 // Calls f(std::integral_constant<WFormat, F>{}) with F = fmt: a runtime format to the kernels'

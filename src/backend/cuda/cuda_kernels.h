@@ -18,8 +18,9 @@ namespace g4::cuda {
 // A per-step scalar (a position): kernels read *ptr when it is set (a recorded step, whose graph
 // replays with new values, cuda_step.h), else value.
 struct Dyn {
-  int value;
   const int32_t* ptr;
+  int value;
+  int reserved = 0;
 };
 #ifdef __CUDACC__
 __device__ inline int load(const Dyn& d) { return d.ptr ? *d.ptr : d.value; }
@@ -28,14 +29,15 @@ __device__ inline int load(const Dyn& d) { return d.ptr ? *d.ptr : d.value; }
 // One sequence's attention arguments for the prefill kernel (cuda_flash_attention.h; AttnSeq with
 // device K/V pointers; quant.bits > 0: k and v are null and the rows are read from quant's codes).
 struct AttnArgs {
-  int row0, n;
   Dyn pos0;
   const void* k;  // [capacity, n_kv_heads, head_dim] of the activation type
   const void* v;
-  int capacity, n_kv_heads, head_dim, window;
   KvQuantArgs quant;
   const int32_t* blocks = nullptr;  // device [n, 2] image blocks (backend.h AttnSeq::blocks), or null
-  DType t = DType::F32;             // q, k, v and out storage
+  int row0, n;
+  int capacity, n_kv_heads, head_dim, window;
+  DType t = DType::F32;  // q, k, v and out storage
+  uint8_t reserved[7] = {};
 };
 
 // One sequence of a batched attention or attn_prep launch. A launch's sequences sit in a device
@@ -47,6 +49,7 @@ struct SeqKv {
   int pos0;      // the position of its first row
   int capacity;  // cache slots (a ring when window > 0)
   int window;    // 0: full attention
+  int reserved;
   void* k;       // cache rows [capacity, n_kv_heads, head_dim] of the activation type (unquantized)
   void* v;
   KvQuantArgs quant;      // a quantized cache (quant.bits > 0): its codes, scales and biases
@@ -63,6 +66,7 @@ struct AttnBatch {
   SeqTable tab;
   int rows, n_kv_heads, head_dim, quant_bits;
   DType t;
+  uint8_t reserved[7] = {};
 };
 
 // y[M, w.rows] = x[M, w.cols] · Wᵀ: 32-value units per lane when w.cols % 32 == 0, else one
@@ -72,28 +76,19 @@ void matmul(cudaStream_t s, const void* x, DType xt, int M, const DevWeight& w, 
 // A matmul launch's arguments: y[i][M, w[i].rows] = xn · w[i]ᵀ for i < n (1..3 weights of one
 // format and width), xn = x, or x RMS-normalized with norm_w when that is set. M, first: set by
 // the launchers. x (and resid) of type xt; the y of type yt (xt, or F32 for the logits).
+// (Fields grouped by size, so that the struct has no padding: its bytes are part of a step's key.)
 struct MatArgs {
   const void* x;
-  DType xt;
-  DType yt;
-  int M;
-  int n;
   DevWeight w[3];
   void* y[3];
-  unsigned first[4];
   DevWeight w2;            // gate_up_gelu: the up weight (same format and shape as w[0])
   const uint16_t* table;   // gate_up_gelu: ggml's gelu table, or null for MLX's tanh form
   const float* norm_w;     // null: x is used as is
-  float eps;
   // matmul_norm_add: resid[M, w[0].rows] += rms_norm(y[0])·post_w once every block is done (the
   // last block to finish does it; counter: a zero that the kernel leaves zero). null: no epilogue.
   void* resid;
   const float* post_w;
-  float post_eps;
   unsigned* counter;
-  // Set by the launch: warps that share one output row (K-quant rows at M = 1 split their
-  // super-blocks among them; 1 elsewhere).
-  int split = 1;
   // Non-null: formats the int8 GEMVs take (q8_gemv_supports) are dotted with the activation
   // rows quantized into this scratch (cuda_q8.cuh, cuda_gemv_q8.cu); null: in f32. The backend
   // sets it at M = 1, and for the rows of a row-exact launch (BackendOptions::row_exact).
@@ -104,13 +99,22 @@ struct MatArgs {
   // · pre_scale over the row's pre_n values (a previous launch's deferred epilogue and the layer
   // scalar after it; x is that launch's resid), each step rounded as post_norm_add and scale
   // round it, in the same one-block kernel that then norms and quantizes x.
-  // (Ordered so that the struct has no padding after q8: its bytes are part of a step's key.)
   const void* pre_y = nullptr;
   const float* pre_w = nullptr;
+  unsigned first[4];
+  int M;
+  int n;
+  // Set by the launch: warps that share one output row (K-quant rows at M = 1 split their
+  // super-blocks among them; 1 elsewhere).
+  int split = 1;
+  int defer_post = 0;
+  float eps;
+  float post_eps;
   float pre_eps = 0.f;
   float pre_scale = 1.f;
-  int defer_post = 0;
-  int unused = 0;  // keeps the struct's tail free of padding
+  DType xt;
+  DType yt;
+  uint8_t reserved[6] = {};
 };
 // Whether a one-row matmul_norm_add into w runs on the int8 GEMVs with the separate post-norm
 // kernel (q8 scratch set), so that its epilogue may be deferred (MatArgs::defer_post).
@@ -166,7 +170,7 @@ struct MoeCombine {
   const void* y = nullptr;
   const float* w = nullptr;
   int k = 0;
-  int unused = 0;  // keeps the struct free of padding (its bytes are part of a step's key)
+  int reserved = 0;  // keeps the struct free of padding (its bytes are part of a step's key)
 };
 void moe_exit(cudaStream_t s, void* x, const void* h1, const void* h2, const MoeCombine& c, int rows, int dim,
               const float* w2, const float* w, float eps, float scale, DType t);
@@ -180,15 +184,16 @@ void norm_rope(cudaStream_t s, void* x, int rows, int heads, int head_dim, const
 // q only.
 struct AttnPrepArgs {
   void *q, *k, *v;  // of type t, as the cache rows
-  int H, Hk, head_dim;
   const float* q_norm_w;
   const float* k_norm_w;
-  bool v_norm;
-  float eps;
   const float* inv_freq;
-  float position_scale;
   SeqTable tab;
+  int H, Hk, head_dim;
+  float eps;
+  float position_scale;
+  bool v_norm;
   DType t;
+  uint8_t reserved[2] = {};
 };
 void attn_prep(cudaStream_t s, const AttnPrepArgs& a, int rows);
 void rope(cudaStream_t s, void* x, int rows, int heads, int head_dim, Dyn pos0, const float* inv_freq,

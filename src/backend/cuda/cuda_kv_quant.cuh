@@ -13,17 +13,19 @@ namespace g4::cuda {
 
 // A cache's quantized storage (bits 0: the cache holds f32 rows). Rows are head rows:
 // r = slot * n_kv_heads + head, head_dim values each; codes: one LSB-first bit stream.
+// (No padding: its bytes are part of a step's key, cuda_launch_structs_check.cu.)
 struct KvQuantArgs {
-  int bits = 0;
-  int group = 64;
-  int group_shift = 6;  // log2(group): 32, 64 and 128 are the only group sizes
-  bool bf16_params = false;
   uint8_t* kq = nullptr;
   uint8_t* vq = nullptr;
   float* ks = nullptr;
   float* kb = nullptr;
   float* vs = nullptr;
   float* vb = nullptr;
+  int bits = 0;
+  int group = 64;
+  int group_shift = 6;  // log2(group): 32, 64 and 128 are the only group sizes
+  bool bf16_params = false;
+  uint8_t reserved[3] = {};
 };
 
 #ifdef __CUDACC__

@@ -19,10 +19,9 @@ bool router_topk_applies(int E, int k);
 // The routed experts' GEMVs (decode): for item i < items, e = idx[i], x row i / x_div:
 // y[i, :rows] = x·W_eᵀ, or with gelu gelu(x·W_eᵀ) * (x·U_eᵀ) (tanh form). w / w2: device arrays of
 // every expert's DevWeight (one format, fmt); x and y of type xt.
+// (No padding: its bytes are part of a step's key.)
 struct MoeMatArgs {
   const void* x;
-  DType xt;
-  int x_div;
   const DevWeight* w;
   const DevWeight* w2;
   const int32_t* idx;
@@ -30,6 +29,9 @@ struct MoeMatArgs {
   DevWeight w0;  // the first expert's weight (host copy): format, bits, shape of every expert
   DevWeight w20; // with w2: the first up expert's (its bits may differ from w0's: MLX mixed precision)
   Q8Act q8;      // non-null: the int8 GEMVs (cuda_gemv_q8.cu) where they take w0's format
+  int x_div;
+  DType xt;
+  uint8_t reserved[3] = {};
 };
 // per_token: the items of one token (top k); an item's bits depend on it, not on items.
 void moe_matmul(cudaStream_t s, const MoeMatArgs& a, int items, int per_token, int64_t rows, WFormat fmt, bool gelu);

@@ -51,10 +51,10 @@ void StepRecorder::begin() {
 }
 
 Dyn StepRecorder::dyn(int value) {
-  if (!active_) return Dyn{value, nullptr};
+  if (!active_) return Dyn{nullptr, value};
   if (dyn_used_ + sizeof(int32_t) > kDynBytes) {
     flush();
-    return Dyn{value, nullptr};
+    return Dyn{nullptr, value};
   }
   std::memcpy(dyn_host_ + dyn_used_, &value, sizeof(int32_t));
   Dyn d{};  // value-initialized: a Dyn's bytes are part of the step's key
