@@ -641,7 +641,9 @@ class CudaBackend final : public Backend {
       auto* g0 = static_cast<int32_t*>(moe_groups_.get(mem_, (slots + blocks + 1) * sizeof(int32_t), dev_));
       const cuda::MoeGroups g{g0, g0 + slots, g0 + slots + blocks};
       launch("moe_group", cuda::moe_group, static_cast<const int32_t*>(I(idx)), items, E, g);
+      if (profile_) label_ = "moe_gate_up grouped M=" + std::to_string(rows);
       launch("moe_gate_up", cuda::moe_grouped_matmul, a, g, items, E, hidden, gate[0].fmt, true);
+      if (profile_) label_ = "moe_down grouped M=" + std::to_string(rows);
       launch("moe_down", cuda::moe_grouped_matmul, b, g, items, E, int64_t(d), down[0].fmt, false);
     }
     // The combination is left pending: moe_exit takes it into its kernel (else the next launch
