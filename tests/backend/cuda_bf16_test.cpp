@@ -432,9 +432,12 @@ TEST_F(CudaBf16Test, GroupedPrefillExperts) {
   std::vector<float> rw(ri.size());
   ref->router_topk(scores.data(), rows, E, k, pes.data(), ActPrecision::F32, ri.data(), rw.data());
   const auto x = bf16_rounded(randn(size_t(rows) * d, 83));
-  for (bool mixed : {false, true}) {
-    const test::TestExperts ex = test::make_test_experts(*cu, E, I, d, mixed, 90, rng);
-    const char* what = mixed ? "MLX 3/6/5-bit experts" : "Q4_K experts";
+  // Every GGUF format the grouped kernel's quarter-unit decoding reads (dequant8), and MLX mixed precision.
+  for (auto [mixed, fmt] : {std::pair{false, WFormat::GgufQ4_K}, {true, WFormat::GgufQ4_K}, {false, WFormat::GgufQ5_K},
+                            {false, WFormat::GgufQ6_K}, {false, WFormat::GgufQ8_0}, {false, WFormat::GgufQ5_0},
+                            {false, WFormat::GgufQ4_0}}) {
+    const test::TestExperts ex = test::make_test_experts(*cu, E, I, d, mixed, 90, rng, fmt);
+    const std::string what = mixed ? "MLX 3/6/5-bit experts" : std::string(wformat_name(fmt)) + " experts";
     std::vector<float> want(size_t(rows) * d);
     ref->moe_experts(x.data(), rows, d, ri.data(), rw.data(), k, ex.gate, ex.up, ex.down, ActPrecision::F32, want.data());
     std::vector<std::vector<float>> got;
@@ -449,7 +452,7 @@ TEST_F(CudaBf16Test, GroupedPrefillExperts) {
     }
     const double e = rel_err(got[0], want);
     EXPECT_LE(e, 2e-2) << what;
-    std::printf("grouped prefill experts (%s) bf16 error %.2e\n", what, e);
+    std::printf("grouped prefill experts (%s) bf16 error %.2e\n", what.c_str(), e);
     for (size_t i = 0; i < got[1].size(); ++i)
       ASSERT_EQ(got[1][i], got[0][i]) << what << ": row " << i / d << " differs alone and in the prompt";
   }

@@ -19,6 +19,7 @@
 #include "backend/cuda/cuda_alloc.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_dequant.cuh"
+#include "backend/cuda/cuda_dequant8.cuh"
 #include "backend/cuda/cuda_launch.cuh"
 #include "backend/cuda/cuda_mma_bf16.cuh"
 
@@ -34,17 +35,20 @@ constexpr int kThreads = 256;
 // Whether w's rows are plain bf16 already (cuBLAS reads them in place: no scratch, no copy).
 bool plain_bf16(const DevWeight& w) { return w.fmt == WFormat::BF16 && w.row_bytes == w.cols * 2; }
 
-// One thread per 32-value unit of rows r0 .. r0 + nrows of w, written as bf16 rows of w.cols.
+// Rows r0 .. r0 + nrows of w as bf16 rows of w.cols: a thread per quarter of a 32-value unit
+// (dequant8; adjacent threads read adjacent bytes), 8 values stored in one 16-byte write.
 template <WFormat F>
 __global__ void __launch_bounds__(kThreads) dequant_rows_kernel(DevWeight w, int64_t r0, int nrows, bf16* out) {
   pdl_enter();
   const int64_t units = w.cols / 32;
   const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (i >= int64_t(nrows) * units) return;
-  const int64_t rr = i / units, u = i % units, r = r0 + rr;
-  float v[32];
-  dequant32<F>(w.data + r * w.row_bytes, w, r, u, v);
-  store_bf16x32(v, out + rr * w.cols + u * 32);
+  if (i >= int64_t(nrows) * units * 4) return;
+  const int64_t q = i / 4, rr = q / units, u = q % units, r = r0 + rr;
+  const int p = int(i % 4);
+  float v[8];
+  dequant8<F>(w.data + r * w.row_bytes, w, r, u, p, v);
+  *reinterpret_cast<uint4*>(out + rr * w.cols + u * 32 + 8 * p) =
+      make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
 }
 
 // y[m, n0 + j] = gelu(t[m, j]) · t[m, nc + j] for m < rows, j < nc; t rows of 2·nc f32.
@@ -62,7 +66,7 @@ unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads);
 
 void dequant_rows(cudaStream_t s, const DevWeight& w, int64_t r0, int nrows, bf16* out) {
   with_format(w.fmt, [&](auto f) {
-    launch_kernel(dequant_rows_kernel<decltype(f)::value>, dim3(blocks_for(int64_t(nrows) * (w.cols / 32))),
+    launch_kernel(dequant_rows_kernel<decltype(f)::value>, dim3(blocks_for(int64_t(nrows) * (w.cols / 32) * 4)),
                   dim3(kThreads), 0, s, w, r0, nrows, out);
   });
   G4_CUDA_LAUNCHED();

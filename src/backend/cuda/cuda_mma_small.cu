@@ -32,6 +32,7 @@
 
 #include "backend/cuda/cuda_act.cuh"
 #include "backend/cuda/cuda_dequant.cuh"
+#include "backend/cuda/cuda_dequant8.cuh"
 #include "backend/cuda/cuda_launch.cuh"
 #include "backend/cuda/cuda_mma_bf16.cuh"
 
@@ -107,38 +108,6 @@ __device__ inline void stage_chunk(const DevWeight& w, int64_t n0, int64_t c, in
 template <int i, int kBias>
 __device__ inline float byte_value(uint32_t v) {
   return __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7440 + i)) - (8388608.f + kBias);
-}
-
-// d · x + c on bf16 pairs, one rounding (sm_80+).
-__device__ inline uint32_t fma_bf16x2(uint32_t x, uint32_t d, uint32_t c) {
-  uint32_t r;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(d), "r"(c));
-  return r;
-}
-
-// Q4_K unit s of the super-block at b (16-byte aligned: Q4_K rows are whole 144-byte blocks) as
-// bf16 pairs d·q - dmin·m, computed in bf16 arithmetic: one PRMT puts two quants in the mantissas
-// of bf16 128 + q, one FMA takes 128 off (exact), one FMA applies the unit's scale and min
-// (rounded to bf16) with one rounding: 2 instructions a value where f32 math and a rounding
-// conversion took 4 (these kernels are bound by instruction issue). The quants are read as two
-// 16-byte words.
-__device__ inline void q4k_pairs(const uint8_t* b, int s, uint32_t* a) {
-  int sc, m;
-  scale_min_k4(s, b + 4, &sc, &m);
-  const float d = ld_half(b) * float(sc), dm = ld_half(b + 2) * float(m);
-  const uint32_t d2 = pack_bf16(d, d), m2 = pack_bf16(-dm, -dm);
-  constexpr uint32_t kOne = 0x3F803F80u, kMinus128 = 0xC300C300u;  // bf16 pairs (1, 1), (-128, -128)
-  const uint4* q = reinterpret_cast<const uint4*>(b + 16 + 32 * (s / 2));
-  const uint4 q0 = q[0], q1 = q[1];
-  const uint32_t words[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-  const int shift = (s & 1) * 4;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {  // values 4i .. 4i+3: bytes of v, each below 16
-    const uint32_t v = (words[i] >> shift) & 0x0F0F0F0Fu;
-    const uint32_t p01 = __byte_perm(v, 0x43u, 0x4140), p23 = __byte_perm(v, 0x43u, 0x4342);  // 0x43qq: 128 + q
-    a[2 * i] = fma_bf16x2(fma_bf16x2(p01, kOne, kMinus128), d2, m2);
-    a[2 * i + 1] = fma_bf16x2(fma_bf16x2(p23, kOne, kMinus128), d2, m2);
-  }
 }
 
 // The 32 bytes at p (any alignment; shared memory with at least 3 readable bytes after them) as

@@ -11,15 +11,16 @@
 // GEMM (moe_grouped_kernel): block (column tile, slot block) computes kGM items × kGN output
 // columns of its expert, 4 warps of 32 × 32 as m16n8k16 bf16 MMAs with f32 accumulators. Per kBK
 // step the items' activation rows (bf16, gathered by item / x_div) and the expert's weight rows
-// (each 32-value unit decoded by dequant32, rounded to bf16) are staged in shared memory. Outputs
-// are rounded once to bf16. The gate/up form multiplies both weights' tiles by the same
-// activations and stores gelu_tanh(gate) · up.
+// (Q4_K units by one thread each, q4k_pairs; other formats by four threads a unit, dequant8;
+// rounded to bf16) are staged in shared memory. Outputs are rounded once to bf16. The gate/up form multiplies both weights' tiles by
+// the same activations and stores gelu_tanh(gate) · up.
 #include <cuda_bf16.h>
 
 #include <cstdint>
 
 #include "backend/cuda/cuda_act.cuh"
 #include "backend/cuda/cuda_dequant.cuh"
+#include "backend/cuda/cuda_dequant8.cuh"
 #include "backend/cuda/cuda_launch.cuh"
 #include "backend/cuda/cuda_mma_bf16.cuh"
 #include "backend/cuda/cuda_moe.h"
@@ -60,19 +61,37 @@ __device__ inline void warp_mma(const bf16* As, const bf16* Bs, int lane, float 
   }
 }
 
-// Weight row n0 + row's 32-value unit `unit`, rounded to bf16, into Bs[row][32·sub ..] (rows past
-// the matrix: zeros).
+// Values 8p .. 8p + 7 of weight row n0 + row's 32-value unit `unit`, rounded to bf16, into
+// Bs[row][32·sub + 8p ..] (rows past the matrix: zeros). Four adjacent threads take a unit
+// (dequant8), so a warp's loads cover 8 rows' contiguous bytes.
 template <WFormat F, int kBK>
-__device__ inline void stage_unit(const DevWeight& w, int64_t n0, int row, int64_t unit, int sub, bf16* Bs) {
+__device__ inline void stage_part(const DevWeight& w, int64_t n0, int row, int64_t unit, int sub, int p, bf16* Bs) {
   const int64_t r = n0 + row;
-  float v[32];
+  float v[8];
   if (r < w.rows) {
-    dequant32<F>(w.data + r * w.row_bytes, w, r, unit, v);
+    dequant8<F>(w.data + r * w.row_bytes, w, r, unit, p, v);
   } else {
 #pragma unroll
-    for (int j = 0; j < 32; ++j) v[j] = 0.f;
+    for (int j = 0; j < 8; ++j) v[j] = 0.f;
   }
-  store_bf16x32(v, Bs + row * g_ld<kBK>() + 32 * sub);
+  *reinterpret_cast<uint4*>(Bs + row * g_ld<kBK>() + 32 * sub + 8 * p) =
+      make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
+}
+
+// Q4_K row n0 + row's unit `unit` into Bs[row][32·sub ..] by one thread: two 16-byte loads and
+// bf16 arithmetic (q4k_pairs: the unit's scale and min rounded to bf16, the few-row kernel's
+// contract). For rows 16-byte aligned (whole 144-byte blocks from an aligned start).
+template <int kBK>
+__device__ inline void stage_q4k_unit(const DevWeight& w, int64_t n0, int row, int64_t unit, int sub, bf16* Bs) {
+  const int64_t r = n0 + row;
+  uint4* dst = reinterpret_cast<uint4*>(Bs + row * g_ld<kBK>() + 32 * sub);
+  uint32_t a[16] = {};
+  if (r < w.rows) q4k_pairs(w.data + r * w.row_bytes + (unit / 8) * 144, int(unit % 8), a);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) dst[q] = make_uint4(a[4 * q], a[4 * q + 1], a[4 * q + 2], a[4 * q + 3]);
+}
+__device__ inline bool words_aligned(const DevWeight& w) {
+  return ((reinterpret_cast<uintptr_t>(w.data) | uintptr_t(w.row_bytes)) & 15) == 0;
 }
 
 __global__ void moe_group_kernel(const int32_t* idx, int items, int E, MoeGroups g) {
@@ -111,6 +130,7 @@ __global__ void __launch_bounds__(kGThreads) moe_grouped_kernel(MoeMatArgs a, Mo
   pdl_enter_streaming();
   constexpr int L = g_ld<kBK>();
   constexpr int kUnits = kGN * (kBK / 32);  // weight units per matrix and step
+  constexpr int kParts = 4 * kUnits;        // and their quarters
   __shared__ __align__(16) bf16 As[kGM * L];
   __shared__ __align__(16) bf16 Bs[kGN * L];
   __shared__ __align__(16) bf16 B2s[kGelu ? kGN * L : 8];
@@ -128,6 +148,7 @@ __global__ void __launch_bounds__(kGThreads) moe_grouped_kernel(MoeMatArgs a, Mo
   __syncthreads();
   const int64_t K = W.cols;
   const bf16* x = static_cast<const bf16*>(a.x);
+  const bool q4k_words = F == WFormat::GgufQ4_K && words_aligned(W) && (!kGelu || words_aligned(U));
   float acc[2][4][4] = {}, acc2[2][4][4] = {};
   const int wm = (warp & 1) * 32, wn = (warp >> 1) * 32;  // this warp's 32 × 32 tile
   for (int64_t u = 0; u < K / kBK; ++u) {
@@ -137,11 +158,18 @@ __global__ void __launch_bounds__(kGThreads) moe_grouped_kernel(MoeMatArgs a, Mo
       if (item[r] >= 0) q = *reinterpret_cast<const uint4*>(x + int64_t(item[r] / a.x_div) * K + u * kBK + 8 * c8);
       *reinterpret_cast<uint4*>(As + r * L + 8 * c8) = q;
     }
-    for (int j = tid; j < kUnits; j += kGThreads)
-      stage_unit<F, kBK>(W, n0, j % kGN, u * (kBK / 32) + j / kGN, j / kGN, Bs);
-    if constexpr (kGelu)
-      for (int j = tid; j < kUnits; j += kGThreads)
-        stage_unit<F, kBK>(U, n0, j % kGN, u * (kBK / 32) + j / kGN, j / kGN, B2s);
+    if (q4k_words) {
+      for (int j = tid; j < kUnits; j += kGThreads) {  // j: row j % kGN's unit j / kGN of the step
+        stage_q4k_unit<kBK>(W, n0, j % kGN, u * (kBK / 32) + j / kGN, j / kGN, Bs);
+        if constexpr (kGelu) stage_q4k_unit<kBK>(U, n0, j % kGN, u * (kBK / 32) + j / kGN, j / kGN, B2s);
+      }
+    } else {
+      for (int j = tid; j < kParts; j += kGThreads) {  // j: quarter j % 4 of row (j / 4) % kGN's unit
+        const int q = j >> 2;
+        stage_part<F, kBK>(W, n0, q % kGN, u * (kBK / 32) + q / kGN, q / kGN, j & 3, Bs);
+        if constexpr (kGelu) stage_part<F, kBK>(U, n0, q % kGN, u * (kBK / 32) + q / kGN, q / kGN, j & 3, B2s);
+      }
+    }
     __syncthreads();
     warp_mma<kBK>(As + wm * L, Bs + wn * L, lane, acc);
     if constexpr (kGelu) warp_mma<kBK>(As + wm * L, B2s + wn * L, lane, acc2);
