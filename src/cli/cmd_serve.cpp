@@ -13,6 +13,7 @@
 #include "cli/memory_plan.h"
 #include "cli/options.h"
 #include "core/thread_pool.h"
+#include "quant/matmul.h"
 #include "runtime/builtin_template.h"
 #include "runtime/bundle.h"
 #include "server/server.h"
@@ -47,7 +48,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   cli.flag("--no-prefix-cache", "disable the prompt-prefix cache");
   cli.value("--step-tokens", "rows one engine step feeds at most: every decoding stream's token first, then "
             "prompt chunks, oldest request first, so streams keep their pace beside long prompts; 0: no bound; "
-            "auto: 2048 on cuda, 256 on the host backends (whose rows cost far more)", "auto")
+            "auto: 2048 on cuda, 256 on the host backends and with --batch-invariant on (whose rows cost far more)", "auto")
       ->type_name("N|auto")->check(CLI::IsMember({"auto"}) | CLI::Range(0, 1 << 20));
   cli.value("--log-format", "the request log on stderr, one line per request: text, json, or none", "text")
       ->type_name("FORMAT")->check(one_of({"text", "json", "none"}));
@@ -78,11 +79,6 @@ int cmd_serve(const std::vector<std::string>& argv) {
   o.log.verbose = a.has("--verbose");
   o.prefix_cache_bytes = a.has("--no-prefix-cache") ? 0 : size_t(std::stoi(a.get("--prefix-cache-mb"))) << 20;
   o.shutdown_timeout_s = std::stoi(a.get("--shutdown-timeout"));
-  const std::string step_tokens = a.get("--step-tokens");
-  constexpr int kHostStepTokens = 256;  // host rows cost ~100x a device row: a smaller bound keeps the pace
-  o.step_tokens = step_tokens != "auto"         ? std::stoi(step_tokens)
-                  : a.get("--backend") == "cuda" ? EngineOptions{}.step_tokens
-                                                 : kHostStepTokens;
   o.max_connections = std::stoi(a.get("--max-connections"));
   o.allow_special_in_content = a.has("--allow-special-in-content");
   for (std::string rest = a.get("--cors-origin"); !rest.empty();) {  // comma-separated origins
@@ -97,6 +93,15 @@ int cmd_serve(const std::vector<std::string>& argv) {
   // unless asked for (or a drafter needs it).
   const bool invariant_default = a.get("--backend") != "cuda";
   if (Status s = apply_process_flags(a, invariant_default); !s) return fail("serve", s.message());
+  // auto: EngineOptions' bound where rows are cheap (cuda's batched kernels), 256 where a row costs
+  // ~15-100x more (the host backends; cuda's row-exact kernels, ~1.3k prompt tok/s at E4B, where
+  // 2048 rows made a step of ~1.5 s and every stream beside long prompts decoded at ~1 tok/s).
+  const std::string step_tokens = a.get("--step-tokens");
+  const bool cheap_rows = a.get("--backend") == "cuda" && !batch_invariant();  // as apply_process_flags set it
+  constexpr int kSlowRowStepTokens = 256;
+  o.step_tokens = step_tokens != "auto" ? std::stoi(step_tokens)
+                  : cheap_rows          ? EngineOptions{}.step_tokens
+                                        : kSlowRowStepTokens;
   PlanInput plan;  // checked against the machine before anything loads
   plan.context = o.max_context;
   plan.parallel = o.parallel;
