@@ -2,7 +2,7 @@
 # Decode and prefill on the lent GPU, ours against llama.cpp's llama-bench on the same synthetic
 # Gemma 4 Q4_K_M files (tools/make_synthetic_gemma4_gguf.py: real geometry, random weights), in one
 # lease: prompt 512, 128 decoded tokens; ours the median of 3 processes (gemma4 bench --repeat 2),
-# llama-bench's mean of 3 repetitions with flash attention off and on; the weight-read floor (bytes
+# llama-bench's median of 3 repetitions with flash attention off and on; the weight-read floor (bytes
 # one decode step reads at 4.3 TB/s, the copy bandwidth measured on these machines) beside each.
 # Prints one table last.
 #
@@ -17,11 +17,13 @@
 # tokens decoded after it; llama-bench times its decode after an empty context.
 #
 # Configs: bf16+int8 (--dtype bf16: bf16 activations, int8 decode dots), bf16 (--int8-dots off), f32,
-# nopdl (bf16+int8 with --cuda-pdl off: kernels launched without programmatic dependent launch).
+# nopdl (bf16+int8 with --cuda-pdl off: kernels launched without programmatic dependent launch),
+# copies (bf16+int8 keeping bf16 copies of the weights cuBLAS reads, as serve does by default).
+# G4_BIN: the gemma4 binary (default build-cuda/bin/gemma4).
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-B=build-cuda/bin
+G4=${G4_BIN:-build-cuda/bin/gemma4}
 export LD_LIBRARY_PATH=$PWD/.devlibs:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
@@ -45,10 +47,11 @@ for V in $VARIANTS; do
   echo "floor $V $(awk '/^decode_read_bytes/ {print $2}' /tmp/t-$V.log)" >> $R
   for C in $CONFIGS; do
     case $C in f32) CA="--dtype f32";; bf16) CA="--dtype bf16 --int8-dots off";; nopdl) CA="--dtype bf16 --cuda-pdl off";;
+      copies) CA="--dtype bf16 --cuda-bf16-cache 1024";;
       *) CA="--dtype bf16";; esac
     for P in $PROMPTS; do
       for i in 1 2 3; do
-        timeout -s KILL 150 $B/gemma4 bench --model /tmp/t-$V.gguf --backend cuda $CA --prompt-tokens $P --gen-tokens 128 \
+        timeout -s KILL 150 $G4 bench --model /tmp/t-$V.gguf --backend cuda $CA --prompt-tokens $P --gen-tokens 128 \
           --repeat 2 2>>$OUT/ours.err | tail -1 | sed "s/^/ours $V $C $P /" >> $R
       done
     done
@@ -72,7 +75,9 @@ for line in open(sys.argv[1]):
         r = json.loads(p[4]); ours.setdefault((p[1], p[2], int(p[3])), []).append((r["prefill_tok_s"], r["decode_tok_s"]))
     elif p[0] == "llama" and len(p) >= 3:
         r = json.loads(line.split(" ", 2)[2]); n = r["n_prompt"] or 0
-        llama[(p[1], n, int(r.get("flash_attn", 0)))] = r["avg_ts"]
+        # The median of llama-bench's repetitions: its first often carries a one-off cost (seen: 9.9k
+        # tok/s beside 15.5k twice at E2B prefill 512), which its mean (avg_ts) would keep.
+        llama[(p[1], n, int(r.get("flash_attn", 0)))] = st.median(r["samples_ts"]) if r.get("samples_ts") else r["avg_ts"]
 print("| variant | config | prompt | floor tok/s | ours decode | llama.cpp decode fa0 / fa1 | decode ratio | ours prefill | llama.cpp prefill fa0 / fa1 | prefill ratio |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 for (v, c, n), rs in ours.items():
