@@ -72,6 +72,21 @@ __host__ __device__ inline void scale_min_k4(int j, const uint8_t* q, int* sc, i
   }
 }
 
+// A Q4_K / Q5_K unit: its super-block b and the unit's scale and min, value = d · q - dm (ggml's
+// get_scale_min_k4 applied to the block's d and dmin). Unit u of the row at `row`.
+struct KUnit {
+  const uint8_t* b;
+  float d, dm;
+};
+template <bool kQ5>
+__host__ __device__ inline KUnit kquant_unit(const uint8_t* row, int64_t u) {
+  const int s = int(u % 8);
+  const uint8_t* b = row + (u / 8) * (kQ5 ? 176 : 144);
+  int sc, m;
+  scale_min_k4(s, b + 4, &sc, &m);
+  return KUnit{b, ld_half(b) * float(sc), ld_half(b + 2) * float(m)};
+}
+
 // Element (r, c) of w as f32, its row's bytes read from `row` (w.data + r * w.row_bytes, or a
 // copy of them; r itself only indexes MLX scales and biases).
 __host__ __device__ inline float dequant_at(const uint8_t* row, const DevWeight& w, int64_t r, int64_t c) {
@@ -168,17 +183,14 @@ __device__ inline void dequant32(const uint8_t* row, const DevWeight& w, int64_t
   } else if constexpr (F == WFormat::GgufQ4_K || F == WFormat::GgufQ5_K) {
     constexpr bool q5 = F == WFormat::GgufQ5_K;
     const int s = int(u % 8);
-    const uint8_t* b = row + (u / 8) * (q5 ? 176 : 144);
-    int sc, m;
-    scale_min_k4(s, b + 4, &sc, &m);
-    const float d = ld_half(b) * float(sc), dm = ld_half(b + 2) * float(m);
-    const uint8_t* qs = b + (q5 ? 48 : 16) + 32 * (s / 2);
+    const KUnit k = kquant_unit<q5>(row, u);
+    const uint8_t* qs = k.b + (q5 ? 48 : 16) + 32 * (s / 2);
     const int shift = (s & 1) * 4;
 #pragma unroll
     for (int l = 0; l < 32; ++l) {
       int q = (qs[l] >> shift) & 15;
-      if constexpr (q5) q |= ((b[16 + l] >> s) & 1) << 4;
-      out[l] = d * float(q) - dm;
+      if constexpr (q5) q |= ((k.b[16 + l] >> s) & 1) << 4;
+      out[l] = k.d * float(q) - k.dm;
     }
   } else if constexpr (F == WFormat::GgufQ6_K) {
     const int t = int(u % 8), h = t / 4, s = t % 4;

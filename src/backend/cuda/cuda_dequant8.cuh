@@ -58,18 +58,15 @@ __device__ inline void dequant8(const uint8_t* row, const DevWeight& w, int64_t 
   } else if constexpr (F == WFormat::GgufQ4_K || F == WFormat::GgufQ5_K) {
     constexpr bool q5 = F == WFormat::GgufQ5_K;
     const int s = int(u % 8);
-    const uint8_t* b = row + (u / 8) * (q5 ? 176 : 144);
-    int sc, m;
-    scale_min_k4(s, b + 4, &sc, &m);
-    const float d = ld_half(b) * float(sc), dm = ld_half(b + 2) * float(m);
-    const uint2 q = ld_bytes8(b + (q5 ? 48 : 16) + 32 * (s / 2) + 8 * p);
-    const uint2 hb = q5 ? ld_bytes8(b + 16 + 8 * p) : make_uint2(0, 0);
+    const KUnit k = kquant_unit<q5>(row, u);
+    const uint2 q = ld_bytes8(k.b + (q5 ? 48 : 16) + 32 * (s / 2) + 8 * p);
+    const uint2 hb = q5 ? ld_bytes8(k.b + 16 + 8 * p) : make_uint2(0, 0);
     const int shift = (s & 1) * 4;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       int v = int((byte_of(q, i) >> shift) & 15u);
       if constexpr (q5) v |= int((byte_of(hb, i) >> s) & 1u) << 4;
-      out[i] = d * float(v) - dm;
+      out[i] = k.d * float(v) - k.dm;
     }
   } else if constexpr (F == WFormat::GgufQ6_K) {
     const int t = int(u % 8), h = t / 4, s = t % 4;
@@ -115,10 +112,8 @@ __device__ inline uint32_t fma_bf16x2(uint32_t x, uint32_t d, uint32_t c) {
 // conversion took 4 (these kernels are bound by instruction issue). The quants are read as two
 // 16-byte words.
 __device__ inline void q4k_pairs(const uint8_t* b, int s, uint32_t* a) {
-  int sc, m;
-  scale_min_k4(s, b + 4, &sc, &m);
-  const float d = ld_half(b) * float(sc), dm = ld_half(b + 2) * float(m);
-  const uint32_t d2 = pack_bf16(d, d), m2 = pack_bf16(-dm, -dm);
+  const KUnit k = kquant_unit<false>(b, s);
+  const uint32_t d2 = pack_bf16(k.d, k.d), m2 = pack_bf16(-k.dm, -k.dm);
   constexpr uint32_t kOne = 0x3F803F80u, kMinus128 = 0xC300C300u;  // bf16 pairs (1, 1), (-128, -128)
   const uint4* q = reinterpret_cast<const uint4*>(b + 16 + 32 * (s / 2));
   const uint4 q0 = q[0], q1 = q[1];
