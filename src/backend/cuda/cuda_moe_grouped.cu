@@ -12,8 +12,8 @@
 // columns of its expert, 4 warps of 32 × 32 as m16n8k16 bf16 MMAs with f32 accumulators. Per kBK
 // step the items' activation rows (bf16, gathered by item / x_div) and the expert's weight rows
 // (Q4_K units by one thread each, q4k_pairs; other formats by four threads a unit, dequant8;
-// rounded to bf16) are staged in shared memory. Outputs are rounded once to bf16. The gate/up form multiplies both weights' tiles by
-// the same activations and stores gelu_tanh(gate) · up.
+// rounded to bf16) are staged in shared memory. Outputs are rounded once to bf16. The gate/up
+// form multiplies both weights' tiles by the same activations and stores gelu_tanh(gate) · up.
 #include <cuda_bf16.h>
 
 #include <cstdint>
