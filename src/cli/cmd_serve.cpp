@@ -7,6 +7,9 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
 #include <thread>
 
 #include "cli/common.h"
@@ -25,6 +28,41 @@ std::atomic<int> g_signal{0};
 void on_signal(int s) { g_signal.store(s); }
 
 void progress(const std::string& m) { std::fprintf(stderr, "[gemma4 serve] %s\n", m.c_str()); }
+
+// A file or folder as the prompt cache's key sees it: its absolute path, and each file's size and
+// modification time (a folder: its files', one level down), so a changed checkpoint is another key.
+std::string file_identity(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path p = fs::absolute(path, ec);
+  std::vector<fs::path> files;
+  if (fs::is_directory(p, ec)) {
+    for (fs::directory_iterator it(p, ec), end; !ec && it != end; it.increment(ec))
+      if (it->is_regular_file()) files.push_back(it->path());
+    std::sort(files.begin(), files.end());
+  } else {
+    files.push_back(p);
+  }
+  std::string id = p.string();
+  for (const fs::path& f : files) {
+    const auto mtime = fs::last_write_time(f, ec).time_since_epoch().count();
+    id += "|" + f.filename().string() + ":" + std::to_string(fs::file_size(f, ec)) + "@" + std::to_string(mtime);
+  }
+  return id;
+}
+
+// The prompt cache's key (runtime/prompt_store.h): the model and adapter files and every option
+// the KV's values depend on.
+std::string prompt_cache_key(const Args& a, const ModelBundle& b) {
+  const Backend& be = b.model->backend();
+  std::string key = "model=" + file_identity(b.path) + ";backend=" + be.name() +
+                    ";activations=" + std::string(dtype_name(be.activation_dtype()));
+  for (const char* opt : {"--kv-bits", "--kv-group-size", "--quantized-kv-start"})
+    key += std::string(";") + opt + "=" + a.get(opt);
+  key += std::string(";batch-invariant=") + (batch_invariant() ? "on" : "off");
+  if (a.has("--adapter-path")) key += ";adapter=" + file_identity(a.get("--adapter-path"));
+  return key;
+}
 
 int cmd_serve(const std::vector<std::string>& argv) {
   VerbCli cli("serve", "OpenAI- and Anthropic-compatible HTTP server (loopback by default).");
@@ -46,6 +84,10 @@ int cmd_serve(const std::vector<std::string>& argv) {
   cli.value("--prefix-cache-mb", "memory for the prompt-prefix cache; 0 disables it", "256")->type_name("MiB")
       ->check(CLI::Range(0, 1 << 20));
   cli.flag("--no-prefix-cache", "disable the prompt-prefix cache");
+  cli.value("--prompt-cache", "keep the prefix cache's entries in DIR too, and read them back at start (an "
+            "entry is used only by the same model file and KV options)")->type_name("DIR");
+  cli.value("--prompt-cache-disk-mb", "disk for --prompt-cache; the oldest entries are removed past it", "8192")
+      ->type_name("MiB")->check(CLI::Range(1, 1 << 30));
   cli.value("--step-tokens", "rows one engine step feeds at most: every decoding stream's token first, then "
             "prompt chunks, oldest request first, so streams keep their pace beside long prompts; 0: no bound; "
             "auto: 2048 on cuda, 256 on the host backends and with --batch-invariant on (whose rows cost far more)", "auto")
@@ -78,6 +120,10 @@ int cmd_serve(const std::vector<std::string>& argv) {
                : log_format == "none" ? server::LogFormat::None : server::LogFormat::Text;
   o.log.verbose = a.has("--verbose");
   o.prefix_cache_bytes = a.has("--no-prefix-cache") ? 0 : size_t(std::stoi(a.get("--prefix-cache-mb"))) << 20;
+  o.prompt_cache_dir = a.get("--prompt-cache");
+  o.prompt_cache_disk_bytes = size_t(std::stoll(a.get("--prompt-cache-disk-mb"))) << 20;
+  if (!o.prompt_cache_dir.empty() && o.prefix_cache_bytes == 0)
+    return fail("serve", "--prompt-cache needs the prefix cache (drop --no-prefix-cache / --prefix-cache-mb 0)");
   o.shutdown_timeout_s = std::stoi(a.get("--shutdown-timeout"));
   o.max_connections = std::stoi(a.get("--max-connections"));
   o.allow_special_in_content = a.has("--allow-special-in-content");
@@ -147,6 +193,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error value, not a signal
+  if (!o.prompt_cache_dir.empty()) o.prompt_cache_key = prompt_cache_key(a, b.value());
   server::Server srv(b.value(), o);
   Status st = srv.start();
   if (!st) return fail("serve", st.message());

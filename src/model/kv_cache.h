@@ -10,6 +10,7 @@
 // 0.32.2 cannot quantize them either (RotatingKVCache.to_quantized raises NotImplementedError).
 // KV-shared layers read their donor's cache, quantized or not.
 #pragma once
+#include <cstdint>
 #include <vector>
 
 #include "backend/backend.h"
@@ -47,6 +48,14 @@ class KvCache {
   bool truncate(int n);
   // Copies the full state of `other` (same config and options) into this cache.
   void copy_from(const KvCache& other);
+
+  // The cache's state as bytes, for a prompt cache on disk (runtime/prompt_store.h): the size, and
+  // every owned layer's occupied slots (full layers: the first size() slots; sliding rings: all
+  // slots, their positions included), copied to the host. load_state fills a fresh cache of the
+  // same config and options from such bytes, checking every count, size and position against
+  // this cache's geometry (a false message names what does not fit; the cache is then empty).
+  std::vector<uint8_t> save_state() const;
+  Status load_state(const uint8_t* p, size_t n);
 
   const KvBuffer& layer(int i) const { return buf_[size_t(i)]; }
   // Whether the full layers hold quantized KV now.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <future>
 #include <string>
@@ -58,7 +59,30 @@ Engine::Engine(Model& model, EngineOptions opt)
   logits_.resize(size_t(opt_.parallel) * model_.config().vocab);
   const char* dt = std::getenv("G4_DEVICE_TOPK");  // 0: always copy the logits (for comparisons)
   device_topk_enabled_ = !(dt && std::string(dt) == "0");
+  if (!opt_.prompt_cache_dir.empty() && opt_.prefix_cache_bytes > 0) open_prompt_store();
   thread_ = std::thread([this] { loop(); });
+}
+
+void Engine::open_prompt_store() {
+  auto warn = [](const std::string& m) { std::fprintf(stderr, "[gemma4] prompt cache: %s\n", m.c_str()); };
+  store_ = std::make_unique<PromptStore>(opt_.prompt_cache_dir, opt_.prompt_cache_key, opt_.prompt_cache_disk_bytes,
+                                         warn);
+  // Newest first from the store; inserted oldest first, so the newest are the most recently used.
+  std::vector<std::pair<std::vector<int32_t>, std::unique_ptr<KvCache>>> got;
+  size_t bytes = 0;
+  store_->load(opt_.prefix_cache_bytes, [&](std::vector<int32_t> tokens, std::vector<uint8_t> state) {
+    auto cache = model_.new_cache();
+    if (Status st = cache->load_state(state.data(), state.size()); !st) {
+      warn("an entry of " + std::to_string(tokens.size()) + " tokens does not fit this model: " + st.message());
+      return true;
+    }
+    bytes += cache->bytes();
+    got.emplace_back(std::move(tokens), std::move(cache));
+    return true;
+  });
+  for (auto it = got.rbegin(); it != got.rend(); ++it) prefix_.insert(std::move(it->first), std::move(it->second));
+  std::fprintf(stderr, "[gemma4] prompt cache: %zu of %zu entries on disk read back (%.1f MiB) from %s\n", got.size(),
+               store_->entries(), double(bytes) / double(1 << 20), opt_.prompt_cache_dir.c_str());
 }
 
 Engine::~Engine() {
@@ -162,6 +186,7 @@ void Engine::finish(Slot& s, FinishReason r, const std::string& error) {
   // Keep the KV of a cleanly consumed sequence for later prefixes.
   if (r != FinishReason::Error && s.cache && s.cache->size() == int(s.fed.size()) && !s.fed.empty() &&
       req->spec.soft.empty()) {
+    if (store_) store_->save(s.fed, s.cache->save_state());
     prefix_.insert(std::move(s.fed), std::move(s.cache));
   }
   s.cache.reset();

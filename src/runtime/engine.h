@@ -24,6 +24,7 @@
 #include "grammar/grammar.h"
 #include "model/model.h"
 #include "runtime/prefix_cache.h"
+#include "runtime/prompt_store.h"
 #include "sampling/sampler.h"
 
 namespace g4 {
@@ -78,6 +79,12 @@ struct EngineOptions {
   int step_tokens = 2048;
   ActPrecision precision = ActPrecision::F32;
   size_t prefix_cache_bytes = size_t(256) << 20;  // 0 disables the prompt-prefix cache
+  // Prompt caches on disk (runtime/prompt_store.h), with the prefix cache on: entries under
+  // prompt_cache_key are read back at start (within prefix_cache_bytes) and every entry the prefix
+  // cache takes is written, at most prompt_cache_disk_bytes of them. Empty dir: none.
+  std::string prompt_cache_dir;
+  std::string prompt_cache_key;  // the model and the options its KV's values depend on
+  size_t prompt_cache_disk_bytes = size_t(8) << 30;
 };
 
 struct EngineStats {
@@ -180,10 +187,13 @@ class Engine {
   // Copies the slots' and the prefix cache's occupancy (engine-thread state) into stats_.
   void publish_cache_stats();
   void finish(Slot& s, FinishReason r, const std::string& error = "");
+  // Opens opt_.prompt_cache_dir and puts its entries into the prefix cache (the constructor).
+  void open_prompt_store();
 
   Model& model_;
   EngineOptions opt_;
   PrefixCache prefix_;
+  std::unique_ptr<PromptStore> store_;  // opt_.prompt_cache_dir's entries, or null
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Request>> queue_;

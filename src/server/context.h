@@ -29,6 +29,8 @@ struct ServerOptions {
   int http_threads = 0;        // 0: parallel + max_queue + 4
   std::string model_id;        // name reported by /v1/models (default: the model's file name)
   size_t prefix_cache_bytes = size_t(256) << 20;
+  std::string prompt_cache_dir, prompt_cache_key;  // EngineOptions' prompt_cache_*
+  size_t prompt_cache_disk_bytes = EngineOptions{}.prompt_cache_disk_bytes;
   int step_tokens = EngineOptions{}.step_tokens;  // EngineOptions::step_tokens
   RequestLogOptions log;       // one line per request on stderr (server/request_log.h)
   // Parse special tokens in the text of messages too (a client can then write control tokens,

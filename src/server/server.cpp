@@ -61,6 +61,9 @@ Server::Server(const ModelBundle& bundle, ServerOptions opt) : bundle_(bundle), 
   eo.max_queue = opt_.max_queue;
   eo.max_context = opt_.max_context;
   eo.prefix_cache_bytes = opt_.prefix_cache_bytes;
+  eo.prompt_cache_dir = opt_.prompt_cache_dir;
+  eo.prompt_cache_key = opt_.prompt_cache_key;
+  eo.prompt_cache_disk_bytes = opt_.prompt_cache_disk_bytes;
   eo.step_tokens = opt_.step_tokens;
   engine_ = std::make_unique<Engine>(*bundle.model, eo);
   std::string id = opt_.model_id.empty() ? bundle.name : opt_.model_id;

@@ -1,0 +1,149 @@
+// KvCache::save_state / load_state (model/kv_cache.h). Layout, little-endian:
+//   u32 layers, i32 size, u8 quantized, then per layer: i32 slots (-1: a KV-shared layer, nothing
+//   follows), i32 capacity, u8 bits, u8 reserved, u16 group_size, then the slots' bytes: k, v (the
+//   backend's activation dtype) or kq, vq, ks, kb, vs, vb (quantized), then i32 pos[slots].
+#include <cstring>
+
+#include "model/kv_cache.h"
+
+namespace g4 {
+namespace {
+
+struct Writer {
+  std::vector<uint8_t>& out;
+  template <class T>
+  void put(T v) {
+    const auto* b = reinterpret_cast<const uint8_t*>(&v);
+    out.insert(out.end(), b, b + sizeof v);
+  }
+  uint8_t* grow(size_t n) {
+    out.resize(out.size() + n);
+    return out.data() + out.size() - n;
+  }
+};
+
+struct Reader {
+  const uint8_t* p;
+  size_t n;
+  bool ok = true;
+  template <class T>
+  T get() {
+    T v{};
+    if (!take(sizeof v)) return v;
+    std::memcpy(&v, p - sizeof v, sizeof v);
+    return v;
+  }
+  // The next n bytes, or null when fewer are left.
+  const uint8_t* take(size_t bytes) {
+    if (!ok || bytes > n) {
+      ok = false;
+      return nullptr;
+    }
+    p += bytes;
+    n -= bytes;
+    return p - bytes;
+  }
+};
+
+// The byte ranges of a buffer's first `slots` slots, in the layout's order.
+struct Part {
+  Buf buf;
+  size_t bytes;
+};
+std::vector<Part> parts(const KvBuffer& b, int slots, Backend& be) {
+  const size_t n = size_t(slots);
+  if (b.quantized()) {
+    const size_t cb = n * b.row_code_bytes(), gb = n * b.row_groups() * 4;
+    const int dev = be.on_device() ? 0 : -1;
+    return {{Buf(b.kq, DType::U8, 0, dev), cb}, {Buf(b.vq, DType::U8, 0, dev), cb},
+            {Buf(b.ks, DType::F32, 0, dev), gb}, {Buf(b.kb, DType::F32, 0, dev), gb},
+            {Buf(b.vs, DType::F32, 0, dev), gb}, {Buf(b.vb, DType::F32, 0, dev), gb}};
+  }
+  const size_t rb = n * b.row_floats() * dtype_size(be.activation_dtype());
+  return {{b.k, rb}, {b.v, rb}};
+}
+
+}  // namespace
+
+std::vector<uint8_t> KvCache::save_state() const {
+  std::vector<uint8_t> out;
+  Writer w{out};
+  w.put(uint32_t(buf_.size()));
+  w.put(int32_t(size_));
+  w.put(uint8_t(quantized_));
+  for (size_t i = 0; i < buf_.size(); ++i) {
+    const KvBuffer& b = buf_[i];
+    if (!owns(i)) {
+      w.put(int32_t(-1));
+      continue;
+    }
+    const int slots = b.window > 0 ? b.capacity : std::min(size_, b.capacity);
+    w.put(int32_t(slots));
+    w.put(int32_t(b.capacity));
+    w.put(uint8_t(b.quant.bits));
+    w.put(uint8_t(0));
+    w.put(uint16_t(b.quant.group_size));
+    for (const Part& part : parts(b, slots, be_))
+      if (part.bytes) be_.read_bytes(part.buf, part.bytes, w.grow(part.bytes));
+    if (slots) std::memcpy(w.grow(size_t(slots) * 4), b.pos, size_t(slots) * 4);
+  }
+  return out;
+}
+
+Status KvCache::load_state(const uint8_t* p, size_t n) {
+  if (size_ != 0) return err("load_state: the cache is not empty");
+  Reader r{p, n};
+  const uint32_t layers = r.get<uint32_t>();
+  const int32_t size = r.get<int32_t>();
+  const bool quantized = r.get<uint8_t>() != 0;
+  if (!r.ok || layers != buf_.size()) return err("the state has %u layers, the model %zu", layers, buf_.size());
+  if (size <= 0) return err("the state holds %d tokens", size);
+  if (quantized && opt_.quant.bits == 0) return err("the state is quantized, this cache is not");
+  if (!quantized && opt_.quant.bits > 0 && size >= opt_.quantized_start)
+    return err("the state's %d tokens are not quantized, this cache quantizes from %d", size, opt_.quantized_start);
+  auto fail = [&](const char* what, size_t layer) {
+    for (KvBuffer& b : buf_) release(b);
+    return err("layer %zu: %s", layer, what);
+  };
+  for (size_t i = 0; i < buf_.size(); ++i) {
+    KvBuffer& b = buf_[i];
+    const int32_t slots = r.get<int32_t>();
+    if (!owns(i)) {
+      if (slots != -1) return fail("a KV-shared layer with slots", i);
+      continue;
+    }
+    const int32_t capacity = r.get<int32_t>();
+    const int bits = r.get<uint8_t>();
+    r.get<uint8_t>();
+    const int group = r.get<uint16_t>();
+    if (!r.ok) return fail("the state ends early", i);
+    const bool want_quant = quantized && b.window == 0;
+    if (bits != (want_quant ? opt_.quant.bits : 0) || (bits && group != opt_.quant.group_size))
+      return fail("KV quantization differs from this cache's options", i);
+    if (b.window > 0 ? (slots != capacity || capacity < b.window || capacity > b.window + (1 << 20))
+                     : (slots != size || capacity < size))
+      return fail("slot count does not fit the layer", i);
+    b.quant = want_quant ? opt_.quant : KvQuant{};
+    allocate(b, std::max(slots, 1));
+    for (const Part& part : parts(b, slots, be_)) {
+      const uint8_t* src = r.take(part.bytes);
+      if (!src) return fail("the state ends early", i);
+      if (part.bytes) be_.write_bytes(src, part.bytes, part.buf);
+    }
+    const uint8_t* pos = r.take(size_t(slots) * 4);
+    if (!pos) return fail("the state ends early", i);
+    if (slots) std::memcpy(b.pos, pos, size_t(slots) * 4);
+    // A position must sit in the slot attention expects it in, below the size.
+    for (int s = 0; s < slots; ++s) {
+      const int q = b.pos[s];
+      if (q >= size || q < -1 || (q >= 0 && q % slots != s) || (b.window == 0 && q != s))
+        return fail("a slot holds a position it cannot hold", i);
+    }
+  }
+  if (r.n != 0) return err("%zu bytes follow the state", r.n);
+  size_ = size;
+  quantized_ = quantized;
+  return Status::ok();
+}
+
+}  // namespace g4
