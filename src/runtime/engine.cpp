@@ -72,7 +72,10 @@ void Engine::open_prompt_store() {
   size_t bytes = 0;
   store_->load(opt_.prefix_cache_bytes, [&](std::vector<int32_t> tokens, std::vector<uint8_t> state) {
     auto cache = model_.new_cache();
-    if (Status st = cache->load_state(state.data(), state.size()); !st) {
+    Status st = cache->load_state(state.data(), state.size());
+    if (st && cache->size() != int(tokens.size()))
+      st = err("its KV holds %d tokens, its list %zu", cache->size(), tokens.size());
+    if (!st) {
       warn("an entry of " + std::to_string(tokens.size()) + " tokens does not fit this model: " + st.message());
       return true;
     }
@@ -147,6 +150,37 @@ Status Engine::run_exclusive(const std::function<void()>& fn) {
   }
   fut.wait();
   return Status::ok();
+}
+
+Result<std::pair<std::vector<int32_t>, std::vector<uint8_t>>> Engine::export_prefix(const std::vector<int32_t>& tokens,
+                                                                                    size_t* matched) {
+  std::pair<std::vector<int32_t>, std::vector<uint8_t>> out;
+  *matched = 0;
+  Status st = run_exclusive([&] {
+    const PrefixCache::Match m = prefix_.longest(tokens, tokens.size());
+    if (!m.cache) return;
+    *matched = m.len;
+    out = {*m.tokens, m.cache->save_state()};
+  });
+  if (!st) return st;
+  return out;
+}
+
+Status Engine::import_prefix(std::vector<int32_t> tokens, const std::vector<uint8_t>& state) {
+  if (opt_.prefix_cache_bytes == 0) return err("the prefix cache is off");
+  Status result = Status::ok();
+  Status st = run_exclusive([&] {
+    auto cache = model_.new_cache();
+    result = cache->load_state(state.data(), state.size());
+    if (!result) return;
+    if (cache->size() != int(tokens.size())) {
+      result = err("the state holds %d tokens, the entry lists %zu", cache->size(), tokens.size());
+      return;
+    }
+    prefix_.insert(std::move(tokens), std::move(cache));
+    publish_cache_stats();
+  });
+  return st ? result : st;
 }
 
 void Engine::request_stop(bool drain) {

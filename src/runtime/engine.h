@@ -124,6 +124,13 @@ class Engine {
   // the model's backend, such as encoding images, must not run beside a step). Error when the
   // engine is shutting down.
   Status run_exclusive(const std::function<void()>& fn);
+  // Explicit saves of a conversation's KV (POST /slots/save and /slots/restore): the prefix cache's
+  // entry sharing the longest prefix with `tokens` (its tokens and KvCache::save_state; *matched:
+  // the shared length, 0 and nothing when none), and an entry put into the prefix cache from such
+  // a state (refused when the state does not fit this model and options). On the engine thread.
+  Result<std::pair<std::vector<int32_t>, std::vector<uint8_t>>> export_prefix(const std::vector<int32_t>& tokens,
+                                                                             size_t* matched);
+  Status import_prefix(std::vector<int32_t> tokens, const std::vector<uint8_t>& state);
   // Stops the engine thread. drain=true lets running and queued requests finish first.
   void shutdown(bool drain);
   // The same without waiting: new requests are refused from now on; request_stop(false) after

@@ -29,26 +29,41 @@ void PrefixCache::insert(std::vector<int32_t> tokens, std::unique_ptr<KvCache> c
   }
 }
 
-int PrefixCache::lookup(const std::vector<int32_t>& prompt, KvCache& dst) {
+std::list<PrefixCache::Entry>::iterator PrefixCache::best(const std::vector<int32_t>& tokens, size_t max_len,
+                                                          size_t* len) {
   auto best = entries_.end();
   size_t best_len = 0;
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-    size_t n = std::min(it->tokens.size(), prompt.size() - 1);
+    const size_t n = std::min({it->tokens.size(), tokens.size(), max_len});
     size_t l = 0;
-    while (l < n && it->tokens[l] == prompt[l]) ++l;
+    while (l < n && it->tokens[l] == tokens[l]) ++l;
     if (l > best_len) {
       best_len = l;
       best = it;
     }
   }
-  if (best == entries_.end() || best_len == 0) return 0;
-  dst.copy_from(*best->cache);
+  *len = best_len;
+  return best;
+}
+
+int PrefixCache::lookup(const std::vector<int32_t>& prompt, KvCache& dst) {
+  size_t best_len = 0;
+  const auto it = prompt.empty() ? entries_.end() : best(prompt, prompt.size() - 1, &best_len);
+  if (it == entries_.end()) return 0;
+  dst.copy_from(*it->cache);
   if (!dst.truncate(int(best_len))) {
     dst.truncate(0);
     return 0;
   }
-  entries_.splice(entries_.begin(), entries_, best);  // mark as recently used
+  entries_.splice(entries_.begin(), entries_, it);  // mark as recently used
   return int(best_len);
+}
+
+PrefixCache::Match PrefixCache::longest(const std::vector<int32_t>& tokens, size_t max_len) {
+  size_t len = 0;
+  const auto it = best(tokens, max_len, &len);
+  if (it == entries_.end()) return {};
+  return Match{&it->tokens, it->cache.get(), len};
 }
 
 }  // namespace g4

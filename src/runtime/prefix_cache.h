@@ -22,6 +22,14 @@ class PrefixCache {
   // Fills `dst` (a fresh cache of the same model) with the longest cached prefix of `prompt`,
   // leaving at least one prompt token to compute. Returns the number of reused tokens (0: none).
   int lookup(const std::vector<int32_t>& prompt, KvCache& dst);
+  // The entry sharing the longest prefix (of at most max_len tokens) with `tokens`: its tokens, its
+  // cache and that prefix's length; nulls and 0 when none shares a token.
+  struct Match {
+    const std::vector<int32_t>* tokens = nullptr;
+    const KvCache* cache = nullptr;
+    size_t len = 0;
+  };
+  Match longest(const std::vector<int32_t>& tokens, size_t max_len);
   size_t bytes() const { return bytes_; }
   size_t entries() const { return entries_.size(); }
 
@@ -31,6 +39,8 @@ class PrefixCache {
     std::unique_ptr<KvCache> cache;
     size_t bytes = 0;
   };
+  std::list<Entry>::iterator best(const std::vector<int32_t>& tokens, size_t max_len, size_t* len);
+
   size_t max_bytes_;
   size_t bytes_ = 0;
   std::list<Entry> entries_;  // front = most recently used

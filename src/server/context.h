@@ -49,8 +49,8 @@ struct Metrics {
   std::map<std::string, uint64_t> requests;  // "endpoint status" -> count
   static std::string endpoint_label(const std::string& path) {
     for (const char* known : {"/", "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/messages",
-                               "/v1/messages/count_tokens", "/v1/responses", "/tokenize", "/detokenize", "/health",
-                               "/metrics"})
+                               "/v1/messages/count_tokens", "/v1/responses", "/tokenize", "/detokenize", "/slots/save",
+                               "/slots/restore", "/health", "/metrics"})
       if (path == known) return known;
     return "other";
   }
@@ -111,6 +111,10 @@ std::string new_id(const char* prefix);
 long unix_time();
 
 void register_openai_routes(http::Server& svr, Context& ctx);
+void register_slot_routes(http::Server& svr, Context& ctx);
+// The prompt token ids of a body holding "messages" (the chat prompt /v1/chat/completions builds)
+// or "content" / "prompt" (a text prompt, <bos> first); *chat: which. False with *e otherwise.
+bool request_prompt_ids(Context& ctx, const ojson& body, std::vector<int32_t>* ids, bool* chat, ApiError* e);
 void register_anthropic_routes(http::Server& svr, Context& ctx);
 void register_responses_routes(http::Server& svr, Context& ctx);
 

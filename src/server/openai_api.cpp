@@ -269,42 +269,55 @@ ojson model_json(const Context& ctx) {
   return {{"id", ctx.model_id}, {"object", "model"}, {"created", unix_time()}, {"owned_by", "local"}};
 }
 
+}  // namespace
+
+bool request_prompt_ids(Context& ctx, const ojson& body, std::vector<int32_t>* ids, bool* chat, ApiError* e) {
+  TextRequest r;
+  const ojson* text = nullptr;
+  for (const char* key : {"content", "prompt"})
+    if (auto it = body.find(key); it != body.end() && !it->is_null()) text = &*it;
+  if (body.contains("messages")) {
+    if (auto err = read_openai_request(body, true, ctx.bundle.model->config().vocab, r)) {
+      *e = *err;
+      return false;
+    }
+  } else if (!text || !text->is_string()) {
+    *e = ApiError{400, "invalid_request_error", "give 'content' (or 'prompt') as a string, or 'messages'", "content"};
+    return false;
+  } else {
+    r.chat = false;
+    r.prompt = text->get<std::string>();
+  }
+  auto built = LiveGeneration::prompt_ids(ctx.engine, ctx.bundle, r, ctx.opt.allow_special_in_content);
+  if (auto* err = std::get_if<ApiError>(&built)) {
+    *e = *err;
+    return false;
+  }
+  *ids = std::move(std::get<std::vector<int32_t>>(built));
+  *chat = r.chat;
+  return true;
+}
+
+namespace {
+
 // POST /tokenize (llama-server's and vLLM's): {"content" | "prompt": text} or {"messages": [...]}
 // (the chat prompt as /v1/chat/completions builds it); "add_special" / "add_special_tokens"
 // (default true) keep the leading <bos> of a text prompt. Answers {"tokens", "count", "max_model_len"}.
 void tokenize(Context& ctx, const http::Request& hreq, http::Response& res) {
   ApiError e;
   ojson body;
-  if (parse_body(hreq, body, e)) {
-    TextRequest r;
-    const ojson* text = nullptr;
-    for (const char* key : {"content", "prompt"})
-      if (auto it = body.find(key); it != body.end() && !it->is_null()) text = &*it;
-    if (body.contains("messages")) {
-      if (auto err = read_openai_request(body, true, ctx.bundle.model->config().vocab, r)) e = *err;
-    } else if (!text || !text->is_string()) {
-      e = ApiError{400, "invalid_request_error", "give 'content' (or 'prompt') as a string, or 'messages'", "content"};
-    } else {
-      r.chat = false;
-      r.prompt = text->get<std::string>();
-    }
+  std::vector<int32_t> ids;
+  bool chat = false;
+  if (parse_body(hreq, body, e) && request_prompt_ids(ctx, body, &ids, &chat, &e)) {
     bool add_special = true;
     for (const char* key : {"add_special", "add_special_tokens"})
       if (auto it = body.find(key); it != body.end() && it->is_boolean()) add_special = it->get<bool>();
-    if (e.message.empty()) {
-      auto built = LiveGeneration::prompt_ids(ctx.engine, ctx.bundle, r, ctx.opt.allow_special_in_content);
-      if (auto* err = std::get_if<ApiError>(&built)) {
-        e = *err;
-      } else {
-        std::vector<int32_t> ids = std::move(std::get<std::vector<int32_t>>(built));
-        const int bos = ctx.bundle.tokenizer->bos_id();
-        if (!r.chat && !add_special && !ids.empty() && ids[0] == bos) ids.erase(ids.begin());
-        res.set_content(ojson{{"tokens", ids}, {"count", ids.size()},
-                              {"max_model_len", ctx.engine.options().max_context}}.dump(), "application/json");
-        ctx.metrics.count("/tokenize", 200);
-        return;
-      }
-    }
+    const int bos = ctx.bundle.tokenizer->bos_id();
+    if (!chat && !add_special && !ids.empty() && ids[0] == bos) ids.erase(ids.begin());
+    res.set_content(ojson{{"tokens", ids}, {"count", ids.size()},
+                          {"max_model_len", ctx.engine.options().max_context}}.dump(), "application/json");
+    ctx.metrics.count("/tokenize", 200);
+    return;
   }
   ctx.metrics.count("/tokenize", e.status);
   send_openai_error(res, e);

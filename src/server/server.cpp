@@ -191,6 +191,7 @@ void Server::register_routes() {
   });
   register_web_page(*http_);
   register_openai_routes(*http_, *ctx_);
+  register_slot_routes(*http_, *ctx_);
   register_anthropic_routes(*http_, *ctx_);
   register_responses_routes(*http_, *ctx_);
 }

@@ -81,6 +81,66 @@ def test_a_restarted_server_reuses_the_saved_prefix(gemma4_bin, tmp_path):
     assert got_cached == 0 and got_text == want_text
 
 
+def _post(port, path, body):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    c.request("POST", path, headers={"Content-Type": "application/json"}, body=json.dumps(body))
+    r = c.getresponse()
+    return r.status, json.loads(r.read())
+
+
+def test_a_saved_conversation_is_restored_by_name(gemma4_bin, tmp_path):
+    """POST /slots/save names a conversation's KV (the entry its prompt shares the most with);
+    POST /slots/restore puts it back after a restart, with the automatic entries gone."""
+    if not STARTER.exists():
+        pytest.skip(f"{STARTER} is missing: run `make starter-model` first")
+    p, port = _serve(gemma4_bin, tmp_path / "a")
+    answer, _ = _chat(port, FIRST)
+    want_text, want_cached = _chat(port, _follow_up(answer))
+    _stop(p)
+
+    p, port = _serve(gemma4_bin, tmp_path / "b")
+    try:
+        st, body = _post(port, "/slots/save", {"filename": "conv-1", "messages": FIRST})
+        assert st == 404, body  # nothing cached yet
+        _chat(port, FIRST)
+        st, body = _post(port, "/slots/save", {"filename": "conv-1", "messages": FIRST})
+        assert st == 200, body
+        assert body["filename"] == "conv-1" and body["n_saved"] > body["n_matched"] > 0 and body["n_written"] > 0
+        # Errors: a path for a name, an unknown name, a file that is not a whole entry.
+        for name in ("../x", ".hidden", "", "a/b", "x" * 129):
+            st, body = _post(port, "/slots/save", {"filename": name, "messages": FIRST})
+            assert st == 400 and body["error"]["param"] == "filename", (name, body)
+        st, body = _post(port, "/slots/restore", {"filename": "nope"})
+        assert st == 404, body
+        (tmp_path / "b" / "saved" / "junk").write_bytes(b"G4PROMPT" + bytes(40))
+        st, body = _post(port, "/slots/restore", {"filename": "junk"})
+        assert st == 400 and "cannot be restored" in body["error"]["message"], body
+    finally:
+        _stop(p)
+    for f in (tmp_path / "b").glob("*.g4kv"):
+        f.unlink()  # only the saved conversation is left
+    p, port = _serve(gemma4_bin, tmp_path / "b")
+    try:
+        st, body = _post(port, "/slots/restore", {"filename": "conv-1"})
+        assert st == 200 and body["n_restored"] > 0, body
+        assert _chat(port, _follow_up(answer)) == (want_text, want_cached)
+    finally:
+        _stop(p)
+
+
+def test_slots_need_the_prompt_cache(gemma4_bin):
+    if not STARTER.exists():
+        pytest.skip(f"{STARTER} is missing: run `make starter-model` first")
+    p = subprocess.Popen([str(gemma4_bin), "serve", "--port", "0", "-t", "2"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        port = int(re.match(r"ready: http://127\.0\.0\.1:(\d+)", p.stdout.readline()).group(1))
+        st, body = _post(port, "/slots/save", {"filename": "x", "messages": FIRST})
+        assert st == 400 and "--prompt-cache" in body["error"]["message"], body
+    finally:
+        _stop(p)
+
+
 def test_prompt_cache_needs_the_prefix_cache(gemma4_bin, tmp_path):
     r = subprocess.run([str(gemma4_bin), "serve", "--port", "0", "--no-prefix-cache", "--prompt-cache", str(tmp_path)],
                        capture_output=True, text=True, timeout=120)
