@@ -418,9 +418,10 @@ TEST_F(CudaBf16Test, PrefillOnBlas) {
 // tensor-core GEMM per projection) against the reference: one expert takes most rows (several
 // 64-slot blocks), one none. Weights are rounded to bf16 inside the kernel, hence 2e-2. A row's
 // output must not depend on the other rows of the prompt: the first 20 rows alone give the same
-// bits as inside the 150.
+// bits as inside the 150. The 32-value block formats use an expert width of 224: a gate tile
+// past the matrix's last row, and 32-column steps in the down projection.
 TEST_F(CudaBf16Test, GroupedPrefillExperts) {
-  const int rows = 150, E = 16, k = 4, d = 512, I = 256, alone = 20;
+  const int rows = 150, E = 16, k = 4, d = 512, alone = 20;
   std::mt19937 rng(80);
   auto scores = randn(size_t(rows) * E, 81);
   for (int r = 0; r < rows; ++r) {
@@ -436,6 +437,8 @@ TEST_F(CudaBf16Test, GroupedPrefillExperts) {
   for (auto [mixed, fmt] : {std::pair{false, WFormat::GgufQ4_K}, {true, WFormat::GgufQ4_K}, {false, WFormat::GgufQ5_K},
                             {false, WFormat::GgufQ6_K}, {false, WFormat::GgufQ8_0}, {false, WFormat::GgufQ5_0},
                             {false, WFormat::GgufQ4_0}}) {
+    const bool blocks32 = !mixed && (fmt == WFormat::GgufQ8_0 || fmt == WFormat::GgufQ5_0 || fmt == WFormat::GgufQ4_0);
+    const int I = blocks32 ? 224 : 256;
     const test::TestExperts ex = test::make_test_experts(*cu, E, I, d, mixed, 90, rng, fmt);
     const std::string what = mixed ? "MLX 3/6/5-bit experts" : std::string(wformat_name(fmt)) + " experts";
     std::vector<float> want(size_t(rows) * d);

@@ -600,6 +600,14 @@ class CudaBackend final : public Backend {
     }
     return t;
   }
+  // Whether every expert's device rows start on 16-byte boundaries (its data and row_bytes).
+  bool rows16(const std::vector<WeightView>& ws) {
+    for (const WeightView& w : ws) {
+      const cuda::DevWeight d = dev(w);
+      if ((reinterpret_cast<uintptr_t>(d.data) | uintptr_t(d.row_bytes)) & 15) return false;
+    }
+    return true;
+  }
   // h[item] = gelu(x·G_e) * (x·U_e), y[item] = h[item]·D_e for the rows * k routed (row, expert)
   // items, then out = the router-weighted sum over each row's k items. Decode rows: the GEMVs;
   // more rows: grouped GEMMs where they apply. False, launching nothing, where neither does.
@@ -622,6 +630,7 @@ class CudaBackend final : public Backend {
     a.y = h;
     a.w0 = dev(gate[0]);
     a.w20 = dev(up[0]);
+    a.rows16 = rows16(gate) && rows16(up);
     a.q8 = decode ? q8_ : cuda::Q8Act{};
     cuda::MoeMatArgs b{};
     b.x = h;
@@ -631,6 +640,7 @@ class CudaBackend final : public Backend {
     b.idx = I(idx);
     b.y = y;
     b.w0 = dev(down[0]);
+    b.rows16 = rows16(down);
     b.q8 = a.q8;
     if (decode) {
       launch("moe_gate_up", cuda::moe_matmul, a, items, k, hidden, gate[0].fmt, true);

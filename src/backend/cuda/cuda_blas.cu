@@ -47,8 +47,7 @@ __global__ void __launch_bounds__(kThreads) dequant_rows_kernel(DevWeight w, int
   const int p = int(i % 4);
   float v[8];
   dequant8<F>(w.data + r * w.row_bytes, w, r, u, p, v);
-  *reinterpret_cast<uint4*>(out + rr * w.cols + u * 32 + 8 * p) =
-      make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
+  store_bf16x8(v, out + rr * w.cols + u * 32 + 8 * p);
 }
 
 // y[m, n0 + j] = gelu(t[m, j]) · t[m, nc + j] for m < rows, j < nc; t rows of 2·nc f32.

@@ -3,18 +3,21 @@
 //
 // Block (query tile of kBr rows, head h, output slice z): 4 warps, each 16 query rows. The Q tile
 // [kBr, kD] stays in shared memory; per tile of kBc key positions the K rows [kBc, kD] and the V
-// rows' slice [kBc, kDV] are staged, then each warp computes S = Q·Kᵀ (16 × kBc, m16n8k16 MMAs),
-// masks it to each row's visible range, updates its rows' running max and sum (online softmax),
-// rescales its O accumulator (16 × kDV in registers) and adds P·V with P rounded to bf16 (the
-// score accumulator's layout is the next MMA's A operand, so P never leaves registers; V's B
-// operand comes transposed by ldmatrix). Head dims above 256 split the output over gridDim.z
-// blocks of kDV = 256 columns (each recomputes S: the O accumulator would not fit registers).
+// rows' slice [kBc, kDV] are copied in by cp.async, the next tile's while this one is used (two
+// buffers), then each warp computes S = Q·Kᵀ (16 × kBc, m16n8k16 MMAs,
+// Q's and K's fragments read by ldmatrix), masks it to each row's visible range, updates its
+// rows' running max and sum (online softmax), rescales its O accumulator (16 × kDV in registers)
+// and adds P·V with P rounded to bf16 (the score accumulator's layout is the next MMA's A operand,
+// so P never leaves registers; V's B operand comes transposed by ldmatrix). Head dims above 256
+// split the output over gridDim.z blocks of kDV = 256 columns (each recomputes S: the O
+// accumulator would not fit registers).
 #include <cuda_bf16.h>
 
 #include <climits>
 #include <cstdint>
 
 #include "backend/cuda/cuda_act.cuh"
+#include "backend/cuda/cuda_cp_async.cuh"
 #include "backend/cuda/cuda_flash_attention.h"
 #include "backend/cuda/cuda_launch.cuh"
 #include "backend/cuda/cuda_mma_bf16.cuh"
@@ -28,7 +31,8 @@ template <int kD, int kDV>
 struct FlashTile {
   static constexpr int kLq = kD + kFPad;   // Q and K row stride (bf16): fragment loads bank-conflict free
   static constexpr int kLv = kDV + kFPad;  // V row stride: ldmatrix rows on distinct banks
-  static constexpr size_t kSmem = (size_t(kBr) * kLq + size_t(kBc) * kLq + size_t(kBc) * kLv) * sizeof(bf16);
+  // Q, then two buffers of K and of V (the next tile's copies land while this one is used).
+  static constexpr size_t kSmem = (size_t(kBr) * kLq + 2 * size_t(kBc) * kLq + 2 * size_t(kBc) * kLv) * sizeof(bf16);
 };
 
 // The B operand (k = 16 positions, n = 8 dims) of rows p[0..15] of a row-major [position, dim]
@@ -59,8 +63,8 @@ __global__ void __launch_bounds__(kFThreads) flash_attention_kernel(const bf16* 
   constexpr int kLq = Tile::kLq, kLv = Tile::kLv;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Qs = reinterpret_cast<bf16*>(smem);
-  bf16* Ks = Qs + kBr * kLq;
-  bf16* Vs = Ks + kBc * kLq;
+  bf16* const Kb = Qs + kBr * kLq;   // K buffers 0 and 1
+  bf16* const Vb = Kb + 2 * kBc * kLq;  // V buffers 0 and 1
   __shared__ int lo_s[kBr], hi_s[kBr], range[2];
   const int t0 = blockIdx.x * kBr, h = blockIdx.y, dv0 = blockIdx.z * kDV;
   const int g = h / (H / a.n_kv_heads), pos0 = load(a.pos0);
@@ -98,26 +102,45 @@ __global__ void __launch_bounds__(kFThreads) flash_attention_kernel(const bf16* 
 
   float o[kDV / 8][4] = {};
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // l: this lane's share of the row sums
-  for (int p0 = first; p0 <= last; p0 += kBc) {
-    __syncthreads();  // the previous tile's K and V are read
-    stage_rows<kBc, kD>(Ks, kLq, [&](int j) -> const bf16* {
-      return p0 + j <= last ? K + slot_of(p0 + j) * kv_row + int64_t(g) * kD : nullptr;
-    });
-    stage_rows<kBc, kDV>(Vs, kLv, [&](int j) -> const bf16* {
-      return p0 + j <= last ? V + slot_of(p0 + j) * kv_row + int64_t(g) * kD + dv0 : nullptr;
-    });
-    __syncthreads();
+  // Key tile p0's K rows and V slices into buffer b by cp.async (positions past `last`: zeros).
+  auto issue = [&](int p0, int b) {
+    for (int v = tid; v < kBc * kD / 8; v += kFThreads) {
+      const int j = v / (kD / 8), c8 = v % (kD / 8);
+      const bool ok = p0 + j <= last;
+      cp_async16_or_zero(Kb + (b * kBc + j) * kLq + 8 * c8,
+                         ok ? K + slot_of(p0 + j) * kv_row + int64_t(g) * kD + 8 * c8 : K, ok);
+    }
+    for (int v = tid; v < kBc * kDV / 8; v += kFThreads) {
+      const int j = v / (kDV / 8), c8 = v % (kDV / 8);
+      const bool ok = p0 + j <= last;
+      cp_async16_or_zero(Vb + (b * kBc + j) * kLv + 8 * c8,
+                         ok ? V + slot_of(p0 + j) * kv_row + int64_t(g) * kD + dv0 + 8 * c8 : V, ok);
+    }
+    cp_async_commit();
+  };
+  if (first <= last) issue(first, 0);
+  for (int p0 = first, b = 0; p0 <= last; p0 += kBc, b ^= 1) {
+    if (p0 + kBc <= last) {  // the next tile's copies run during this one's math
+      issue(p0 + kBc, b ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // tile p0 has landed for every thread
+    const bf16* Ks = Kb + b * kBc * kLq;
+    const bf16* Vs = Vb + b * kBc * kLv;
     float s[kBc / 8][4] = {};
+    // Fragments by ldmatrix: Q as a 16 × 16 tile (rows lane % 16, columns + 8 for lanes 16-31), K
+    // as pairs of 8-position tiles (rows lane % 8 of tile lane / 16, columns + 8 for lanes 8-15, 24-31).
 #pragma unroll 4
     for (int k0 = 0; k0 < kD; k0 += 16) {
-      const bf16* pa = Qs + (warp * 16 + gq) * kLq + k0 + 2 * tq;
-      const uint32_t af[4] = {ld_pair(pa), ld_pair(pa + 8 * kLq), ld_pair(pa + 8), ld_pair(pa + 8 * kLq + 8)};
+      uint32_t af[4], bf[kBc / 16][4];
+      ldmatrix_x4(Qs + (warp * 16 + (lane & 15)) * kLq + k0 + 8 * (lane >> 4), af);
 #pragma unroll
-      for (int nj = 0; nj < kBc / 8; ++nj) {
-        const bf16* pb = Ks + (8 * nj + gq) * kLq + k0 + 2 * tq;
-        const uint32_t bf[2] = {ld_pair(pb), ld_pair(pb + 8)};
-        mma_bf16(s[nj], af, bf);
-      }
+      for (int nh = 0; nh < kBc / 16; ++nh)
+        ldmatrix_x4(Ks + (16 * nh + 8 * (lane >> 4) + (lane & 7)) * kLq + k0 + 8 * ((lane >> 3) & 1), bf[nh]);
+#pragma unroll
+      for (int nj = 0; nj < kBc / 8; ++nj) mma_bf16(s[nj], af, &bf[nj >> 1][2 * (nj & 1)]);
     }
     float mx0 = m0, mx1 = m1;
 #pragma unroll
@@ -165,6 +188,7 @@ __global__ void __launch_bounds__(kFThreads) flash_attention_kernel(const bf16* 
         mma_bf16(o[j], pf[kc], bv);
       }
     }
+    __syncthreads();  // buffer b is read: the next iteration's copies refill it
   }
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);

@@ -31,7 +31,8 @@ struct MoeMatArgs {
   Q8Act q8;      // non-null: the int8 GEMVs (cuda_gemv_q8.cu) where they take w0's format
   int x_div;
   DType xt;
-  uint8_t reserved[3] = {};
+  uint8_t rows16 = 0;  // 1: every expert's data and row_bytes (w and w2) are multiples of 16 bytes
+  uint8_t reserved[2] = {};
 };
 // per_token: the items of one token (top k); an item's bits depend on it, not on items.
 void moe_matmul(cudaStream_t s, const MoeMatArgs& a, int items, int per_token, int64_t rows, WFormat fmt, bool gelu);

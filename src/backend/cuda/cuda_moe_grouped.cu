@@ -11,8 +11,9 @@
 // GEMM (moe_grouped_kernel): block (column tile, slot block) computes kGM items × kGN output
 // columns of its expert, 4 warps of 32 × 32 as m16n8k16 bf16 MMAs with f32 accumulators. Per kBK
 // step the items' activation rows (bf16, gathered by item / x_div) and the expert's weight rows
-// (Q4_K units by one thread each, q4k_pairs; other formats by four threads a unit, dequant8;
-// rounded to bf16) are staged in shared memory. Outputs are rounded once to bf16. The gate/up
+// (Q4_K units by one thread each, q4k_pairs; other formats by four threads a unit, load8 /
+// decode8; rounded to bf16) are staged in shared memory, their global loads issued a step ahead.
+// Outputs are rounded once to bf16. The gate/up
 // form multiplies both weights' tiles by the same activations and stores gelu_tanh(gate) · up.
 #include <cuda_bf16.h>
 
@@ -35,64 +36,110 @@ template <int kBK>
 __host__ __device__ constexpr int g_ld() { return kBK + kGPad; }
 
 
-// A warp's 32 × 32 tile += As[32 rows] · Bs[32 rows]ᵀ over kBK columns (row strides g_ld).
+// A warp's 32 × 32 tile += As[32 rows] · Bs[32 rows]ᵀ over kBK columns (row strides g_ld), the
+// fragments read by ldmatrix: A as 16 × 16 tiles (rows lane % 16, columns + 8 for lanes 16-31),
+// B as pairs of 8-row tiles (rows lane % 8 of tile lane / 16, columns + 8 for lanes 8-15, 24-31).
 template <int kBK>
 __device__ inline void warp_mma(const bf16* As, const bf16* Bs, int lane, float (*acc)[4][4]) {
   constexpr int L = g_ld<kBK>();
-  const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int k0 = 0; k0 < kBK; k0 += 16) {
-    uint32_t a[2][4];
+    uint32_t a[2][4], b[2][4];
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi) {
-      const bf16* p = As + (16 * mi + g) * L + k0 + 2 * t;
-      a[mi][0] = ld_pair(p);
-      a[mi][1] = ld_pair(p + 8 * L);
-      a[mi][2] = ld_pair(p + 8);
-      a[mi][3] = ld_pair(p + 8 * L + 8);
-    }
+    for (int mi = 0; mi < 2; ++mi) ldmatrix_x4(As + (16 * mi + (lane & 15)) * L + k0 + 8 * (lane >> 4), a[mi]);
 #pragma unroll
-    for (int nj = 0; nj < 4; ++nj) {
-      const bf16* q = Bs + (8 * nj + g) * L + k0 + 2 * t;
-      const uint32_t b[2] = {ld_pair(q), ld_pair(q + 8)};
+    for (int nh = 0; nh < 2; ++nh)
+      ldmatrix_x4(Bs + (16 * nh + 8 * (lane >> 4) + (lane & 7)) * L + k0 + 8 * ((lane >> 3) & 1), b[nh]);
 #pragma unroll
-      for (int mi = 0; mi < 2; ++mi) mma_bf16(acc[mi][nj], a[mi], b);
-    }
+    for (int nj = 0; nj < 4; ++nj)
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) mma_bf16(acc[mi][nj], a[mi], &b[nj >> 1][2 * (nj & 1)]);
   }
 }
 
-// Values 8p .. 8p + 7 of weight row n0 + row's 32-value unit `unit`, rounded to bf16, into
-// Bs[row][32·sub + 8p ..] (rows past the matrix: zeros). Four adjacent threads take a unit
-// (dequant8), so a warp's loads cover 8 rows' contiguous bytes.
-template <WFormat F, int kBK>
-__device__ inline void stage_part(const DevWeight& w, int64_t n0, int row, int64_t unit, int sub, int p, bf16* Bs) {
-  const int64_t r = n0 + row;
-  float v[8];
-  if (r < w.rows) {
-    dequant8<F>(w.data + r * w.row_bytes, w, r, unit, p, v);
-  } else {
+// Weight-tile stagers of one step (kBK columns of kGN rows, of W and with kGelu of U): load(u)
+// issues step u's global loads into registers, nothing waiting on them; store() decodes them into
+// the bf16 tiles Bs / B2s (row stride g_ld), rows past a matrix as zeros.
+//
+// Q4_K rows 16-byte aligned: one thread a 32-value unit, two 16-byte words and the block header
+// (q4k_pairs: bf16 arithmetic, the unit's scale and min rounded to bf16, the few-row kernel's
+// contract).
+template <int kBK, bool kGelu>
+struct Q4kWordsStage {
+  static constexpr int kUnits = kGN * (kBK / 32);  // j < kUnits: row j % kGN's unit j / kGN of the step
+  static constexpr int kPer = (kUnits + kGThreads - 1) / kGThreads;
+  Q4kRaw w[kPer], w2[kGelu ? kPer : 1];
+  __device__ void load(const DevWeight& W, const DevWeight& U, int64_t n0, int64_t u, int tid) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = 0.f;
+    for (int i = 0; i < kPer; ++i) {
+      const int j = tid + i * kGThreads;
+      const int64_t r = n0 + j % kGN, unit = u * (kBK / 32) + j / kGN;
+      const bool ok = j < kUnits && r < W.rows;
+      const Q4kRaw zero{};
+      w[i] = ok ? load_q4k(W.data + r * W.row_bytes + (unit / 8) * 144, int(unit % 8)) : zero;
+      if constexpr (kGelu) w2[i] = ok ? load_q4k(U.data + r * U.row_bytes + (unit / 8) * 144, int(unit % 8)) : zero;
+    }
   }
-  *reinterpret_cast<uint4*>(Bs + row * g_ld<kBK>() + 32 * sub + 8 * p) =
-      make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
-}
-
-// Q4_K row n0 + row's unit `unit` into Bs[row][32·sub ..] by one thread: two 16-byte loads and
-// bf16 arithmetic (q4k_pairs: the unit's scale and min rounded to bf16, the few-row kernel's
-// contract). For rows 16-byte aligned (whole 144-byte blocks from an aligned start).
-template <int kBK>
-__device__ inline void stage_q4k_unit(const DevWeight& w, int64_t n0, int row, int64_t unit, int sub, bf16* Bs) {
-  const int64_t r = n0 + row;
-  uint4* dst = reinterpret_cast<uint4*>(Bs + row * g_ld<kBK>() + 32 * sub);
-  uint32_t a[16] = {};
-  if (r < w.rows) q4k_pairs(w.data + r * w.row_bytes + (unit / 8) * 144, int(unit % 8), a);
+  __device__ void store(int64_t u, int tid, bf16* Bs, bf16* B2s) const {
 #pragma unroll
-  for (int q = 0; q < 4; ++q) dst[q] = make_uint4(a[4 * q], a[4 * q + 1], a[4 * q + 2], a[4 * q + 3]);
-}
-__device__ inline bool words_aligned(const DevWeight& w) {
-  return ((reinterpret_cast<uintptr_t>(w.data) | uintptr_t(w.row_bytes)) & 15) == 0;
-}
+    for (int i = 0; i < kPer; ++i) {
+      const int j = tid + i * kGThreads;
+      if (j >= kUnits) continue;
+      const int s = int((u * (kBK / 32) + j / kGN) % 8);
+      const int off = (j % kGN) * g_ld<kBK>() + 32 * (j / kGN);
+      put(w[i], s, Bs + off);
+      if constexpr (kGelu) put(w2[i], s, B2s + off);
+    }
+  }
+  static __device__ void put(const Q4kRaw& x, int s, bf16* dst) {
+    uint32_t a[16];
+    q4k_pairs(x, s, a);
+    uint4* d = reinterpret_cast<uint4*>(dst);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) d[q] = make_uint4(a[4 * q], a[4 * q + 1], a[4 * q + 2], a[4 * q + 3]);
+  }
+};
+
+// Any format: four adjacent threads a unit (load8 / decode8: a warp's loads cover 8 rows'
+// contiguous bytes), 8 values rounded to bf16 in one 16-byte store; Q8_0, Q5_0 and Q4_0 decoded in
+// bf16 arithmetic (quarter_pairs: the block scale rounded to bf16, q4k_pairs' contract).
+template <WFormat F, int kBK, bool kGelu>
+struct QuarterStage {
+  static constexpr int kParts = 4 * kGN * (kBK / 32);  // j: quarter j % 4 of row (j / 4) % kGN's unit
+  static constexpr int kPer = kParts / kGThreads;
+  Raw8 w[kPer], w2[kGelu ? kPer : 1];
+  __device__ void load(const DevWeight& W, const DevWeight& U, int64_t n0, int64_t u, int tid) {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int j = tid + i * kGThreads, q = j >> 2;
+      const int64_t r = n0 + q % kGN, unit = u * (kBK / 32) + q / kGN;
+      const bool ok = r < W.rows;
+      w[i] = load8<F>(W.data + r * W.row_bytes, W, r, unit, j & 3, ok);
+      if constexpr (kGelu) w2[i] = load8<F>(U.data + r * U.row_bytes, U, r, unit, j & 3, ok);
+    }
+  }
+  static __device__ void put(const Raw8& x, const DevWeight& w, int64_t unit, int p, bf16* dst) {
+    if constexpr (F == WFormat::GgufQ8_0 || F == WFormat::GgufQ5_0 || F == WFormat::GgufQ4_0) {
+      uint32_t a[4];
+      quarter_pairs<F>(x, p, a);
+      *reinterpret_cast<uint4*>(dst) = make_uint4(a[0], a[1], a[2], a[3]);
+    } else {
+      float v[8];
+      decode8<F>(x, w, unit, p, v);
+      store_bf16x8(v, dst);
+    }
+  }
+  __device__ void store(int64_t u, int tid, bf16* Bs, bf16* B2s, const DevWeight& W, const DevWeight& U) const {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int j = tid + i * kGThreads, q = j >> 2, p = j & 3;
+      const int64_t unit = u * (kBK / 32) + q / kGN;
+      const int off = (q % kGN) * g_ld<kBK>() + 32 * (q / kGN) + 8 * p;
+      put(w[i], W, unit, p, Bs + off);
+      if constexpr (kGelu) put(w2[i], U, unit, p, B2s + off);
+    }
+  }
+};
 
 __global__ void moe_group_kernel(const int32_t* idx, int items, int E, MoeGroups g) {
   pdl_enter();
@@ -125,12 +172,53 @@ __global__ void moe_group_kernel(const int32_t* idx, int items, int E, MoeGroups
   }
 }
 
-template <WFormat F, bool kGelu, int kBK>
+// The k loop of one block: step u's activation rows (bf16, gathered by item / x_div) and weight
+// tiles are loaded into registers during step u - 1's MMAs, then stored to shared memory.
+template <int kBK, bool kGelu, class Stage, class Store>
+__device__ inline void grouped_k_loop(const MoeMatArgs& a, const DevWeight& W, const DevWeight& U, int64_t n0,
+                                      const int32_t* item, bf16* As, bf16* Bs, bf16* B2s, Stage& st, Store store,
+                                      float (*acc)[4][4], float (*acc2)[4][4]) {
+  constexpr int L = g_ld<kBK>();
+  constexpr int kAct = kGM * kBK / 8 / kGThreads;  // 16-byte activation loads per thread and step
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = (warp & 1) * 32, wn = (warp >> 1) * 32;  // this warp's 32 × 32 tile
+  const int64_t K = W.cols, steps = K / kBK;
+  const bf16* x = static_cast<const bf16*>(a.x);
+  uint4 xa[kAct];
+  auto load_x = [&](int64_t u) {
+#pragma unroll
+    for (int i = 0; i < kAct; ++i) {
+      const int v = tid + i * kGThreads, r = v / (kBK / 8), c8 = v % (kBK / 8);
+      xa[i] = item[r] >= 0 ? *reinterpret_cast<const uint4*>(x + int64_t(item[r] / a.x_div) * K + u * kBK + 8 * c8)
+                           : make_uint4(0, 0, 0, 0);
+    }
+  };
+  load_x(0);
+  st.load(W, U, n0, 0, tid);
+  for (int64_t u = 0; u < steps; ++u) {
+#pragma unroll
+    for (int i = 0; i < kAct; ++i) {
+      const int v = tid + i * kGThreads;
+      *reinterpret_cast<uint4*>(As + (v / (kBK / 8)) * L + 8 * (v % (kBK / 8))) = xa[i];
+    }
+    store(u);
+    __syncthreads();
+    if (u + 1 < steps) {
+      load_x(u + 1);
+      st.load(W, U, n0, u + 1, tid);
+    }
+    warp_mma<kBK>(As + wm * L, Bs + wn * L, lane, acc);
+    if constexpr (kGelu) warp_mma<kBK>(As + wm * L, B2s + wn * L, lane, acc2);
+    __syncthreads();
+  }
+}
+
+// kWords: Q4_K experts whose rows are 16-byte aligned (a.rows16), staged by Q4kWordsStage (its own
+// kernel: the other stager's registers would bound its occupancy).
+template <WFormat F, bool kGelu, int kBK, bool kWords>
 __global__ void __launch_bounds__(kGThreads) moe_grouped_kernel(MoeMatArgs a, MoeGroups g) {
   pdl_enter_streaming();
   constexpr int L = g_ld<kBK>();
-  constexpr int kUnits = kGN * (kBK / 32);  // weight units per matrix and step
-  constexpr int kParts = 4 * kUnits;        // and their quarters
   __shared__ __align__(16) bf16 As[kGM * L];
   __shared__ __align__(16) bf16 Bs[kGN * L];
   __shared__ __align__(16) bf16 B2s[kGelu ? kGN * L : 8];
@@ -146,36 +234,18 @@ __global__ void __launch_bounds__(kGThreads) moe_grouped_kernel(MoeMatArgs a, Mo
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   if (tid < kGM) item[tid] = g.slots[blk * kGM + tid];
   __syncthreads();
-  const int64_t K = W.cols;
-  const bf16* x = static_cast<const bf16*>(a.x);
-  const bool q4k_words = F == WFormat::GgufQ4_K && words_aligned(W) && (!kGelu || words_aligned(U));
   float acc[2][4][4] = {}, acc2[2][4][4] = {};
-  const int wm = (warp & 1) * 32, wn = (warp >> 1) * 32;  // this warp's 32 × 32 tile
-  for (int64_t u = 0; u < K / kBK; ++u) {
-    for (int v = tid; v < kGM * kBK / 8; v += kGThreads) {  // 8 bf16 (16 bytes) per load
-      const int r = v / (kBK / 8), c8 = v % (kBK / 8);
-      uint4 q = make_uint4(0, 0, 0, 0);
-      if (item[r] >= 0) q = *reinterpret_cast<const uint4*>(x + int64_t(item[r] / a.x_div) * K + u * kBK + 8 * c8);
-      *reinterpret_cast<uint4*>(As + r * L + 8 * c8) = q;
-    }
-    if (q4k_words) {
-      for (int j = tid; j < kUnits; j += kGThreads) {  // j: row j % kGN's unit j / kGN of the step
-        stage_q4k_unit<kBK>(W, n0, j % kGN, u * (kBK / 32) + j / kGN, j / kGN, Bs);
-        if constexpr (kGelu) stage_q4k_unit<kBK>(U, n0, j % kGN, u * (kBK / 32) + j / kGN, j / kGN, B2s);
-      }
-    } else {
-      for (int j = tid; j < kParts; j += kGThreads) {  // j: quarter j % 4 of row (j / 4) % kGN's unit
-        const int q = j >> 2;
-        stage_part<F, kBK>(W, n0, q % kGN, u * (kBK / 32) + q / kGN, q / kGN, j & 3, Bs);
-        if constexpr (kGelu) stage_part<F, kBK>(U, n0, q % kGN, u * (kBK / 32) + q / kGN, q / kGN, j & 3, B2s);
-      }
-    }
-    __syncthreads();
-    warp_mma<kBK>(As + wm * L, Bs + wn * L, lane, acc);
-    if constexpr (kGelu) warp_mma<kBK>(As + wm * L, B2s + wn * L, lane, acc2);
-    __syncthreads();
+  if constexpr (kWords) {
+    Q4kWordsStage<kBK, kGelu> st;
+    grouped_k_loop<kBK, kGelu>(a, W, U, n0, item, As, Bs, B2s, st, [&](int64_t u) { st.store(u, tid, Bs, B2s); },
+                               acc, acc2);
+  } else {
+    QuarterStage<F, kBK, kGelu> st;
+    grouped_k_loop<kBK, kGelu>(a, W, U, n0, item, As, Bs, B2s, st,
+                               [&](int64_t u) { st.store(u, tid, Bs, B2s, W, U); }, acc, acc2);
   }
   // Accumulator h of tile (mi, nj): row g (h < 2) or g + 8, columns 2t and 2t + 1.
+  const int wm = (warp & 1) * 32, wn = (warp >> 1) * 32;
   bf16* y = static_cast<bf16*>(a.y);
   const int gq = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -224,10 +294,19 @@ void moe_grouped_matmul(cudaStream_t s, const MoeMatArgs& a, const MoeGroups& g,
   const bool wide = a.w0.cols % 64 == 0;  // 64-column steps: twice the units decoded per step
   with_format(fmt, [&](auto f) {
     constexpr WFormat F = decltype(f)::value;
-    if (gelu && wide) launch_kernel(moe_grouped_kernel<F, true, 64>, grid, kGThreads, 0, s, a, g);
-    else if (gelu) launch_kernel(moe_grouped_kernel<F, true, 32>, grid, kGThreads, 0, s, a, g);
-    else if (wide) launch_kernel(moe_grouped_kernel<F, false, 64>, grid, kGThreads, 0, s, a, g);
-    else launch_kernel(moe_grouped_kernel<F, false, 32>, grid, kGThreads, 0, s, a, g);
+    if constexpr (F == WFormat::GgufQ4_K) {
+      if (a.rows16) {
+        if (gelu && wide) launch_kernel(moe_grouped_kernel<F, true, 64, true>, grid, kGThreads, 0, s, a, g);
+        else if (gelu) launch_kernel(moe_grouped_kernel<F, true, 32, true>, grid, kGThreads, 0, s, a, g);
+        else if (wide) launch_kernel(moe_grouped_kernel<F, false, 64, true>, grid, kGThreads, 0, s, a, g);
+        else launch_kernel(moe_grouped_kernel<F, false, 32, true>, grid, kGThreads, 0, s, a, g);
+        return;
+      }
+    }
+    if (gelu && wide) launch_kernel(moe_grouped_kernel<F, true, 64, false>, grid, kGThreads, 0, s, a, g);
+    else if (gelu) launch_kernel(moe_grouped_kernel<F, true, 32, false>, grid, kGThreads, 0, s, a, g);
+    else if (wide) launch_kernel(moe_grouped_kernel<F, false, 64, false>, grid, kGThreads, 0, s, a, g);
+    else launch_kernel(moe_grouped_kernel<F, false, 32, false>, grid, kGThreads, 0, s, a, g);
   });
 }
 
