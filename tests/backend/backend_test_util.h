@@ -74,6 +74,23 @@ inline void feed_cache(Backend& be, KvCache& c, const Buf& k, const Buf& v, int 
   }
 }
 
+// Attention of one query row q [H, head_dim] at the cache's last position over both layers of a
+// sliding_and_full cache: [2, H, head_dim], scale `scale`, f32.
+inline std::vector<float> attend_last(Backend& be, const KvCache& c, const std::vector<float>& q, int H,
+                                      float scale) {
+  const size_t hd = size_t(c.layer(0).head_dim);
+  std::vector<float> out(size_t(H) * hd * 2);
+  for (int l = 0; l < 2; ++l) {
+    AttnSeq s;
+    s.row0 = 0;
+    s.n = 1;
+    s.pos0 = c.size() - 1;
+    s.kv = c.layer(l);
+    be.attention(q.data(), H, {s}, scale, ActPrecision::F32, out.data() + size_t(l) * H * hd);
+  }
+  return out;
+}
+
 // A backend copy of host data / a host copy of backend data.
 inline Buf upload(Backend& be, const std::vector<float>& h) {
   Buf d = be.alloc_f32(h.size());

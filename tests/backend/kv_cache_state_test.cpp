@@ -20,16 +20,7 @@ using test::randn;
 constexpr int kH = 4, kHk = 2, kD = 64, kWindow = 8;
 
 std::vector<float> attend_last(Backend& be, const KvCache& c, const std::vector<float>& q) {
-  std::vector<float> out(size_t(kH) * kD * 2);
-  for (int l = 0; l < 2; ++l) {
-    AttnSeq s;
-    s.row0 = 0;
-    s.n = 1;
-    s.pos0 = c.size() - 1;
-    s.kv = c.layer(l);
-    be.attention(q.data(), kH, {s}, 0.1f, ActPrecision::F32, out.data() + size_t(l) * kH * kD);
-  }
-  return out;
+  return test::attend_last(be, c, q, kH, 0.1f);
 }
 
 class KvCacheState : public ::testing::TestWithParam<int> {};  // the KV bits (0: f32)

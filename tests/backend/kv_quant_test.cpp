@@ -122,16 +122,7 @@ void feed(Backend& be, KvCache& c, const std::vector<float>& k, const std::vecto
 }
 
 std::vector<float> attend_last(Backend& be, const KvCache& c, const std::vector<float>& q) {
-  std::vector<float> out(size_t(kH) * kD * 2);
-  for (int l = 0; l < 2; ++l) {
-    AttnSeq s;
-    s.row0 = 0;
-    s.n = 1;
-    s.pos0 = c.size() - 1;
-    s.kv = c.layer(l);
-    be.attention(q.data(), kH, {s}, 0.09f, ActPrecision::F32, out.data() + size_t(l) * kH * kD);
-  }
-  return out;
+  return test::attend_last(be, c, q, kH, 0.09f);
 }
 
 TEST(KvQuant, CacheConvertsAtStartGrowsCopiesAndTruncates) {

@@ -32,13 +32,16 @@ def _stop(p):
     return err
 
 
-def _chat(port, messages):
+def _post(port, path, body):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-    c.request("POST", "/v1/chat/completions", headers={"Content-Type": "application/json"},
-              body=json.dumps({"messages": messages, "max_tokens": 12, "temperature": 0}))
+    c.request("POST", path, headers={"Content-Type": "application/json"}, body=json.dumps(body))
     r = c.getresponse()
-    body = json.loads(r.read())
-    assert r.status == 200, body
+    return r.status, json.loads(r.read())
+
+
+def _chat(port, messages):
+    st, body = _post(port, "/v1/chat/completions", {"messages": messages, "max_tokens": 12, "temperature": 0})
+    assert st == 200, body
     return body["choices"][0]["message"]["content"], body["usage"]["prompt_tokens_details"]["cached_tokens"]
 
 
@@ -79,13 +82,6 @@ def test_a_restarted_server_reuses_the_saved_prefix(gemma4_bin, tmp_path):
     assert f"{entry}: skipped: its checksum does not match" in err, err
     assert entry.exists()
     assert got_cached == 0 and got_text == want_text
-
-
-def _post(port, path, body):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-    c.request("POST", path, headers={"Content-Type": "application/json"}, body=json.dumps(body))
-    r = c.getresponse()
-    return r.status, json.loads(r.read())
 
 
 def test_a_saved_conversation_is_restored_by_name(gemma4_bin, tmp_path):

@@ -31,6 +31,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_act.cuh"
+#include "backend/cuda/cuda_cp_async.cuh"
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_dequant8.cuh"
 #include "backend/cuda/cuda_launch.cuh"
@@ -70,16 +71,11 @@ inline size_t launch_smem(int slot, int nt) {
   return bufs > red ? bufs : red;
 }
 
-__device__ inline void cp_async16(void* dst, const void* src) {
-  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-}
-__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most stages - 1 of this thread's copy groups are pending (the oldest has landed).
 __device__ inline void cp_async_wait_ring(int stages) {
-  if (stages <= 2) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-  else if (stages == 3) asm volatile("cp.async.wait_group 2;\n" ::: "memory");
-  else asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+  if (stages <= 2) cp_async_wait<1>();
+  else if (stages == 3) cp_async_wait<2>();
+  else cp_async_wait<3>();
 }
 
 // The block's weight row n0 + r, clamped to the matrix (rows past it are computed, never stored).
