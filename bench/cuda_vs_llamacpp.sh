@@ -19,7 +19,9 @@
 # Configs: bf16+int8 (--dtype bf16: bf16 activations, int8 decode dots), bf16 (--int8-dots off), f32,
 # nopdl (bf16+int8 with --cuda-pdl off: kernels launched without programmatic dependent launch),
 # copies (bf16+int8 keeping bf16 copies of the weights cuBLAS reads, as serve does by default).
-# G4_BIN: the gemma4 binary (default build-cuda/bin/gemma4).
+# G4_BIN: the gemma4 binary (default build-cuda/bin/gemma4). Ours prefill in bench's default chunk
+# (2048 rows on cuda, as run and serve do); llama-bench in its default n_ubatch (512) unless
+# G4_LLAMA_UB sets -ub (2048: the same chunk on both sides).
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -61,7 +63,7 @@ done
 CUDA_LIBS=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/lib 2>/dev/null | tr '\n' ':')
 for V in $VARIANTS; do
   [ -n "$LB" ] && LD_LIBRARY_PATH=$CUDA_LIBS$LD_LIBRARY_PATH timeout -s KILL 200 $LB -m /tmp/t-$V.gguf -p ${PROMPTS// /,} -n 128 \
-    -ngl 99 -fa 0,1 -r 3 -o jsonl 2>>$OUT/llama.err | sed "s/^/llama $V /" >> $R
+    -ngl 99 -fa 0,1 ${G4_LLAMA_UB:+-ub $G4_LLAMA_UB} -r 3 -o jsonl 2>>$OUT/llama.err | sed "s/^/llama $V /" >> $R
   echo "$V llama done"
 done
 python3 - "$R" <<'PY'

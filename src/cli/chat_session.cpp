@@ -48,7 +48,7 @@ Result<Session> open_session(const Args& a, bool chat) {
   plan.kv_bits = a.has("--kv-bits") ? std::stoi(a.get("--kv-bits")) : 0;
   plan.kv_group = std::stoi(a.get("--kv-group-size"));
   plan.kv_elem_bytes = a.get("--dtype") == "f32" ? 4 : 0;  // device backends store bf16 unless --dtype f32
-  plan.chunk = EngineOptions{}.prefill_chunk;
+  plan.chunk = auto_prefill_chunk(a, EngineOptions{}.prefill_chunk);
   G4_ASSIGN_OR_RETURN(FitReport fit, plan_fit(a.get("--model"), a.get("--backend"), plan, a.has("--context")));
   G4_TRY(refuse_if_not_fitting(fit, "--context"));
   Session s;
@@ -66,6 +66,7 @@ Result<Session> open_session(const Args& a, bool chat) {
   EngineOptions eo;
   G4_TRY(apply_model_flags(a, *s.b.model, eo.precision));
   eo.parallel = 1;
+  eo.prefill_chunk = plan.chunk;
   eo.max_context = int(fit.input.context);
   s.max_context = eo.max_context;
   s.engine = std::make_unique<Engine>(*s.b.model, eo);

@@ -1,5 +1,5 @@
 // gemma4 bench --model DIR [--prompt-tokens 128] [--gen-tokens 64] [--threads N] [--dtype f32|bf16]
-//              [--chunk 512] [--repeat 1] [--batch-invariant on|off] (on: the kernels serve runs)
+//              [--chunk N|auto] [--repeat 1] [--batch-invariant on|off] (on: the kernels serve runs)
 //              [--kv-bits N [--kv-group-size G] [--quantized-kv-start T]]
 //              [--batch N] (N sequences: each prefilled alone, then decoded together, one forward a step)
 // Measures prefill tok/s, decode tok/s (greedy, no stop; with --batch, the tokens of all N sequences
@@ -31,7 +31,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
   cli.value("--prompt-tokens", "prompt length in tokens (at most the model's positions)", "128")->type_name("N")
       ->check(CLI::Range(1, 1 << 24));
   cli.value("--gen-tokens", "tokens to decode after the prompt", "64")->type_name("N")->check(CLI::Range(1, 1 << 24));
-  cli.value("--chunk", "prefill chunk size in tokens", "512")->type_name("N")->check(CLI::Range(1, 1 << 24));
+  cli.value("--chunk", "prefill chunk size in tokens; auto: what run and serve use on cuda (2048 without "
+            "--batch-invariant on), else 512", "auto")
+      ->type_name("N|auto")->check(CLI::IsMember({"auto"}) | CLI::Range(1, 1 << 24));
   cli.value("--repeat", "runs; the best of them is reported", "1")->type_name("N")->check(CLI::Range(1, 1000));
   cli.value("--batch", "sequences decoded together (each prefilled alone first)", "1")->type_name("N")
       ->check(CLI::Range(1, 1024));
@@ -41,12 +43,13 @@ int cmd_bench(const std::vector<std::string>& argv) {
   if (int rc = cli.parse(argv, a); rc >= 0) return rc;
   const int np = std::atoi(a.get("--prompt-tokens").c_str());
   const int ng = std::atoi(a.get("--gen-tokens").c_str());
-  const int chunk = std::atoi(a.get("--chunk").c_str());
   const int repeat = std::atoi(a.get("--repeat").c_str());
   const int nb = std::atoi(a.get("--batch").c_str());
   auto m = load_model_from_args(a);
   if (!m) return fail("bench", m.message());
   Model& model = *m.value();
+  constexpr int kHostChunk = 512;
+  const int chunk = a.get("--chunk") != "auto" ? std::atoi(a.get("--chunk").c_str()) : auto_prefill_chunk(a, kHostChunk);
   auto P = parse_precision(a.has("--dtype") ? a.get("--dtype") : "f32", model);  // the engine's precision
   if (!P) return fail("bench", P.message());
   if (Status ks = apply_model_flags(a, model, P.value()); !ks) return fail("bench", ks.message());

@@ -92,6 +92,10 @@ int cmd_serve(const std::vector<std::string>& argv) {
             "prompt chunks, oldest request first, so streams keep their pace beside long prompts; 0: no bound; "
             "auto: 2048 on cuda, 256 on the host backends and with --batch-invariant on (whose rows cost far more)", "auto")
       ->type_name("N|auto")->check(CLI::IsMember({"auto"}) | CLI::Range(0, 1 << 20));
+  cli.value("--prefill-chunk", "prompt rows one sequence feeds per step (within --step-tokens); auto: 2048 on "
+            "cuda (its batched kernels fill their tiles and the experts' blocks), 256 on the host backends and "
+            "with --batch-invariant on", "auto")
+      ->type_name("N|auto")->check(CLI::IsMember({"auto"}) | CLI::Range(1, 1 << 20));
   cli.value("--log-format", "the request log on stderr, one line per request: text, json, or none", "text")
       ->type_name("FORMAT")->check(one_of({"text", "json", "none"}));
   cli.flag("-v,--verbose", "add each request's prefill / decode speed and the engine's load to its log line");
@@ -143,18 +147,19 @@ int cmd_serve(const std::vector<std::string>& argv) {
   // ~15-100x more (the host backends; cuda's row-exact kernels, ~1.3k prompt tok/s at E4B, where
   // 2048 rows made a step of ~1.5 s and every stream beside long prompts decoded at ~1 tok/s).
   const std::string step_tokens = a.get("--step-tokens");
-  const bool cheap_rows = a.get("--backend") == "cuda" && !batch_invariant();  // as apply_process_flags set it
   constexpr int kSlowRowStepTokens = 256;
   o.step_tokens = step_tokens != "auto" ? std::stoi(step_tokens)
-                  : cheap_rows          ? EngineOptions{}.step_tokens
+                  : cheap_rows(a)       ? EngineOptions{}.step_tokens
                                         : kSlowRowStepTokens;
+  const std::string chunk = a.get("--prefill-chunk");
+  o.prefill_chunk = chunk != "auto" ? std::stoi(chunk) : auto_prefill_chunk(a, EngineOptions{}.prefill_chunk);
   PlanInput plan;  // checked against the machine before anything loads
   plan.context = o.max_context;
   plan.parallel = o.parallel;
   plan.kv_bits = a.has("--kv-bits") ? std::stoi(a.get("--kv-bits")) : 0;
   plan.kv_group = std::stoi(a.get("--kv-group-size"));
   plan.kv_elem_bytes = a.get("--dtype") == "f32" ? 4 : 0;  // device backends store bf16 unless --dtype f32
-  plan.chunk = EngineOptions{}.prefill_chunk;
+  plan.chunk = o.prefill_chunk;
   plan.step_tokens = o.step_tokens;
   plan.extra_bytes = o.prefix_cache_bytes;
   auto fit = plan_fit(a.get("--model"), a.get("--backend"), plan, a.has("--context"));

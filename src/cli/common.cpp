@@ -56,6 +56,12 @@ Result<ActPrecision> parse_precision(const std::string& s, Model& model) {
   return P;
 }
 
+bool cheap_rows(const Args& a) { return a.get("--backend") == "cuda" && !batch_invariant(); }
+int auto_prefill_chunk(const Args& a, int slow) {
+  constexpr int kCheapRowChunk = 2048;
+  return cheap_rows(a) ? kCheapRowChunk : slow;
+}
+
 Status apply_process_flags(const Args& a, bool batch_invariant_default) {
   if (a.has("--threads")) {
     char* end = nullptr;

@@ -21,6 +21,15 @@ Result<ActPrecision> parse_precision(const std::string& s, Model& model);
 // (quant/matmul.h; default: batch_invariant_default): process-wide settings, applied before a
 // model is loaded.
 Status apply_process_flags(const Args& a, bool batch_invariant_default = false);
+// Whether a row of a step is cheap: cuda's batched kernels (--backend cuda without
+// --batch-invariant on, as apply_process_flags set it). Row-exact and host kernels cost 15-100x
+// more a row.
+bool cheap_rows(const Args& a);
+// The prompt rows one sequence feeds per step by default (`auto`): 2048 where rows are cheap, so
+// the tensor-core tiles and the experts' 64-row blocks fill (H200, 2048-token prompt, 256 / 512 /
+// 1024 / 2048-row chunks: 26B-A4B 11.1k / 15.9k / 20.5k / 22.3k tok/s, E4B 15.8k / 25.8k / 35.7k
+// / 40.0k), else `slow` (short steps beside decoding streams).
+int auto_prefill_chunk(const Args& a, int slow);
 // An integer flag in [lo, hi]: the value given, else its declared default, else def; the error
 // names the flag.
 Result<int> int_flag(const Args& a, const char* name, int def, int lo, int hi);

@@ -32,6 +32,7 @@ struct ServerOptions {
   std::string prompt_cache_dir, prompt_cache_key;  // EngineOptions' prompt_cache_*
   size_t prompt_cache_disk_bytes = EngineOptions{}.prompt_cache_disk_bytes;
   int step_tokens = EngineOptions{}.step_tokens;  // EngineOptions::step_tokens
+  int prefill_chunk = EngineOptions{}.prefill_chunk;  // EngineOptions::prefill_chunk
   RequestLogOptions log;       // one line per request on stderr (server/request_log.h)
   // Parse special tokens in the text of messages too (a client can then write control tokens,
   // and forge turns); off: only the chat template's own markup yields special tokens.

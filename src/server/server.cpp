@@ -65,6 +65,7 @@ Server::Server(const ModelBundle& bundle, ServerOptions opt) : bundle_(bundle), 
   eo.prompt_cache_key = opt_.prompt_cache_key;
   eo.prompt_cache_disk_bytes = opt_.prompt_cache_disk_bytes;
   eo.step_tokens = opt_.step_tokens;
+  eo.prefill_chunk = opt_.prefill_chunk;
   engine_ = std::make_unique<Engine>(*bundle.model, eo);
   std::string id = opt_.model_id.empty() ? bundle.name : opt_.model_id;
   ctx_.reset(new Context{bundle_, *engine_, opt_, metrics_, stopping_, id, generation_defaults(bundle.model->config())});
