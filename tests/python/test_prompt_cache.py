@@ -49,15 +49,20 @@ def _follow_up(answer):
     return FIRST + [{"role": "assistant", "content": answer}, {"role": "user", "content": "And two more?"}]
 
 
-def test_a_restarted_server_reuses_the_saved_prefix(gemma4_bin, tmp_path):
-    if not STARTER.exists():
-        pytest.skip(f"{STARTER} is missing: run `make starter-model` first")
-    # Both turns in one server's lifetime.
-    p, port = _serve(gemma4_bin, tmp_path / "a")
+def _both_turns(gemma4_bin, cache_dir):
+    """Both turns in one server's lifetime: the first answer, the follow-up's text and cached count."""
+    p, port = _serve(gemma4_bin, cache_dir)
     answer, _ = _chat(port, FIRST)
     want_text, want_cached = _chat(port, _follow_up(answer))
     _stop(p)
     assert want_cached > 0
+    return answer, want_text, want_cached
+
+
+def test_a_restarted_server_reuses_the_saved_prefix(gemma4_bin, tmp_path):
+    if not STARTER.exists():
+        pytest.skip(f"{STARTER} is missing: run `make starter-model` first")
+    answer, want_text, want_cached = _both_turns(gemma4_bin, tmp_path / "a")
 
     # The first turn, a restart, then the follow-up.
     p, port = _serve(gemma4_bin, tmp_path / "b")
@@ -89,11 +94,7 @@ def test_a_saved_conversation_is_restored_by_name(gemma4_bin, tmp_path):
     POST /slots/restore puts it back after a restart, with the automatic entries gone."""
     if not STARTER.exists():
         pytest.skip(f"{STARTER} is missing: run `make starter-model` first")
-    p, port = _serve(gemma4_bin, tmp_path / "a")
-    answer, _ = _chat(port, FIRST)
-    want_text, want_cached = _chat(port, _follow_up(answer))
-    _stop(p)
-
+    answer, want_text, want_cached = _both_turns(gemma4_bin, tmp_path / "a")
     p, port = _serve(gemma4_bin, tmp_path / "b")
     try:
         st, body = _post(port, "/slots/save", {"filename": "conv-1", "messages": FIRST})
