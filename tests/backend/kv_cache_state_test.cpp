@@ -105,7 +105,8 @@ TEST(KvCacheStateRefused, WhatDoesNotFitTheCache) {
 
 TEST(KvCacheStateRefused, FlippedBytesNeverCrash) {
   // Every header and count byte flipped in turn, and random flips anywhere: load_state either
-  // refuses or gives a cache whose attention runs within its buffers (AddressSanitizer's job).
+  // refuses or gives a cache whose attention runs within its buffers (what an ASan build of this
+  // test checks; CI's ASan job runs the io tests only).
   auto be = make_cpu_backend();
   const ModelConfig cfg = test::sliding_and_full(kHk, kD, kWindow);
   const auto k = randn(size_t(20) * kHk * kD, 41), v = randn(size_t(20) * kHk * kD, 42);
