@@ -72,23 +72,23 @@ void KvCache::release(KvBuffer& b) {
   b.capacity = 0;
 }
 
-void KvCache::copy_slots(const KvBuffer& from, int s, KvBuffer& to, int d, int count) {
-  const size_t c = size_t(count);
-  if (from.quantized()) {
-    const size_t cb = from.row_code_bytes(), ng = from.row_groups();
-    auto bytes = [&](uint8_t* p) { return Buf(p, DType::U8, 0, be_.on_device() ? 0 : -1); };
-    be_.copy_bytes(bytes(from.kq + size_t(s) * cb), c * cb, bytes(to.kq + size_t(d) * cb));
-    be_.copy_bytes(bytes(from.vq + size_t(s) * cb), c * cb, bytes(to.vq + size_t(d) * cb));
-    auto f32 = [&](float* p, size_t at) { return Buf(p + at, DType::F32, 0, be_.on_device() ? 0 : -1); };
-    be_.copy(f32(from.ks, size_t(s) * ng), c * ng, f32(to.ks, size_t(d) * ng));
-    be_.copy(f32(from.kb, size_t(s) * ng), c * ng, f32(to.kb, size_t(d) * ng));
-    be_.copy(f32(from.vs, size_t(s) * ng), c * ng, f32(to.vs, size_t(d) * ng));
-    be_.copy(f32(from.vb, size_t(s) * ng), c * ng, f32(to.vb, size_t(d) * ng));
-  } else {
-    const int64_t row = int64_t(from.row_floats());
-    be_.copy(from.k.at(s * row), c * size_t(row), to.k.at(d * row));
-    be_.copy(from.v.at(s * row), c * size_t(row), to.v.at(d * row));
+std::vector<std::pair<Buf, size_t>> KvCache::slot_bytes(const KvBuffer& b, int first, int count) const {
+  const size_t f = size_t(first), n = size_t(count);
+  if (b.quantized()) {
+    const size_t cb = b.row_code_bytes(), ng = b.row_groups();
+    const int dev = be_.on_device() ? 0 : -1;
+    auto codes = [&](uint8_t* p) { return std::pair{Buf(p + f * cb, DType::U8, 0, dev), n * cb}; };
+    auto f32 = [&](float* p) { return std::pair{Buf(p + f * ng, DType::F32, 0, dev), n * ng * 4}; };
+    return {codes(b.kq), codes(b.vq), f32(b.ks), f32(b.kb), f32(b.vs), f32(b.vb)};
   }
+  const int64_t row = int64_t(b.row_floats());
+  const size_t bytes = n * size_t(row) * b.k.elem_bytes();
+  return {{b.k.at(int64_t(f) * row), bytes}, {b.v.at(int64_t(f) * row), bytes}};
+}
+
+void KvCache::copy_slots(const KvBuffer& from, int s, KvBuffer& to, int d, int count) {
+  const auto src = slot_bytes(from, s, count), dst = slot_bytes(to, d, count);
+  for (size_t i = 0; i < src.size(); ++i) be_.copy_bytes(src[i].first, src[i].second, dst[i].first);
   std::copy(from.pos + s, from.pos + s + count, to.pos + d);
 }
 

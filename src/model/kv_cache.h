@@ -69,6 +69,9 @@ class KvCache {
   void release(KvBuffer& b);
   // Copies slots [s, s+count) of `from` into slots [d, d+count) of `to` (same format).
   void copy_slots(const KvBuffer& from, int s, KvBuffer& to, int d, int count);
+  // The backend memory of slots [first, first + count) of b, one range per array in a fixed order
+  // (k, v; quantized: k codes, v codes, k scales, k biases, v scales, v biases) and its bytes.
+  std::vector<std::pair<Buf, size_t>> slot_bytes(const KvBuffer& b, int first, int count) const;
   void grow(int layer, int capacity);
   void quantize_full_layers();
 

@@ -45,24 +45,6 @@ struct Reader {
   }
 };
 
-// The byte ranges of a buffer's first `slots` slots, in the layout's order.
-struct Part {
-  Buf buf;
-  size_t bytes;
-};
-std::vector<Part> parts(const KvBuffer& b, int slots, Backend& be) {
-  const size_t n = size_t(slots);
-  if (b.quantized()) {
-    const size_t cb = n * b.row_code_bytes(), gb = n * b.row_groups() * 4;
-    const int dev = be.on_device() ? 0 : -1;
-    return {{Buf(b.kq, DType::U8, 0, dev), cb}, {Buf(b.vq, DType::U8, 0, dev), cb},
-            {Buf(b.ks, DType::F32, 0, dev), gb}, {Buf(b.kb, DType::F32, 0, dev), gb},
-            {Buf(b.vs, DType::F32, 0, dev), gb}, {Buf(b.vb, DType::F32, 0, dev), gb}};
-  }
-  const size_t rb = n * b.row_floats() * dtype_size(be.activation_dtype());
-  return {{b.k, rb}, {b.v, rb}};
-}
-
 }  // namespace
 
 std::vector<uint8_t> KvCache::save_state() const {
@@ -83,8 +65,8 @@ std::vector<uint8_t> KvCache::save_state() const {
     w.put(uint8_t(b.quant.bits));
     w.put(uint8_t(0));
     w.put(uint16_t(b.quant.group_size));
-    for (const Part& part : parts(b, slots, be_))
-      if (part.bytes) be_.read_bytes(part.buf, part.bytes, w.grow(part.bytes));
+    for (const auto& [buf, bytes] : slot_bytes(b, 0, slots))
+      if (bytes) be_.read_bytes(buf, bytes, w.grow(bytes));
     if (slots) std::memcpy(w.grow(size_t(slots) * 4), b.pos, size_t(slots) * 4);
   }
   return out;
@@ -101,8 +83,14 @@ Status KvCache::load_state(const uint8_t* p, size_t n) {
   if (quantized && opt_.quant.bits == 0) return err("the state is quantized, this cache is not");
   if (!quantized && opt_.quant.bits > 0 && size >= opt_.quantized_start)
     return err("the state's %d tokens are not quantized, this cache quantizes from %d", size, opt_.quantized_start);
+  auto empty = [&] {  // back to a fresh cache's state
+    for (KvBuffer& b : buf_) {
+      release(b);
+      b.quant = KvQuant{};
+    }
+  };
   auto fail = [&](const char* what, size_t layer) {
-    for (KvBuffer& b : buf_) release(b);
+    empty();
     return err("layer %zu: %s", layer, what);
   };
   for (size_t i = 0; i < buf_.size(); ++i) {
@@ -125,10 +113,10 @@ Status KvCache::load_state(const uint8_t* p, size_t n) {
       return fail("slot count does not fit the layer", i);
     b.quant = want_quant ? opt_.quant : KvQuant{};
     allocate(b, std::max(slots, 1));
-    for (const Part& part : parts(b, slots, be_)) {
-      const uint8_t* src = r.take(part.bytes);
+    for (const auto& [buf, bytes] : slot_bytes(b, 0, slots)) {
+      const uint8_t* src = r.take(bytes);
       if (!src) return fail("the state ends early", i);
-      if (part.bytes) be_.write_bytes(src, part.bytes, part.buf);
+      if (bytes) be_.write_bytes(src, bytes, buf);
     }
     const uint8_t* pos = r.take(size_t(slots) * 4);
     if (!pos) return fail("the state ends early", i);
@@ -140,7 +128,10 @@ Status KvCache::load_state(const uint8_t* p, size_t n) {
         return fail("a slot holds a position it cannot hold", i);
     }
   }
-  if (r.n != 0) return err("%zu bytes follow the state", r.n);
+  if (r.n != 0) {
+    empty();
+    return err("%zu bytes follow the state", r.n);
+  }
   size_ = size;
   quantized_ = quantized;
   return Status::ok();

@@ -71,16 +71,13 @@ void Engine::open_prompt_store() {
   std::vector<std::pair<std::vector<int32_t>, std::unique_ptr<KvCache>>> got;
   size_t bytes = 0;
   store_->load(opt_.prefix_cache_bytes, [&](std::vector<int32_t> tokens, std::vector<uint8_t> state) {
-    auto cache = model_.new_cache();
-    Status st = cache->load_state(state.data(), state.size());
-    if (st && cache->size() != int(tokens.size()))
-      st = err("its KV holds %d tokens, its list %zu", cache->size(), tokens.size());
-    if (!st) {
-      warn("an entry of " + std::to_string(tokens.size()) + " tokens does not fit this model: " + st.message());
+    auto cache = cache_from_state(tokens.size(), state);
+    if (!cache) {
+      warn("an entry of " + std::to_string(tokens.size()) + " tokens does not fit this model: " + cache.message());
       return true;
     }
-    bytes += cache->bytes();
-    got.emplace_back(std::move(tokens), std::move(cache));
+    bytes += cache.value()->bytes();
+    got.emplace_back(std::move(tokens), std::move(cache).value());
     return true;
   });
   for (auto it = got.rbegin(); it != got.rend(); ++it) prefix_.insert(std::move(it->first), std::move(it->second));
@@ -166,18 +163,23 @@ Result<std::pair<std::vector<int32_t>, std::vector<uint8_t>>> Engine::export_pre
   return out;
 }
 
+Result<std::unique_ptr<KvCache>> Engine::cache_from_state(size_t n_tokens, const std::vector<uint8_t>& state) {
+  auto cache = model_.new_cache();
+  G4_TRY(cache->load_state(state.data(), state.size()));
+  if (cache->size() != int(n_tokens)) return err("its KV holds %d tokens, its list %zu", cache->size(), n_tokens);
+  return cache;
+}
+
 Status Engine::import_prefix(std::vector<int32_t> tokens, const std::vector<uint8_t>& state) {
   if (opt_.prefix_cache_bytes == 0) return err("the prefix cache is off");
   Status result = Status::ok();
   Status st = run_exclusive([&] {
-    auto cache = model_.new_cache();
-    result = cache->load_state(state.data(), state.size());
-    if (!result) return;
-    if (cache->size() != int(tokens.size())) {
-      result = err("the state holds %d tokens, the entry lists %zu", cache->size(), tokens.size());
+    auto cache = cache_from_state(tokens.size(), state);
+    if (!cache) {
+      result = cache.status();
       return;
     }
-    prefix_.insert(std::move(tokens), std::move(cache));
+    prefix_.insert(std::move(tokens), std::move(cache).value());
     publish_cache_stats();
   });
   return st ? result : st;

@@ -196,6 +196,9 @@ class Engine {
   void finish(Slot& s, FinishReason r, const std::string& error = "");
   // Opens opt_.prompt_cache_dir and puts its entries into the prefix cache (the constructor).
   void open_prompt_store();
+  // A cache of this model filled from `state` (KvCache::save_state) that holds exactly n_tokens, or
+  // why not.
+  Result<std::unique_ptr<KvCache>> cache_from_state(size_t n_tokens, const std::vector<uint8_t>& state);
 
   Model& model_;
   EngineOptions opt_;

@@ -601,7 +601,7 @@ class CudaBackend final : public Backend {
     return t;
   }
   // Whether every expert's device rows start on 16-byte boundaries (its data and row_bytes).
-  bool rows16(const std::vector<WeightView>& ws) {
+  static bool rows16(const std::vector<WeightView>& ws) {
     for (const WeightView& w : ws) {
       const cuda::DevWeight d = dev(w);
       if ((reinterpret_cast<uintptr_t>(d.data) | uintptr_t(d.row_bytes)) & 15) return false;
@@ -630,7 +630,6 @@ class CudaBackend final : public Backend {
     a.y = h;
     a.w0 = dev(gate[0]);
     a.w20 = dev(up[0]);
-    a.rows16 = rows16(gate) && rows16(up);
     a.q8 = decode ? q8_ : cuda::Q8Act{};
     cuda::MoeMatArgs b{};
     b.x = h;
@@ -640,13 +639,14 @@ class CudaBackend final : public Backend {
     b.idx = I(idx);
     b.y = y;
     b.w0 = dev(down[0]);
-    b.rows16 = rows16(down);
     b.q8 = a.q8;
     if (decode) {
       launch("moe_gate_up", cuda::moe_matmul, a, items, k, hidden, gate[0].fmt, true);
       launch("moe_down", cuda::moe_matmul, b, items, k, int64_t(d), down[0].fmt, false);
     } else {
       if (!cuda::moe_grouped_applies(a, E, hidden) || !cuda::moe_grouped_applies(b, E, d)) return false;
+      a.rows16 = rows16(gate) && rows16(up);  // the grouped kernels' Q4_K word loads (prefill only)
+      b.rows16 = rows16(down);
       const size_t slots = cuda::moe_group_slots(items, E), blocks = size_t(cuda::moe_group_max_blocks(items, E));
       auto* g0 = static_cast<int32_t*>(moe_groups_.get(mem_, (slots + blocks + 1) * sizeof(int32_t), dev_));
       const cuda::MoeGroups g{g0, g0 + slots, g0 + slots + blocks};
