@@ -34,11 +34,17 @@ struct RopeTable {
 // MLX-compatible frequency table for a layer (default, proportional or linear RoPE).
 RopeTable make_rope_table(const RopeSpec& spec, int head_dim);
 
-// One layer's K/V storage for one sequence: [capacity, n_kv_heads, head_dim] for K and V (backend
+// One layer's K/V storage for one sequence: [slots, n_kv_heads, head_dim] for K and V (backend
 // memory), plus the absolute position held by each slot (-1 = empty; HOST memory on every
-// backend, owned by the KV cache: the runtime reads it, kv_write records positions in it). Full layers: slot = position (capacity grows in
-// the runtime's reserve step, never in decode). Sliding layers: a ring with
-// capacity >= window + max_chunk - 1, slot = position % capacity, so memory is bounded by the window.
+// backend, owned by the KV cache: the runtime reads it, kv_write records positions in it). Where
+// position p sits is kv_slot(): full layers: slot = position (capacity grows in the runtime's
+// reserve step, never in decode). Sliding layers: a ring with capacity >= window + max_chunk - 1,
+// slot = position % capacity, so memory is bounded by the window.
+// Paged (block > 0; model/kv_pool.h): k, v and pos are one layer's arrays of a pool shared by
+// every sequence ([pool_slots, ...]); position p sits in slot table[p / block] * block + p % block
+// (table: this sequence's logical block -> pool block, in backend memory; table_host: the same
+// on the host), for full and sliding layers alike. capacity is then the positions the table
+// covers (a bound for launch shapes, not storage).
 //
 // Quantized KV (quant.bits > 0; backends with supports_kv_quant()): k and v are null and each
 // slot's K and V rows are MLX affine codes instead (quant/affine_quantize.h, along head_dim):
@@ -61,8 +67,15 @@ struct KvBuffer {
   uint8_t* kq = nullptr;
   uint8_t* vq = nullptr;
   float *ks = nullptr, *kb = nullptr, *vs = nullptr, *vb = nullptr;
+  const int32_t* table = nullptr;       // paged: logical block -> pool block (backend memory)
+  const int32_t* table_host = nullptr;  // paged: the same table in host memory
+  int block = 0;                        // paged: positions per block (a power of two); 0: not paged
+  int pool_slots = 0;                   // paged: slots of the pool's arrays
 
   bool quantized() const { return quant.bits > 0; }
+  bool paged() const { return block > 0; }
+  // Slots k / v / pos hold (the bound of every slot index).
+  int64_t stored_slots() const { return paged() ? pool_slots : capacity; }
   size_t row_floats() const { return size_t(n_kv_heads) * size_t(head_dim); }
   // Quantized: bytes of codes / number of scales per slot.
   size_t row_code_bytes() const { return row_floats() * size_t(quant.bits) / 8; }
@@ -76,6 +89,12 @@ struct KvBuffer {
                            quant.group_size, s, b, DType::F32);
   }
 };
+
+// The slot holding position p (p within what the cache holds; paged: a mapped block).
+inline int64_t kv_slot(const KvBuffer& kv, int p) {
+  if (kv.paged()) return int64_t(kv.table_host[p / kv.block]) * kv.block + p % kv.block;
+  return kv.window > 0 ? p % kv.capacity : p;
+}
 
 // One sequence's slice of a batched attention call.
 struct AttnSeq {

@@ -181,8 +181,8 @@ void HostBackend::kv_write(const AttnSeq& s, const Buf& k_b, const Buf& v_b) {
   const size_t row = kv.row_floats();
   for (int t = 0; t < s.n; ++t) {
     const int pos = s.pos0 + t;
-    const int slot = kv.window > 0 ? pos % kv.capacity : pos;
-    G4_CHECK(slot < kv.capacity);
+    const int64_t slot = kv_slot(kv, pos);
+    G4_CHECK(slot >= 0 && slot < kv.stored_slots());
     const float* ks = k + size_t(s.row0 + t) * row;
     const float* vs = v + size_t(s.row0 + t) * row;
     if (kv.quantized()) {
@@ -240,7 +240,7 @@ void HostBackend::attend_one(const float* q, const KvBuffer& kv, int g, KeyRange
   float mx = -INFINITY;
   for (int j = 0; j < n; ++j) {
     const int p = first + j;
-    const int slot = kv.window > 0 ? p % kv.capacity : p;
+    const int64_t slot = kv_slot(kv, p);
     G4_CHECK(kv.pos[slot] == p);
     const float* kr = kv_head_row(kv, false, slot, g, deq.data());
     float s = 0.f;
@@ -258,7 +258,7 @@ void HostBackend::attend_one(const float* q, const KvBuffer& kv, int g, KeyRange
   for (int i = 0; i < D; ++i) out[i] = 0.f;
   for (int j = 0; j < n; ++j) {
     const int p = first + j;
-    const int slot = kv.window > 0 ? p % kv.capacity : p;
+    const int64_t slot = kv_slot(kv, p);
     const float pj = rnd(scores[j] * inv, P);
     const float* vr = kv_head_row(kv, true, slot, g, deq.data());
     for (int i = 0; i < D; ++i) out[i] += pj * vr[i];

@@ -77,7 +77,7 @@ void attend_group_avx512(const float* q, int group, const KvBuffer& kv, int g, K
   // Scores s[h, j] = (q_h · k_j) * scale, each K row read once for the whole group.
   for (int j = 0; j < n; ++j) {
     const int p = first + j;
-    const int slot = kv.window > 0 ? p % kv.capacity : p;
+    const int64_t slot = kv_slot(kv, p);
     G4_CHECK(kv.pos[slot] == p);
     const float* kr = kv.k.f32() + slot * row + size_t(g) * D;
     if (quant) {
@@ -110,7 +110,7 @@ void attend_group_avx512(const float* q, int group, const KvBuffer& kv, int g, K
     for (int h = 0; h < group; ++h) std::fill(out + size_t(h) * D, out + size_t(h + 1) * D, 0.f);
     for (int j = 0; j < n; ++j) {
       const int p = first + j;
-      const int slot = kv.window > 0 ? p % kv.capacity : p;
+      const int64_t slot = kv_slot(kv, p);
       detail::dequant_row_avx512(vview, int64_t(slot) * kv.n_kv_heads + g, deq.data());
       for (int h = 0; h < group; ++h) {
         const __m512 pj = _mm512_set1_ps(scratch[size_t(h) * n + j]);
@@ -131,7 +131,7 @@ void attend_group_avx512(const float* q, int group, const KvBuffer& kv, int g, K
       for (int v = 0; v < 8; ++v) acc[v] = _mm512_setzero_ps();
       for (int j = 0; j < n; ++j) {
         const int p = first + j;
-        const int slot = kv.window > 0 ? p % kv.capacity : p;
+        const int64_t slot = kv_slot(kv, p);
         const float* vr = kv.v.f32() + slot * row + size_t(g) * D + c0;
         const __m512 pj = _mm512_set1_ps(s[j]);
         if (nv == 8) {

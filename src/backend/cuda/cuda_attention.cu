@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* 
     for (int b = 0; b < kBatch; ++b) {
       const int jj = min(j + b * kAttnWarps, j1 - 1);  // past the end: a valid row, masked below
       const int p = first + jj;
-      const int slot = window > 0 ? p % capacity : p;
+      const int64_t slot = kv_slot(sq.table, sq.block_shift, capacity, window, p);
       if constexpr (kQuant) {  // a quantized cache: this lane's kPer contiguous values of the row
         const int64_t hr = int64_t(slot) * a.n_kv_heads + g;
         kv_dequant_run<kPer>(qa.kq, qa.ks, qa.kb, qa, hr, D, lane * kPer, kk[b]);

@@ -219,7 +219,9 @@ class CudaBackend final : public Backend {
     const DType t = act_type({&k_b, &v_b, &kv.k, &kv.v});
     const cuda::KvQuantArgs q = quant_args(kv);
     const cuda::Dyn p = rec_->dyn(s.pos0);
-    launch("kv_write", cuda::kv_write, k, v, row0, n, p, hk, hd, cap, win, kc, vc, q, t);
+    const int32_t* table = kv.table;
+    const int shift = block_shift(kv);
+    launch("kv_write", cuda::kv_write, k, v, row0, n, p, hk, hd, cap, win, table, shift, kc, vc, q, t);
     record_positions(s);
   }
   void attention(const Buf& q_b, int H, const std::vector<AttnSeq>& seqs, float scale, ActPrecision P,
@@ -243,6 +245,8 @@ class CudaBackend final : public Backend {
       a.n_kv_heads = kv.n_kv_heads;
       a.head_dim = kv.head_dim;
       a.window = kv.window;
+      a.table = kv.table;
+      a.block_shift = block_shift(kv);
       a.quant = quant_args(kv);
       a.t = t;
       // Row-exact: a prompt chunk's rows on the decode kernel too, so a row's bits do not depend

@@ -106,13 +106,20 @@ inline cuda::KvQuantArgs quant_args(const KvBuffer& kv) {
   q.vb = kv.vb;
   return q;
 }
+// A paged cache's log2(positions per block) as the kernels take it (0: not paged).
+inline int block_shift(const KvBuffer& kv) {
+  int s = 0;
+  while (kv.paged() && (1 << s) < kv.block) ++s;
+  G4_CHECK((!kv.paged() || (1 << s) == kv.block) && "cuda backend: KV blocks of a power-of-two size");
+  return s;
+}
 // The cache slots a write fills record their positions (host bookkeeping, backend.h).
 inline void record_positions(const AttnSeq& s) {
   const KvBuffer& kv = s.kv;
   for (int t = 0; t < s.n; ++t) {
     const int pos = s.pos0 + t;
-    const int slot = kv.window > 0 ? pos % kv.capacity : pos;
-    G4_CHECK(slot < kv.capacity);
+    const int64_t slot = kv_slot(kv, pos);
+    G4_CHECK(slot >= 0 && slot < kv.stored_slots());
     kv.pos[slot] = pos;
   }
 }

@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kFThreads) flash_attention_kernel(const bf16* 
   const bf16* K = static_cast<const bf16*>(a.k);
   const bf16* V = static_cast<const bf16*>(a.v);
   const int64_t kv_row = int64_t(a.n_kv_heads) * kD;
-  auto slot_of = [&](int p) { return int64_t(a.window > 0 ? p % a.capacity : p); };
+  auto slot_of = [&](int p) { return kv_slot(a.table, a.block_shift, a.capacity, a.window, p); };
 
   float o[kDV / 8][4] = {};
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // l: this lane's share of the row sums

@@ -34,11 +34,22 @@ struct AttnArgs {
   const void* v;
   KvQuantArgs quant;
   const int32_t* blocks = nullptr;  // device [n, 2] image blocks (backend.h AttnSeq::blocks), or null
+  const int32_t* table = nullptr;   // paged cache: its block table (backend.h KvBuffer), or null
   int row0, n;
   int capacity, n_kv_heads, head_dim, window;
+  int block_shift;       // paged: log2 of the positions per block
   DType t = DType::F32;  // q, k, v and out storage
-  uint8_t reserved[7] = {};
+  uint8_t reserved[3] = {};
 };
+
+#ifdef __CUDACC__
+// The cache slot of position p (backend.h kv_slot): through the block table of a paged cache,
+// else the ring slot of a sliding layer or the position itself.
+__device__ inline int64_t kv_slot(const int32_t* table, int block_shift, int capacity, int window, int p) {
+  if (table) return (int64_t(table[p >> block_shift]) << block_shift) | int64_t(p & ((1 << block_shift) - 1));
+  return window > 0 ? p % capacity : p;
+}
+#endif
 
 // One sequence of a batched attention or attn_prep launch. A launch's sequences sit in a device
 // table staged with the step (SeqTable), so a recorded step replays with other sequences, caches
@@ -49,11 +60,12 @@ struct SeqKv {
   int pos0;      // the position of its first row
   int capacity;  // cache slots (a ring when window > 0)
   int window;    // 0: full attention
-  int reserved;
+  int block_shift;  // paged: log2 of the positions per block
   void* k;       // cache rows [capacity, n_kv_heads, head_dim] of the activation type (unquantized)
   void* v;
   KvQuantArgs quant;      // a quantized cache (quant.bits > 0): its codes, scales and biases
   const int32_t* blocks;  // device [n, 2] image blocks (backend.h AttnSeq::blocks), or null
+  const int32_t* table;   // paged cache: its block table (backend.h KvBuffer), or null
 };
 // A launch's sequences in device memory: seqs[n_seqs], and row_seq[rows] (launch row -> sequence).
 struct SeqTable {
@@ -200,8 +212,10 @@ void rope(cudaStream_t s, void* x, int rows, int heads, int head_dim, Dyn pos0, 
           float position_scale, DType t);
 // k/v rows row0..row0+n-1 [Hk * head_dim each] into the cache slots of positions pos0.. (kc/vc,
 // or quantized into quant's rows when quant.bits > 0).
+// table / block_shift: a paged cache's block table (null: not paged).
 void kv_write(cudaStream_t s, const void* k, const void* v, int row0, int n, Dyn pos0, int n_kv_heads, int head_dim,
-              int capacity, int window, void* kc, void* vc, const KvQuantArgs& quant, DType t);
+              int capacity, int window, const int32_t* table, int block_shift, void* kc, void* vc,
+              const KvQuantArgs& quant, DType t);
 // Attention of a.rows query rows of a.tab's sequences in one launch (flash-decoding: online
 // softmax, no score matrix). The visible positions of each (row, head) are cut into `splits`
 // ranges run by separate blocks; with splits > 1, `partial` holds a.rows * H * splits *

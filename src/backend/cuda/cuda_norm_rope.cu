@@ -239,7 +239,7 @@ __global__ void attn_prep_kernel(AttnPrepArgs a) {
   T *const k = static_cast<T*>(a.k), *const vv = static_cast<T*>(a.v);
   T *const kc = static_cast<T*>(sq.k), *const vc = static_cast<T*>(sq.v);
   const int g = h - a.H;
-  const int64_t slot = sq.window > 0 ? p % sq.capacity : p;
+  const int64_t slot = kv_slot(sq.table, sq.block_shift, sq.capacity, sq.window, p);
   const int64_t at = (slot * a.Hk + g) * D, row = (int64_t(r) * a.Hk + g) * D;
   const KvQuantArgs qa = sq.quant;
   norm_rope_head(k + row, D, a.k_norm_w, a.eps, pos, a.inv_freq, qa.bits ? static_cast<T*>(nullptr) : kc + at, sh);
@@ -273,10 +273,11 @@ __global__ void rope_kernel(T* x, int heads, int head_dim, Dyn pos0, const float
 // One block per new token; copies its K and V rows into their slots (or quantizes them there).
 template <class T>
 __global__ void kv_write_kernel(const T* k, const T* v, int row0, Dyn pos0, int n_kv_heads, int head_dim,
-                                int capacity, int window, T* kc, T* vc, KvQuantArgs qa) {
+                                int capacity, int window, const int32_t* table, int block_shift, T* kc, T* vc,
+                                KvQuantArgs qa) {
   pdl_enter();
   const int t = blockIdx.x, pos = load(pos0) + t, row_len = n_kv_heads * head_dim;
-  const int64_t slot = window > 0 ? pos % capacity : pos;
+  const int64_t slot = kv_slot(table, block_shift, capacity, window, pos);
   const T* kr = k + int64_t(row0 + t) * row_len;
   const T* vr = v + int64_t(row0 + t) * row_len;
   if (qa.bits) {
@@ -404,12 +405,14 @@ void rope(cudaStream_t s, void* x, int rows, int heads, int head_dim, Dyn pos0, 
 }
 
 void kv_write(cudaStream_t s, const void* k, const void* v, int row0, int n, Dyn pos0, int n_kv_heads, int head_dim,
-              int capacity, int window, void* kc, void* vc, const KvQuantArgs& quant, DType t) {
+              int capacity, int window, const int32_t* table, int block_shift, void* kc, void* vc,
+              const KvQuantArgs& quant, DType t) {
   if (n <= 0) return;
   with_act(t, [&](auto tag) {
     using T = decltype(tag);
     launch_kernel(kv_write_kernel<T>, n, 256, 0, s, static_cast<const T*>(k), static_cast<const T*>(v), row0, pos0, n_kv_heads,
-                                         head_dim, capacity, window, static_cast<T*>(kc), static_cast<T*>(vc), quant);
+                                         head_dim, capacity, window, table, block_shift, static_cast<T*>(kc),
+                  static_cast<T*>(vc), quant);
   });
 }
 

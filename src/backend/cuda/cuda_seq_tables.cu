@@ -28,6 +28,8 @@ SeqTable SeqTables::table(const std::vector<AttnSeq>& seqs) {
     k.v = sq.kv.v.data;
     k.quant = cuda_args::quant_args(sq.kv);
     k.blocks = sq.blocks ? blocks(sq.blocks, sq.n) : nullptr;
+    k.table = sq.kv.table;
+    k.block_shift = cuda_args::block_shift(sq.kv);
     for (int t = 0; t < sq.n; ++t) row_seq[first + t] = int32_t(i);
     first += sq.n;
   }

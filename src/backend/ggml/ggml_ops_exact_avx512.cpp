@@ -143,14 +143,14 @@ void attention(const float* q, int H, const std::vector<AttnSeq>& seqs, float sc
         const int t = int(i / H), h = int(i % H);
         const int pos = s.pos0 + t;
         const int first = kv.window > 0 ? std::max(0, pos - kv.window + 1) : 0;
-        auto slot_of = [&](int k) { return kv.window > 0 ? k % kv.capacity : k; };
+        auto slot_of = [&](int k) { return kv_slot(kv, k); };
         const float* qh = q + (size_t(s.row0 + t) * H + h) * D;
         for (int j = 0; j < D; ++j) qs[size_t(j)] = qh[j] * scale;  // ggml_scale on Q
         const int g = h / group;
         // kq over every position of the padded range; masked ones are -inf.
         std::fill(w.begin(), w.end(), -INFINITY);
         for (int k = first; k <= pos; ++k) {
-          const int slot = slot_of(k);
+          const int64_t slot = slot_of(k);
           G4_CHECK(kv.pos[slot] == k);
           w[size_t(k)] = vec_dot_f32(kv.k.f32() + size_t(slot) * kv_row + size_t(g) * D, qs.data(), D);
         }
