@@ -29,7 +29,8 @@ Status validate_kv_options(const KvCacheOptions& opt, const ModelConfig& cfg, co
   return Status::ok();
 }
 
-KvCache::KvCache(const ModelConfig& cfg, Backend& be, KvCacheOptions opt) : cfg_(cfg), be_(be), opt_(opt) {
+KvCache::KvCache(const ModelConfig& cfg, Backend& be, KvCacheOptions opt, std::shared_ptr<KvPool> pool)
+    : cfg_(cfg), be_(be), opt_(opt), pool_(std::move(pool)) {
   buf_.resize(cfg.layers.size());
   for (size_t i = 0; i < cfg.layers.size(); ++i) {
     const LayerSpec& ls = cfg.layers[i];
@@ -38,9 +39,15 @@ KvCache::KvCache(const ModelConfig& cfg, Backend& be, KvCacheOptions opt) : cfg_
     b.head_dim = ls.head_dim;
     b.window = ls.kind == AttnKind::Sliding ? ls.window : 0;
   }
+  if (pool_) init_paged();
 }
 
 KvCache::~KvCache() {
+  if (pool_) {
+    drop_all_blocks();
+    for (Buf& t : table_dev_) be_.free(t);
+    return;
+  }
   for (KvBuffer& b : buf_) release(b);
 }
 
@@ -110,7 +117,8 @@ void KvCache::grow(int li, int cap) {
   b = nb;
 }
 
-void KvCache::reserve(int n_new) {
+bool KvCache::reserve(int n_new) {
+  if (pool_) return reserve_paged(n_new);
   for (size_t i = 0; i < buf_.size(); ++i) {
     if (!owns(i)) continue;
     KvBuffer& b = buf_[i];
@@ -125,6 +133,7 @@ void KvCache::reserve(int n_new) {
       grow(int(i), cap);
     }
   }
+  return true;
 }
 
 void KvCache::advance(int n) {
@@ -157,6 +166,7 @@ void KvCache::quantize_full_layers() {
 
 bool KvCache::truncate(int n) {
   if (n >= size_) return n == size_;
+  if (pool_) return truncate_paged(n);
   for (size_t i = 0; i < buf_.size(); ++i) {
     if (!owns(i)) continue;
     KvBuffer& b = buf_[i];
@@ -177,6 +187,7 @@ bool KvCache::truncate(int n) {
 }
 
 void KvCache::copy_from(const KvCache& o) {
+  if (pool_) return copy_from_paged(o);
   for (size_t i = 0; i < buf_.size(); ++i) {
     if (!owns(i)) continue;
     const KvBuffer& src = o.buf_[i];
@@ -194,6 +205,11 @@ void KvCache::copy_from(const KvCache& o) {
 
 size_t KvCache::bytes() const {
   size_t t = 0;
+  if (pool_) {
+    for (int g = 0; g < KvPool::kGroups; ++g)
+      t += size_t(blocks_held(KvPool::Group(g))) * pool_->block_bytes(KvPool::Group(g));
+    return t;
+  }
   for (const KvBuffer& b : buf_) {
     const size_t per_slot = b.quantized() ? 2 * (b.row_code_bytes() + 2 * 4 * b.row_groups())
                                           : 2 * b.row_floats() * dtype_size(be_.activation_dtype());

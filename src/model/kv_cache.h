@@ -9,13 +9,21 @@
 // written. Sliding-window rings keep f32 rows: their memory is bounded by the window, and mlx-lm
 // 0.32.2 cannot quantize them either (RotatingKVCache.to_quantized raises NotImplementedError).
 // KV-shared layers read their donor's cache, quantized or not.
+//
+// Paged (a KvPool given; model/kv_pool.h): the layers' rows live in the pool's blocks, mapped by a
+// table per group that KvCache keeps on the host and mirrors into backend memory; full and sliding
+// layers both index by position, sliding layers returning the blocks below their window to the
+// pool. copy_from shares blocks instead of copying them; a shared block is copied before written.
 #pragma once
+#include <array>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "backend/backend.h"
 #include "core/status.h"
 #include "core/config.h"
+#include "model/kv_pool.h"
 
 namespace g4 {
 
@@ -31,13 +39,21 @@ Status validate_kv_options(const KvCacheOptions& opt, const ModelConfig& cfg, co
 
 class KvCache {
  public:
-  KvCache(const ModelConfig& cfg, Backend& be, KvCacheOptions opt = {});
+  // pool: paged storage (unquantized options only), or null for per-sequence buffers.
+  KvCache(const ModelConfig& cfg, Backend& be, KvCacheOptions opt = {}, std::shared_ptr<KvPool> pool = nullptr);
   ~KvCache();
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
 
   // Makes room for n_new tokens after the current ones (may allocate; call before forward).
-  void reserve(int n_new);
+  // False only for a paged cache whose pool has too few free blocks (or past its max_positions):
+  // the blocks taken so far stay mapped, nothing else changes.
+  bool reserve(int n_new);
+  bool paged() const { return pool_ != nullptr; }
+  // Paged: blocks of group g this cache maps now, and the free blocks reserve(n_new) would take
+  // from each group (unmapped or shared blocks of the positions it writes).
+  int64_t blocks_held(KvPool::Group g) const;
+  std::array<int64_t, KvPool::kGroups> blocks_to_map(int n_new) const;
   // Number of tokens already in the cache (= next position).
   int size() const { return size_; }
   // Called by the model after a forward pass consumed n tokens; quantizes the full layers when
@@ -75,12 +91,44 @@ class KvCache {
   void grow(int layer, int capacity);
   void quantize_full_layers();
 
+  // Paged storage (kv_cache_paged.cpp).
+  void init_paged();
+  bool reserve_paged(int n_new);
+  bool truncate_paged(int n);
+  void copy_from_paged(const KvCache& o);
+  void drop_block(KvPool::Group g, int b);  // unmaps logical block b (its reference released)
+  void drop_all_blocks();
+  // Maps every unmapped block of positions [lo, hi) of group g, and copies shared ones among them
+  // (copy_shared); false when the pool runs out.
+  bool map_blocks(KvPool::Group g, int lo, int hi, bool copy_shared);
+  // The first block a sliding layer still needs when the cache holds `size` tokens: one block
+  // below its window stays mapped, so a short rollback (truncate) finds its keys.
+  int first_sliding_block(int size) const;
+  void set_capacity(int cap);
+  void upload_tables();  // the tables that changed since their last upload
+  // Calls fn(p0, count, slot) for the runs of positions [lo, hi) that sit in consecutive pool
+  // slots of group g (one block at most) and, with ring > 0, in consecutive ring slots p % ring.
+  template <class Fn>
+  void for_runs(KvPool::Group g, int lo, int hi, int ring, Fn&& fn) const;
+  // The ring a paged sliding layer's state is written as (kv_cache_state.cpp).
+  int state_ring() const;
+  // A paged layer's state section (kv_cache_state.cpp's layout) written / read: slots rows of k
+  // and v, then pos[slots]; load: the tables already map what a cache of `size` tokens holds.
+  void save_paged_layer(size_t layer, int slots, std::vector<uint8_t>& out) const;
+  Status load_paged_layer(size_t layer, int slots, int size, const uint8_t* k, const uint8_t* v,
+                          const int32_t* pos);
+
   const ModelConfig& cfg_;
   Backend& be_;
   KvCacheOptions opt_;
   std::vector<KvBuffer> buf_;  // indexed by layer; empty (capacity 0) for KV-shared layers
   int size_ = 0;
   bool quantized_ = false;
+  std::shared_ptr<KvPool> pool_;  // paged storage, or null
+  std::array<std::vector<int32_t>, KvPool::kGroups> table_;  // paged: logical block -> pool block, -1: none
+  std::array<Buf, KvPool::kGroups> table_dev_;               // paged: the tables in backend memory
+  std::array<bool, KvPool::kGroups> table_dirty_{};          // paged: a table changed since its upload
+  int window_ = 0;                                           // paged: the sliding layers' window
 };
 
 }  // namespace g4

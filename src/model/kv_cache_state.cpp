@@ -59,12 +59,17 @@ std::vector<uint8_t> KvCache::save_state() const {
       w.put(int32_t(-1));
       continue;
     }
-    const int slots = b.window > 0 ? b.capacity : std::min(size_, b.capacity);
+    const int slots = paged() ? (b.window > 0 ? state_ring() : size_)
+                              : b.window > 0 ? b.capacity : std::min(size_, b.capacity);
     w.put(int32_t(slots));
-    w.put(int32_t(b.capacity));
+    w.put(int32_t(paged() ? slots : b.capacity));
     w.put(uint8_t(b.quant.bits));
     w.put(uint8_t(0));
     w.put(uint16_t(b.quant.group_size));
+    if (paged()) {  // written as a per-sequence buffer of `slots` slots would be
+      save_paged_layer(i, slots, out);
+      continue;
+    }
     for (const auto& [buf, bytes] : slot_bytes(b, 0, slots))
       if (bytes) be_.read_bytes(buf, bytes, w.grow(bytes));
     if (slots) std::memcpy(w.grow(size_t(slots) * 4), b.pos, size_t(slots) * 4);
@@ -84,6 +89,11 @@ Status KvCache::load_state(const uint8_t* p, size_t n) {
   if (!quantized && opt_.quant.bits > 0 && size >= opt_.quantized_start)
     return err("the state's %d tokens are not quantized, this cache quantizes from %d", size, opt_.quantized_start);
   auto empty = [&] {  // back to a fresh cache's state
+    if (paged()) {
+      drop_all_blocks();
+      upload_tables();
+      return;
+    }
     for (KvBuffer& b : buf_) {
       release(b);
       b.quant = KvQuant{};
@@ -93,6 +103,16 @@ Status KvCache::load_state(const uint8_t* p, size_t n) {
     empty();
     return err("layer %zu: %s", layer, what);
   };
+  if (paged()) {  // the blocks a cache of `size` tokens maps
+    if (size > pool_->max_positions()) return err("the state's %d tokens exceed the pool's %d positions", size,
+                                                  pool_->max_positions());
+    const int lo[KvPool::kGroups] = {0, first_sliding_block(size) * pool_->block()};
+    for (int g = 0; g < KvPool::kGroups; ++g)
+      if (!table_[size_t(g)].empty() && !map_blocks(KvPool::Group(g), lo[g], size, false)) {
+        empty();
+        return err("the KV pool has no free blocks for the state's %d tokens", size);
+      }
+  }
   for (size_t i = 0; i < buf_.size(); ++i) {
     KvBuffer& b = buf_[i];
     const int32_t slots = r.get<int32_t>();
@@ -111,6 +131,22 @@ Status KvCache::load_state(const uint8_t* p, size_t n) {
     if (b.window > 0 ? (slots != capacity || capacity < b.window || capacity > b.window + (1 << 20))
                      : (slots != size || capacity < size))
       return fail("slot count does not fit the layer", i);
+    if (paged()) {
+      const size_t rb = b.row_floats() * b.k.elem_bytes();
+      const uint8_t* k = r.take(size_t(slots) * rb);
+      const uint8_t* v = r.take(size_t(slots) * rb);
+      const uint8_t* pos = r.take(size_t(slots) * 4);
+      if (!pos) return fail("the state ends early", i);
+      std::vector<int32_t> ps(static_cast<size_t>(slots));
+      std::memcpy(ps.data(), pos, size_t(slots) * 4);
+      for (int s = 0; s < slots; ++s) {
+        const int q = ps[size_t(s)];
+        if (q >= size || q < -1 || (q >= 0 && q % slots != s) || (b.window == 0 && q != s))
+          return fail("a slot holds a position it cannot hold", i);
+      }
+      if (Status st = load_paged_layer(i, slots, size, k, v, ps.data()); !st) return fail(st.message().c_str(), i);
+      continue;
+    }
     b.quant = want_quant ? opt_.quant : KvQuant{};
     allocate(b, std::max(slots, 1));
     for (const auto& [buf, bytes] : slot_bytes(b, 0, slots)) {
@@ -134,6 +170,10 @@ Status KvCache::load_state(const uint8_t* p, size_t n) {
   }
   size_ = size;
   quantized_ = quantized;
+  if (paged()) {
+    set_capacity(std::min(pool_->table_len() * pool_->block(), std::max(size, 256)));
+    upload_tables();
+  }
   return Status::ok();
 }
 

@@ -192,7 +192,8 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
   const int LR = logit_rows(batch);
   ensure_scratch(R, LR, topk ? topk->k : 0);
   Scratch& S = *s_;
-  for (const SeqInput& s : batch) s.cache->reserve(s.n);
+  for (const SeqInput& s : batch)  // a paged pool's room is the engine's to check first (Engine::fit_pool)
+    G4_CHECK(s.cache->reserve(s.n) && "Model::forward: the KV pool has no free block for a step");
   be.begin_step();  // no allocation from here to end_step (backend.h)
   {
     std::vector<int32_t> ids;

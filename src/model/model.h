@@ -40,8 +40,13 @@ class Model {
   const ModelConfig& config() const { return cfg_; }
   const ModelWeights& weights() const { return w_; }
   Backend& backend() { return *be_; }
-  // A new, empty cache for one sequence, with the options of set_kv_options.
-  std::unique_ptr<KvCache> new_cache() { return std::make_unique<KvCache>(cfg_, *be_, kv_opt_); }
+  // A new, empty cache for one sequence, with the options of set_kv_options (paged in the pool of
+  // set_kv_pool when there is one).
+  std::unique_ptr<KvCache> new_cache() { return std::make_unique<KvCache>(cfg_, *be_, kv_opt_, kv_pool_); }
+  // The pool new_cache's caches take their blocks from (model/kv_pool.h), or null: per-sequence
+  // buffers. The serving engine sets it; caches made before keep their storage.
+  void set_kv_pool(std::shared_ptr<KvPool> pool) { kv_pool_ = std::move(pool); }
+  const std::shared_ptr<KvPool>& kv_pool() const { return kv_pool_; }
   // Options of the caches new_cache makes from now on (quantized KV); checked first
   // (validate_kv_options), nothing changes on error.
   Status set_kv_options(const KvCacheOptions& opt);
@@ -109,6 +114,7 @@ class Model {
   std::vector<int> moe_layers_;        // the MoE layers' numbers, in order
   std::unique_ptr<Scratch> s_;
   KvCacheOptions kv_opt_;
+  std::shared_ptr<KvPool> kv_pool_;
   std::unique_ptr<LoraAdapter> lora_;
   Tap tap_;
   std::shared_ptr<ExpertTrace> trace_;
