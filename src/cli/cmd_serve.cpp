@@ -96,6 +96,12 @@ int cmd_serve(const std::vector<std::string>& argv) {
             "cuda (its batched kernels fill their tiles and the experts' blocks), 256 on the host backends and "
             "with --batch-invariant on", "auto")
       ->type_name("N|auto")->check(CLI::IsMember({"auto"}) | CLI::Range(1, 1 << 20));
+  cli.value("--kv-pool-mb", "the sequences' KV in one paged pool of this many MiB: a request is admitted when "
+            "the pool's free blocks hold its prompt + max_tokens, so --parallel is not bounded by --parallel x "
+            "--context of memory; 0: a KV buffer per sequence; auto: paged on cuda (what --parallel x --context "
+            "needs, or half the device memory left past the weights when that does not fit), per-sequence on "
+            "the host backends and with --kv-bits", "auto")
+      ->type_name("MiB|auto")->check(CLI::IsMember({"auto"}) | CLI::Range(0, 1 << 24));
   cli.value("--log-format", "the request log on stderr, one line per request: text, json, or none", "text")
       ->type_name("FORMAT")->check(one_of({"text", "json", "none"}));
   cli.flag("-v,--verbose", "add each request's prefill / decode speed and the engine's load to its log line");
@@ -162,10 +168,17 @@ int cmd_serve(const std::vector<std::string>& argv) {
   plan.chunk = o.prefill_chunk;
   plan.step_tokens = o.step_tokens;
   plan.extra_bytes = o.prefix_cache_bytes;
+  const std::string pool_mb = a.get("--kv-pool-mb");
+  if (plan.kv_bits > 0 && pool_mb != "auto" && pool_mb != "0")
+    return fail("serve", "--kv-pool-mb holds unquantized KV: drop --kv-bits, or give --kv-pool-mb 0");
+  const bool paged = plan.kv_bits == 0 && pool_mb != "0" && (pool_mb != "auto" || a.get("--backend") == "cuda");
+  if (paged && pool_mb != "auto") plan.kv_pool_bytes = uint64_t(std::stoll(pool_mb)) << 20;
   auto fit = plan_fit(a.get("--model"), a.get("--backend"), plan, a.has("--context"));
   if (!fit) return fail("serve", fit.message());
+  if (paged && pool_mb == "auto") size_auto_kv_pool(fit.value(), o.parallel, EngineOptions{}.kv_block);
   if (Status st = refuse_if_not_fitting(fit.value(), "--context"); !st) return fail("serve", st.message());
   o.max_context = int(fit.value().input.context);
+  o.kv_pool_bytes = size_t(fit.value().input.kv_pool_bytes);
   auto bo = backend_options_from_args(a);
   if (!bo) return fail("serve", bo.message());
   // On a GPU the device memory the plan leaves free (past a 4 GiB margin) holds bf16 copies of the

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "model/kv_pool.h"
 
 namespace g4::cli {
 namespace {
@@ -44,6 +45,14 @@ uint64_t kv_elements(const ModelConfig& c, int64_t context, bool full_only) {
     n += uint64_t(tokens) * uint64_t(L.n_kv_heads) * uint64_t(L.head_dim) * 2;  // K and V
   }
   return n;
+}
+
+uint64_t paged_kv_bytes(const ModelConfig& c, int64_t context, int parallel, int chunk, int block, int elem_bytes) {
+  uint64_t b = 0;
+  for (int g = 0; g < KvPool::kGroups; ++g)
+    b += uint64_t(KvPool::sequence_blocks(c, KvPool::Group(g), block, context, chunk)) *
+         KvPool::block_bytes(c, KvPool::Group(g), block, elem_bytes);
+  return b * uint64_t(std::max(1, parallel));
 }
 
 uint64_t kv_cache_bytes(const ModelConfig& c, int64_t context, int kv_bits, int kv_group, int chunk, int elem_bytes) {
@@ -94,7 +103,9 @@ MemoryNeed memory_need(const ModelConfig& c, uint64_t weight_bytes, const PlanIn
   MemoryNeed n;
   n.weights = weight_bytes;
   const int elem = in.kv_elem_bytes > 0 ? in.kv_elem_bytes : (on_gpu ? 2 : 4);
-  n.kv = kv_cache_bytes(c, in.context, in.kv_bits, in.kv_group, in.chunk, elem) * uint64_t(std::max(1, in.parallel));
+  n.kv = in.kv_pool_bytes > 0 ? in.kv_pool_bytes
+                               : kv_cache_bytes(c, in.context, in.kv_bits, in.kv_group, in.chunk, elem) *
+                                     uint64_t(std::max(1, in.parallel));
   // One step's rows: every sequence's prompt chunk, within the step's row bound. Per row: residual,
   // normed input, q, k, v, attention output, gate, up and the MLP product, in f32; plus one logits
   // row per sequence.
@@ -261,6 +272,21 @@ Result<FitReport> plan_fit(const std::string& model_path, const std::string& bac
   }
   if (r.free_known) r.largest_context = largest_fitting_context(om.config, wb, in, r.on_gpu, r.free.bytes);
   return r;
+}
+
+void size_auto_kv_pool(FitReport& r, int parallel, int block) {
+  PlanInput& in = r.input;
+  const int elem = in.kv_elem_bytes > 0 ? in.kv_elem_bytes : (r.on_gpu ? 2 : 4);
+  const int chunk = std::max(1, in.chunk);
+  const uint64_t all = paged_kv_bytes(r.config, in.context, parallel, chunk, block, elem);
+  const uint64_t one = paged_kv_bytes(r.config, in.context, 1, chunk, block, elem);
+  const uint64_t rest = r.need.total() - r.need.kv;  // everything but the KV
+  in.kv_pool_bytes = all;
+  if (r.free_known && rest + all > r.free.bytes) {
+    const uint64_t left = r.free.bytes > rest ? r.free.bytes - rest : 0;
+    in.kv_pool_bytes = std::max(one, std::min(all, left / 2));
+  }
+  r.need = memory_need(r.config, r.need.weights, in, r.on_gpu);
 }
 
 Status refuse_if_not_fitting(const FitReport& r, const char* context_flag) {

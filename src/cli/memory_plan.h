@@ -21,6 +21,7 @@ struct PlanInput {
   int chunk = 256;            // prompt tokens per sequence per forward step
   int step_tokens = 0;        // rows per forward step at most (EngineOptions::step_tokens); 0: no bound
   uint64_t extra_bytes = 0;   // e.g. serve's prompt-prefix cache
+  uint64_t kv_pool_bytes = 0; // > 0: the KV cache is one pool of this size (serve's paged KV), not per sequence
 };
 
 struct MemoryNeed {
@@ -40,6 +41,9 @@ uint64_t kv_elements(const ModelConfig& c, int64_t context, bool full_only = fal
 // --kv-bits the full layers' codes plus an f32 scale and bias per group.
 uint64_t kv_cache_bytes(const ModelConfig& c, int64_t context, int kv_bits, int kv_group, int chunk,
                         int elem_bytes = 4);
+// A paged KV pool (model/kv_pool.h) holding `parallel` sequences of `context` tokens at once,
+// fed `chunk` prompt rows a step, in blocks of `block` positions of elem_bytes elements.
+uint64_t paged_kv_bytes(const ModelConfig& c, int64_t context, int parallel, int chunk, int block, int elem_bytes);
 // Bytes the stored tensors of the model take (packed matrices with their scales, vectors).
 Result<uint64_t> stored_weight_bytes(const ModelConfig& c, const WeightSource& w);
 // Bytes one view occupies in the file (packed data + MLX scales/biases).
@@ -95,5 +99,10 @@ Result<FitReport> plan_fit(const std::string& model_path, const std::string& bac
 // For run and serve: an error with the numbers and the largest context that fits when the plan
 // does not fit the machine; ok when it fits or when the free memory cannot be known.
 Status refuse_if_not_fitting(const FitReport& r, const char* context_flag);
+// serve's `--kv-pool-mb auto` on a paged engine: a pool holding `parallel` sequences at r's full
+// context when that fits the free memory; else half of what the weights, scratch and runtime leave
+// free (the rest keeps bf16 weight copies), and at least one sequence's worth. Sets
+// r.input.kv_pool_bytes and r.need.
+void size_auto_kv_pool(FitReport& r, int parallel, int block);
 
 }  // namespace g4::cli

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "model/drafter.h"
+#include "runtime/engine_slot.h"
 
 namespace g4 {
 
@@ -21,33 +22,10 @@ const char* finish_reason_name(FinishReason r) {
   }
 }
 
-struct Engine::Request {
-  uint64_t id = 0;
-  GenerationSpec spec;
-  EventFn on_event;
-};
-
 namespace {
 // Sequences whose tokens are drawn from the logits on the host: reported logprobs, a grammar's mask.
 bool needs_host_logits(const GenerationSpec& spec) { return spec.logprobs >= 0 || spec.grammar != nullptr; }
 }  // namespace
-
-struct Engine::Slot {
-  std::shared_ptr<Request> req;          // null when free
-  std::unique_ptr<KvCache> cache;
-  std::unique_ptr<Sampler> sampler;
-  std::vector<int32_t> fed;              // tokens whose KV is in the cache
-  std::vector<int32_t> history;          // what the logits processors see
-  int consumed = 0;                      // prompt tokens fed so far
-  int generated = 0;
-  int cached = 0;
-  int32_t pending = -1;                  // sampled token not yet fed
-  float logprob = 0.f;                   // the last sampled token's, and the alternatives
-  std::vector<std::pair<int, float>> top;   //   (GenerationSpec::logprobs >= 0)
-  std::unique_ptr<GrammarMatcher> matcher;  // GenerationSpec::grammar's state, or null
-  Buf hidden;                            // drafter input: final-normed hidden of the last fed token
-  bool has_hidden = false;               //   (backend buffer [hidden]), set by the step that sampled `pending`
-};
 
 Engine::Engine(Model& model, EngineOptions opt)
     : model_(model), opt_(opt), prefix_(opt.prefix_cache_bytes) {
@@ -56,6 +34,7 @@ Engine::Engine(Model& model, EngineOptions opt)
   for (int i = 0; i < opt_.parallel; ++i) slots_.push_back(std::make_unique<Slot>());
   stats_.kv_capacity_tokens = int64_t(opt_.parallel) * opt_.max_context;
   stats_.prefix_capacity_bytes = opt_.prefix_cache_bytes;
+  if (opt_.kv_pool_bytes > 0) open_pool();
   logits_.resize(size_t(opt_.parallel) * model_.config().vocab);
   const char* dt = std::getenv("G4_DEVICE_TOPK");  // 0: always copy the logits (for comparisons)
   device_topk_enabled_ = !(dt && std::string(dt) == "0");
@@ -88,6 +67,7 @@ void Engine::open_prompt_store() {
 Engine::~Engine() {
   shutdown(false);
   for (auto& s : slots_) model_.backend().free(s->hidden);
+  if (pool_) model_.set_kv_pool(nullptr);  // caches made after the engine get their own buffers
 }
 
 Result<uint64_t> Engine::submit(GenerationSpec spec, EventFn on_event) {
@@ -110,6 +90,14 @@ Result<uint64_t> Engine::submit(GenerationSpec spec, EventFn on_event) {
   }
   Status sv = validate(spec.sampling, V);
   if (!sv) return Error{sv.message()};
+  if (pool_) {
+    const auto need = pool_need(spec);
+    for (int g = 0; g < KvPool::kGroups; ++g)
+      if (need[size_t(g)] > pool_->total_blocks(KvPool::Group(g)))
+        return err("prompt (%zu tokens) + max_tokens (%d) needs %lld KV blocks of %d positions; the KV pool holds "
+                   "%lld (serve --kv-pool-mb)", spec.prompt.size(), spec.max_tokens, (long long)need[size_t(g)],
+                   pool_->block(), (long long)pool_->total_blocks(KvPool::Group(g)));
+  }
   std::lock_guard<std::mutex> lk(mu_);
   if (stop_) return err("engine is shutting down");
   const int busy = stats_.active;
@@ -270,10 +258,13 @@ void Engine::admit() {
       // The same prompt is being prefilled in another slot: wait for that prefill and share it
       // (the queue waits behind it for that long).
       if (sibling && sibling->consumed < int(sibling->req->spec.prompt.size())) return;
+      // A KV pool without room for what the request may need: it waits until sequences finish.
+      if (pool_ && !pool_room(pool_need(r->spec))) return;
       queue_.pop_front();
       ++stats_.active;
     }
     s.req = r;
+    if (pool_) s.kv_need = pool_need(r->spec);
     s.cache = model_.new_cache();
     s.sampler = std::make_unique<Sampler>(r->spec.sampling, model_.config().vocab);
     if (r->spec.grammar) s.matcher = std::make_unique<GrammarMatcher>(r->spec.grammar, r->spec.stop_ids);
@@ -359,6 +350,7 @@ void Engine::step() {
     batch.push_back(in);
     in_batch.push_back(&s);
   }
+  fit_pool(batch, in_batch);
   if (batch.empty()) return;
   Drafter* dr = model_.drafter();
   bool all_decoding = dr != nullptr;  // with a drafter: every active sequence past its prompt
@@ -470,6 +462,13 @@ void Engine::publish_cache_stats() {
   const size_t bytes = prefix_.bytes(), entries = prefix_.entries();
   std::lock_guard<std::mutex> lk(mu_);
   stats_.kv_tokens = tokens;
+  if (pool_) {
+    const int64_t full = pool_->total_blocks(KvPool::kFull), block = pool_->block();
+    stats_.kv_tokens = (full - pool_->free_blocks(KvPool::kFull)) * block;
+    stats_.kv_capacity_tokens = full * block;
+    stats_.kv_pool_blocks = full + pool_->total_blocks(KvPool::kSliding);
+    stats_.kv_pool_free_blocks = pool_->free_blocks(KvPool::kFull) + pool_->free_blocks(KvPool::kSliding);
+  }
   stats_.prefix_bytes = bytes;
   stats_.prefix_entries = entries;
 }

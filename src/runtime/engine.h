@@ -8,6 +8,7 @@
 // With a drafter on the model (model/drafter.h), steps in which every active sequence is decoding
 // are speculative rounds instead: each sequence's drafts are verified in one batched forward.
 #pragma once
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -85,6 +86,12 @@ struct EngineOptions {
   std::string prompt_cache_dir;
   std::string prompt_cache_key;  // the model and the options its KV's values depend on
   size_t prompt_cache_disk_bytes = size_t(8) << 30;
+  // > 0: the sequences' KV lives in one pool of this many bytes (model/kv_pool.h, paged as vLLM
+  // keeps it) instead of a buffer per sequence: a request is admitted when the pool's free blocks
+  // hold what it can need at most (prompt + max_tokens; the sliding layers' window), prefix-cache
+  // hits share blocks, and requests past the queue bound are refused. Unquantized KV only.
+  size_t kv_pool_bytes = 0;
+  int kv_block = 32;  // positions per pool block (a power of two)
 };
 
 struct EngineStats {
@@ -103,6 +110,9 @@ struct EngineStats {
   // (parallel x max_context): the KV-cache utilization a gateway routes by. The prompt-prefix
   // cache's KV (evictable, reused by later prompts) is counted apart.
   int64_t kv_tokens = 0, kv_capacity_tokens = 0;
+  // A KV pool (EngineOptions::kv_pool_bytes): its blocks and the free ones (both groups); then
+  // kv_tokens / kv_capacity_tokens count the full-attention group's blocks in use / all, in tokens.
+  int64_t kv_pool_blocks = 0, kv_pool_free_blocks = 0;
   size_t prefix_bytes = 0, prefix_capacity_bytes = 0, prefix_entries = 0;
 };
 
@@ -199,9 +209,19 @@ class Engine {
   // A cache of this model filled from `state` (KvCache::save_state) that holds exactly n_tokens, or
   // why not.
   Result<std::unique_ptr<KvCache>> cache_from_state(size_t n_tokens, const std::vector<uint8_t>& state);
+  // The KV pool (engine_pool.cpp): the blocks a request can need at most at once, per group;
+  // whether the pool has room for `need` beside what the running sequences may still take
+  // (evicting prefix-cache entries for it); and a step's batch cut to what the pool can hold now
+  // (prompt chunks of the youngest requests wait; decoding sequences that cannot go on end with an
+  // error, which admission makes rare).
+  void open_pool();
+  std::array<int64_t, KvPool::kGroups> pool_need(const GenerationSpec& spec) const;
+  bool pool_room(const std::array<int64_t, KvPool::kGroups>& need);
+  void fit_pool(std::vector<SeqInput>& batch, std::vector<Slot*>& in_batch);
 
   Model& model_;
   EngineOptions opt_;
+  std::shared_ptr<KvPool> pool_;  // EngineOptions::kv_pool_bytes's pool, or null
   PrefixCache prefix_;
   std::unique_ptr<PromptStore> store_;  // opt_.prompt_cache_dir's entries, or null
   mutable std::mutex mu_;

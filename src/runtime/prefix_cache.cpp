@@ -59,6 +59,13 @@ int PrefixCache::lookup(const std::vector<int32_t>& prompt, KvCache& dst) {
   return int(best_len);
 }
 
+bool PrefixCache::evict_oldest() {
+  if (entries_.empty()) return false;
+  bytes_ -= entries_.back().bytes;
+  entries_.pop_back();
+  return true;
+}
+
 PrefixCache::Match PrefixCache::longest(const std::vector<int32_t>& tokens, size_t max_len) {
   size_t len = 0;
   const auto it = best(tokens, max_len, &len);

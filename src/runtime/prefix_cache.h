@@ -30,6 +30,8 @@ class PrefixCache {
     size_t len = 0;
   };
   Match longest(const std::vector<int32_t>& tokens, size_t max_len);
+  // Drops the least recently used entry; false when there is none.
+  bool evict_oldest();
   size_t bytes() const { return bytes_; }
   size_t entries() const { return entries_.size(); }
 

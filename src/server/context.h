@@ -33,6 +33,7 @@ struct ServerOptions {
   size_t prompt_cache_disk_bytes = EngineOptions{}.prompt_cache_disk_bytes;
   int step_tokens = EngineOptions{}.step_tokens;  // EngineOptions::step_tokens
   int prefill_chunk = EngineOptions{}.prefill_chunk;  // EngineOptions::prefill_chunk
+  size_t kv_pool_bytes = 0;    // EngineOptions::kv_pool_bytes (0: a KV buffer per sequence)
   RequestLogOptions log;       // one line per request on stderr (server/request_log.h)
   // Parse special tokens in the text of messages too (a client can then write control tokens,
   // and forge turns); off: only the chat template's own markup yields special tokens.

@@ -66,6 +66,7 @@ Server::Server(const ModelBundle& bundle, ServerOptions opt) : bundle_(bundle), 
   eo.prompt_cache_disk_bytes = opt_.prompt_cache_disk_bytes;
   eo.step_tokens = opt_.step_tokens;
   eo.prefill_chunk = opt_.prefill_chunk;
+  eo.kv_pool_bytes = opt_.kv_pool_bytes;
   engine_ = std::make_unique<Engine>(*bundle.model, eo);
   std::string id = opt_.model_id.empty() ? bundle.name : opt_.model_id;
   ctx_.reset(new Context{bundle_, *engine_, opt_, metrics_, stopping_, id, generation_defaults(bundle.model->config())});
@@ -110,8 +111,12 @@ std::string Server::metrics_text() {
   line("gemma4_kv_cache_usage_ratio", "gauge",
        "KV cache held by running sequences, as a fraction (0..1) of what the slots may hold.", kv_usage);
   line("gemma4_kv_cache_tokens", "gauge", "Tokens in the KV caches of running sequences.", double(s.kv_tokens));
-  line("gemma4_kv_cache_capacity_tokens", "gauge", "Tokens the sequence slots may hold (--parallel x context).",
+  line("gemma4_kv_cache_capacity_tokens", "gauge",
+       "Tokens the KV caches may hold (--parallel x context; a KV pool: its full-attention blocks).",
        double(s.kv_capacity_tokens));
+  line("gemma4_kv_pool_blocks", "gauge", "Blocks of the paged KV pool (0: a KV buffer per sequence).",
+       double(s.kv_pool_blocks));
+  line("gemma4_kv_pool_free_blocks", "gauge", "Free blocks of the paged KV pool.", double(s.kv_pool_free_blocks));
   line("gemma4_prefix_cache_bytes", "gauge", "KV bytes kept for prompt prefixes (evictable).", double(s.prefix_bytes));
   line("gemma4_prefix_cache_capacity_bytes", "gauge", "The prompt-prefix cache's byte budget.",
        double(s.prefix_capacity_bytes));
