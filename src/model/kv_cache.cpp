@@ -31,14 +31,7 @@ Status validate_kv_options(const KvCacheOptions& opt, const ModelConfig& cfg, co
 
 KvCache::KvCache(const ModelConfig& cfg, Backend& be, KvCacheOptions opt, std::shared_ptr<KvPool> pool)
     : cfg_(cfg), be_(be), opt_(opt), pool_(std::move(pool)) {
-  buf_.resize(cfg.layers.size());
-  for (size_t i = 0; i < cfg.layers.size(); ++i) {
-    const LayerSpec& ls = cfg.layers[i];
-    KvBuffer& b = buf_[i];
-    b.n_kv_heads = ls.n_kv_heads;
-    b.head_dim = ls.head_dim;
-    b.window = ls.kind == AttnKind::Sliding ? ls.window : 0;
-  }
+  for (const LayerSpec& ls : cfg.layers) buf_.push_back(layer_kv(ls));
   if (pool_) init_paged();
 }
 

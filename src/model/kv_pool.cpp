@@ -71,9 +71,7 @@ KvPool::KvPool(const ModelConfig& cfg, Backend& be, int block, std::array<int64_
   for (size_t i = 0; i < cfg.layers.size(); ++i) {
     const LayerSpec& l = cfg.layers[i];
     KvBuffer& b = layers_[i];
-    b.n_kv_heads = l.n_kv_heads;
-    b.head_dim = l.head_dim;
-    b.window = l.kind == AttnKind::Sliding ? l.window : 0;
+    b = layer_kv(l);
     if (!owning(l)) continue;
     const int64_t slots = total_[size_t(group_of(l))] * block;
     b.block = block;

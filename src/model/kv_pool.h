@@ -18,6 +18,15 @@
 
 namespace g4 {
 
+// An empty KV buffer of layer l's geometry: its KV heads, head_dim and window (0: full attention).
+inline KvBuffer layer_kv(const LayerSpec& l) {
+  KvBuffer b;
+  b.n_kv_heads = l.n_kv_heads;
+  b.head_dim = l.head_dim;
+  b.window = l.kind == AttnKind::Sliding ? l.window : 0;
+  return b;
+}
+
 class KvPool {
  public:
   enum Group { kFull = 0, kSliding = 1 };
