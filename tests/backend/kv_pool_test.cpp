@@ -5,6 +5,8 @@
 // an empty pool is a false from reserve, never a crash; states move between both kinds of cache.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -155,10 +157,17 @@ TEST_P(KvPoolTest, StatesMoveBetweenPagedAndPerSequenceCaches) {
     const Status st = x->load_state(s->data(), s->size());
     ASSERT_TRUE(st) << st.message();
   }
-  for (KvCache* x : {&a, &b, &c}) {
-    EXPECT_EQ(attend(*x, 4), want);
-    test::feed_cache(*be_, *x, k_, v_, 50, 58, 3);
-  }
+  // a, a per-sequence buffer read back, holds its 50 rows in 50 slots where `plain` has 256: on
+  // cuda its attention takes other position splits (f32 partial sums in another order).
+  const auto near = [](const std::vector<float>& x, const std::vector<float>& y) {
+    float d = 0.f;
+    for (size_t i = 0; i < x.size(); ++i) d = std::max(d, std::fabs(x[i] - y[i]));
+    return x.size() == y.size() && d <= 1e-5f;
+  };
+  EXPECT_TRUE(near(attend(a, 4), want));
+  EXPECT_EQ(attend(b, 4), want);
+  EXPECT_EQ(attend(c, 4), want);
+  for (KvCache* x : {&a, &b, &c}) test::feed_cache(*be_, *x, k_, v_, 50, 58, 3);
   test::feed_cache(*be_, plain, k_, v_, 50, 58, 3);
   for (KvCache* x : {&a, &b, &c}) EXPECT_EQ(attend(*x, 2), attend(plain, 2));
   // A pool too small for the state: refused, its blocks back.
