@@ -72,7 +72,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   cli.value("--port", "port to listen on; 0: any free one", "8080")->type_name("N")->check(CLI::Range(0, 65535));
   cli.value("--parallel", "sequences decoded together (continuous batching)", "4")->type_name("N")
       ->check(CLI::Range(1, 256));
-  cli.value("--max-queue", "requests waiting beyond --parallel before 503", "32")->type_name("N")
+  cli.value("--max-queue", "requests waiting beyond --parallel before 429 (server busy)", "32")->type_name("N")
       ->check(CLI::Range(0, 100000));
   add_context_option(cli, "8192", "context length per sequence in tokens, at most the model's");
   cli.value("-n,--max-tokens", "answer length when a request gives none", "512")->type_name("N")
