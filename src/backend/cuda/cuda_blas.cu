@@ -203,16 +203,16 @@ void Blas::run(cudaStream_t s, const MatArgs& a, int M, int act) const {
       const DevWeight& w = *g.w[0];
       const int64_t N = w.rows;
       uint8_t* y = static_cast<uint8_t*>(a.y[i]) + size_t(m0) * size_t(N) * ysize;
-      // Rows per chunk: what the weight scratch holds (gate and up side by side), and for gate/up
-      // what the f32 product scratch holds; whole multiples of 128 rows except the last.
-      int64_t nc = int64_t(kWeightBytes / (size_t(K) * 2 * (act ? 2 : 1)));
-      if (act) nc = std::min<int64_t>(nc, int64_t(kActBytes / (size_t(mb) * 2 * 4)));
-      if (nc < N) nc = std::max<int64_t>(128, nc / 128 * 128);
-      nc = std::min(nc, N);
       const bf16* copy = b.bf16_rows(w);
       const bf16* copy2 = act ? b.bf16_rows(*g.w[1]) : nullptr;
       const bool copied = copy && (!act || copy2);  // every weight of the GEMM read as bf16 in place
-      if (copied && !act) nc = N;  // no scratch to fill: one GEMM (gate/up keep the products' chunks)
+      // Rows per chunk: what the weight scratch holds (gate and up side by side) when the weights
+      // are dequantized into it (read in place: no bound), and for gate/up what the f32 product
+      // scratch holds; whole multiples of 128 rows except the last.
+      int64_t nc = copied ? N : int64_t(kWeightBytes / (size_t(K) * 2 * (act ? 2 : 1)));
+      if (act) nc = std::min<int64_t>(nc, int64_t(kActBytes / (size_t(mb) * 2 * 4)));
+      if (nc < N) nc = std::max<int64_t>(128, nc / 128 * 128);
+      nc = std::min(nc, N);
       // Gate and up copied side by side (cache_weights) and one chunk: one GEMM over both.
       const bool one_gemm = copied && act && copy2 == copy + N * K && nc >= N;
       if (one_gemm) nc = N;
