@@ -187,6 +187,10 @@ class Backend {
   // embed. Host backends use it in place (the default); a device backend copies it to device
   // memory it owns and returns a view of the copy. Called once per matrix at load.
   virtual WeightView place_weight(const WeightView& w) { return w; }
+  // Gives back what place_weight took for a weight (`placed`: its return value): the device copy
+  // and anything kept for it. Host backends hold nothing (the default). Only between forward
+  // steps, once nothing will read the weight again (an unmounted LoRA adapter).
+  virtual void release_weight(const WeightView& placed) { (void)placed; }
   // Whether the ops implement activation precision P (all of them do F32).
   virtual bool supports_precision(ActPrecision P) const { return true; }
   // The dtype activation buffers (and unquantized KV caches) are stored in.

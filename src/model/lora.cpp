@@ -149,4 +149,14 @@ Result<std::unique_ptr<LoraAdapter>> load_lora_adapter(const std::string& dir, c
   return ad;
 }
 
+void release_lora_adapter(LoraAdapter& a, Backend& be) {
+  for (LoraDelta& d : a.deltas) {
+    be.release_weight(d.a);
+    be.release_weight(d.b);
+  }
+  a.layers.assign(a.layers.size(), LayerLora{});
+  a.deltas.clear();
+  a.host.clear();
+}
+
 }  // namespace g4

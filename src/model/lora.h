@@ -79,5 +79,8 @@ bool parse_lora_tensor_name(const std::string& name, int* layer, std::string* mo
 
 // Reads the adapter directory `dir` for a model of config `cfg`, placing its matrices on `be`.
 Result<std::unique_ptr<LoraAdapter>> load_lora_adapter(const std::string& dir, const ModelConfig& cfg, Backend& be);
+// Gives the matrices load_lora_adapter placed on `be` back to it (Backend::release_weight); the
+// adapter must not be used afterwards.
+void release_lora_adapter(LoraAdapter& a, Backend& be);
 
 }  // namespace g4

@@ -22,7 +22,7 @@ struct Model::Scratch {
   Buf lora_t, lora_z;  // [rows, rank], [rows, widest adapted output]
   Buf tk_vals, tk_lse, tk_ids;  // top_k outputs [logit_rows, k_cap] (f32, I32), [logit_rows]
   int tk_rows = 0, tk_k = 0;
-  int lora_rows = 0;
+  int lora_rows = 0, lora_rank = 0, lora_out = 0;  // what lora_t / lora_z hold
   Buf ids, ridx, last_idx, argmax;
 };
 
@@ -69,7 +69,33 @@ void Model::set_adapter(std::unique_ptr<LoraAdapter> a) {
   be_->free(s_->lora_t);
   be_->free(s_->lora_z);
   s_->lora_t = s_->lora_z = Buf();
-  s_->lora_rows = 0;
+  s_->lora_rows = s_->lora_rank = s_->lora_out = 0;
+}
+
+void Model::set_lora_runs(const std::vector<SeqInput>& batch) {
+  lora_runs_.clear();
+  int row = 0;
+  for (const SeqInput& s : batch) {
+    const LoraAdapter* a = s.adapter ? s.adapter : lora_.get();
+    if (a && !lora_runs_.empty() && lora_runs_.back().adapter == a && lora_runs_.back().row0 + lora_runs_.back().rows == row)
+      lora_runs_.back().rows += s.n;
+    else if (a)
+      lora_runs_.push_back(LoraRun{row, s.n, a});
+    row += s.n;
+  }
+}
+
+bool Model::lora_has(int l, LoraModule m) const {
+  for (const LoraRun& r : lora_runs_)
+    if (r.adapter->layers[size_t(l)].*m) return true;
+  return false;
+}
+
+void Model::lora_add(int l, LoraModule m, const Buf& x, ActPrecision P, const Buf& y) {
+  for (const LoraRun& r : lora_runs_) {
+    const LoraDelta* d = r.adapter->layers[size_t(l)].*m;
+    if (d) lora_add(d, x.at(int64_t(r.row0) * d->a.cols), r.rows, P, y.at(int64_t(r.row0) * d->b.rows));
+  }
 }
 
 void Model::lora_add(const LoraDelta* d, const Buf& x, int M, ActPrecision P, const Buf& y) {
@@ -82,13 +108,13 @@ void Model::lora_add(const LoraDelta* d, const Buf& x, int M, ActPrecision P, co
   be_->add(y, S.lora_z, n, P, y);
 }
 
-void Model::matmul_norm_add(const Buf& x, int M, const WeightView& W, const LoraDelta* lora, const Buf& y_scratch,
+void Model::matmul_norm_add(const Buf& x, int M, const WeightView& W, int l, LoraModule m, const Buf& y_scratch,
                             const float* norm_w, ActPrecision P) {
   Backend& be = *be_;
   const Buf& resid = s_->x;
-  if (!lora) return be.matmul_norm_add(x, M, W, y_scratch, resid, norm_w, cfg_.rms_eps, P);
+  if (!lora_has(l, m)) return be.matmul_norm_add(x, M, W, y_scratch, resid, norm_w, cfg_.rms_eps, P);
   be.matmul(x, M, W, P, y_scratch);
-  lora_add(lora, x, M, P, y_scratch);
+  lora_add(l, m, x, P, y_scratch);
   be.norm_add(resid, y_scratch, M, cfg_.hidden, norm_w, cfg_.rms_eps, P);
 }
 
@@ -133,12 +159,19 @@ void Model::ensure_scratch(int rows, int lrows, int top_k) {
     s.ridx = be.alloc_i32(R * std::max(1, cfg_.top_k_experts));
     s.rows = rows;
   }
-  if (lora_ && rows > s.lora_rows) {
+  int rank = 0, out = 0;  // the widest the runs' adapters need (set_lora_runs comes first)
+  for (const LoraRun& r : lora_runs_) {
+    rank = std::max(rank, r.adapter->rank);
+    out = std::max(out, r.adapter->max_out);
+  }
+  if (rank > 0 && (rows > s.lora_rows || rank > s.lora_rank || out > s.lora_out)) {
     be_->free(s.lora_t);
     be_->free(s.lora_z);
-    s.lora_t = be_->alloc_act(size_t(rows) * size_t(lora_->rank));
-    s.lora_z = be_->alloc_act(size_t(rows) * size_t(lora_->max_out));
-    s.lora_rows = rows;
+    s.lora_rows = std::max(rows, s.lora_rows);
+    s.lora_rank = std::max(rank, s.lora_rank);
+    s.lora_out = std::max(out, s.lora_out);
+    s.lora_t = be_->alloc_act(size_t(s.lora_rows) * size_t(s.lora_rank));
+    s.lora_z = be_->alloc_act(size_t(s.lora_rows) * size_t(s.lora_out));
   }
   if (trace_ && cfg_.n_experts > 0 && rows > s.tr_rows) {
     be_->free(s.tr_idx);
@@ -190,6 +223,7 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
   int R = 0;
   for (const SeqInput& s : batch) R += s.n;
   const int LR = logit_rows(batch);
+  set_lora_runs(batch);
   ensure_scratch(R, LR, topk ? topk->k : 0);
   Scratch& S = *s_;
   for (const SeqInput& s : batch)  // a paged pool's room is the engine's to check first (Engine::fit_pool)
@@ -279,9 +313,8 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
     // --- attention block (§2.4) ---
     // q (and k, v when the layer owns its KV) from the normed input.
     const bool own_kv = ls.kv_source < 0;
-    const LayerLora* ll = lora_ ? &lora_->layers[size_t(l)] : nullptr;
     // With an adapter on q/k/v the normed input is materialized (the adapter reads it too).
-    const bool lora_qkv = ll && (ll->q || ll->k || ll->v);
+    const bool lora_qkv = lora_has(l, &LayerLora::q) || lora_has(l, &LayerLora::k) || lora_has(l, &LayerLora::v);
     if (lora_qkv) be.rms_norm(S.x, R, d, lw.input_ln.data, cfg_.rms_eps, P, S.xn);
     const Buf& qkv_in = lora_qkv ? S.xn : S.x;
     const InputNorm in_norm = lora_qkv ? InputNorm{} : InputNorm{lw.input_ln.data, cfg_.rms_eps, S.xn};
@@ -289,9 +322,9 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
     else if (ls.k_eq_v) be.norm_matmuls(qkv_in, R, in_norm, {{&lw.q, S.q}, {&lw.k, S.k}}, P);
     else be.norm_matmuls(qkv_in, R, in_norm, {{&lw.q, S.q}, {&lw.k, S.k}, {&lw.v, S.v}}, P);
     if (lora_qkv) {
-      lora_add(ll->q, S.xn, R, P, S.q);
-      if (own_kv) lora_add(ll->k, S.xn, R, P, S.k);
-      if (own_kv && !ls.k_eq_v) lora_add(ll->v, S.xn, R, P, S.v);
+      lora_add(l, &LayerLora::q, S.xn, P, S.q);
+      if (own_kv) lora_add(l, &LayerLora::k, S.xn, P, S.k);
+      if (own_kv && !ls.k_eq_v) lora_add(l, &LayerLora::v, S.xn, P, S.v);
     }
     for (size_t i = 0; i < batch.size(); ++i) seqs[i].kv = batch[i].cache->layer(kv_layer);
     if (own_kv && ls.k_eq_v) be.copy_cols(S.k, R, Hk * D, 0, Hk * D, S.v);  // V = raw K projection (before k_norm)
@@ -316,12 +349,12 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
     if (ls.kv_source < 0) tap("v_normed", l, S.v, size_t(R) * Hk * D);
     be.attention(S.q, H, seqs, cfg_.query_scale, P, S.att);
     tap("attn", l, S.att, size_t(R) * H * D);
-    matmul_norm_add(S.att, R, lw.o, ll ? ll->o : nullptr, S.o, lw.post_attn_ln.data, P);
+    matmul_norm_add(S.att, R, lw.o, l, &LayerLora::o, S.o, lw.post_attn_ln.data, P);
     tap("attn_residual", l, S.x, Rd);
 
     // --- feed-forward block (§2.7, §2.8) ---
     const size_t RI = size_t(R) * ls.mlp_width;
-    const bool lora_gate_up = ll && (ll->gate || ll->up);
+    const bool lora_gate_up = lora_has(l, &LayerLora::gate) || lora_has(l, &LayerLora::up);
     if (!tap_ && !lora_gate_up) {
       be.gate_up_gelu(S.x, R, InputNorm{lw.pre_ffw_ln.data, cfg_.rms_eps, S.xn}, lw.gate, lw.up,
                       cfg_.gelu == GeluImpl::GgmlF16Table, P, S.gate, S.up);
@@ -329,10 +362,8 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
       be.rms_norm(S.x, R, d, lw.pre_ffw_ln.data, cfg_.rms_eps, P, S.xn);
       be.matmul(S.xn, R, lw.gate, P, S.gate);
       be.matmul(S.xn, R, lw.up, P, S.up);
-      if (ll) {
-        lora_add(ll->gate, S.xn, R, P, S.gate);
-        lora_add(ll->up, S.xn, R, P, S.up);
-      }
+      lora_add(l, &LayerLora::gate, S.xn, P, S.gate);
+      lora_add(l, &LayerLora::up, S.xn, P, S.up);
       tap("mlp_in", l, S.xn, Rd);
       tap("mlp_gate", l, S.gate, RI);
       tap("mlp_up", l, S.up, RI);
@@ -340,10 +371,10 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
     }
     tap("mlp_act", l, S.gate, RI);
     if (!ls.moe && !tap_) {  // down projection, post-norm and residual add
-      matmul_norm_add(S.gate, R, lw.down, ll ? ll->down : nullptr, S.f, lw.post_ffw_ln.data, P);
+      matmul_norm_add(S.gate, R, lw.down, l, &LayerLora::down, S.f, lw.post_ffw_ln.data, P);
     } else {
       be.matmul(S.gate, R, lw.down, P, S.f);
-      if (ll) lora_add(ll->down, S.gate, R, P, S.f);
+      lora_add(l, &LayerLora::down, S.gate, P, S.f);
       tap("mlp_out", l, S.f, Rd);
     }
     // Without a per-layer input the layer scalar joins the MoE exit (one op fewer a layer).
@@ -375,9 +406,9 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
       // the layer-major copy else.
       const Buf ple_l = R > 1 ? S.ple_tok.at(int64_t(l) * R * Pw) : S.ple.at(int64_t(l) * Pw);
       be.matmul(S.x, R, lw.ple_gate, P, S.pg);
-      if (ll) lora_add(ll->ple_gate, S.x, R, P, S.pg);
+      lora_add(l, &LayerLora::ple_gate, S.x, P, S.pg);
       gelu_mul(S.pg, ple_l, size_t(R) * Pw, P, S.pg);
-      matmul_norm_add(S.pg, R, lw.ple_proj, ll ? ll->ple_proj : nullptr, S.o, lw.post_ple_ln.data, P);
+      matmul_norm_add(S.pg, R, lw.ple_proj, l, &LayerLora::ple_proj, S.o, lw.post_ple_ln.data, P);
     }
     if (lw.layer_scalar != 1.f && !scalar_in_exit) be.scale(S.x, T(lw.layer_scalar), Rd, P, S.x);
     tap("layer_out", l, S.x, Rd);

@@ -29,6 +29,10 @@ struct SeqInput {
   // among these n), or null. Those rows take these vectors instead of their embedding, as they
   // are (spec §8.4: not scaled by √d), and look up the pad id's per-layer input.
   const float* soft = nullptr;
+  // The LoRA adapter on this sequence's rows (model/lora.h), loaded for this model, or null: the
+  // model's own (set_adapter; none without one). Sequences with different adapters share one
+  // forward: each adapter's delta is added to its sequences' rows only.
+  const LoraAdapter* adapter = nullptr;
 };
 
 class Model {
@@ -97,11 +101,23 @@ class Model {
   void tap(const char* name, int layer, const Buf& p, size_t n);
   // After a forward step's end_step, before the caches advance: its routed experts to trace_.
   void record_experts(const std::vector<SeqInput>& batch, int R);
+  // The rows of this forward that take one adapter: consecutive sequences with the same adapter
+  // (SeqInput::adapter, else the model's own); rows without an adapter are in no run.
+  struct LoraRun {
+    int row0 = 0, rows = 0;
+    const LoraAdapter* adapter = nullptr;
+  };
+  using LoraModule = const LoraDelta* LayerLora::*;  // one module of a layer (&LayerLora::q, ...)
+  void set_lora_runs(const std::vector<SeqInput>& batch);
+  // Whether some run's adapter holds module m on layer l.
+  bool lora_has(int l, LoraModule m) const;
   // y[M, d.b.rows] += the adapter delta of x (lora.h); nothing when d is null.
   void lora_add(const LoraDelta* d, const Buf& x, int M, ActPrecision P, const Buf& y);
-  // The residual stream (scratch x) += rms_norm(x·Wᵀ + adapter delta)·norm_w: Backend::matmul_norm_add,
-  // which fuses it, without an adapter (lora null); y_scratch [M, W.rows].
-  void matmul_norm_add(const Buf& x, int M, const WeightView& W, const LoraDelta* lora, const Buf& y_scratch,
+  // Every run's rows of y [R, out] += its adapter's delta of module m on layer l of x [R, in].
+  void lora_add(int l, LoraModule m, const Buf& x, ActPrecision P, const Buf& y);
+  // The residual stream (scratch x) += rms_norm(x·Wᵀ + adapter deltas)·norm_w: Backend::matmul_norm_add,
+  // which fuses it, where no run adapts module m of layer l; y_scratch [M, W.rows].
+  void matmul_norm_add(const Buf& x, int M, const WeightView& W, int l, LoraModule m, const Buf& y_scratch,
                        const float* norm_w, ActPrecision P);
   // gelu_tanh(gate) * up the way cfg_.gelu says (the ggml table only with f32 activations).
   void gelu_mul(const Buf& gate, const Buf& up, size_t n, ActPrecision P, const Buf& out);
@@ -116,6 +132,7 @@ class Model {
   KvCacheOptions kv_opt_;
   std::shared_ptr<KvPool> kv_pool_;
   std::unique_ptr<LoraAdapter> lora_;
+  std::vector<LoraRun> lora_runs_;  // the current forward's (set_lora_runs)
   Tap tap_;
   std::shared_ptr<ExpertTrace> trace_;
   std::unique_ptr<Drafter> drafter_;  // last: it frees its buffers through be_

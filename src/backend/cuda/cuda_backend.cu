@@ -110,6 +110,13 @@ class CudaBackend final : public Backend {
     }
     return d;
   }
+  void release_weight(const WeightView& w) override {
+    flush_pending();
+    rec_->flush();
+    dev_.sync();  // no launch in flight reads it
+    if (blas_) blas_->forget(w.data, size_t(w.rows) * size_t(w.cols), mem_);
+    for (const void* p : {w.data, w.scales, w.biases}) mem_.free(const_cast<void*>(p));
+  }
 
   Buf alloc(DType t, size_t n) override {
     // Whole 4-byte words (byte buffers of quantized KV codes are read as words).

@@ -275,6 +275,18 @@ void Blas::cache_weights(cudaStream_t s, const MatArgs& a, int act, DeviceAlloca
   }
 }
 
+void Blas::forget(const void* data, size_t elems, DeviceAllocator& mem) {
+  Impl& b = *impl_;
+  const auto it = b.copies.find(static_cast<const uint8_t*>(data));
+  if (it == b.copies.end()) return;
+  bf16* copy = it->second;
+  b.copies.erase(it);
+  for (const auto& [w, c] : b.copies)
+    if (c >= copy && c < copy + elems) return;  // another weight's copy lies in that memory (gate/up pairs)
+  mem.free(copy);  // an allocation's start (a single weight's copy); else ignored by the allocator
+  b.copy_bytes -= std::min(b.copy_bytes, elems * 2);
+}
+
 void blas_matmuls(cudaStream_t s, const Blas* b, MatArgs a, int M, int act) { b->run(s, a, M, act); }
 
 }  // namespace g4::cuda

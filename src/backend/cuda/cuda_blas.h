@@ -58,6 +58,10 @@ class Blas {
   // long as the copies stay within budget_bytes and 2 GiB of device memory stays free; run then
   // reads the copy. Host side, outside a
   // graph capture (the backend calls it when it issues the launch).
+  // Drops the bf16 copy kept for the weight whose data is `data` (elems values; its memory too,
+  // when no other weight's copy lies in it): the weight is about to be freed
+  // (Backend::release_weight).
+  void forget(const void* data, size_t elems, DeviceAllocator& mem);
   void cache_weights(cudaStream_t s, const MatArgs& a, int act, DeviceAllocator& mem, size_t budget_bytes);
 
   struct Impl;
