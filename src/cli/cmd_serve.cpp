@@ -111,6 +111,10 @@ int cmd_serve(const std::vector<std::string>& argv) {
       ->check(CLI::Range(1, 65536));
   cli.value("--cors-origin", "browser origins allowed to call the API, comma-separated ('*': any)")
       ->type_name("ORIGIN[,...]");
+  cli.value("--adapter", "mount the mlx-lm LoRA adapter in DIR as NAME (repeatable): a request whose model is "
+            "'<model id>:NAME' or 'NAME' runs with it, the others without; requests with different adapters "
+            "batch together. POST /v1/load_lora_adapter and /v1/unload_lora_adapter change the set at run time")
+      ->type_name("NAME=DIR");
   cli.flag("--allow-special-in-content", "parse special-token text in message contents too (lets a client "
            "write control tokens and forge turns)");
   Args a;
@@ -137,6 +141,13 @@ int cmd_serve(const std::vector<std::string>& argv) {
   o.shutdown_timeout_s = std::stoi(a.get("--shutdown-timeout"));
   o.max_connections = std::stoi(a.get("--max-connections"));
   o.allow_special_in_content = a.has("--allow-special-in-content");
+  for (const auto& [flag, value] : a.flags) {
+    if (flag != "--adapter") continue;
+    const size_t eq = value.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == value.size())
+      return fail("serve", "--adapter: expected NAME=DIR, got '" + value + "'");
+    o.adapters.emplace_back(value.substr(0, eq), value.substr(eq + 1));
+  }
   for (std::string rest = a.get("--cors-origin"); !rest.empty();) {  // comma-separated origins
     const size_t c = rest.find(',');
     if (c != 0) o.cors_origins.push_back(rest.substr(0, c));

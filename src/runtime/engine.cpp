@@ -11,6 +11,14 @@
 #include "runtime/engine_slot.h"
 
 namespace g4 {
+namespace {
+
+// The prefix-cache tag of a request's KV (PrefixCache: 0 for the base model) and its adapter's
+// matrices for Model::forward (null: the model's own).
+uint64_t adapter_tag(const GenerationSpec& spec) { return spec.adapter ? spec.adapter->serial : 0; }
+const LoraAdapter* lora_of(const GenerationSpec& spec) { return spec.adapter ? spec.adapter->lora.get() : nullptr; }
+
+}  // namespace
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
@@ -210,8 +218,9 @@ void Engine::finish(Slot& s, FinishReason r, const std::string& error) {
   // Keep the KV of a cleanly consumed sequence for later prefixes.
   if (r != FinishReason::Error && s.cache && s.cache->size() == int(s.fed.size()) && !s.fed.empty() &&
       req->spec.soft.empty()) {
-    if (store_) store_->save(s.fed, s.cache->save_state());
-    prefix_.insert(std::move(s.fed), std::move(s.cache));
+    const uint64_t tag = adapter_tag(req->spec);
+    if (store_ && tag == 0) store_->save(s.fed, s.cache->save_state());
+    prefix_.insert(std::move(s.fed), std::move(s.cache), tag);
   }
   s.cache.reset();
   s.has_hidden = false;
@@ -231,7 +240,8 @@ void Engine::finish(Slot& s, FinishReason r, const std::string& error) {
 Engine::Slot* Engine::prompt_sibling(const Request& r) {
   if (opt_.prefix_cache_bytes == 0 || !r.spec.soft.empty() || r.spec.prompt.size() < 2) return nullptr;
   for (auto& sp : slots_)
-    if (sp->req && sp->req.get() != &r && sp->req->spec.soft.empty() && sp->req->spec.prompt == r.spec.prompt)
+    if (sp->req && sp->req.get() != &r && sp->req->spec.soft.empty() && sp->req->spec.prompt == r.spec.prompt &&
+        adapter_tag(sp->req->spec) == adapter_tag(r.spec))
       return sp.get();
   return nullptr;
 }
@@ -269,7 +279,7 @@ void Engine::admit() {
     s.sampler = std::make_unique<Sampler>(r->spec.sampling, model_.config().vocab);
     if (r->spec.grammar) s.matcher = std::make_unique<GrammarMatcher>(r->spec.grammar, r->spec.stop_ids);
     s.cached = sibling ? start_from_sibling(s, *sibling) : 0;
-    if (s.cached == 0 && r->spec.soft.empty()) s.cached = prefix_.lookup(r->spec.prompt, *s.cache);
+    if (s.cached == 0 && r->spec.soft.empty()) s.cached = prefix_.lookup(r->spec.prompt, *s.cache, adapter_tag(r->spec));
     s.consumed = s.cached;
     s.fed.assign(r->spec.prompt.begin(), r->spec.prompt.begin() + s.cached);
     s.generated = 0;
@@ -334,6 +344,7 @@ void Engine::step() {
     const auto& prompt = s.req->spec.prompt;
     SeqInput in;
     in.cache = s.cache.get();
+    in.adapter = lora_of(s.req->spec);
     if (s.consumed < int(prompt.size())) {
       // A chunk never splits an image block (it may then run past the budget).
       in.n = image_block_chunk_end(model_.config(), prompt.data(), int(prompt.size()), s.consumed + take[k]) -
@@ -623,8 +634,10 @@ void Engine::speculative_step(const std::vector<Slot*>& slots, clk::time_point t
     r.row0 = rows;
     rows += 1 + n_draft;
   }
-  for (size_t i = 0; i < slots.size(); ++i)
+  for (size_t i = 0; i < slots.size(); ++i) {
     batch.push_back(SeqInput{slots[i]->cache.get(), rounds[i].tokens.data(), int(rounds[i].tokens.size()), true});
+    batch.back().adapter = lora_of(slots[i]->req->spec);
+  }
   const SampleMode mode = sample_mode(slots);
   const auto tf = clk::now();
   run_forward(batch, mode);

@@ -24,6 +24,7 @@
 #include "core/status.h"
 #include "grammar/grammar.h"
 #include "model/model.h"
+#include "runtime/adapter_set.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/prompt_store.h"
 #include "sampling/sampler.h"
@@ -49,6 +50,10 @@ struct GenerationSpec {
   // once it is complete only stop_ids may follow. Such sequences sample from host logits and take
   // no speculative rounds.
   std::shared_ptr<const CompiledGrammar> grammar;
+  // A LoRA adapter mounted over the model (runtime/adapter_set.h) for this request's rows, or null:
+  // the model's own (Model::set_adapter). Its KV is cached apart from other adapters' (its mount's
+  // serial tags the prefix cache's entries) and is not written to the prompt cache on disk.
+  std::shared_ptr<const MountedAdapter> adapter;
 };
 constexpr int kMaxTopLogprobs = 20;
 

@@ -4,11 +4,11 @@
 
 namespace g4 {
 
-void PrefixCache::insert(std::vector<int32_t> tokens, std::unique_ptr<KvCache> cache) {
+void PrefixCache::insert(std::vector<int32_t> tokens, std::unique_ptr<KvCache> cache, uint64_t tag) {
   if (max_bytes_ == 0 || tokens.empty()) return;
   // An entry that is a prefix of the new one is now redundant.
   for (auto it = entries_.begin(); it != entries_.end();) {
-    if (it->tokens.size() <= tokens.size() &&
+    if (it->tag == tag && it->tokens.size() <= tokens.size() &&
         std::equal(it->tokens.begin(), it->tokens.end(), tokens.begin())) {
       bytes_ -= it->bytes;
       it = entries_.erase(it);
@@ -21,6 +21,7 @@ void PrefixCache::insert(std::vector<int32_t> tokens, std::unique_ptr<KvCache> c
   if (e.bytes > max_bytes_) return;
   e.tokens = std::move(tokens);
   e.cache = std::move(cache);
+  e.tag = tag;
   bytes_ += e.bytes;
   entries_.push_front(std::move(e));
   while (bytes_ > max_bytes_ && !entries_.empty()) {
@@ -30,10 +31,11 @@ void PrefixCache::insert(std::vector<int32_t> tokens, std::unique_ptr<KvCache> c
 }
 
 std::list<PrefixCache::Entry>::iterator PrefixCache::best(const std::vector<int32_t>& tokens, size_t max_len,
-                                                          size_t* len) {
+                                                          uint64_t tag, size_t* len) {
   auto best = entries_.end();
   size_t best_len = 0;
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    if (it->tag != tag) continue;
     const size_t n = std::min({it->tokens.size(), tokens.size(), max_len});
     size_t l = 0;
     while (l < n && it->tokens[l] == tokens[l]) ++l;
@@ -46,9 +48,9 @@ std::list<PrefixCache::Entry>::iterator PrefixCache::best(const std::vector<int3
   return best;
 }
 
-int PrefixCache::lookup(const std::vector<int32_t>& prompt, KvCache& dst) {
+int PrefixCache::lookup(const std::vector<int32_t>& prompt, KvCache& dst, uint64_t tag) {
   size_t best_len = 0;
-  const auto it = prompt.empty() ? entries_.end() : best(prompt, prompt.size() - 1, &best_len);
+  const auto it = prompt.empty() ? entries_.end() : best(prompt, prompt.size() - 1, tag, &best_len);
   if (it == entries_.end()) return 0;
   dst.copy_from(*it->cache);
   if (!dst.truncate(int(best_len))) {
@@ -68,7 +70,7 @@ bool PrefixCache::evict_oldest() {
 
 PrefixCache::Match PrefixCache::longest(const std::vector<int32_t>& tokens, size_t max_len) {
   size_t len = 0;
-  const auto it = best(tokens, max_len, &len);
+  const auto it = best(tokens, max_len, 0, &len);
   if (it == entries_.end()) return {};
   return Match{&it->tokens, it->cache.get(), len};
 }

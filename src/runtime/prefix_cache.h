@@ -17,13 +17,15 @@ class PrefixCache {
  public:
   explicit PrefixCache(size_t max_bytes) : max_bytes_(max_bytes) {}
 
+  // Entries carry a tag (the KV's LoRA adapter mount, runtime/adapter_set.h; 0: the base model):
+  // an entry only serves lookups of its own tag.
   // Stores `cache` holding the KV of `tokens` (takes ownership). Evicts LRU entries over budget.
-  void insert(std::vector<int32_t> tokens, std::unique_ptr<KvCache> cache);
+  void insert(std::vector<int32_t> tokens, std::unique_ptr<KvCache> cache, uint64_t tag = 0);
   // Fills `dst` (a fresh cache of the same model) with the longest cached prefix of `prompt`,
   // leaving at least one prompt token to compute. Returns the number of reused tokens (0: none).
-  int lookup(const std::vector<int32_t>& prompt, KvCache& dst);
-  // The entry sharing the longest prefix (of at most max_len tokens) with `tokens`: its tokens, its
-  // cache and that prefix's length; nulls and 0 when none shares a token.
+  int lookup(const std::vector<int32_t>& prompt, KvCache& dst, uint64_t tag = 0);
+  // The base model's entry sharing the longest prefix (of at most max_len tokens) with `tokens`: its
+  // tokens, its cache and that prefix's length; nulls and 0 when none shares a token.
   struct Match {
     const std::vector<int32_t>* tokens = nullptr;
     const KvCache* cache = nullptr;
@@ -40,8 +42,9 @@ class PrefixCache {
     std::vector<int32_t> tokens;
     std::unique_ptr<KvCache> cache;
     size_t bytes = 0;
+    uint64_t tag = 0;
   };
-  std::list<Entry>::iterator best(const std::vector<int32_t>& tokens, size_t max_len, size_t* len);
+  std::list<Entry>::iterator best(const std::vector<int32_t>& tokens, size_t max_len, uint64_t tag, size_t* len);
 
   size_t max_bytes_;
   size_t bytes_ = 0;

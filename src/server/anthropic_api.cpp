@@ -44,6 +44,7 @@ void handle(Context& ctx, const http::Request& hreq, http::Response& res) {
   ojson body;
   if (parse_body(hreq, body, e)) {
     if (auto err = read_anthropic_request(body, r)) e = *err;
+    else if (auto aerr = select_adapter(ctx, body, r)) e = *aerr;
     else if (auto cerr = compile_constraint(ctx, r)) e = *cerr;
   }
   if (!e.message.empty()) {

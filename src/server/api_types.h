@@ -54,6 +54,8 @@ struct TextRequest {
     std::string param;   // the field it came from, for errors
   } constraint;
   std::shared_ptr<const CompiledGrammar> grammar;
+  // The LoRA adapter the request's "model" picked (select_adapter), or null: the base model.
+  std::shared_ptr<const MountedAdapter> adapter;
   // Which tools the answer must call (OpenAI tool_choice / parallel_tool_calls, Anthropic
   // tool_choice): Auto leaves it to the model; Required forces one or more calls of any tool, Named
   // one call of `name`, through a grammar of the model's tool-call syntax that takes the place of

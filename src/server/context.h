@@ -41,6 +41,8 @@ struct ServerOptions {
   int shutdown_timeout_s = 30;  // SIGTERM: running requests get this long, then are cancelled
   int max_connections = 512;    // open connections; one more is answered 503
   std::vector<std::string> cors_origins;  // browser origins allowed to call the API ("*": any)
+  // LoRA adapters mounted at start (--adapter NAME=DIR): name and directory (runtime/adapter_set.h).
+  std::vector<std::pair<std::string, std::string>> adapters;
 };
 
 // Request counters for /metrics. Labels come from fixed sets (the routes this server has, "other";
@@ -52,7 +54,8 @@ struct Metrics {
   static std::string endpoint_label(const std::string& path) {
     for (const char* known : {"/", "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/messages",
                                "/v1/messages/count_tokens", "/v1/responses", "/tokenize", "/detokenize", "/slots/save",
-                               "/slots/restore", "/health", "/metrics"})
+                               "/slots/restore", "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/health",
+                               "/metrics"})
       if (path == known) return known;
     return "other";
   }
@@ -85,6 +88,7 @@ struct Context {
   Compiler grammar{};
   Compiler tool_grammar{};
   ResponseStore responses{};  // the Responses API's stored responses (response_store.h)
+  AdapterSet* adapters = nullptr;  // LoRA adapters mounted over the model (adapters_api.cpp)
 };
 
 // TextRequest::constraint compiled into TextRequest::grammar (400 naming the field when the schema
@@ -119,5 +123,12 @@ void register_slot_routes(http::Server& svr, Context& ctx);
 bool request_prompt_ids(Context& ctx, const ojson& body, std::vector<int32_t>* ids, bool* chat, ApiError* e);
 void register_anthropic_routes(http::Server& svr, Context& ctx);
 void register_responses_routes(http::Server& svr, Context& ctx);
+// adapters_api.cpp: the adapter a request's "model" picks into r.adapter (404 for "<id>:NAME"
+// naming none); the mounted adapters as /v1/models entries; GET /v1/models/<id>:NAME answered
+// (true) before routing; the load / unload endpoints.
+std::optional<ApiError> select_adapter(Context& ctx, const ojson& body, TextRequest& r);
+std::vector<ojson> adapter_models(const Context& ctx);
+bool answer_adapter_model(Context& ctx, const http::Request& req, http::Response& res);
+void register_adapter_routes(http::Server& svr, Context& ctx);
 
 }  // namespace g4::server

@@ -80,6 +80,7 @@ std::variant<std::shared_ptr<LiveGeneration>, ApiError> LiveGeneration::start(
   spec.sampling = req.sampling;
   spec.logprobs = req.logprobs;
   spec.grammar = req.grammar;
+  spec.adapter = req.adapter;
   spec.max_tokens = req.max_tokens > 0 ? req.max_tokens : default_max_tokens;
   // Leave room for the prompt when the client did not ask for a length.
   const int ctx = engine.options().max_context;

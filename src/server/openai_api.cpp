@@ -86,6 +86,7 @@ void handle(Context& ctx, const http::Request& hreq, http::Response& res, bool c
   ojson body;
   if (parse_body(hreq, body, e)) {
     if (auto err = read_openai_request(body, chat, ctx.bundle.model->config().vocab, r)) e = *err;
+    else if (auto aerr = select_adapter(ctx, body, r)) e = *aerr;
     else if (auto cerr = compile_constraint(ctx, r)) e = *cerr;
   }
   if (!e.message.empty()) {
@@ -363,6 +364,7 @@ void register_openai_routes(http::Server& svr, Context& ctx) {
   svr.Post("/v1/completions", [&ctx](const http::Request& q, http::Response& r) { handle(ctx, q, r, false); });
   svr.Get("/v1/models", [&ctx](const http::Request&, http::Response& res) {
     ojson out = {{"object", "list"}, {"data", ojson::array({model_json(ctx)})}};
+    for (ojson& m : adapter_models(ctx)) out["data"].push_back(std::move(m));
     res.set_content(out.dump(), "application/json");
     ctx.metrics.count("/v1/models", 200);
   });

@@ -114,6 +114,8 @@ void handle(Context& ctx, const http::Request& hreq, http::Response& res) {
     } else if (auto err2 = read_openai_request(chat, true, ctx.bundle.model->config().vocab, r)) {
       e = *err2;
       e.param = responses_param(e.param);
+    } else if (auto aerr = select_adapter(ctx, body, r)) {
+      e = *aerr;
     } else if (auto err3 = compile_constraint(ctx, r)) {
       e = *err3;
       e.param = responses_param(e.param);

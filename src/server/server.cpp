@@ -70,6 +70,8 @@ Server::Server(const ModelBundle& bundle, ServerOptions opt) : bundle_(bundle), 
   engine_ = std::make_unique<Engine>(*bundle.model, eo);
   std::string id = opt_.model_id.empty() ? bundle.name : opt_.model_id;
   ctx_.reset(new Context{bundle_, *engine_, opt_, metrics_, stopping_, id, generation_defaults(bundle.model->config())});
+  adapters_ = std::make_unique<AdapterSet>(*engine_);
+  ctx_->adapters = adapters_.get();
   register_routes();
 }
 
@@ -130,16 +132,24 @@ std::string Server::metrics_text() {
   line("vllm:prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
        double(s.prompt_tokens));
   line("vllm:prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.", double(s.cached_tokens));
-  if (engine_->model().adapter()) {  // the protocol's LoRA gauge: the adapter is part of the served model
-    std::string id;  // a label value: quotes, backslashes and newlines escaped
-    for (char c : ctx_->model_id) {
-      if (c == '"' || c == '\\') id += '\\';
-      if (c == '\n') id += "\\n";
-      else id += c;
+  // The protocol's LoRA gauge: the served model's own adapter (--adapter-path) under the model's id,
+  // the mounted ones under their /v1/models ids; all of them always loaded.
+  std::vector<std::string> loras;
+  if (engine_->model().adapter()) loras.push_back(ctx_->model_id);
+  for (const auto& m : adapters_->list()) loras.push_back(ctx_->model_id + ":" + m->name);
+  if (!loras.empty()) {
+    std::string ids;  // a label value: quotes, backslashes and newlines escaped
+    for (const std::string& l : loras) {
+      if (!ids.empty()) ids += ',';
+      for (char c : l) {
+        if (c == '"' || c == '\\') ids += '\\';
+        if (c == '\n') ids += "\\n";
+        else ids += c;
+      }
     }
     o << "# HELP vllm:lora_requests_info LoRA adapters loaded (value: last update, Unix seconds).\n"
-         "# TYPE vllm:lora_requests_info gauge\nvllm:lora_requests_info{max_lora=\"1\",running_lora_adapters=\""
-      << id << "\",waiting_lora_adapters=\"\"} "
+         "# TYPE vllm:lora_requests_info gauge\nvllm:lora_requests_info{max_lora=\"" << loras.size()
+      << "\",running_lora_adapters=\"" << ids << "\",waiting_lora_adapters=\"\"} "
       << std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()
       << "\n";
   }
@@ -159,7 +169,7 @@ void Server::register_routes() {
   http_->set_pre_routing_handler([this, send_error](const http::Request& req, http::Response& res) {
     begin_request();  // the request log's clock (server/request_log.h)
     auto refused = check_access(req, opt_, res);
-    if (!refused) return false;
+    if (!refused) return answer_adapter_model(*ctx_, req, res);
     if (refused->status == 204) {  // a CORS preflight, answered
       res.status = 204;
       return true;
@@ -200,9 +210,11 @@ void Server::register_routes() {
   register_slot_routes(*http_, *ctx_);
   register_anthropic_routes(*http_, *ctx_);
   register_responses_routes(*http_, *ctx_);
+  register_adapter_routes(*http_, *ctx_);
 }
 
 Status Server::start() {
+  for (const auto& [name, dir] : opt_.adapters) G4_TRY(adapters_->mount(name, dir));
   auto port = http_->bind(opt_.host, opt_.port);
   if (!port) return Error{port.message()};
   port_ = port.value();

@@ -1,6 +1,7 @@
 // gemma4's HTTP server: one process, one model, one engine thread; HTTP threads only translate
 // JSON into engine requests (server/openai_api.cpp, server/anthropic_api.cpp).
-// Endpoints: /v1/chat/completions, /v1/completions, /v1/models, /v1/messages, /health, /metrics.
+// Endpoints: /v1/chat/completions, /v1/completions, /v1/models, /v1/messages, /v1/responses, the
+// LoRA adapter endpoints (adapters_api.cpp), /health, /metrics.
 #pragma once
 #include <memory>
 #include <thread>
@@ -14,7 +15,8 @@ class Server {
  public:
   Server(const ModelBundle& bundle, ServerOptions opt);
   ~Server();
-  // Binds the port (0: a free one) and starts serving on a background thread.
+  // Mounts ServerOptions::adapters, binds the port (0: a free one) and starts serving on a
+  // background thread. Errors: an adapter that does not load (named), the port.
   Status start();
   int port() const { return port_; }
   // Stops accepting connections, cancels or drains running requests, joins the threads.
@@ -32,6 +34,7 @@ class Server {
   Metrics metrics_;
   std::atomic<bool> stopping_{false};
   std::unique_ptr<Context> ctx_;
+  std::unique_ptr<AdapterSet> adapters_;  // ServerOptions::adapters and the load endpoint's
   std::unique_ptr<http::Server> http_;
   int port_ = 0;
 };

@@ -1,0 +1,84 @@
+#include "runtime/adapter_set.h"
+
+#include <algorithm>
+
+#include "runtime/engine.h"
+
+namespace g4 {
+namespace {
+
+bool valid_name(const std::string& n) {
+  if (n.empty() || n.size() > 64) return false;
+  return std::all_of(n.begin(), n.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+           c == '-';
+  });
+}
+
+}  // namespace
+
+Status AdapterSet::mount(const std::string& name, const std::string& dir) {
+  if (!valid_name(name))
+    return Error{"adapter name '" + name + "': use 1 to 64 letters, digits, '.', '_' or '-'"};
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (mounted_.count(name)) return Error{"adapter '" + name + "' is already mounted (unmount it first)"};
+  }
+  Result<std::unique_ptr<LoraAdapter>> loaded = Error{"not loaded"};
+  Status st = engine_.run_exclusive([&] {
+    release_unused();
+    loaded = load_lora_adapter(dir, engine_.model().config(), engine_.model().backend());
+  });
+  if (!st) return st;
+  if (!loaded) return Error{"adapter '" + name + "': " + loaded.message()};
+  auto m = std::make_shared<MountedAdapter>();
+  m->name = name;
+  m->path = dir;
+  m->lora = std::move(loaded).value();
+  std::lock_guard<std::mutex> lk(mu_);
+  if (mounted_.count(name)) {  // mounted by another caller meanwhile: this copy waits for release
+    unmounted_.push_back(std::move(m));
+    return Error{"adapter '" + name + "' is already mounted (unmount it first)"};
+  }
+  m->serial = next_serial_++;
+  mounted_[name] = std::move(m);
+  return Status::ok();
+}
+
+Status AdapterSet::unmount(const std::string& name) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = mounted_.find(name);
+    if (it == mounted_.end()) return Error{"no adapter named '" + name + "' is mounted"};
+    unmounted_.push_back(std::move(it->second));
+    mounted_.erase(it);
+  }
+  return engine_.run_exclusive([&] { release_unused(); });
+}
+
+void AdapterSet::release_unused() {
+  std::vector<std::shared_ptr<MountedAdapter>> done;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto keep = std::partition(unmounted_.begin(), unmounted_.end(),
+                               [](const std::shared_ptr<MountedAdapter>& m) { return m.use_count() > 1; });
+    done.assign(std::make_move_iterator(keep), std::make_move_iterator(unmounted_.end()));
+    unmounted_.erase(keep, unmounted_.end());
+  }
+  for (auto& m : done) release_lora_adapter(*m->lora, engine_.model().backend());
+}
+
+std::shared_ptr<const MountedAdapter> AdapterSet::find(const std::string& name) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = mounted_.find(name);
+  return it == mounted_.end() ? nullptr : it->second;
+}
+
+std::vector<std::shared_ptr<const MountedAdapter>> AdapterSet::list() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<std::shared_ptr<const MountedAdapter>> out;
+  for (const auto& [n, m] : mounted_) out.push_back(m);
+  return out;
+}
+
+}  // namespace g4
