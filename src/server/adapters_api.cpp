@@ -7,6 +7,7 @@
 //   - POST /v1/load_lora_adapter {"lora_name", "lora_path"} mounts one and POST
 //     /v1/unload_lora_adapter {"lora_name"} unmounts it (vLLM's runtime LoRA endpoints), behind
 //     --api-key like every route. A request running with an adapter keeps it until it ends.
+#include <optional>
 #include <string>
 
 #include "runtime/adapter_set.h"
@@ -35,40 +36,36 @@ bool string_field(const ojson& body, const char* key, std::string* out, ApiError
   return true;
 }
 
+// Answers `ok` (200) or else e, counted under endpoint.
+void answer(Context& ctx, http::Response& res, const char* endpoint, const std::optional<ojson>& ok, const ApiError& e) {
+  ctx.metrics.count(endpoint, ok ? 200 : e.status);
+  if (ok) res.set_content(ok->dump(), "application/json");
+  else send_openai_error(res, e);
+}
+
 void load(Context& ctx, const http::Request& hreq, http::Response& res) {
   ApiError e;
   ojson body;
   std::string name, path;
+  std::optional<ojson> ok;
   if (parse_body(hreq, body, e) && string_field(body, "lora_name", &name, &e) &&
       string_field(body, "lora_path", &path, &e)) {
-    if (Status st = ctx.adapters->mount(name, path); !st) {
-      e = ApiError{400, "invalid_request_error", st.message(), "lora_path"};
-    } else {
-      res.set_content(ojson{{"status", "ok"}, {"lora_name", name}, {"model", ctx.model_id + ":" + name}}.dump(),
-                      "application/json");
-      ctx.metrics.count("/v1/load_lora_adapter", 200);
-      return;
-    }
+    if (Status st = ctx.adapters->mount(name, path); !st) e = ApiError{400, "invalid_request_error", st.message(), "lora_path"};
+    else ok = ojson{{"status", "ok"}, {"lora_name", name}, {"model", ctx.model_id + ":" + name}};
   }
-  ctx.metrics.count("/v1/load_lora_adapter", e.status);
-  send_openai_error(res, e);
+  answer(ctx, res, "/v1/load_lora_adapter", ok, e);
 }
 
 void unload(Context& ctx, const http::Request& hreq, http::Response& res) {
   ApiError e;
   ojson body;
   std::string name;
+  std::optional<ojson> ok;
   if (parse_body(hreq, body, e) && string_field(body, "lora_name", &name, &e)) {
-    if (Status st = ctx.adapters->unmount(name); !st) {
-      e = ApiError{404, "not_found_error", st.message(), "lora_name"};
-    } else {
-      res.set_content(ojson{{"status", "ok"}, {"lora_name", name}}.dump(), "application/json");
-      ctx.metrics.count("/v1/unload_lora_adapter", 200);
-      return;
-    }
+    if (Status st = ctx.adapters->unmount(name); !st) e = ApiError{404, "not_found_error", st.message(), "lora_name"};
+    else ok = ojson{{"status", "ok"}, {"lora_name", name}};
   }
-  ctx.metrics.count("/v1/unload_lora_adapter", e.status);
-  send_openai_error(res, e);
+  answer(ctx, res, "/v1/unload_lora_adapter", ok, e);
 }
 
 }  // namespace

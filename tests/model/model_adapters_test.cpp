@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -78,14 +79,18 @@ TEST_P(ModelAdapters, MixedBatchEqualsEachAlone) {
     scale = std::max(scale, std::fabs(alone[1][i]));
     moved = std::max({moved, std::fabs(alone[0][i] - alone[1][i]), std::fabs(alone[2][i] - alone[1][i])});
   }
-  const float bound = backend == "cuda" ? 2e-2f * scale : 1e-4f * std::max(1.f, scale);
-  EXPECT_GT(moved, 20 * bound) << "the adapters must move the logits";
+  // cuda: bf16 activations, and the few-row kernels compute a row the same in any batch of 2 to 32
+  // but a decode row alone on other kernels (H200: 5.4e-6 measured, max |logit| 11.3).
+  const float bound = backend == "cuda" ? 1e-3f * scale : 1e-4f * std::max(1.f, scale);
+  EXPECT_GT(moved, 10 * bound) << "the adapters must move the logits";
   for (int s = 0; s < 3; ++s) {
     float d = 0;
     for (size_t i = 0; i < size_t(n) * V; ++i) d = std::max(d, std::fabs(pre[size_t(s * n) * V + i] - alone[size_t(s)][i]));
     for (int v = 0; v < V; ++v)
       d = std::max(d, std::fabs(dec[size_t(s) * V + size_t(v)] - alone[size_t(s)][size_t(n) * V + size_t(v)]));
-    EXPECT_LE(d, bound) << "sequence " << s << " (max |logit| " << scale << ", adapters move " << moved << ")";
+    std::printf("%s sequence %d: max |batch - alone| %.3g (bound %.3g; max |logit| %.3g, adapters move %.3g)\n",
+                backend.c_str(), s, double(d), double(bound), double(scale), double(moved));
+    EXPECT_LE(d, bound) << "sequence " << s;
   }
   release_lora_adapter(*b.value(), m.backend());  // given back while the model lives (serve's unmount)
   release_lora_adapter(*a.value(), m.backend());
