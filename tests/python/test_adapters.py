@@ -141,3 +141,27 @@ def test_bad_adapter_flags_fail_at_start(gemma4_bin, tmp_path):
         r = subprocess.run([str(gemma4_bin), "serve", "--model", str(STARTER), "--port", "0", "--adapter", flag],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode != 0 and msg in r.stderr, r.stderr
+
+
+def test_official_clients_pick_adapters(gemma4_bin, adapters, references):
+    """The pinned openai and anthropic clients: models.list / models.retrieve show the adapters, and
+    a completion or message naming one runs with it."""
+    from test_server import ant, oai
+    a, b = adapters
+    s = Server(gemma4_bin, "--parallel", "2", "--api-key", KEY, "--adapter", f"a={a}", "--adapter", f"b={b}")
+    try:
+        oc = oai(s, KEY)
+        ids = [m.id for m in oc.models.list().data]
+        base_id = ids[0]
+        assert ids[1:] == [f"{base_id}:a", f"{base_id}:b"]
+        assert oc.models.retrieve(f"{base_id}:b").id == f"{base_id}:b"
+        r = oc.completions.create(model=f"{base_id}:b", prompt=PROMPTS[1], max_tokens=12, temperature=0)
+        assert r.choices[0].text == references["b"][1]
+        msgs = [{"role": "user", "content": "Say something."}]
+        ac = ant(s, KEY)
+        per_model = {m: ac.messages.create(model=m, max_tokens=8, extra_body={"temperature": 0.0},
+                                           messages=msgs).content[0].text
+                     for m in (base_id, "a", f"{base_id}:a")}
+        assert per_model["a"] == per_model[f"{base_id}:a"] != per_model[base_id]
+    finally:
+        s.close()
