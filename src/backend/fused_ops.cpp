@@ -2,6 +2,7 @@
 // before the fused forms existed, so host backends compute exactly what they did; the host
 // fallbacks of argmax and top_k; and the typed host copies over the backends' raw byte copies.
 #include "backend/backend.h"
+#include "core/token_mask.h"
 
 #include <algorithm>
 #include <cmath>
@@ -130,6 +131,17 @@ void Backend::argmax(const Buf& x, int rows, int n, const Buf& out) {
     ids[size_t(r)] = best < 0 ? 0 : best;
   }
   from_host(ids.data(), ids.size(), out);
+}
+
+void Backend::mask_logits(const Buf& x, int rows, int n, const Buf& allow) {
+  const int W = token_mask_words(n);
+  std::vector<float> h(size_t(rows) * size_t(n));
+  std::vector<int32_t> words(size_t(rows) * size_t(W));
+  to_host(x, h.size(), h.data());
+  to_host(allow, words.size(), words.data());
+  for (int r = 0; r < rows; ++r)
+    apply_token_mask(h.data() + size_t(r) * size_t(n), n, reinterpret_cast<const uint32_t*>(words.data()) + size_t(r) * W);
+  from_host(h.data(), h.size(), x);
 }
 
 void Backend::top_k(const Buf& x, int rows, int n, int k, const Buf& vals, const Buf& idx, const Buf& lse) {

@@ -2,6 +2,8 @@
 // answers that this build has no grammar engine.
 #include "grammar/grammar.h"
 
+#include "core/token_mask.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -136,7 +138,7 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> g, const s
 }
 GrammarMatcher::~GrammarMatcher() = default;
 
-bool GrammarMatcher::mask(float* logits, int vocab_size) {
+bool GrammarMatcher::allowed(uint32_t* words, int vocab_size) {
   if (impl_->m.IsTerminated()) return false;  // XGrammar throws if asked for a mask past its end
   DLTensor t{};
   t.data = impl_->bits.data();
@@ -144,20 +146,30 @@ bool GrammarMatcher::mask(float* logits, int vocab_size) {
   t.ndim = 1;
   t.dtype = xgrammar::GetBitmaskDLType();
   t.shape = &impl_->shape;
+  bool all = false;
   try {
-    if (!impl_->m.FillNextTokenBitmask(&t)) return true;  // every token allowed
+    all = !impl_->m.FillNextTokenBitmask(&t);  // false: every token allowed
   } catch (const std::exception&) {
     return false;
   }
-  const float ninf = -std::numeric_limits<float>::infinity();
+  // Tokens past the grammar's vocabulary (the model's padding rows) are never allowed.
   const int n = std::min(vocab_size, impl_->g->impl().vocab_size);
-  for (int w = 0; w * 32 < n; ++w) {
-    const uint32_t word = uint32_t(impl_->bits[size_t(w)]);
-    if (word == 0xffffffffu) continue;
-    for (int b = 0, i = w * 32; b < 32 && i < n; ++b, ++i)
-      if (!((word >> b) & 1u)) logits[i] = ninf;
+  for (int w = 0; w < token_mask_words(vocab_size); ++w) {
+    const int lo = w * 32;
+    uint32_t word = 0;
+    if (lo < n) {
+      word = all ? 0xffffffffu : uint32_t(impl_->bits[size_t(w)]);
+      if (lo + 32 > n) word &= (uint32_t(1) << (n - lo)) - 1u;
+    }
+    words[w] = word;
   }
-  for (int i = n; i < vocab_size; ++i) logits[i] = ninf;
+  return true;
+}
+
+bool GrammarMatcher::mask(float* logits, int vocab_size) {
+  std::vector<uint32_t> words(size_t(token_mask_words(vocab_size)));
+  if (!allowed(words.data(), vocab_size)) return false;
+  apply_token_mask(logits, vocab_size, words.data());
   return true;
 }
 
@@ -201,6 +213,7 @@ Result<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::structural_tag(c
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar>, const std::vector<int32_t>&) {}
 GrammarMatcher::~GrammarMatcher() = default;
 bool GrammarMatcher::mask(float*, int) { return false; }
+bool GrammarMatcher::allowed(uint32_t*, int) { return false; }
 bool GrammarMatcher::terminated() const { return false; }
 bool GrammarMatcher::accept(int32_t) { return false; }
 bool GrammarMatcher::complete() const { return false; }

@@ -71,6 +71,9 @@ class GrammarMatcher {
   // leaving logits as they are, once the matcher has accepted a stop token (nothing may follow:
   // the caller ends the sequence) or when the grammar engine fails.
   bool mask(float* logits, int vocab_size);
+  // The same as a bitmask (core/token_mask.h: token_mask_words(vocab_size) words, bit set = allowed)
+  // for a backend to apply where the logits are (Backend::mask_logits). Same return value.
+  bool allowed(uint32_t* words, int vocab_size);
   // Whether a stop token has been accepted (the constrained sequence is over).
   bool terminated() const;
   // Advances past `token`; false (and no change) when the grammar does not allow it.

@@ -1,5 +1,7 @@
 #include "model/model.h"
 
+#include "core/token_mask.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -24,6 +26,8 @@ struct Model::Scratch {
   int tk_rows = 0, tk_k = 0;
   int lora_rows = 0, lora_rank = 0, lora_out = 0;  // what lora_t / lora_z hold
   Buf ids, ridx, last_idx, argmax;
+  Buf allow;  // I32 [allow_rows, token_mask_words(vocab)]: forward's allowed-token masks
+  int allow_rows = 0;
 };
 
 Model::Model(ModelConfig cfg, ModelWeights w, std::shared_ptr<const WeightSource> src,
@@ -130,8 +134,13 @@ int Model::logit_rows(const std::vector<SeqInput>& batch) {
   return n;
 }
 
-void Model::ensure_scratch(int rows, int lrows, int top_k) {
+void Model::ensure_scratch(int rows, int lrows, int top_k, bool masked) {
   Scratch& s = *s_;
+  if (masked && lrows > s.allow_rows) {
+    be_->free(s.allow);
+    s.allow = be_->alloc_i32(size_t(lrows) * size_t(token_mask_words(cfg_.vocab)));
+    s.allow_rows = lrows;
+  }
   if (rows > s.rows) {
     Backend& be = *be_;
     for (const Buf& p : {s.x, s.xn, s.q, s.k, s.v, s.att, s.o, s.gate, s.up, s.f, s.h1, s.h2, s.xr, s.ple, s.ple_tok,
@@ -214,7 +223,7 @@ void Model::gelu_mul(const Buf& gate, const Buf& up, size_t n, ActPrecision P, c
 }
 
 void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* logits_out, int32_t* argmax_out,
-                    const TopK* topk) {
+                    const TopK* topk, const uint32_t* allow) {
   Backend& be = *be_;
   const int d = cfg_.hidden, H = cfg_.n_heads, N = cfg_.n_layers, Pw = cfg_.ple_width;
   auto T = [P](double c) { return P == ActPrecision::BF16 ? round_bf16(float(c)) : float(c); };
@@ -224,7 +233,7 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
   for (const SeqInput& s : batch) R += s.n;
   const int LR = logit_rows(batch);
   set_lora_runs(batch);
-  ensure_scratch(R, LR, topk ? topk->k : 0);
+  ensure_scratch(R, LR, topk ? topk->k : 0, allow != nullptr);
   Scratch& S = *s_;
   for (const SeqInput& s : batch)  // a paged pool's room is the engine's to check first (Engine::fit_pool)
     G4_CHECK(s.cache->reserve(s.n) && "Model::forward: the KV pool has no free block for a step");
@@ -431,6 +440,10 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
   be.rms_norm(S.last, LR, d, w_.final_norm.data, cfg_.rms_eps, P, S.last);
   be.matmul(S.last, LR, w_.lm_head, P, S.logits);
   if (cfg_.final_softcap > 0) be.softcap(S.logits, size_t(LR) * cfg_.vocab, cfg_.final_softcap, P);
+  if (allow) {
+    be.from_host(reinterpret_cast<const int32_t*>(allow), size_t(LR) * token_mask_words(cfg_.vocab), S.allow);
+    be.mask_logits(S.logits, LR, cfg_.vocab, S.allow);
+  }
   if (argmax_out) be.argmax(S.logits, LR, cfg_.vocab, S.argmax);
   if (topk) be.top_k(S.logits, LR, cfg_.vocab, topk->k, S.tk_vals, S.tk_ids, S.tk_lse);
   be.end_step();

@@ -76,8 +76,11 @@ class Model {
     int32_t* ids = nullptr;
     float* lse = nullptr;
   };
+  // allow (host, or null): each logit row's allowed-token bitmask (core/token_mask.h; [rows,
+  // token_mask_words(vocab)]), applied to the logits where they are before argmax, top k and the
+  // copy (constrained decoding on a device: Backend::mask_logits).
   void forward(const std::vector<SeqInput>& batch, ActPrecision P, float* logits, int32_t* argmax = nullptr,
-               const TopK* topk = nullptr);
+               const TopK* topk = nullptr, const uint32_t* allow = nullptr);
 
   // After forward(): the final-normed hidden states of its logit rows (the LM head's input),
   // [logit_rows, hidden] in the same order, a backend buffer valid until the next forward.
@@ -97,7 +100,7 @@ class Model {
 
  private:
   struct Scratch;
-  void ensure_scratch(int rows, int logit_rows, int top_k = 0);
+  void ensure_scratch(int rows, int logit_rows, int top_k = 0, bool masked = false);
   void tap(const char* name, int layer, const Buf& p, size_t n);
   // After a forward step's end_step, before the caches advance: its routed experts to trace_.
   void record_experts(const std::vector<SeqInput>& batch, int R);

@@ -31,8 +31,9 @@ const char* finish_reason_name(FinishReason r) {
 }
 
 namespace {
-// Sequences whose tokens are drawn from the logits on the host: reported logprobs, a grammar's mask.
-bool needs_host_logits(const GenerationSpec& spec) { return spec.logprobs >= 0 || spec.grammar != nullptr; }
+// Sequences whose tokens are drawn from the logits on the host: reported logprobs. (A grammar's
+// mask is applied where the logits are: Engine::device_masks.)
+bool needs_host_logits(const GenerationSpec& spec) { return spec.logprobs >= 0; }
 }  // namespace
 
 Engine::Engine(Model& model, EngineOptions opt)
@@ -46,6 +47,8 @@ Engine::Engine(Model& model, EngineOptions opt)
   logits_.resize(size_t(opt_.parallel) * model_.config().vocab);
   const char* dt = std::getenv("G4_DEVICE_TOPK");  // 0: always copy the logits (for comparisons)
   device_topk_enabled_ = !(dt && std::string(dt) == "0");
+  const char* ds = std::getenv("G4_DEVICE_SAMPLING");
+  device_sampling_ = model_.backend().on_device() || (ds && std::string(ds) == "1");
   if (!opt_.prompt_cache_dir.empty() && opt_.prefix_cache_bytes > 0) open_prompt_store();
   thread_ = std::thread([this] { loop(); });
 }
@@ -367,7 +370,7 @@ void Engine::step() {
   bool all_decoding = dr != nullptr;  // with a drafter: every active sequence past its prompt
   for (size_t i = 0; i < in_batch.size() && all_decoding; ++i)
     all_decoding = in_batch[i]->consumed >= int(in_batch[i]->req->spec.prompt.size()) && in_batch[i]->has_hidden &&
-                   !needs_host_logits(in_batch[i]->req->spec);
+                   !needs_host_logits(in_batch[i]->req->spec) && !in_batch[i]->req->spec.grammar;
   std::vector<int> rows;
   for (size_t i = 0; i < batch.size(); ++i) rows.push_back(all_decoding ? 1 + dr->draft_tokens() : batch[i].n);
   clk::time_point tg = t0;  // each forward's step time from where the one before it ended
@@ -426,8 +429,9 @@ std::vector<std::vector<size_t>> Engine::row_groups(const std::vector<int>& rows
 void Engine::forward_and_emit(const std::vector<SeqInput>& batch, const std::vector<Slot*>& in_batch,
                               clk::time_point t0) {
   const SampleMode mode = sample_mode(in_batch);
+  const uint32_t* allow = mode.kind == SampleMode::HostLogits ? nullptr : device_masks(batch, in_batch);
   const auto tf = clk::now();
-  run_forward(batch, mode);
+  run_forward(batch, mode, allow);
   const auto tf2 = clk::now();
 
   for (size_t i = 0; i < in_batch.size(); ++i) {
@@ -492,7 +496,7 @@ Engine::SampleMode Engine::sample_mode(const std::vector<Slot*>& slots) const {
   SampleMode m;
   for (const Slot* s : slots)
     if (needs_host_logits(s->req->spec)) return m;
-  bool greedy = model_.backend().on_device();
+  bool greedy = device_sampling_;
   for (const Slot* s : slots) greedy = greedy && plain_greedy(s->sampler->params());
   if (greedy) {
     m.kind = SampleMode::DeviceGreedy;
@@ -500,7 +504,7 @@ Engine::SampleMode Engine::sample_mode(const std::vector<Slot*>& slots) const {
   }
   // A batch whose sequences all sample under a top-k bound (or greedily) copies each row's top k
   // and log-sum-exp instead of the logits (Sampler::sample_top).
-  bool topk = model_.backend().on_device() && device_topk_enabled_;
+  bool topk = device_sampling_ && device_topk_enabled_;
   for (const Slot* s : slots) {
     const SamplingParams& sp = s->sampler->params();
     topk = topk && (plain_greedy(sp) || Sampler::top_k_sampleable(sp, V));
@@ -510,17 +514,17 @@ Engine::SampleMode Engine::sample_mode(const std::vector<Slot*>& slots) const {
   return m;
 }
 
-void Engine::run_forward(const std::vector<SeqInput>& batch, const SampleMode& mode) {
+void Engine::run_forward(const std::vector<SeqInput>& batch, const SampleMode& mode, const uint32_t* allow) {
   const size_t rows = size_t(Model::logit_rows(batch));
   if (mode.kind == SampleMode::DeviceGreedy) {
     greedy_ids_.resize(rows);
-    model_.forward(batch, opt_.precision, nullptr, greedy_ids_.data());
+    model_.forward(batch, opt_.precision, nullptr, greedy_ids_.data(), nullptr, allow);
   } else if (mode.kind == SampleMode::DeviceTopK) {
     topk_vals_.resize(rows * size_t(mode.k));
     topk_ids_.resize(rows * size_t(mode.k));
     topk_lse_.resize(rows);
     Model::TopK tk{mode.k, topk_vals_.data(), topk_ids_.data(), topk_lse_.data()};
-    model_.forward(batch, opt_.precision, nullptr, nullptr, &tk);
+    model_.forward(batch, opt_.precision, nullptr, nullptr, &tk, allow);
   } else {
     logits_.resize(std::max(logits_.size(), rows * size_t(model_.config().vocab)));
     model_.forward(batch, opt_.precision, logits_.data());
@@ -529,6 +533,7 @@ void Engine::run_forward(const std::vector<SeqInput>& batch, const SampleMode& m
 
 int32_t Engine::sample_row(Slot& s, const SampleMode& mode, size_t row) {
   int32_t tok;
+  if (mode.kind != SampleMode::HostLogits && s.matcher && std::exchange(s.mask_refused, false)) return -1;
   if (mode.kind == SampleMode::DeviceGreedy) {
     tok = greedy_ids_[row];
   } else if (mode.kind == SampleMode::DeviceTopK) {
@@ -553,19 +558,14 @@ int32_t Engine::sample_row(Slot& s, const SampleMode& mode, size_t row) {
       mask_s = std::chrono::duration<double>(clk::now() - tg).count();
     }
     tok = s.sampler->sample(lp, s.history);  // leaves the processed logprobs in lp
-    if (s.matcher) {
-      const auto ta = clk::now();
-      const bool ok = s.matcher->accept(tok);
-      std::lock_guard<std::mutex> lk(mu_);
-      stats_.grammar_seconds += mask_s + std::chrono::duration<double>(clk::now() - ta).count();
-      ++stats_.grammar_tokens;
-      if (!ok) return -1;
-    }
+    if (s.matcher && !grammar_accept(s, tok, mask_s)) return -1;
     if (s.req->spec.logprobs >= 0) {
       s.logprob = lp[tok];
       s.top = top_logprobs(lp, V, std::min(s.req->spec.logprobs, kMaxTopLogprobs));
     }
   }
+  // Sampled where the logits are, under the mask device_masks gave (its time counted there).
+  if (mode.kind != SampleMode::HostLogits && s.matcher && !grammar_accept(s, tok, 0)) return -1;
   s.history.push_back(tok);
   return tok;
 }

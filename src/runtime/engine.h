@@ -193,8 +193,15 @@ class Engine {
   // for each, verified in one batched forward.
   void speculative_step(const std::vector<Slot*>& slots, clk::time_point t0);
   SampleMode sample_mode(const std::vector<Slot*>& slots) const;
-  // Model::forward for `batch`, its outputs into the buffers `mode` reads.
-  void run_forward(const std::vector<SeqInput>& batch, const SampleMode& mode);
+  // Model::forward for `batch`, its outputs into the buffers `mode` reads (allow: Model::forward's).
+  void run_forward(const std::vector<SeqInput>& batch, const SampleMode& mode, const uint32_t* allow = nullptr);
+  // Constrained sequences sampled where the logits are (engine_grammar.cpp): the allowed-token
+  // masks of this forward's logit rows (one a sequence), or null when no sequence samples under a
+  // grammar in it; a matcher that gives no mask leaves its row open and marks the slot
+  // (Slot::mask_refused), which ends after the step. grammar_accept advances s's matcher past the
+  // token it sampled (false: refused), counting the time.
+  const uint32_t* device_masks(const std::vector<SeqInput>& batch, const std::vector<Slot*>& in_batch);
+  bool grammar_accept(Slot& s, int32_t tok, double mask_seconds);
   // The token of logit row `row` for s (appended to its history); -1 when s's grammar gives no
   // token (the caller ends s: grammar_end).
   int32_t sample_row(Slot& s, const SampleMode& mode, size_t row);
@@ -243,6 +250,10 @@ class Engine {
   std::vector<float> topk_vals_, topk_lse_;  // a device top-k batch's candidates (Model::TopK)
   std::vector<int32_t> topk_ids_;
   bool device_topk_enabled_ = true;  // G4_DEVICE_TOPK=0 turns the top-k path off
+  // Sampling where the logits are (argmax, top k, grammar masks): on device backends, and on the
+  // host ones with G4_DEVICE_SAMPLING=1 (tests of that path without a GPU).
+  bool device_sampling_ = false;
+  std::vector<uint32_t> allow_;  // device_masks' rows
   std::thread thread_;
 };
 

@@ -30,6 +30,7 @@ struct Engine::Slot {
   float logprob = 0.f;                   // the last sampled token's, and the alternatives
   std::vector<std::pair<int, float>> top;   //   (GenerationSpec::logprobs >= 0)
   std::unique_ptr<GrammarMatcher> matcher;  // GenerationSpec::grammar's state, or null
+  bool mask_refused = false;  // this step's mask could not be made (Engine::device_masks): ends after it
   Buf hidden;                            // drafter input: final-normed hidden of the last fed token
   bool has_hidden = false;               //   (backend buffer [hidden]), set by the step that sampled `pending`
   std::array<int64_t, KvPool::kGroups> kv_need{};  // a KV pool's blocks this request may hold at most

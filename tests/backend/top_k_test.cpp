@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/token_mask.h"
 #include "backend_test_util.h"
 
 namespace g4 {
@@ -38,6 +39,28 @@ TEST(TopK, DefaultIsTheKLargestLowestIdsFirstAndTheRowLse) {
     EXPECT_NEAR(lse[size_t(r)], m + std::log(s), 1e-5);
     for (int j = 0; j < k; ++j) EXPECT_EQ(vals[size_t(r * k + j)], row[ids[size_t(r * k + j)]]);
   }
+}
+
+// Backend::mask_logits (a grammar's mask where the logits are): -inf exactly where a row's bit is
+// clear, other logits untouched, a vocabulary that ends inside a word.
+TEST(MaskLogits, DefaultClearsTheDisallowedTokensOnly) {
+  auto be = make_reference_backend();
+  const int rows = 3, n = 1000, W = token_mask_words(n);
+  auto x = test::randn(size_t(rows) * n, 9);
+  const auto orig = x;
+  std::vector<int32_t> words(size_t(rows) * W);
+  uint32_t st = 12345;
+  for (int32_t& w : words) w = int32_t(st = st * 1664525u + 1013904223u);
+  words[0] = 0;                  // row 0: the first 32 tokens all refused
+  words[size_t(W)] = -1;         // row 1: the first 32 all allowed
+  be->mask_logits(x.data(), rows, n, words.data());
+  for (int r = 0; r < rows; ++r)
+    for (int v = 0; v < n; ++v) {
+      const bool ok = (uint32_t(words[size_t(r * W + v / 32)]) >> (v % 32)) & 1u;
+      const float got = x[size_t(r) * n + size_t(v)];
+      if (ok) EXPECT_EQ(got, orig[size_t(r) * n + size_t(v)]) << r << " " << v;
+      else EXPECT_TRUE(std::isinf(got) && got < 0) << r << " " << v;
+    }
 }
 
 }  // namespace

@@ -112,6 +112,45 @@ def test_generated_schemas_all_parse_and_validate(srv):
     assert not failures, f"{len(failures)}/{N_SCHEMAS} failed ({kinds}); first: {failures[:3]}"
 
 
+def test_masks_applied_where_the_logits_are_give_the_host_answers(gemma4_bin, monkeypatch):
+    """On a GPU a grammar's mask is applied to the logits there (Backend::mask_logits) and only the
+    sampled ids come back (greedy: the argmax; top_k: the k candidates). G4_DEVICE_SAMPLING=1 runs
+    that path on the CPU backend: the same answers as the host path (the mask on the copied logits),
+    greedy and top-k sampled with seeds, and every answer validates."""
+    schemas = [gen_schema(100 + i) for i in range(8)]
+
+    def answers(device):
+        if device:
+            monkeypatch.setenv("G4_DEVICE_SAMPLING", "1")
+        else:
+            monkeypatch.delenv("G4_DEVICE_SAMPLING", raising=False)
+        s = Server(gemma4_bin, "--parallel", "8", "--model-id", "starter")
+        try:
+            c = oai(s)
+
+            def one(i):
+                kw = {"temperature": 0} if i % 2 else {"temperature": 0.8, "seed": i, "extra_body": {"top_k": 40}}
+                r = c.chat.completions.create(
+                    model="starter", messages=[{"role": "user", "content": "Describe a thing as JSON."}],
+                    max_tokens=200, response_format={"type": "json_schema", "json_schema": {
+                        "name": "t", "schema": schemas[i], "strict": True}}, **kw)
+                return r.choices[0].message.content
+            with ThreadPoolExecutor(8) as ex:
+                out = list(ex.map(one, range(len(schemas))))
+            _, metrics = s.raw("GET", "/metrics")
+            return out, metrics
+        finally:
+            s.close()
+
+    host, _ = answers(False)
+    device, metrics = answers(True)
+    assert device == host
+    for schema, text in zip(schemas, device):
+        jsonschema.validate(json.loads(text), schema)
+    tokens = float(re.search(r"^gemma4_grammar_tokens_total (\S+)$", metrics, re.M).group(1))
+    assert tokens >= len(schemas) * 4, metrics  # the constrained tokens were counted on the device path
+
+
 def test_json_object_and_llama_server_fields(srv):
     c = oai(srv)
     # Any JSON: its strings are unbounded, so a sampled answer may run to max_tokens; a finished one

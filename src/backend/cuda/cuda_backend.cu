@@ -46,6 +46,7 @@
 #include "backend/cuda/cuda_observers.h"
 #include "backend/cuda/cuda_pending.h"
 #include "backend/cuda/cuda_step.h"
+#include "backend/cuda/cuda_token_mask.h"
 #include "backend/host_backend.h"
 #include "backend/moe_host_routed.h"
 #include "core/status.h"
@@ -115,7 +116,7 @@ class CudaBackend final : public Backend {
     rec_->flush();
     dev_.sync();  // no launch in flight reads it
     if (blas_) blas_->forget(w.data, size_t(w.rows) * size_t(w.cols), mem_);
-    for (const void* p : {w.data, w.scales, w.biases}) mem_.free(const_cast<void*>(p));
+    for (const void* p : {w.data, w.scales, w.biases}) mem_.free(const_cast<void*>(p), /*deferred=*/false);
   }
 
   Buf alloc(DType t, size_t n) override {
@@ -478,6 +479,9 @@ class CudaBackend final : public Backend {
     int32_t* idx = I(idx_b);
     G4_CHECK(k > 0 && k <= n && k <= 1024);
     launch("top_k", cuda::top_k, x, rows, n, k, vals, idx, lse);
+  }
+  void mask_logits(const Buf& x_b, int rows, int n, const Buf& allow_b) override {
+    launch("mask_logits", cuda::mask_logits, F(x_b), rows, n, reinterpret_cast<const uint32_t*>(I(allow_b)));
   }
   void argmax(const Buf& x_b, int rows, int n, const Buf& out_b) override {
     const float* x = F(x_b);

@@ -283,7 +283,7 @@ void Blas::forget(const void* data, size_t elems, DeviceAllocator& mem) {
   b.copies.erase(it);
   for (const auto& [w, c] : b.copies)
     if (c >= copy && c < copy + elems) return;  // another weight's copy lies in that memory (gate/up pairs)
-  mem.free(copy);  // an allocation's start (a single weight's copy); else ignored by the allocator
+  mem.free(copy, /*deferred=*/false);  // an allocation's start (a single weight's copy); else ignored by the allocator
   b.copy_bytes -= std::min(b.copy_bytes, elems * 2);
 }
 
