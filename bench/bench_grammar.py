@@ -5,8 +5,12 @@ each step carries one constrained sequence) to `gemma4 serve` and reads the serv
 gemma4_grammar_seconds_total / gemma4_grammar_tokens_total (filling and applying the token mask,
 advancing the matcher) against gemma4_engine_step_seconds_total / gemma4_engine_steps_total.
 
-  bench/bench_grammar.py --spawn build/bin/gemma4 [--model M] [--backend cpu|cuda] [--requests 8]
+  bench/bench_grammar.py --spawn build/bin/gemma4 [--model M] [--backend cpu|cuda] [--requests 8] [--top-k 64]
   bench/bench_grammar.py --url http://127.0.0.1:8080
+
+--top-k K samples with that bound (on a GPU the mask is then applied there and k candidates come
+back: Backend::mask_logits; without one the logits come to the host). The same requests without
+the schema run first, so the step time with and without constraints is printed too.
 """
 from __future__ import annotations
 
@@ -56,6 +60,8 @@ def main():
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--top-k", type=int, default=0, help="the requests' top_k (0: none)")
+    ap.add_argument("--chat-template", default="", help="for a model without one (the synthetic GGUF files)")
     a = ap.parse_args()
     proc = None
     url = a.url
@@ -63,7 +69,9 @@ def main():
         cmd = [a.spawn, "serve", "--port", "0", "--parallel", "1", "--backend", a.backend]
         if a.model:
             cmd += ["--model", a.model]
-        else:  # the starter (a base model) chats through the bundled Gemma 3 template
+        if a.chat_template:
+            cmd += ["--chat-template", a.chat_template]
+        elif not a.model:  # the starter (a base model) chats through the bundled Gemma 3 template
             cmd += ["--chat-template", str(Path(__file__).resolve().parents[1] / "templates/gemma3_chat.jinja")]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         for line in proc.stdout:
@@ -71,24 +79,33 @@ def main():
             if m:
                 url = m.group(1)
                 break
-    try:
+    def run(constrained):
         before = counters(url)
         t0 = time.time()
         for i in range(a.requests):
-            status, body = request(url, "POST", "/v1/chat/completions", {
-                "messages": [{"role": "user", "content": "Describe an object as JSON."}], "max_tokens": a.max_tokens,
-                "temperature": 0.7, "seed": i,
-                "response_format": {"type": "json_schema", "json_schema": {"name": "o", "schema": SCHEMA, "strict": True}}})
+            body = {"messages": [{"role": "user", "content": "Describe an object as JSON."}],
+                    "max_tokens": a.max_tokens, "temperature": 0.7, "seed": i}
+            if a.top_k:
+                body["top_k"] = a.top_k
+            if constrained:
+                body["response_format"] = {"type": "json_schema",
+                                           "json_schema": {"name": "o", "schema": SCHEMA, "strict": True}}
+            status, text = request(url, "POST", "/v1/chat/completions", body)
             if status != 200:
-                raise SystemExit(f"request failed ({status}): {body[:300]}")
-        wall = time.time() - t0
+                raise SystemExit(f"request failed ({status}): {text[:300]}")
         after = counters(url)
-        d = {k: after[k] - before[k] for k in after}
+        return time.time() - t0, {k: after[k] - before[k] for k in after}
+
+    try:
+        _, p = run(False)
+        plain_step = p["gemma4_engine_step_seconds_total"] / max(p["gemma4_engine_steps_total"], 1)
+        wall, d = run(True)
         per_tok = d["gemma4_grammar_seconds_total"] / max(d["gemma4_grammar_tokens_total"], 1)
         per_step = d["gemma4_engine_step_seconds_total"] / max(d["gemma4_engine_steps_total"], 1)
-        print(f"backend {a.backend}: {int(d['gemma4_grammar_tokens_total'])} constrained tokens in {wall:.1f} s; "
-              f"mask + accept {1e6 * per_tok:.1f} us per token, step {1e3 * per_step:.2f} ms: "
-              f"{100 * per_tok / per_step:.2f} % of the step")
+        print(f"backend {a.backend}, top_k {a.top_k or 'none'}: {int(d['gemma4_grammar_tokens_total'])} constrained "
+              f"tokens in {wall:.1f} s; mask + accept {1e6 * per_tok:.1f} us per token, step {1e3 * per_step:.2f} ms: "
+              f"{100 * per_tok / per_step:.2f} % of the step; unconstrained step {1e3 * plain_step:.2f} ms "
+              f"(constrained {100 * (per_step / plain_step - 1):+.1f} %)")
     finally:
         if proc:
             proc.terminate()
