@@ -47,8 +47,8 @@ struct GenerationSpec {
   // and take no speculative rounds.
   int logprobs = -1;
   // Constrained decoding (grammar/grammar.h): every generated token is one the grammar allows, and
-  // once it is complete only stop_ids may follow. Such sequences sample from host logits and take
-  // no speculative rounds.
+  // once it is complete only stop_ids may follow. Sampled where the logits are, the mask is applied
+  // there (Engine::device_masks); such sequences take no speculative rounds.
   std::shared_ptr<const CompiledGrammar> grammar;
   // A LoRA adapter mounted over the model (runtime/adapter_set.h) for this request's rows, or null:
   // the model's own (Model::set_adapter). Its KV is cached apart from other adapters' (its mount's
