@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "text/tokenizer.h"
+#include <nlohmann/json.hpp>
 
 #ifdef G4_HAVE_XGRAMMAR
 #include <xgrammar/xgrammar.h>
@@ -58,6 +59,32 @@ std::vector<std::string> decoded_vocab(const Tokenizer& tok, const std::vector<s
     v[size_t(id)] = b >= 0 ? std::string(1, char(b)) : tok.piece(id);
   }
   return v;
+}
+
+// XGrammar 0.2.9 spells a string with minLength / maxLength (and no pattern or format) as up to N
+// characters other than '"', '\\', CR and LF, so raw control characters, which JSON forbids in a
+// string, pass. The same bounds as a pattern go through its JSON-string regex path, which leaves
+// out every character a JSON string must escape: each such string schema gets the pattern
+// ^.{min,max}$ (XGrammar then ignores the lengths; the pattern states them). Data keywords (enum,
+// const, default, examples) are not walked.
+void bound_strings_by_pattern(nlohmann::ordered_json& j) {
+  if (j.is_array()) {
+    for (auto& e : j) bound_strings_by_pattern(e);
+    return;
+  }
+  if (!j.is_object()) return;
+  auto t = j.find("type");
+  const bool bounded = j.contains("minLength") || j.contains("maxLength");
+  if (t != j.end() && *t == "string" && bounded && !j.contains("pattern") && !j.contains("format")) {
+    auto len = [&](const char* k) -> std::string {
+      auto it = j.find(k);
+      return it != j.end() && it->is_number_integer() && it->get<int64_t>() >= 0 ? std::to_string(it->get<int64_t>()) : "";
+    };
+    const std::string lo = len("minLength"), hi = len("maxLength");
+    j["pattern"] = "^.{" + (lo.empty() ? std::string("0") : lo) + "," + hi + "}$";
+  }
+  for (auto& [k, v] : j.items())
+    if (k != "enum" && k != "const" && k != "default" && k != "examples") bound_strings_by_pattern(v);
 }
 
 // Compiles through `fn` (which may throw XGrammar's errors) under `key`, caching the result.
@@ -118,8 +145,15 @@ Result<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::json_object() {
 
 Result<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::json_schema(const std::string& schema, bool strict) {
   return cached(*impl_, std::string(strict ? "schema1:" : "schema0:") + schema, [&] {
+    // Unparsable text goes to XGrammar as it is, for its own error message.
+    auto j = nlohmann::ordered_json::parse(schema, nullptr, /*allow_exceptions=*/false);
+    std::string text = schema;
+    if (!j.is_discarded()) {
+      bound_strings_by_pattern(j);
+      text = j.dump();
+    }
     // Compact JSON (no whitespace between tokens): a model cannot spend its tokens on layout.
-    return impl_->compiler.CompileJSONSchema(schema, /*any_whitespace=*/false, std::nullopt, std::nullopt, strict);
+    return impl_->compiler.CompileJSONSchema(text, /*any_whitespace=*/false, std::nullopt, std::nullopt, strict);
   });
 }
 

@@ -77,6 +77,32 @@ TEST_F(GrammarTest, JsonSchemaEnumIsSpelledOutTokenByToken) {
   EXPECT_TRUE(m.complete());
 }
 
+// A string with length bounds: never a raw control character (JSON forbids them in strings;
+// XGrammar's own bounded-string rule let them through), and nothing but the closing quote past the
+// bound.
+TEST_F(GrammarTest, BoundedStringsRefuseControlCharacters) {
+  for (const char* schema : {R"({"type": "string", "maxLength": 3})", R"({"type": "string", "minLength": 1, "maxLength": 3})",
+                             R"({"type": "object", "properties": {"s": {"type": "string", "maxLength": 3}}, "required": ["s"]})"}) {
+    SCOPED_TRACE(schema);
+    auto g = compiler_->json_schema(schema, true);
+    ASSERT_TRUE(g) << g.message();
+    GrammarMatcher m(g.value(), {kEos});
+    if (std::string(schema).find("object") != std::string::npos) {
+      for (char c : std::string(R"({"s":)")) ASSERT_TRUE(m.accept(byte_id(c))) << c;
+      if (allowed(m).count(byte_id(' '))) ASSERT_TRUE(m.accept(byte_id(' ')));  // XGrammar's ": " separator
+    }
+    ASSERT_TRUE(m.accept(byte_id('"')));
+    for (int n = 0; n < 3; ++n) {
+      const std::set<int> ok = allowed(m);
+      for (int b = 0; b < 0x20; ++b) EXPECT_EQ(ok.count(byte_id(char(b))), 0u) << "control byte " << b << " after " << n;
+      EXPECT_EQ(ok.count(byte_id('x')), 1u);
+      ASSERT_TRUE(m.accept(byte_id('x')));
+    }
+    EXPECT_EQ(allowed(m).count(byte_id('x')), 0u);  // the bound: only the closing quote
+    EXPECT_TRUE(m.accept(byte_id('"')));
+  }
+}
+
 TEST_F(GrammarTest, AnyJsonAllowsAnObjectAndRefusesText) {
   auto g = compiler_->json_object();
   ASSERT_TRUE(g) << g.message();
