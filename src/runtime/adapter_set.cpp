@@ -1,24 +1,11 @@
 #include "runtime/adapter_set.h"
 
-#include <algorithm>
-
+#include "core/plain_name.h"
 #include "runtime/engine.h"
 
 namespace g4 {
-namespace {
-
-bool valid_name(const std::string& n) {
-  if (n.empty() || n.size() > 64) return false;
-  return std::all_of(n.begin(), n.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
-           c == '-';
-  });
-}
-
-}  // namespace
-
 Status AdapterSet::mount(const std::string& name, const std::string& dir) {
-  if (!valid_name(name))
+  if (!is_plain_name(name, 64))
     return Error{"adapter name '" + name + "': use 1 to 64 letters, digits, '.', '_' or '-'"};
   {
     std::lock_guard<std::mutex> lk(mu_);

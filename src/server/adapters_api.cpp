@@ -82,11 +82,19 @@ std::optional<ApiError> select_adapter(Context& ctx, const ojson& body, TextRequ
   return std::nullopt;
 }
 
+namespace {
+
+// One adapter's /v1/models entry.
+ojson adapter_model(const Context& ctx, const MountedAdapter& m) {
+  return {{"id", adapter_id(ctx, m)}, {"object", "model"}, {"created", unix_time()},
+          {"owned_by", "local"}, {"parent", ctx.model_id}, {"root", m.path}};
+}
+
+}  // namespace
+
 std::vector<ojson> adapter_models(const Context& ctx) {
   std::vector<ojson> out;
-  for (const auto& m : ctx.adapters->list())
-    out.push_back({{"id", adapter_id(ctx, *m)}, {"object", "model"}, {"created", unix_time()},
-                   {"owned_by", "local"}, {"parent", ctx.model_id}, {"root", m->path}});
+  for (const auto& m : ctx.adapters->list()) out.push_back(adapter_model(ctx, *m));
   return out;
 }
 
@@ -96,8 +104,7 @@ bool answer_adapter_model(Context& ctx, const http::Request& req, http::Response
   bool qualified = false;
   const auto m = adapter_named(ctx, req.path.substr(prefix.size()), &qualified);
   if (!m || !qualified) return false;
-  for (const ojson& j : adapter_models(ctx))
-    if (j["id"] == adapter_id(ctx, *m)) res.set_content(j.dump(), "application/json");
+  res.set_content(adapter_model(ctx, *m).dump(), "application/json");
   ctx.metrics.count("/v1/models", 200);
   return true;
 }

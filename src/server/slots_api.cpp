@@ -17,6 +17,7 @@
 #include <fstream>
 
 #include "core/atomic_file.h"
+#include "core/plain_name.h"
 #include "runtime/prompt_store.h"
 #include "server/context.h"
 
@@ -41,9 +42,7 @@ bool saved_path(const Context& ctx, const ojson& body, std::string* name, std::s
     return false;
   }
   *name = it->get<std::string>();
-  bool ok = !name->empty() && name->size() <= 128 && (*name)[0] != '.';
-  for (char c : *name) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-');
-  if (!ok) {
+  if (!is_plain_name(*name, 128) || (*name)[0] == '.') {
     *e = ApiError{400, "invalid_request_error", "'filename' must be 1-128 of A-Z a-z 0-9 . _ - and not start with '.'",
                   "filename"};
     return false;
