@@ -602,11 +602,6 @@ class CudaBackend final : public Backend {
       call(dev_.stream());
     }
   }
-  static bool one_format(const std::vector<WeightView>& ws, WFormat f) {
-    for (const WeightView& w : ws)
-      if (w.fmt != f) return false;
-    return !ws.empty();
-  }
   // The device array of every expert's DevWeight for one projection, uploaded once (keyed by the
   // first expert's device address: placed weights live as long as the backend).
   const cuda::DevWeight* expert_table(const std::vector<WeightView>& ws) {
@@ -617,14 +612,6 @@ class CudaBackend final : public Backend {
       t = static_cast<const cuda::DevWeight*>(mem_.upload(h.data(), h.size() * sizeof(cuda::DevWeight)));
     }
     return t;
-  }
-  // Whether every expert's device rows start on 16-byte boundaries (its data and row_bytes).
-  static bool rows16(const std::vector<WeightView>& ws) {
-    for (const WeightView& w : ws) {
-      const cuda::DevWeight d = dev(w);
-      if ((reinterpret_cast<uintptr_t>(d.data) | uintptr_t(d.row_bytes)) & 15) return false;
-    }
-    return true;
   }
   // h[item] = gelu(x·G_e) * (x·U_e), y[item] = h[item]·D_e for the rows * k routed (row, expert)
   // items, then out = the router-weighted sum over each row's k items. Decode rows: the GEMVs;
@@ -679,10 +666,6 @@ class CudaBackend final : public Backend {
     combine_ = cuda::PendingCombine{y, F(w_b), out_b.data, rows, k, d, t};
     return true;
   }
-  // Whether an input norm of M rows of `cols` fits the matmul kernels' shared memory (or there is none).
-  static bool norm_fits(const InputNorm& norm, int M, int64_t cols) {
-    return !norm.w || cuda::matmul_norm_smem(M, cols) <= 40 * 1024;
-  }
   // A matmul launch's arguments over M rows of input x into weights like w; the outputs are of
   // x's type. The int8 GEMVs' scratch is set where they take the launch (q8_rows).
   cuda::MatArgs mat_args(const Buf& x, const InputNorm& norm, int M, const cuda::DevWeight& w) const {
@@ -734,11 +717,6 @@ class CudaBackend final : public Backend {
   static constexpr int kRowExactMaxRows = 64;
   bool q8_rows(int M, const cuda::DevWeight& w) const {
     return q8_.q && (M == 1 || (opt_.row_exact && M <= kRowExactMaxRows && cuda::q8_gemv_supports(w)));
-  }
-  // Whether M rows of x into `cols`-wide weights take the few-row tensor-core kernel
-  // (cuda_mma_small.h: its input normed beforehand, its epilogues separate launches).
-  static bool small_rows(const Buf& x, int M, int64_t cols) {
-    return cuda::small_mma_rows(act_type({&x}), M, cols);
   }
   // Batched decode rows (2 to kPendingMaxRows) into weight w on the few-row kernel or
   // cuBLAS: their input norm runs as its own launch (fused with a pending residual update:
@@ -807,17 +785,7 @@ bool cuda_prefill_on_blas(const Backend& be) {
 }
 
 std::unique_ptr<Backend> make_cuda_backend(std::string* why, const BackendOptions& opt) {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || n == 0) {
-    if (why) *why = std::string("no usable CUDA device (") + (e != cudaSuccess ? cudaGetErrorString(e) : "none found") + ")";
-    return nullptr;
-  }
-  if (opt.device < 0 || opt.device >= n) {
-    if (why) *why = "--cuda-device " + std::to_string(opt.device) + ": this machine has " + std::to_string(n) +
-                    " CUDA device" + (n == 1 ? "" : "s") + " (0.." + std::to_string(n - 1) + ")";
-    return nullptr;
-  }
+  if (!cuda::device_usable(opt.device, why)) return nullptr;
   if (opt.activations != DType::F32 && opt.activations != DType::BF16) {
     if (why) *why = "activations are stored as f32 or bf16";
     return nullptr;

@@ -1,6 +1,6 @@
 // The CUDA backend's argument plumbing (cuda_backend.cu only): backend views and buffers turned
 // into the kernels' argument structs, checked; a launch's step key (cuda_step.h) from its
-// arguments; the KV cache's host-side position bookkeeping.
+// arguments; the KV cache's host-side position bookkeeping; the shape tests that pick a kernel.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -10,10 +10,12 @@
 #include <initializer_list>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_mma_small.h"
 #include "backend/cuda/cuda_step.h"
 #include "core/status.h"
 
@@ -122,6 +124,30 @@ inline void record_positions(const AttnSeq& s) {
     G4_CHECK(slot >= 0 && slot < kv.stored_slots());
     kv.pos[slot] = pos;
   }
+}
+
+// Whether every weight of ws has format f (and there is one).
+inline bool one_format(const std::vector<WeightView>& ws, WFormat f) {
+  for (const WeightView& w : ws)
+    if (w.fmt != f) return false;
+  return !ws.empty();
+}
+// Whether every expert's device rows start on 16-byte boundaries (its data and row_bytes).
+inline bool rows16(const std::vector<WeightView>& ws) {
+  for (const WeightView& w : ws) {
+    const cuda::DevWeight d = dev(w);
+    if ((reinterpret_cast<uintptr_t>(d.data) | uintptr_t(d.row_bytes)) & 15) return false;
+  }
+  return true;
+}
+// Whether an input norm of M rows of `cols` fits the matmul kernels' shared memory (or there is none).
+inline bool norm_fits(const InputNorm& norm, int M, int64_t cols) {
+  return !norm.w || cuda::matmul_norm_smem(M, cols) <= 40 * 1024;
+}
+// Whether M rows of x into `cols`-wide weights take the few-row tensor-core kernel
+// (cuda_mma_small.h: its input normed beforehand, its epilogues separate launches).
+inline bool small_rows(const Buf& x, int M, int64_t cols) {
+  return cuda::small_mma_rows(act_type({&x}), M, cols);
 }
 
 }  // namespace g4::cuda_args

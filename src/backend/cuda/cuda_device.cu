@@ -42,4 +42,20 @@ void Device::make_current() const { G4_CUDA(cudaSetDevice(id_)); }
 
 void Device::sync() const { G4_CUDA(cudaStreamSynchronize(stream_)); }
 
+bool device_usable(int id, std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    if (why) *why = std::string("no usable CUDA device (") + (e != cudaSuccess ? cudaGetErrorString(e) : "none found") + ")";
+    return false;
+  }
+  if (id < 0 || id >= n) {
+    if (why)
+      *why = "--cuda-device " + std::to_string(id) + ": this machine has " + std::to_string(n) + " CUDA device" +
+             (n == 1 ? "" : "s") + " (0.." + std::to_string(n - 1) + ")";
+    return false;
+  }
+  return true;
+}
+
 }  // namespace g4::cuda

@@ -37,4 +37,7 @@ class Device {
   std::string name_;
 };
 
+// Whether GPU `id` exists on this machine; false with *why (naming the devices there) if not.
+bool device_usable(int id, std::string* why);
+
 }  // namespace g4::cuda
