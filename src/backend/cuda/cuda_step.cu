@@ -1,6 +1,7 @@
 // StepRecorder (cuda_step.h): logs a step's launches and replays them as CUDA graphs.
 #include "backend/cuda/cuda_step.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -9,8 +10,14 @@ namespace g4::cuda {
 namespace {
 
 constexpr size_t kDynBytes = size_t(2) << 20;   // scalars and tables per step
-constexpr size_t kStageBytes = size_t(1) << 20;  // staged from_host bytes per step
-constexpr size_t kMaxGraphs = 16;             // recorded graphs kept (least recently used dropped)
+// Staged from_host bytes per step: token ids, gather indices, and the grammar masks of up to 256
+// constrained rows at a 262144-token vocabulary (32 KiB each).
+constexpr size_t kStageBytes = size_t(9) << 20;
+// Recorded graphs held; past it a step of a new key runs directly. None is destroyed while the
+// recorder lives: destroying executable graphs recorded with PDL launches made the driver fault in
+// a later cuGraphLaunch (docs/cuda-notes.md, stop 41). Decode keys are few (a row bucket each,
+// Model::set_decode_padding); the rest is room for prefill shapes that recur.
+constexpr size_t kMaxGraphs = 64;
 constexpr size_t kMaxSeen = 4096;             // remembered one-off keys before forgetting
 
 void check(cudaError_t e, const char* what) {
@@ -21,7 +28,16 @@ void check(cudaError_t e, const char* what) {
 
 }  // namespace
 
-StepRecorder::StepRecorder(cudaStream_t stream, bool graphs) : stream_(stream), graphs_enabled_(graphs) {
+int graph_debug() {
+  static const int n = [] {
+    const char* e = std::getenv("G4_CUDA_GRAPH_DEBUG");
+    return e ? std::max(0, std::atoi(e)) : 0;
+  }();
+  return n;
+}
+
+StepRecorder::StepRecorder(cudaStream_t stream, bool graphs)
+    : stream_(stream), graphs_enabled_(graphs), max_graphs_(graph_debug() > 0 ? size_t(graph_debug()) : kMaxGraphs) {
   check(cudaMallocHost(&dyn_host_, kDynBytes), "cudaMallocHost(scalars)");
   check(cudaMalloc(&dyn_dev_, kDynBytes), "cudaMalloc(scalars)");
   check(cudaMallocHost(&stage_, kStageBytes), "cudaMallocHost(staging)");
@@ -29,6 +45,9 @@ StepRecorder::StepRecorder(cudaStream_t stream, bool graphs) : stream_(stream), 
 
 StepRecorder::~StepRecorder() {
   cudaStreamSynchronize(stream_);
+  if (graph_debug() > 0)
+    std::fprintf(stderr, "cuda_step: %ld replayed, %ld captured, %ld direct (graphs held: %zu of %zu)\n",
+                 counts_.replayed, counts_.captured, counts_.direct, graphs_.size(), max_graphs_);
   for (Graph& g : graphs_) cudaGraphExecDestroy(g.exec);
   cudaFreeHost(dyn_host_);
   cudaFree(dyn_dev_);
@@ -112,17 +131,18 @@ uint64_t StepRecorder::hash() const {
 void StepRecorder::end() {
   if (!active_) return;
   active_ = false;
+  const uint64_t h = hash();
   for (auto it = graphs_.begin(); it != graphs_.end(); ++it) {
-    if (it->key != key_) continue;
+    if (it->hash != h || it->key != key_) continue;
     graphs_.splice(graphs_.begin(), graphs_, it);
     check(cudaGraphLaunch(graphs_.front().exec, stream_), "cudaGraphLaunch");
     ++counts_.replayed;
     reset();
     return;
   }
-  const uint64_t h = hash();
   if (seen_.size() > kMaxSeen) seen_.clear();
-  if (!graphs_enabled_ || ++seen_[h] < 2) {  // first sighting: a step that may never come again runs directly
+  // First sighting (a step that may never come again), or no room for another graph: run directly.
+  if (!graphs_enabled_ || ++seen_[h] < 2 || graphs_.size() >= max_graphs_) {
     run_direct();
     ++counts_.direct;
     reset();
@@ -134,15 +154,11 @@ void StepRecorder::end() {
   check(cudaStreamEndCapture(stream_, &g), "cudaStreamEndCapture");
   Graph rec;
   rec.key = key_;
+  rec.hash = h;
   check(cudaGraphInstantiate(&rec.exec, g, 0), "cudaGraphInstantiate");
   cudaGraphDestroy(g);
   check(cudaGraphLaunch(rec.exec, stream_), "cudaGraphLaunch");
   graphs_.push_front(std::move(rec));
-  if (graphs_.size() > kMaxGraphs) {
-    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(drop graph)");
-    cudaGraphExecDestroy(graphs_.back().exec);
-    graphs_.pop_back();
-  }
   ++counts_.captured;
   reset();
 }

@@ -13,12 +13,17 @@
 // graph's copy nodes read the step's own data. end() then:
 //   - replays the graph recorded for this key (the common decode case), or
 //   - captures the closures into a new graph when this key was seen before (a one-off
-//     step, e.g. a prefill, is never captured), or
+//     step, e.g. a prefill, is never captured) and there is room for one, or
 //   - runs the closures directly on the stream.
 // With graphs off (BackendOptions::graphs, `--cuda-graphs off`) every step runs directly (A/B
 // measurements).
 // flush() runs what was logged so far directly and leaves step mode (to_host inside a step,
-// a staging overflow). Nothing of a step may be freed before the step's work finished (callers
+// a staging overflow).
+// At most kMaxGraphs (cuda_step.cu) graphs are recorded, and none is destroyed before the
+// recorder: past that, a step of a new key runs directly.
+// Debug switch (docs/cuda-notes.md): G4_CUDA_GRAPH_DEBUG=N holds up to N recorded graphs
+// (default 64), records the steps of a row-exact backend too (which records none by default),
+// and prints the counts to stderr when the recorder ends. Nothing of a step may be freed before the step's work finished (callers
 // free buffers only outside steps; the backend syncs before begin()).
 #pragma once
 #include <cuda_runtime.h>
@@ -33,6 +38,9 @@
 #include "backend/cuda/cuda_kernels.h"
 
 namespace g4::cuda {
+
+// N of G4_CUDA_GRAPH_DEBUG, or 0 when unset.
+int graph_debug();
 
 class StepRecorder {
  public:
@@ -71,6 +79,7 @@ class StepRecorder {
  private:
   struct Graph {
     std::vector<uint64_t> key;
+    uint64_t hash = 0;  // of key (a quick first test)
     cudaGraphExec_t exec = nullptr;
   };
   void run_direct();
@@ -79,6 +88,7 @@ class StepRecorder {
 
   cudaStream_t stream_;
   bool graphs_enabled_ = true;
+  size_t max_graphs_;
   bool active_ = false;
   std::vector<std::function<void(cudaStream_t)>> ops_;
   std::vector<uint64_t> key_;
@@ -89,7 +99,7 @@ class StepRecorder {
   uint8_t* stage_ = nullptr;
   size_t stage_used_ = 0;
   std::unordered_map<uint64_t, int> seen_;  // key hash -> steps seen (capture on the 2nd)
-  std::list<Graph> graphs_;                 // most recently used first
+  std::list<Graph> graphs_;                 // most recently used first (found sooner)
   Counts counts_;
 };
 
