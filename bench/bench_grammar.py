@@ -3,9 +3,11 @@
 goal <= 5 %). Sends --requests chat requests with a JSON Schema response_format (one at a time, so
 each step carries one constrained sequence) to `gemma4 serve` and reads the server's counters:
 gemma4_grammar_seconds_total / gemma4_grammar_tokens_total (filling and applying the token mask,
-advancing the matcher) against gemma4_engine_step_seconds_total / gemma4_engine_steps_total.
+advancing the matcher) against gemma4_engine_step_seconds_total / gemma4_engine_steps_total. --concurrency C sends them C at a time (server --parallel C), so each
+step carries C constrained sequences; the share of the step is then the mask time of a step.
 
   bench/bench_grammar.py --spawn build/bin/gemma4 [--model M] [--backend cpu|cuda] [--requests 8] [--top-k 64]
+      [--concurrency 1]
   bench/bench_grammar.py --url http://127.0.0.1:8080
 
 --top-k K samples with that bound (on a GPU the mask is then applied there and k candidates come
@@ -20,6 +22,7 @@ import json
 import re
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -62,11 +65,12 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--top-k", type=int, default=0, help="the requests' top_k (0: none)")
     ap.add_argument("--chat-template", default="", help="for a model without one (the synthetic GGUF files)")
+    ap.add_argument("--concurrency", type=int, default=1, help="requests in flight at once (and the server's slots)")
     a = ap.parse_args()
     proc = None
     url = a.url
     if a.spawn:
-        cmd = [a.spawn, "serve", "--port", "0", "--parallel", "1", "--backend", a.backend]
+        cmd = [a.spawn, "serve", "--port", "0", "--parallel", str(a.concurrency), "--backend", a.backend]
         if a.model:
             cmd += ["--model", a.model]
         if a.chat_template:
@@ -82,7 +86,8 @@ def main():
     def run(constrained):
         before = counters(url)
         t0 = time.time()
-        for i in range(a.requests):
+
+        def one(i):
             body = {"messages": [{"role": "user", "content": "Describe an object as JSON."}],
                     "max_tokens": a.max_tokens, "temperature": 0.7, "seed": i}
             if a.top_k:
@@ -93,6 +98,9 @@ def main():
             status, text = request(url, "POST", "/v1/chat/completions", body)
             if status != 200:
                 raise SystemExit(f"request failed ({status}): {text[:300]}")
+
+        with ThreadPoolExecutor(max(1, a.concurrency)) as ex:
+            list(ex.map(one, range(a.requests)))
         after = counters(url)
         return time.time() - t0, {k: after[k] - before[k] for k in after}
 
@@ -102,10 +110,11 @@ def main():
         wall, d = run(True)
         per_tok = d["gemma4_grammar_seconds_total"] / max(d["gemma4_grammar_tokens_total"], 1)
         per_step = d["gemma4_engine_step_seconds_total"] / max(d["gemma4_engine_steps_total"], 1)
-        print(f"backend {a.backend}, top_k {a.top_k or 'none'}: {int(d['gemma4_grammar_tokens_total'])} constrained "
-              f"tokens in {wall:.1f} s; mask + accept {1e6 * per_tok:.1f} us per token, step {1e3 * per_step:.2f} ms: "
-              f"{100 * per_tok / per_step:.2f} % of the step; unconstrained step {1e3 * plain_step:.2f} ms "
-              f"(constrained {100 * (per_step / plain_step - 1):+.1f} %)")
+        share = d["gemma4_grammar_seconds_total"] / max(d["gemma4_engine_step_seconds_total"], 1e-9)
+        print(f"backend {a.backend}, top_k {a.top_k or 'none'}, {a.concurrency} at a time: "
+              f"{int(d['gemma4_grammar_tokens_total'])} constrained tokens in {wall:.1f} s; mask + accept "
+              f"{1e6 * per_tok:.1f} us per token, step {1e3 * per_step:.2f} ms: {100 * share:.2f} % of the steps' "
+              f"time; unconstrained step {1e3 * plain_step:.2f} ms (constrained {100 * (per_step / plain_step - 1):+.1f} %)")
     finally:
         if proc:
             proc.terminate()

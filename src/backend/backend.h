@@ -318,11 +318,12 @@ class Backend {
   // bound needs (Sampler::sample_top), without moving the logits off the device. The default
   // copies the rows to the host.
   virtual void top_k(const Buf& x, int rows, int n, int k, const Buf& vals, const Buf& idx, const Buf& lse);
-  // Constrained decoding: x [rows, n] (f32 logits) = -inf where the row's allowed-token bitmask
-  // (core/token_mask.h; allow: I32 [rows, token_mask_words(n)]) has the token's bit clear, before
-  // argmax / top_k, so a device samples under a grammar without copying the logits. The default
-  // works on host copies.
-  virtual void mask_logits(const Buf& x, int rows, int n, const Buf& allow);
+  // Constrained decoding: for each of the count masks, row rows[i] of x [*, n] (f32 logits) =
+  // -inf where mask i (core/token_mask.h; allow: I32 [count, token_mask_words(n)]; rows: I32
+  // [count], distinct) has the token's bit clear; other rows are left alone. Runs before argmax /
+  // top_k, so a device samples under a grammar without copying the logits. The default works on
+  // host copies.
+  virtual void mask_logits(const Buf& x, int n, const Buf& allow, const Buf& rows, int count);
   // Whether buffers live in device memory (callers then prefer argmax to reading whole logits).
   virtual bool on_device() const { return false; }
   // The most rows a forward may have for each row to be computed exactly as it would be alone (the

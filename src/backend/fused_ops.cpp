@@ -133,14 +133,20 @@ void Backend::argmax(const Buf& x, int rows, int n, const Buf& out) {
   from_host(ids.data(), ids.size(), out);
 }
 
-void Backend::mask_logits(const Buf& x, int rows, int n, const Buf& allow) {
+void Backend::mask_logits(const Buf& x, int n, const Buf& allow, const Buf& rows, int count) {
+  if (count <= 0) return;
   const int W = token_mask_words(n);
-  std::vector<float> h(size_t(rows) * size_t(n));
-  std::vector<int32_t> words(size_t(rows) * size_t(W));
-  to_host(x, h.size(), h.data());
+  std::vector<int32_t> words(size_t(count) * size_t(W));
+  std::vector<int32_t> ids(static_cast<size_t>(count));
   to_host(allow, words.size(), words.data());
-  for (int r = 0; r < rows; ++r)
-    apply_token_mask(h.data() + size_t(r) * size_t(n), n, reinterpret_cast<const uint32_t*>(words.data()) + size_t(r) * W);
+  to_host(rows, ids.size(), ids.data());
+  int last = 0;
+  for (int32_t r : ids) last = std::max(last, int(r));
+  std::vector<float> h(size_t(last + 1) * size_t(n));
+  to_host(x, h.size(), h.data());
+  for (int i = 0; i < count; ++i)
+    apply_token_mask(h.data() + size_t(ids[size_t(i)]) * size_t(n), n,
+                     reinterpret_cast<const uint32_t*>(words.data()) + size_t(i) * size_t(W));
   from_host(h.data(), h.size(), x);
 }
 

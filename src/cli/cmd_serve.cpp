@@ -102,6 +102,10 @@ int cmd_serve(const std::vector<std::string>& argv) {
             "needs, or half the device memory left past the weights when that does not fit), per-sequence on "
             "the host backends and with --kv-bits", "auto")
       ->type_name("MiB|auto")->check(CLI::IsMember({"auto"}) | CLI::Range(0, 1 << 24));
+  cli.value("--decode-buckets", "cuda: decode steps of more than 8 streams padded to row buckets (multiples of 8 up "
+            "to 64, of 32 up to 256), so a step replays a recorded CUDA graph when the number of streams changes; "
+            "off: a graph per row count", "on")
+      ->type_name("on|off")->check(one_of({"on", "off"}));
   cli.value("--log-format", "the request log on stderr, one line per request: text, json, or none", "text")
       ->type_name("FORMAT")->check(one_of({"text", "json", "none"}));
   cli.flag("-v,--verbose", "add each request's prefill / decode speed and the engine's load to its log line");
@@ -192,6 +196,8 @@ int cmd_serve(const std::vector<std::string>& argv) {
   o.kv_pool_bytes = size_t(fit.value().input.kv_pool_bytes);
   auto bo = backend_options_from_args(a);
   if (!bo) return fail("serve", bo.message());
+  o.decode_buckets = a.get("--backend") == "cuda" && a.get("--decode-buckets") == "on" && bo.value().graphs &&
+                     !bo.value().row_exact;
   // On a GPU the device memory the plan leaves free (past a 4 GiB margin) holds bf16 copies of the
   // weights cuBLAS reads, as engines that serve bf16 weights spend it: batched decode of many
   // streams and prefill read them instead of dequantizing every weight at every launch.

@@ -9,6 +9,14 @@ namespace g4 {
 
 inline int token_mask_words(int vocab) { return (vocab + 31) / 32; }
 
+// The masks of some logit rows of a forward (the constrained ones; every other row stays open):
+// count masks of token_mask_words(vocab) words each, mask i for logit row rows[i]. Host memory.
+struct TokenMasks {
+  const uint32_t* words = nullptr;
+  const int32_t* rows = nullptr;
+  int count = 0;
+};
+
 // logits [vocab] = -inf where the mask's bit is clear.
 inline void apply_token_mask(float* logits, int vocab, const uint32_t* words) {
   const float ninf = -std::numeric_limits<float>::infinity();

@@ -26,7 +26,7 @@ struct Model::Scratch {
   int tk_rows = 0, tk_k = 0;
   int lora_rows = 0, lora_rank = 0, lora_out = 0;  // what lora_t / lora_z hold
   Buf ids, ridx, last_idx, argmax;
-  Buf allow;  // I32 [allow_rows, token_mask_words(vocab)]: forward's allowed-token masks
+  Buf allow, allow_ids;  // I32 [allow_rows, token_mask_words(vocab)], [allow_rows]: forward's masks
   int allow_rows = 0;
 };
 
@@ -45,6 +45,7 @@ void Model::set_drafter(std::unique_ptr<Drafter> d) { drafter_ = std::move(d); }
 
 void Model::set_expert_trace(std::shared_ptr<ExpertTrace> t) {
   trace_ = std::move(t);
+  if (trace_) pad_cache_.reset();  // a trace records every row: no pad rows
 }
 
 void Model::record_experts(const std::vector<SeqInput>& batch, int R) {
@@ -125,7 +126,39 @@ void Model::matmul_norm_add(const Buf& x, int M, const WeightView& W, int l, Lor
 Status Model::set_kv_options(const KvCacheOptions& opt) {
   G4_TRY(validate_kv_options(opt, cfg_, *be_));
   kv_opt_ = opt;
+  if (pad_cache_) set_decode_padding(true);  // the pad cache takes the new options
   return Status::ok();
+}
+
+void Model::set_kv_pool(std::shared_ptr<KvPool> pool) {
+  kv_pool_ = std::move(pool);
+  if (pad_cache_) set_decode_padding(true);  // and the new storage
+}
+
+bool Model::set_decode_padding(bool on) {
+  pad_cache_.reset();
+  if (!on || trace_) return false;
+  auto c = new_cache();
+  if (!c->reserve(1)) return false;
+  pad_cache_ = std::move(c);
+  pad_token_ = cfg_.pad_id;
+  return true;
+}
+
+int Model::decode_bucket(int rows) {
+  const int step = rows <= 8 ? 1 : rows <= 64 ? 8 : rows <= 256 ? 32 : 64;
+  return (rows + step - 1) / step * step;
+}
+
+const std::vector<SeqInput>& Model::pad_to_bucket(const std::vector<SeqInput>& batch, std::vector<SeqInput>* padded) {
+  if (!pad_cache_ || trace_) return batch;
+  for (const SeqInput& s : batch)
+    if (s.n != 1 || s.all_logits || s.soft) return batch;
+  const int rows = int(batch.size()), bucket = decode_bucket(rows);
+  if (bucket == rows) return batch;
+  *padded = batch;
+  padded->resize(size_t(bucket), SeqInput{pad_cache_.get(), &pad_token_, 1, false});
+  return *padded;
 }
 
 int Model::logit_rows(const std::vector<SeqInput>& batch) {
@@ -134,12 +167,14 @@ int Model::logit_rows(const std::vector<SeqInput>& batch) {
   return n;
 }
 
-void Model::ensure_scratch(int rows, int lrows, int top_k, bool masked) {
+void Model::ensure_scratch(int rows, int lrows, int top_k, int masks) {
   Scratch& s = *s_;
-  if (masked && lrows > s.allow_rows) {
+  if (masks > s.allow_rows) {
     be_->free(s.allow);
-    s.allow = be_->alloc_i32(size_t(lrows) * size_t(token_mask_words(cfg_.vocab)));
-    s.allow_rows = lrows;
+    be_->free(s.allow_ids);
+    s.allow = be_->alloc_i32(size_t(masks) * size_t(token_mask_words(cfg_.vocab)));
+    s.allow_ids = be_->alloc_i32(size_t(masks));
+    s.allow_rows = masks;
   }
   if (rows > s.rows) {
     Backend& be = *be_;
@@ -222,8 +257,11 @@ void Model::gelu_mul(const Buf& gate, const Buf& up, size_t n, ActPrecision P, c
   else be_->gelu_mul(gate, up, n, P, out);
 }
 
-void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* logits_out, int32_t* argmax_out,
-                    const TopK* topk, const uint32_t* allow) {
+void Model::forward(const std::vector<SeqInput>& seqs_in, ActPrecision P, float* logits_out, int32_t* argmax_out,
+                    const TopK* topk, const TokenMasks* masks) {
+  std::vector<SeqInput> padded;
+  const std::vector<SeqInput>& batch = pad_to_bucket(seqs_in, &padded);  // pad rows last
+  const int LR_out = logit_rows(seqs_in);  // the rows whose outputs are returned
   Backend& be = *be_;
   const int d = cfg_.hidden, H = cfg_.n_heads, N = cfg_.n_layers, Pw = cfg_.ple_width;
   auto T = [P](double c) { return P == ActPrecision::BF16 ? round_bf16(float(c)) : float(c); };
@@ -233,7 +271,9 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
   for (const SeqInput& s : batch) R += s.n;
   const int LR = logit_rows(batch);
   set_lora_runs(batch);
-  ensure_scratch(R, LR, topk ? topk->k : 0, allow != nullptr);
+  const int n_masks = masks ? masks->count : 0;
+  G4_CHECK(n_masks <= LR_out);
+  ensure_scratch(R, LR, topk ? topk->k : 0, n_masks);
   Scratch& S = *s_;
   for (const SeqInput& s : batch)  // a paged pool's room is the engine's to check first (Engine::fit_pool)
     G4_CHECK(s.cache->reserve(s.n) && "Model::forward: the KV pool has no free block for a step");
@@ -440,22 +480,24 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
   be.rms_norm(S.last, LR, d, w_.final_norm.data, cfg_.rms_eps, P, S.last);
   be.matmul(S.last, LR, w_.lm_head, P, S.logits);
   if (cfg_.final_softcap > 0) be.softcap(S.logits, size_t(LR) * cfg_.vocab, cfg_.final_softcap, P);
-  if (allow) {
-    be.from_host(reinterpret_cast<const int32_t*>(allow), size_t(LR) * token_mask_words(cfg_.vocab), S.allow);
-    be.mask_logits(S.logits, LR, cfg_.vocab, S.allow);
+  if (n_masks > 0) {
+    be.from_host(reinterpret_cast<const int32_t*>(masks->words), size_t(n_masks) * token_mask_words(cfg_.vocab),
+                 S.allow);
+    be.from_host(masks->rows, size_t(n_masks), S.allow_ids);
+    be.mask_logits(S.logits, cfg_.vocab, S.allow, S.allow_ids, n_masks);
   }
   if (argmax_out) be.argmax(S.logits, LR, cfg_.vocab, S.argmax);
   if (topk) be.top_k(S.logits, LR, cfg_.vocab, topk->k, S.tk_vals, S.tk_ids, S.tk_lse);
   be.end_step();
-  if (logits_out) be.to_host(S.logits, size_t(LR) * cfg_.vocab, logits_out);
-  if (argmax_out) be.to_host(S.argmax, size_t(LR), argmax_out);
+  if (logits_out) be.to_host(S.logits, size_t(LR_out) * cfg_.vocab, logits_out);
+  if (argmax_out) be.to_host(S.argmax, size_t(LR_out), argmax_out);
   if (topk) {
-    be.to_host(S.tk_vals, size_t(LR) * topk->k, topk->vals);
-    be.to_host(S.tk_ids, size_t(LR) * topk->k, topk->ids);
-    be.to_host(S.tk_lse, size_t(LR), topk->lse);
+    be.to_host(S.tk_vals, size_t(LR_out) * topk->k, topk->vals);
+    be.to_host(S.tk_ids, size_t(LR_out) * topk->k, topk->ids);
+    be.to_host(S.tk_lse, size_t(LR_out), topk->lse);
   }
-  if (trace_ && moe_seen > 0) record_experts(batch, R);
-  for (const SeqInput& s : batch) s.cache->advance(s.n);
+  if (trace_ && moe_seen > 0) record_experts(batch, R);  // (never padded)
+  for (const SeqInput& s : seqs_in) s.cache->advance(s.n);
 }
 
 }  // namespace g4

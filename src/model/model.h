@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "core/config.h"
+#include "core/token_mask.h"
 #include "model/kv_cache.h"
 #include "model/lora.h"
 #include "model/weights.h"
@@ -49,7 +50,7 @@ class Model {
   std::unique_ptr<KvCache> new_cache() { return std::make_unique<KvCache>(cfg_, *be_, kv_opt_, kv_pool_); }
   // The pool new_cache's caches take their blocks from (model/kv_pool.h), or null: per-sequence
   // buffers. The serving engine sets it; caches made before keep their storage.
-  void set_kv_pool(std::shared_ptr<KvPool> pool) { kv_pool_ = std::move(pool); }
+  void set_kv_pool(std::shared_ptr<KvPool> pool);
   const std::shared_ptr<KvPool>& kv_pool() const { return kv_pool_; }
   // Options of the caches new_cache makes from now on (quantized KV); checked first
   // (validate_kv_options), nothing changes on error.
@@ -76,11 +77,11 @@ class Model {
     int32_t* ids = nullptr;
     float* lse = nullptr;
   };
-  // allow (host, or null): each logit row's allowed-token bitmask (core/token_mask.h; [rows,
-  // token_mask_words(vocab)]), applied to the logits where they are before argmax, top k and the
-  // copy (constrained decoding on a device: Backend::mask_logits).
+  // masks (or null): allowed-token bitmasks of some logit rows (core/token_mask.h), applied to
+  // the logits where they are before argmax, top k and the copy (constrained decoding on a
+  // device: Backend::mask_logits); rows without a mask stay open.
   void forward(const std::vector<SeqInput>& batch, ActPrecision P, float* logits, int32_t* argmax = nullptr,
-               const TopK* topk = nullptr, const uint32_t* allow = nullptr);
+               const TopK* topk = nullptr, const TokenMasks* masks = nullptr);
 
   // After forward(): the final-normed hidden states of its logit rows (the LM head's input),
   // [logit_rows, hidden] in the same order, a backend buffer valid until the next forward.
@@ -88,6 +89,20 @@ class Model {
 
   // Number of logit rows forward() writes for this batch.
   static int logit_rows(const std::vector<SeqInput>& batch);
+
+  // Decode steps in row buckets. A device backend records a step as a graph keyed by its row
+  // count (backend.h begin_step); with padding on, forward() pads a step whose sequences each
+  // decode one token (no scores, no images), when it has more than 8 of them, to
+  // decode_bucket(rows) rows with pad rows: the pad token at position 0 of a cache of the model's
+  // own that never advances (its KV rows are written over every step). So steps of nearby sizes
+  // replay one graph. Pad rows are computed like any row and their outputs dropped; they change
+  // no sequence's cache. Steps up to 8 rows keep their size (a routed-expert model would read
+  // the pad rows' experts too). The pad cache takes its room at once (a pool block per group);
+  // false, padding off, when the pool has none. Off with an expert trace.
+  bool set_decode_padding(bool on);
+  bool decode_padding() const { return pad_cache_ != nullptr; }
+  // 9..64 rows: the next multiple of 8; up to 256: of 32; beyond: of 64; 8 or fewer: rows.
+  static int decode_bucket(int rows);
 
   // Records the routed experts of every token of every later forward into t (expert_trace.h;
   // null: stop). The idx / weights the router writes land in a per-step buffer read back once
@@ -100,7 +115,9 @@ class Model {
 
  private:
   struct Scratch;
-  void ensure_scratch(int rows, int logit_rows, int top_k = 0, bool masked = false);
+  void ensure_scratch(int rows, int logit_rows, int top_k = 0, int masks = 0);
+  // batch, or (padding on, a decode step of 9 or more rows) batch and its pad rows in *padded.
+  const std::vector<SeqInput>& pad_to_bucket(const std::vector<SeqInput>& batch, std::vector<SeqInput>* padded);
   void tap(const char* name, int layer, const Buf& p, size_t n);
   // After a forward step's end_step, before the caches advance: its routed experts to trace_.
   void record_experts(const std::vector<SeqInput>& batch, int R);
@@ -134,6 +151,8 @@ class Model {
   std::unique_ptr<Scratch> s_;
   KvCacheOptions kv_opt_;
   std::shared_ptr<KvPool> kv_pool_;
+  std::unique_ptr<KvCache> pad_cache_;  // set_decode_padding's pad sequence, or null: padding off
+  int32_t pad_token_ = 0;
   std::unique_ptr<LoraAdapter> lora_;
   std::vector<LoraRun> lora_runs_;  // the current forward's (set_lora_runs)
   Tap tap_;

@@ -44,6 +44,8 @@ Engine::Engine(Model& model, EngineOptions opt)
   stats_.kv_capacity_tokens = int64_t(opt_.parallel) * opt_.max_context;
   stats_.prefix_capacity_bytes = opt_.prefix_cache_bytes;
   if (opt_.kv_pool_bytes > 0) open_pool();
+  if (opt_.decode_buckets && !model_.set_decode_padding(true))
+    std::fprintf(stderr, "[gemma4] decode buckets: off (no KV room for the pad sequence)\n");
   logits_.resize(size_t(opt_.parallel) * model_.config().vocab);
   const char* dt = std::getenv("G4_DEVICE_TOPK");  // 0: always copy the logits (for comparisons)
   device_topk_enabled_ = !(dt && std::string(dt) == "0");
@@ -78,6 +80,7 @@ void Engine::open_prompt_store() {
 Engine::~Engine() {
   shutdown(false);
   for (auto& s : slots_) model_.backend().free(s->hidden);
+  model_.set_decode_padding(false);
   if (pool_) model_.set_kv_pool(nullptr);  // caches made after the engine get their own buffers
 }
 
@@ -429,9 +432,9 @@ std::vector<std::vector<size_t>> Engine::row_groups(const std::vector<int>& rows
 void Engine::forward_and_emit(const std::vector<SeqInput>& batch, const std::vector<Slot*>& in_batch,
                               clk::time_point t0) {
   const SampleMode mode = sample_mode(in_batch);
-  const uint32_t* allow = mode.kind == SampleMode::HostLogits ? nullptr : device_masks(batch, in_batch);
+  const TokenMasks* masks = mode.kind == SampleMode::HostLogits ? nullptr : device_masks(batch, in_batch);
   const auto tf = clk::now();
-  run_forward(batch, mode, allow);
+  run_forward(batch, mode, masks);
   const auto tf2 = clk::now();
 
   for (size_t i = 0; i < in_batch.size(); ++i) {
@@ -514,17 +517,17 @@ Engine::SampleMode Engine::sample_mode(const std::vector<Slot*>& slots) const {
   return m;
 }
 
-void Engine::run_forward(const std::vector<SeqInput>& batch, const SampleMode& mode, const uint32_t* allow) {
+void Engine::run_forward(const std::vector<SeqInput>& batch, const SampleMode& mode, const TokenMasks* masks) {
   const size_t rows = size_t(Model::logit_rows(batch));
   if (mode.kind == SampleMode::DeviceGreedy) {
     greedy_ids_.resize(rows);
-    model_.forward(batch, opt_.precision, nullptr, greedy_ids_.data(), nullptr, allow);
+    model_.forward(batch, opt_.precision, nullptr, greedy_ids_.data(), nullptr, masks);
   } else if (mode.kind == SampleMode::DeviceTopK) {
     topk_vals_.resize(rows * size_t(mode.k));
     topk_ids_.resize(rows * size_t(mode.k));
     topk_lse_.resize(rows);
     Model::TopK tk{mode.k, topk_vals_.data(), topk_ids_.data(), topk_lse_.data()};
-    model_.forward(batch, opt_.precision, nullptr, nullptr, &tk, allow);
+    model_.forward(batch, opt_.precision, nullptr, nullptr, &tk, masks);
   } else {
     logits_.resize(std::max(logits_.size(), rows * size_t(model_.config().vocab)));
     model_.forward(batch, opt_.precision, logits_.data());

@@ -97,6 +97,10 @@ struct EngineOptions {
   // hits share blocks, and requests past the queue bound are refused. Unquantized KV only.
   size_t kv_pool_bytes = 0;
   int kv_block = 32;  // positions per pool block (a power of two)
+  // Decode steps of more than 8 sequences padded to row buckets (Model::set_decode_padding), so
+  // that a step replays a recorded graph when the number of streams changes: set where steps run
+  // as graphs (cuda, not batch-invariant).
+  bool decode_buckets = false;
 };
 
 struct EngineStats {
@@ -194,13 +198,14 @@ class Engine {
   void speculative_step(const std::vector<Slot*>& slots, clk::time_point t0);
   SampleMode sample_mode(const std::vector<Slot*>& slots) const;
   // Model::forward for `batch`, its outputs into the buffers `mode` reads (allow: Model::forward's).
-  void run_forward(const std::vector<SeqInput>& batch, const SampleMode& mode, const uint32_t* allow = nullptr);
+  void run_forward(const std::vector<SeqInput>& batch, const SampleMode& mode, const TokenMasks* masks = nullptr);
   // Constrained sequences sampled where the logits are (engine_grammar.cpp): the allowed-token
-  // masks of this forward's logit rows (one a sequence), or null when no sequence samples under a
-  // grammar in it; a matcher that gives no mask leaves its row open and marks the slot
+  // masks of this forward's constrained logit rows (valid until the next call), or null when no
+  // sequence samples under a grammar in it; a matcher that gives no mask leaves its row open and
+  // marks the slot
   // (Slot::mask_refused), which ends after the step. grammar_accept advances s's matcher past the
   // token it sampled (false: refused), counting the time.
-  const uint32_t* device_masks(const std::vector<SeqInput>& batch, const std::vector<Slot*>& in_batch);
+  const TokenMasks* device_masks(const std::vector<SeqInput>& batch, const std::vector<Slot*>& in_batch);
   bool grammar_accept(Slot& s, int32_t tok, double mask_seconds);
   // The token of logit row `row` for s (appended to its history); -1 when s's grammar gives no
   // token (the caller ends s: grammar_end).
@@ -253,7 +258,9 @@ class Engine {
   // Sampling where the logits are (argmax, top k, grammar masks): on device backends, and on the
   // host ones with G4_DEVICE_SAMPLING=1 (tests of that path without a GPU).
   bool device_sampling_ = false;
-  std::vector<uint32_t> allow_;  // device_masks' rows
+  std::vector<uint32_t> allow_;      // device_masks' masks, one a constrained row
+  std::vector<int32_t> mask_rows_;   // and the logit row of each
+  TokenMasks masks_;
   std::thread thread_;
 };
 

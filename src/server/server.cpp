@@ -67,6 +67,7 @@ Server::Server(const ModelBundle& bundle, ServerOptions opt) : bundle_(bundle), 
   eo.step_tokens = opt_.step_tokens;
   eo.prefill_chunk = opt_.prefill_chunk;
   eo.kv_pool_bytes = opt_.kv_pool_bytes;
+  eo.decode_buckets = opt_.decode_buckets;
   engine_ = std::make_unique<Engine>(*bundle.model, eo);
   std::string id = opt_.model_id.empty() ? bundle.name : opt_.model_id;
   ctx_.reset(new Context{bundle_, *engine_, opt_, metrics_, stopping_, id, generation_defaults(bundle.model->config())});

@@ -459,29 +459,37 @@ TEST_F(CudaBackendTest, TopKMatchesReference) {
   }
 }
 
-// mask_logits: the same logits as the host default (-inf where a row's bit is clear) at a Gemma
-// vocabulary, then argmax over the masked rows picks an allowed token.
+// mask_logits: the same logits as the host default (-inf where a masked row's bit is clear, rows
+// without a mask untouched) at a Gemma vocabulary, then argmax over the masked rows picks an
+// allowed token.
 TEST_F(CudaBackendTest, MaskLogitsMatchesReference) {
-  const int rows = 3, n = 262144, W = token_mask_words(n);
+  const int rows = 4, n = 262144, W = token_mask_words(n);
   auto x = randn(size_t(rows) * n, 67, 3.f);
-  std::vector<int32_t> words(size_t(rows) * W);
+  std::vector<int32_t> mask_rows = {3, 0, 2};  // row 1 takes no mask
+  const int count = int(mask_rows.size());
+  std::vector<int32_t> words(size_t(count) * W);
   uint32_t st = 99;
   for (int32_t& w : words) w = int32_t(st = st * 1664525u + 1013904223u);
   for (int w = 0; w < W; ++w) words[size_t(2 * W + w)] = w == 100 ? 1 << 7 : 0;  // row 2: one allowed token
   auto want = x;
-  ref->mask_logits(want.data(), rows, n, words.data());
+  ref->mask_logits(want.data(), n, words.data(), mask_rows.data(), count);
   Buf dx = up(*cu, x);
   Buf dw = cu->alloc_i32(words.size());
   cu->from_host(words.data(), words.size(), dw);
-  cu->mask_logits(dx, rows, n, dw);
+  Buf dr = cu->alloc_i32(mask_rows.size());
+  cu->from_host(mask_rows.data(), mask_rows.size(), dr);
+  cu->mask_logits(dx, n, dw, dr, count);
   EXPECT_EQ(down(*cu, dx, x.size()), want);
   Buf co = cu->alloc_i32(rows);
   cu->argmax(dx, rows, n, co);
   std::vector<int32_t> am(rows);
   cu->to_host(co, rows, am.data());
   EXPECT_EQ(am[2], 100 * 32 + 7);
-  for (int r = 0; r < 2; ++r) EXPECT_TRUE((uint32_t(words[size_t(r * W + am[size_t(r)] / 32)]) >> (am[size_t(r)] % 32)) & 1u);
-  for (const Buf& p : {dx, dw, co}) cu->free(p);
+  for (int m : {0, 1}) {
+    const int r = mask_rows[size_t(m)];
+    EXPECT_TRUE((uint32_t(words[size_t(m * W + am[size_t(r)] / 32)]) >> (am[size_t(r)] % 32)) & 1u) << "row " << r;
+  }
+  for (const Buf& p : {dx, dw, dr, co}) cu->free(p);
 }
 
 void attention_case(Backend& cu, Backend& ref, int pos0, int n, int window) {

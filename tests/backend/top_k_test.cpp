@@ -41,26 +41,30 @@ TEST(TopK, DefaultIsTheKLargestLowestIdsFirstAndTheRowLse) {
   }
 }
 
-// Backend::mask_logits (a grammar's mask where the logits are): -inf exactly where a row's bit is
-// clear, other logits untouched, a vocabulary that ends inside a word.
+// Backend::mask_logits (a grammar's mask where the logits are): -inf exactly where a masked row's
+// bit is clear, other logits and rows without a mask untouched, masks given out of row order, a
+// vocabulary that ends inside a word.
 TEST(MaskLogits, DefaultClearsTheDisallowedTokensOnly) {
   auto be = make_reference_backend();
-  const int rows = 3, n = 1000, W = token_mask_words(n);
+  const int rows = 4, n = 1000, W = token_mask_words(n);
   auto x = test::randn(size_t(rows) * n, 9);
   const auto orig = x;
-  std::vector<int32_t> words(size_t(rows) * W);
+  std::vector<int32_t> mask_rows = {2, 0};  // rows 1 and 3 take no mask
+  std::vector<int32_t> words(mask_rows.size() * W);
   uint32_t st = 12345;
   for (int32_t& w : words) w = int32_t(st = st * 1664525u + 1013904223u);
-  words[0] = 0;                  // row 0: the first 32 tokens all refused
-  words[size_t(W)] = -1;         // row 1: the first 32 all allowed
-  be->mask_logits(x.data(), rows, n, words.data());
-  for (int r = 0; r < rows; ++r)
+  words[0] = 0;           // row 2: the first 32 tokens all refused
+  words[size_t(W)] = -1;  // row 0: the first 32 all allowed
+  be->mask_logits(x.data(), n, words.data(), mask_rows.data(), int(mask_rows.size()));
+  for (int r = 0; r < rows; ++r) {
+    const int m = r == 2 ? 0 : r == 0 ? 1 : -1;
     for (int v = 0; v < n; ++v) {
-      const bool ok = (uint32_t(words[size_t(r * W + v / 32)]) >> (v % 32)) & 1u;
+      const bool ok = m < 0 || ((uint32_t(words[size_t(m * W + v / 32)]) >> (v % 32)) & 1u);
       const float got = x[size_t(r) * n + size_t(v)];
       if (ok) EXPECT_EQ(got, orig[size_t(r) * n + size_t(v)]) << r << " " << v;
       else EXPECT_TRUE(std::isinf(got) && got < 0) << r << " " << v;
     }
+  }
 }
 
 }  // namespace

@@ -482,8 +482,9 @@ class CudaBackend final : public Backend {
     G4_CHECK(k > 0 && k <= n && k <= 1024);
     launch("top_k", cuda::top_k, x, rows, n, k, vals, idx, lse);
   }
-  void mask_logits(const Buf& x_b, int rows, int n, const Buf& allow_b) override {
-    launch("mask_logits", cuda::mask_logits, F(x_b), rows, n, reinterpret_cast<const uint32_t*>(I(allow_b)));
+  void mask_logits(const Buf& x_b, int n, const Buf& allow_b, const Buf& rows_b, int count) override {
+    launch("mask_logits", cuda::mask_logits, F(x_b), n, reinterpret_cast<const uint32_t*>(I(allow_b)), I(rows_b),
+           count);
   }
   void argmax(const Buf& x_b, int rows, int n, const Buf& out_b) override {
     const float* x = F(x_b);
