@@ -54,7 +54,10 @@ def one_request(host, port, args, i, key):
     else:
         path = "/v1/completions"
         body = {"prompt": f"{prefix}Once upon a time, robot number {i}"}
-    body.update(model=args.model, max_tokens=args.max_tokens, temperature=args.temperature, seed=i, stream=True,
+    max_tokens = args.max_tokens
+    if args.vary_max_tokens:  # 25-100 % of --max-tokens, spread evenly (golden-ratio steps) over the requests
+        max_tokens = max(1, round(args.max_tokens * (0.25 + 0.75 * ((i * 0.6180339887) % 1.0))))
+    body.update(model=args.model, max_tokens=max_tokens, temperature=args.temperature, seed=i, stream=True,
                 stream_options={"include_usage": True})
     if args.top_k:
         body["top_k"] = args.top_k
@@ -166,6 +169,9 @@ def main():
     ap.add_argument("--clients", default="1,4,8,16")
     ap.add_argument("--requests", type=int, default=2, help="requests per client")
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--vary-max-tokens", action="store_true",
+                    help="each request asks for 25-100 %% of --max-tokens, so streams end at different times "
+                         "(the number of running streams changes from step to step, as in real traffic)")
     ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--top-k", type=int, default=0, help="send top_k (0: leave it out)")
     ap.add_argument("--endpoint", choices=["chat", "completions"], default="completions")

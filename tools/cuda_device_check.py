@@ -24,7 +24,10 @@ Runs, with a CUDA build of the binaries (cmake -DG4_CUDA=ON):
      lower); the issue's absolute bound (top-1 >= 99 %, mean KL <= 1e-3, 16-step greedy identical on
      >= 90 % of fixtures) is reported beside it. With --gguf FILE (a random-weight Gemma 4 geometry
      file, tools/make_synthetic_gemma4_gguf.py): cuda bf16 against the cuda f32 path on a 64-token
-     prompt, no farther than the cpu backend's bf16 rounding mode from its f32 path.
+     prompt, no farther than the cpu backend's bf16 rounding mode from its f32 path. With --real
+     MODEL (a checkpoint with trained weights: the starter model, build/starter or the GGUF that
+     tools/starter_model.py assembles): the issue's absolute bound itself, on natural-text prompts,
+     cuda bf16 (both paths) against the exact f32 reference backend.
 Prints one line per check and a summary table last; exits 1 if any check fails.
 
     python3 tools/cuda_device_check.py --bin build-cuda/bin --fixtures DIR [DIR ...]
@@ -42,8 +45,8 @@ import numpy as np
 LOGIT_TOL = 1e-3  # f32 on both sides: the cpu backend lands near 2e-4 on these fixtures
 
 
-def run(cmd):
-    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+def run(cmd, input=None):
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, input=input)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, cmd))[:200]} failed ({r.returncode}): {r.stderr[-1500:]}")
     return r.stdout
@@ -55,6 +58,7 @@ def main():
     ap.add_argument("--fixtures", nargs="*", default=[])
     ap.add_argument("--vision", nargs="*", default=[], help="vision case folders (FIXTURES/vision/<case>)")
     ap.add_argument("--gguf", nargs="*", default=[], help="synthetic Gemma 4 GGUFs for the bf16 contract vs cuda f32")
+    ap.add_argument("--real", nargs="*", default=[], help="checkpoints with trained weights: the absolute bf16 bound")
     a = ap.parse_args()
     b = Path(a.bin)
     rows, ok = [], True
@@ -142,6 +146,10 @@ def main():
     c_rows, c_ok = bf16_contract(b, a.fixtures, a.gguf)
     rows += c_rows
     ok &= c_ok
+    for m in map(Path, a.real):
+        r_rows, r_ok = bf16_real(b, m)
+        rows += r_rows
+        ok &= r_ok
     print(f"{'check':24s} {'result':60s} verdict")
     for r in rows:
         print(f"{r[0]:24s} {r[1]:60s} {r[2]}")
@@ -238,6 +246,66 @@ def bf16_contract(b, fixtures, ggufs):
         seqs = [json.loads(run([b / "gemma4", "greedy", "--model", g, "--ids", ids, "--steps", 16, "--dtype", dt,
                                 "--backend", "cuda"]).strip().splitlines()[-1]) for dt in ("f32", "bf16")]
         rows.append((f"{g.stem} greedy16", f"bf16 vs f32 {'same' if seqs[0] == seqs[1] else 'DIFF'}", "info"))
+    return rows, ok
+
+
+# Natural text for the trained-weight check: prose, code, a list, dialogue, numbers, another language.
+REAL_PROMPTS = (
+    "The river had risen overnight, and by morning the old stone bridge was half under water. Farmers "
+    "gathered on the hill above the village, watching the current carry branches, fence posts and once "
+    "a whole hay cart downstream, while the children counted what floated past.",
+    "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n    out = []\n"
+    "    i = j = 0\n    while i < len(a) and j < len(b):\n        if a[i] <= b[j]:\n            out.append(a[i])\n",
+    "Ingredients for the bread: 500 g flour, 350 ml warm water, 10 g salt and 7 g dried yeast. Mix the "
+    "flour and the yeast, add the water slowly, knead for ten minutes and leave the dough to rise for an hour.",
+    "Q: Why is the sky blue?\nA: Sunlight is scattered by the molecules of the air, and shorter (blue) "
+    "wavelengths are scattered much more strongly than longer (red) ones, so blue light reaches our eyes "
+    "from every direction of the sky.\nQ: And why are sunsets red?\nA:",
+    "In 1969 the Apollo 11 mission landed two astronauts on the Moon. Neil Armstrong stepped onto the "
+    "surface on July 20, followed by Buzz Aldrin, while Michael Collins stayed in lunar orbit aboard the "
+    "command module Columbia.",
+    "La ciudad despertaba despacio: los panaderos encendían los hornos, los primeros autobuses cruzaban "
+    "la plaza vacía y, desde el mercado, llegaba el olor a café recién hecho y a naranjas.",
+    "The table below lists the planets by their distance from the Sun: Mercury, Venus, Earth, Mars, "
+    "Jupiter, Saturn, Uranus and Neptune. The four inner planets are rocky; the four outer ones are giants.",
+    "Dear Ms. Keller,\n\nThank you for your letter of March 3. I am pleased to confirm that the meeting "
+    "will take place on Thursday at ten o'clock in the small conference room on the second floor.",
+)
+
+
+def bf16_real(b, model):
+    """The issue's absolute bf16 bound on a checkpoint with trained weights: over REAL_PROMPTS, cuda bf16
+    (the whole prompt in one forward, and token by token) against the exact f32 reference backend: top-1
+    agreement >= 99 % of positions and mean KL <= 1e-3 on each path, and 16-step greedy identical on
+    >= 90 % of the prompts."""
+    toks = run([b / "gemma4", "tokenize", "--model", model, "--bos", "--jsonl", "-"],
+               input="\n".join(json.dumps(t) for t in REAL_PROMPTS) + "\n")
+    prompts = [",".join(str(int(i)) for i in json.loads(line)) for line in toks.strip().splitlines()]
+    acc = {p: [0, 0, []] for p, _ in CONTRACT_PATHS}
+    same = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for ids in prompts:
+            run([b / "gemma4", "logits", "--model", model, "--ids", ids, "--dtype", "f32", "--backend", "reference",
+                 "--out", f"{tmp}/ref.npy"])
+            for path, extra in CONTRACT_PATHS:
+                run([b / "gemma4", "logits", "--model", model, "--ids", ids, "--dtype", "bf16", "--backend", "cuda",
+                     *extra, "--out", f"{tmp}/{path}.npy"])
+                a1, n, kl = compare(np.load(f"{tmp}/ref.npy"), np.load(f"{tmp}/{path}.npy"))
+                acc[path][0] += a1
+                acc[path][1] += n
+                acc[path][2].append(kl)
+            seqs = [json.loads(run([b / "gemma4", "greedy", "--model", model, "--ids", ids, "--steps", 16,
+                                    "--dtype", dt, "--backend", be]).strip().splitlines()[-1])
+                    for be, dt in (("reference", "f32"), ("cuda", "bf16"))]
+            same += seqs[0] == seqs[1]
+    rows, ok = [], True
+    for path, _ in CONTRACT_PATHS:
+        agree, total, kls = acc[path]
+        top1, mkl, worst = agree / total, float(np.mean(kls)), float(np.max(kls))
+        met = top1 >= 0.99 and mkl <= 1e-3 and same >= 0.9 * len(prompts)
+        ok &= met
+        rows.append((f"{model.name} real {path}", f"top-1 {agree}/{total} ({100 * top1:.2f}%), mean KL {mkl:.2e} "
+                     f"(worst prompt {worst:.2e}), greedy16 same {same}/{len(prompts)}", "pass" if met else "FAIL"))
     return rows, ok
 
 
