@@ -175,6 +175,32 @@ def compare(ref, got):
 CONTRACT_PATHS = (("prefill", []), ("decode", ["--chunk", "1"]))
 
 
+def contract_logits(b, model, ids, acc):
+    """The exact f32 reference's logits of the prompt ids against cuda bf16's on each CONTRACT_PATHS
+    path: [(path, top-1 agreements, positions, mean KL)], each also added to acc[path] ([agreements,
+    positions, KLs])."""
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        run([b / "gemma4", "logits", "--model", model, "--ids", ids, "--dtype", "f32", "--backend", "reference",
+             "--out", f"{tmp}/ref.npy"])
+        for path, extra in CONTRACT_PATHS:
+            run([b / "gemma4", "logits", "--model", model, "--ids", ids, "--dtype", "bf16", "--backend", "cuda",
+                 *extra, "--out", f"{tmp}/{path}.npy"])
+            a1, n, kl = compare(np.load(f"{tmp}/ref.npy"), np.load(f"{tmp}/{path}.npy"))
+            acc[path][0] += a1
+            acc[path][1] += n
+            acc[path][2].append(kl)
+            out.append((path, a1, n, kl))
+    return out
+
+
+def greedy_pair(b, model, ids):
+    """16 greedy ids after the prompt ids: (the exact f32 reference's, cuda bf16's)."""
+    return [json.loads(run([b / "gemma4", "greedy", "--model", model, "--ids", ids, "--steps", 16, "--dtype", dt,
+                            "--backend", be]).strip().splitlines()[-1])
+            for be, dt in (("reference", "f32"), ("cuda", "bf16"))]
+
+
 def bf16_contract(b, fixtures, ggufs):
     """Item 7 of the docstring, on both paths: rows for the summary table and whether every bound holds.
 
@@ -195,22 +221,11 @@ def bf16_contract(b, fixtures, ggufs):
             arg = ",".join(str(int(i)) for i in z["prompt_ids"])
             oracle = compare(z["logits_f32"], z["logits_bf16"]) if "logits_bf16" in z.files else None
         notes, good = [], True
-        with tempfile.TemporaryDirectory() as tmp:
-            run([b / "gemma4", "logits", "--model", fx, "--ids", arg, "--dtype", "f32", "--backend", "reference",
-                 "--out", f"{tmp}/ref.npy"])
-            for path, extra in CONTRACT_PATHS:
-                run([b / "gemma4", "logits", "--model", fx, "--ids", arg, "--dtype", "bf16", "--backend", "cuda",
-                     *extra, "--out", f"{tmp}/{path}.npy"])
-                a1, n, kl = compare(np.load(f"{tmp}/ref.npy"), np.load(f"{tmp}/{path}.npy"))
-                acc[path][0] += a1
-                acc[path][1] += n
-                acc[path][2].append(kl)
-                notes.append(f"{path} {a1}/{n} KL {kl:.1e}")
-                if oracle:
-                    good &= kl <= max(oracle[2], 1e-3) and a1 >= min(oracle[0], 0.99 * n)
-        seqs = [json.loads(run([b / "gemma4", "greedy", "--model", fx, "--ids", arg, "--steps", 16, "--dtype", dt,
-                                "--backend", be]).strip().splitlines()[-1])
-                for be, dt in (("reference", "f32"), ("cuda", "bf16"))]
+        for path, a1, n, kl in contract_logits(b, fx, arg, acc):
+            notes.append(f"{path} {a1}/{n} KL {kl:.1e}")
+            if oracle:
+                good &= kl <= max(oracle[2], 1e-3) and a1 >= min(oracle[0], 0.99 * n)
+        seqs = greedy_pair(b, fx, arg)
         greedy_n += 1
         greedy_same += seqs[0] == seqs[1]
         if oracle:
@@ -283,21 +298,10 @@ def bf16_real(b, model):
     prompts = [",".join(str(int(i)) for i in json.loads(line)) for line in toks.strip().splitlines()]
     acc = {p: [0, 0, []] for p, _ in CONTRACT_PATHS}
     same = 0
-    with tempfile.TemporaryDirectory() as tmp:
-        for ids in prompts:
-            run([b / "gemma4", "logits", "--model", model, "--ids", ids, "--dtype", "f32", "--backend", "reference",
-                 "--out", f"{tmp}/ref.npy"])
-            for path, extra in CONTRACT_PATHS:
-                run([b / "gemma4", "logits", "--model", model, "--ids", ids, "--dtype", "bf16", "--backend", "cuda",
-                     *extra, "--out", f"{tmp}/{path}.npy"])
-                a1, n, kl = compare(np.load(f"{tmp}/ref.npy"), np.load(f"{tmp}/{path}.npy"))
-                acc[path][0] += a1
-                acc[path][1] += n
-                acc[path][2].append(kl)
-            seqs = [json.loads(run([b / "gemma4", "greedy", "--model", model, "--ids", ids, "--steps", 16,
-                                    "--dtype", dt, "--backend", be]).strip().splitlines()[-1])
-                    for be, dt in (("reference", "f32"), ("cuda", "bf16"))]
-            same += seqs[0] == seqs[1]
+    for ids in prompts:
+        contract_logits(b, model, ids, acc)
+        seqs = greedy_pair(b, model, ids)
+        same += seqs[0] == seqs[1]
     rows, ok = [], True
     for path, _ in CONTRACT_PATHS:
         agree, total, kls = acc[path]

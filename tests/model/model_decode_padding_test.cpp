@@ -14,15 +14,13 @@
 
 #include "model/kv_pool.h"
 #include "model/model.h"
+#include "model_test_util.h"
 
 namespace g4 {
 namespace {
 namespace fs = std::filesystem;
 
-fs::path fixture_root() {
-  const char* env = std::getenv("G4_FIXTURE_DIR");
-  return env && *env ? fs::path(env) : fs::path(G4_SOURCE_DIR) / "tests/fixtures/generated";
-}
+using test::fixture_root;
 
 TEST(DecodeBuckets, RowsRoundUpBeyondEight) {
   EXPECT_EQ(Model::decode_bucket(1), 1);
