@@ -45,7 +45,7 @@ Engine::Engine(Model& model, EngineOptions opt)
   stats_.prefix_capacity_bytes = opt_.prefix_cache_bytes;
   if (opt_.kv_pool_bytes > 0) open_pool();
   if (opt_.decode_buckets && !model_.set_decode_padding(true))
-    std::fprintf(stderr, "[gemma4] decode buckets: off (no KV room for the pad sequence)\n");
+    std::fprintf(stderr, "[gemma4] decode buckets: off (an expert trace, or no KV room for the pad sequence)\n");
   logits_.resize(size_t(opt_.parallel) * model_.config().vocab);
   const char* dt = std::getenv("G4_DEVICE_TOPK");  // 0: always copy the logits (for comparisons)
   device_topk_enabled_ = !(dt && std::string(dt) == "0");
