@@ -197,14 +197,13 @@ class Engine {
   // for each, verified in one batched forward.
   void speculative_step(const std::vector<Slot*>& slots, clk::time_point t0);
   SampleMode sample_mode(const std::vector<Slot*>& slots) const;
-  // Model::forward for `batch`, its outputs into the buffers `mode` reads (allow: Model::forward's).
+  // Model::forward for `batch`, its outputs into the buffers `mode` reads (masks: Model::forward's).
   void run_forward(const std::vector<SeqInput>& batch, const SampleMode& mode, const TokenMasks* masks = nullptr);
   // Constrained sequences sampled where the logits are (engine_grammar.cpp): the allowed-token
   // masks of this forward's constrained logit rows (valid until the next call), or null when no
   // sequence samples under a grammar in it; a matcher that gives no mask leaves its row open and
-  // marks the slot
-  // (Slot::mask_refused), which ends after the step. grammar_accept advances s's matcher past the
-  // token it sampled (false: refused), counting the time.
+  // marks the slot (Slot::mask_refused), which ends after the step. grammar_accept advances s's
+  // matcher past the token it sampled (false: refused), counting the time.
   const TokenMasks* device_masks(const std::vector<SeqInput>& batch, const std::vector<Slot*>& in_batch);
   bool grammar_accept(Slot& s, int32_t tok, double mask_seconds);
   // The token of logit row `row` for s (appended to its history); -1 when s's grammar gives no

@@ -18,13 +18,13 @@
 // With graphs off (BackendOptions::graphs, `--cuda-graphs off`) every step runs directly (A/B
 // measurements).
 // flush() runs what was logged so far directly and leaves step mode (to_host inside a step,
-// a staging overflow).
+// a staging overflow). Nothing of a step may be freed before the step's work finished (callers
+// free buffers only outside steps; the backend syncs before begin()).
 // At most kMaxGraphs (cuda_step.cu) graphs are recorded, and none is destroyed before the
 // recorder: past that, a step of a new key runs directly.
 // Debug switch (docs/cuda-notes.md): G4_CUDA_GRAPH_DEBUG=N holds up to N recorded graphs
 // (default 64), records the steps of a row-exact backend too (which records none by default),
-// and prints the counts to stderr when the recorder ends. Nothing of a step may be freed before the step's work finished (callers
-// free buffers only outside steps; the backend syncs before begin()).
+// and prints the counts to stderr when the recorder ends.
 #pragma once
 #include <cuda_runtime.h>
 
