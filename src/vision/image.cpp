@@ -15,14 +15,14 @@ namespace g4 {
 
 namespace {
 
-// The declared size against kMaxImageSide and kMaxImagePixels, before any pixel is decoded.
-std::optional<Error> check_image_size(int64_t w, int64_t h, const std::string& label) {
+// The declared size against kMaxImageSide and max_pixels, before any pixel is decoded.
+std::optional<Error> check_image_size(int64_t w, int64_t h, const std::string& label, int64_t max_pixels) {
   if (w <= 0 || h <= 0 || w > kMaxImageSide || h > kMaxImageSide)
     return err("%s: image is %lldx%lld; each side must be 1..%d pixels", label.c_str(), (long long)w, (long long)h,
                kMaxImageSide);
-  if (w * h > kMaxImagePixels)
+  if (w * h > max_pixels)
     return err("%s: image is %lldx%lld = %lld pixels; at most %lld are decoded", label.c_str(), (long long)w,
-               (long long)h, (long long)(w * h), (long long)kMaxImagePixels);
+               (long long)h, (long long)(w * h), (long long)max_pixels);
   return std::nullopt;
 }
 
@@ -41,7 +41,7 @@ void jpeg_error_exit(j_common_ptr cinfo) {
 
 // JPEG through libjpeg(-turbo) with its defaults (ISLOW DCT, fancy upsampling), as Pillow decodes
 // it; nullopt for CMYK / YCCK files, which go to stb_image instead.
-std::optional<Result<RgbImage>> decode_jpeg(const std::string& bytes, const std::string& label) {
+std::optional<Result<RgbImage>> decode_jpeg(const std::string& bytes, const std::string& label, int64_t max_pixels) {
   jpeg_decompress_struct cinfo;
   JpegError jerr;
   cinfo.err = jpeg_std_error(&jerr.mgr);
@@ -59,7 +59,7 @@ std::optional<Result<RgbImage>> decode_jpeg(const std::string& bytes, const std:
     jpeg_destroy_decompress(&cinfo);
     return std::nullopt;
   }
-  if (auto bad = check_image_size(int64_t(cinfo.image_width), int64_t(cinfo.image_height), label)) {
+  if (auto bad = check_image_size(int64_t(cinfo.image_width), int64_t(cinfo.image_height), label, max_pixels)) {
     jpeg_destroy_decompress(&cinfo);
     return Result<RgbImage>(std::move(*bad));
   }
@@ -92,17 +92,17 @@ uint8_t over_white(uint32_t v, uint32_t a) {
 
 }  // namespace
 
-Result<RgbImage> decode_image(const std::string& bytes, const std::string& label) {
+Result<RgbImage> decode_image(const std::string& bytes, const std::string& label, int64_t max_pixels) {
   if (bytes.empty()) return err("%s: empty image", label.c_str());
   if (bytes.size() >= 3 && uint8_t(bytes[0]) == 0xFF && uint8_t(bytes[1]) == 0xD8 && uint8_t(bytes[2]) == 0xFF) {
-    if (auto r = decode_jpeg(bytes, label)) return std::move(*r);
+    if (auto r = decode_jpeg(bytes, label, max_pixels)) return std::move(*r);
   }
   if (bytes.size() > size_t(INT32_MAX)) return err("%s: image file too large", label.c_str());
   const auto* p = reinterpret_cast<const stbi_uc*>(bytes.data());
   int w = 0, h = 0, comp = 0;
   if (!stbi_info_from_memory(p, int(bytes.size()), &w, &h, &comp))
     return err("%s: not a decodable image (%s)", label.c_str(), stbi_failure_reason());
-  if (auto bad = check_image_size(w, h, label)) return std::move(*bad);
+  if (auto bad = check_image_size(w, h, label, max_pixels)) return std::move(*bad);
   stbi_uc* data = stbi_load_from_memory(p, int(bytes.size()), &w, &h, &comp, 4);
   if (!data) return err("%s: cannot decode image (%s)", label.c_str(), stbi_failure_reason());
   RgbImage img;

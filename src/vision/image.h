@@ -31,8 +31,10 @@ constexpr int64_t kMaxImagePixels = int64_t(1) << 25;
 // Decodes an image file's bytes into RGB as HF's processors do (convert_to_rgb): grey and
 // palettes expanded, transparency (an alpha channel or a transparent palette entry) composited
 // onto white with Pillow's arithmetic.
-// `label` names the source in errors.
-Result<RgbImage> decode_image(const std::string& bytes, const std::string& label);
+// `label` names the source in errors; a declared canvas over max_pixels (or a side over
+// kMaxImageSide) is refused before decoding.
+Result<RgbImage> decode_image(const std::string& bytes, const std::string& label,
+                              int64_t max_pixels = kMaxImagePixels);
 Result<RgbImage> load_image_file(const std::string& path);
 
 // Pillow Image.resize((width, height), Image.BICUBIC) of an RGB image, exactly.

@@ -70,5 +70,12 @@ TEST(ImageBounds, TheLimitIsOnPixelsNotOnOneSide) {
   EXPECT_NE(side.message().find("each side must be 1..16384"), std::string::npos) << side.message();
 }
 
+// A caller's lower bound (the fuzz harness's) refuses from the header as the default one does.
+TEST(ImageBounds, ACallerMayAskForALowerBound) {
+  auto r = decode_image(png_header(300, 300), "small.png", 256 * 256);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.message().find("90000 pixels; at most 65536"), std::string::npos) << r.message();
+}
+
 }  // namespace
 }  // namespace g4
