@@ -18,6 +18,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -90,15 +91,20 @@ def main() -> int:
 
     cmd = [a.binary, "serve", "--model", str(STARTER), "--port", "0", "--threads", str(a.threads),
            "--parallel", str(a.parallel), "--max-queue", str(a.clients * 2), "--max-connections", str(a.clients * 4)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # The server's log (a line per request) goes to a file: a pipe nobody drains fills at 64 KiB and
+    # then blocks every thread that logs.
+    log = tempfile.NamedTemporaryFile("w+", prefix="soak-server-", suffix=".log", delete=False)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
     port = None
     for line in proc.stdout:
         m = re.match(r"ready: http://[\d.]+:(\d+)", line)
         if m:
             port = int(m.group(1))
             break
+    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # drain the rest
     if not port:
-        print("server did not start:", proc.stderr.read()[-2000:], file=sys.stderr)
+        log.seek(0)
+        print("server did not start:", log.read()[-2000:], file=sys.stderr)
         return 1
     try:
         solo = {p: stream(port, p, a.max_tokens) for p in PROMPTS}  # one at a time: the reference
@@ -134,7 +140,9 @@ def main() -> int:
         curve = []
         while any(t.is_alive() for t in threads):
             curve.append((time.time() - t0, rss_mib(proc.pid)))
-            print(f"t={curve[-1][0]:6.0f}s rss={curve[-1][1]:7.1f} MiB requests={stats['requests']}", flush=True)
+            prefix = metrics(port).get("gemma4_prefix_cache_bytes", 0) / 2**20  # KV the server keeps on purpose
+            print(f"t={curve[-1][0]:6.0f}s rss={curve[-1][1]:7.1f} MiB prefix-cache={prefix:6.1f} MiB "
+                  f"requests={stats['requests']}", flush=True)
             time.sleep(a.sample_every)
         for t in threads:
             t.join()
