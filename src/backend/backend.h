@@ -178,6 +178,14 @@ struct BackendOptions {
   int device = 0;            // CUDA: the GPU (CUDA device number) the backend runs on
 };
 
+// The intermediate width of the routed experts this rank holds: the rows of the first gate view
+// with rows (Backend::moe_experts: 0-row views are other ranks' experts); 0 when it holds none.
+inline int64_t held_expert_width(const std::vector<WeightView>& gate) {
+  for (const WeightView& w : gate)
+    if (w.rows > 0) return w.rows;
+  return 0;
+}
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -260,7 +268,9 @@ class Backend {
                            const Buf& idx, const Buf& weights) = 0;
   // MoE experts (mlx-lm SwitchGLU + combine): for each row r and each of its k experts e = idx[r,j],
   // y_j = down_e(gelu_tanh(gate_e x_r) * up_e x_r); out[r] = sum_j w[r,j] * y_j (in P).
-  // x [rows, d], out [rows, d]; gate/up/down hold one view per expert.
+  // x [rows, d], out [rows, d]; gate/up/down hold one view per expert. An expert whose views have
+  // 0 rows is held by another rank (expert parallelism, parallel/tp_source.h): its slots add
+  // nothing, so out is this rank's part of the sum.
   virtual void moe_experts(const Buf& x, int rows, int d, const Buf& idx, const Buf& w, int k,
                            const std::vector<WeightView>& gate, const std::vector<WeightView>& up,
                            const std::vector<WeightView>& down, ActPrecision P, const Buf& out) = 0;

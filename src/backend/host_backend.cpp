@@ -401,13 +401,14 @@ void HostBackend::moe_experts(const Buf& x_b, int rows, int d, const Buf& idx_b,
   const float *x = x_b.f32(), *w = w_b.f32();
   const int32_t* idx = idx_b.i32();
   float* out = out_b.f32();
-  const int64_t I = gate[0].rows;
+  const int64_t I = held_expert_width(gate);
   std::vector<float> g(I), u(I), y(d), acc(d);
   for (int r = 0; r < rows; ++r) {
     const float* xr = x + size_t(r) * d;
     std::fill(acc.begin(), acc.end(), 0.f);
     for (int j = 0; j < k; ++j) {
       const int e = idx[r * k + j];
+      if (gate[e].rows == 0) continue;  // another rank's expert
       matmul(xr, 1, gate[e], P, g.data());
       matmul(xr, 1, up[e], P, u.data());
       gelu_mul(g.data(), u.data(), size_t(I), P, g.data());

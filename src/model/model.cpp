@@ -7,6 +7,7 @@
 
 #include "model/drafter.h"
 #include "model/expert_trace.h"
+#include "core/shard_range.h"
 
 namespace g4 {
 
@@ -19,6 +20,7 @@ struct Model::Scratch {
   Buf ple, ple_tok, pg;  // ple_tok, once consumed: the per-layer inputs layer-major [N, rows, Pw] (rows > 1)
   Buf ple_idx;          // I32 [rows * N]: the gather that makes them layer-major
   Buf scores, rw, last, logits;
+  Buf lpart, lgather;  // with a communicator: this rank's logits [logit_rows, vocab_max], all ranks' [n, ...]
   Buf tr_idx, tr_w;  // with an expert trace: every MoE layer's router output [moe layers, rows, K]
   int tr_rows = 0;
   Buf lora_t, lora_z;  // [rows, rank], [rows, widest adapted output]
@@ -114,13 +116,50 @@ void Model::lora_add(const LoraDelta* d, const Buf& x, int M, ActPrecision P, co
 }
 
 void Model::matmul_norm_add(const Buf& x, int M, const WeightView& W, int l, LoraModule m, const Buf& y_scratch,
-                            const float* norm_w, ActPrecision P) {
+                            const float* norm_w, ActPrecision P, bool row_parallel) {
   Backend& be = *be_;
   const Buf& resid = s_->x;
-  if (!lora_has(l, m)) return be.matmul_norm_add(x, M, W, y_scratch, resid, norm_w, cfg_.rms_eps, P);
+  const bool reduce = row_parallel && comm_;
+  if (!lora_has(l, m) && !reduce) return be.matmul_norm_add(x, M, W, y_scratch, resid, norm_w, cfg_.rms_eps, P);
   be.matmul(x, M, W, P, y_scratch);
   lora_add(l, m, x, P, y_scratch);
+  if (reduce) all_reduce(y_scratch, size_t(M) * size_t(W.rows));
   be.norm_add(resid, y_scratch, M, cfg_.hidden, norm_w, cfg_.rms_eps, P);
+}
+
+void Model::set_communicator(Communicator* comm) {
+  comm_ = comm;
+  vocab_max_ = 0;
+  if (!comm) return;
+  auto r = shard_range(cfg_.vocab, 1, 0, comm->size(), "vocabulary");  // rank 0 holds the most rows
+  G4_CHECK(r && "Model::set_communicator: fewer vocabulary rows than ranks");
+  vocab_max_ = r.value().size();
+  G4_CHECK(s_->logit_rows == 0 && "Model::set_communicator: call it before the first forward");
+}
+
+void Model::all_reduce(const Buf& y, size_t n) {
+  if (!comm_) return;
+  be_->sync();  // the collective reads what the backend wrote
+  comm_->all_reduce_sum(y.data, n, y.dtype);
+}
+
+void Model::gather_logits(int LR) {
+  Scratch& S = *s_;
+  const int n = comm_->size(), V = cfg_.vocab;
+  const size_t part = size_t(LR) * size_t(vocab_max_);  // each rank's [LR, its rows], padded
+  be_->sync();
+  comm_->all_gather(S.lpart.data, part, DType::F32, S.lgather.data);
+  // Rank r's block holds [LR, Vr] contiguously; it becomes columns [v0, v0 + Vr) of every row.
+  // Through the host: on the host backends these are plain copies.
+  std::vector<float> all(part * size_t(n)), out(size_t(LR) * size_t(V));
+  be_->to_host(S.lgather, all.size(), all.data());
+  for (int r = 0; r < n; ++r) {
+    const ShardRange v = shard_range(V, 1, r, n, "vocabulary").value();
+    for (int i = 0; i < LR; ++i)
+      std::copy_n(all.data() + size_t(r) * part + size_t(i) * size_t(v.size()), size_t(v.size()),
+                  out.data() + size_t(i) * size_t(V) + size_t(v.begin));
+  }
+  be_->from_host(out.data(), out.size(), S.logits);
 }
 
 Status Model::set_kv_options(const KvCacheOptions& opt) {
@@ -237,6 +276,12 @@ void Model::ensure_scratch(int rows, int lrows, int top_k, int masks) {
     be_->free(s.last); be_->free(s.logits); be_->free(s.last_idx); be_->free(s.argmax);
     s.last = be_->alloc_act(size_t(lrows) * cfg_.hidden);
     s.logits = be_->alloc_f32(size_t(lrows) * cfg_.vocab);
+    if (comm_) {
+      be_->free(s.lpart);
+      be_->free(s.lgather);
+      s.lpart = be_->alloc_f32(size_t(lrows) * size_t(vocab_max_));
+      s.lgather = be_->alloc_f32(size_t(lrows) * size_t(vocab_max_) * size_t(comm_->size()));
+    }
     s.last_idx = be_->alloc_i32(size_t(lrows));
     s.argmax = be_->alloc_i32(size_t(lrows));
     s.logit_rows = lrows;
@@ -271,6 +316,7 @@ void Model::forward(const std::vector<SeqInput>& seqs_in, ActPrecision P, float*
   for (const SeqInput& s : batch) R += s.n;
   const int LR = logit_rows(batch);
   set_lora_runs(batch);
+  G4_CHECK((!comm_ || lora_runs_.empty()) && "Model::forward: LoRA adapters are not sharded for tensor parallelism");
   const int n_masks = masks ? masks->count : 0;
   G4_CHECK(n_masks <= LR_out);
   ensure_scratch(R, LR, topk ? topk->k : 0, n_masks);
@@ -398,7 +444,7 @@ void Model::forward(const std::vector<SeqInput>& seqs_in, ActPrecision P, float*
     if (ls.kv_source < 0) tap("v_normed", l, S.v, size_t(R) * Hk * D);
     be.attention(S.q, H, seqs, cfg_.query_scale, P, S.att);
     tap("attn", l, S.att, size_t(R) * H * D);
-    matmul_norm_add(S.att, R, lw.o, l, &LayerLora::o, S.o, lw.post_attn_ln.data, P);
+    matmul_norm_add(S.att, R, lw.o, l, &LayerLora::o, S.o, lw.post_attn_ln.data, P, true);
     tap("attn_residual", l, S.x, Rd);
 
     // --- feed-forward block (§2.7, §2.8) ---
@@ -420,10 +466,11 @@ void Model::forward(const std::vector<SeqInput>& seqs_in, ActPrecision P, float*
     }
     tap("mlp_act", l, S.gate, RI);
     if (!ls.moe && !tap_) {  // down projection, post-norm and residual add
-      matmul_norm_add(S.gate, R, lw.down, l, &LayerLora::down, S.f, lw.post_ffw_ln.data, P);
+      matmul_norm_add(S.gate, R, lw.down, l, &LayerLora::down, S.f, lw.post_ffw_ln.data, P, true);
     } else {
       be.matmul(S.gate, R, lw.down, P, S.f);
       lora_add(l, &LayerLora::down, S.gate, P, S.f);
+      all_reduce(S.f, Rd);
       tap("mlp_out", l, S.f, Rd);
     }
     // Without a per-layer input the layer scalar joins the MoE exit (one op fewer a layer).
@@ -443,6 +490,7 @@ void Model::forward(const std::vector<SeqInput>& seqs_in, ActPrecision P, float*
       be.router_topk(S.scores, R, E, K, lw.per_expert_scale.data, P, ridx, rw);
       tap("router_scores", l, S.scores, size_t(R) * E);
       be.moe_experts(S.xn, R, d, ridx, rw, K, lw.ex_gate, lw.ex_up, lw.ex_down, P, S.h2);
+      all_reduce(S.h2, Rd);  // expert parallel: each rank's experts' part of the sum
       tap("experts_out", l, S.h2, Rd);
       be.moe_exit(S.x, S.h1, S.h2, R, d, lw.post_ffw_ln2.data, lw.post_ffw_ln.data, cfg_.rms_eps, exit_scale, P, S.f);
     } else if (tap_) {
@@ -457,7 +505,7 @@ void Model::forward(const std::vector<SeqInput>& seqs_in, ActPrecision P, float*
       be.matmul(S.x, R, lw.ple_gate, P, S.pg);
       lora_add(l, &LayerLora::ple_gate, S.x, P, S.pg);
       gelu_mul(S.pg, ple_l, size_t(R) * Pw, P, S.pg);
-      matmul_norm_add(S.pg, R, lw.ple_proj, l, &LayerLora::ple_proj, S.o, lw.post_ple_ln.data, P);
+      matmul_norm_add(S.pg, R, lw.ple_proj, l, &LayerLora::ple_proj, S.o, lw.post_ple_ln.data, P, false);
     }
     if (lw.layer_scalar != 1.f && !scalar_in_exit) be.scale(S.x, T(lw.layer_scalar), Rd, P, S.x);
     tap("layer_out", l, S.x, Rd);
@@ -478,8 +526,14 @@ void Model::forward(const std::vector<SeqInput>& seqs_in, ActPrecision P, float*
   }
   be.gather_rows(S.x, S.last_idx, LR, d, S.last);
   be.rms_norm(S.last, LR, d, w_.final_norm.data, cfg_.rms_eps, P, S.last);
-  be.matmul(S.last, LR, w_.lm_head, P, S.logits);
-  if (cfg_.final_softcap > 0) be.softcap(S.logits, size_t(LR) * cfg_.vocab, cfg_.final_softcap, P);
+  if (!comm_) {
+    be.matmul(S.last, LR, w_.lm_head, P, S.logits);
+    if (cfg_.final_softcap > 0) be.softcap(S.logits, size_t(LR) * cfg_.vocab, cfg_.final_softcap, P);
+  } else {  // this rank's vocabulary rows, softcapped (elementwise) before the gather
+    be.matmul(S.last, LR, w_.lm_head, P, S.lpart);
+    if (cfg_.final_softcap > 0) be.softcap(S.lpart, size_t(LR) * size_t(w_.lm_head.rows), cfg_.final_softcap, P);
+    gather_logits(LR);
+  }
   if (n_masks > 0) {
     be.from_host(reinterpret_cast<const int32_t*>(masks->words), size_t(n_masks) * token_mask_words(cfg_.vocab),
                  S.allow);

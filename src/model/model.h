@@ -14,6 +14,7 @@
 #include "model/kv_cache.h"
 #include "model/lora.h"
 #include "model/weights.h"
+#include "parallel/communicator.h"
 
 namespace g4 {
 
@@ -109,6 +110,16 @@ class Model {
   // after the step, with the logits: no sync per layer.
   void set_expert_trace(std::shared_ptr<ExpertTrace> t);
 
+  // Tensor parallelism: this model is rank comm->rank() of comm->size() (parallel/tp_model.h
+  // builds it: a rank-local config and weights from parallel/tp_source.h, lm_head holding vocabulary
+  // rows shard_range(vocab, 1, rank, size)). forward() then sums the row-parallel partial outputs
+  // (o_proj, down_proj, the routed experts) over the group and gathers the vocabulary shards'
+  // logits, so every rank returns the whole outputs. Every rank runs each forward with the same
+  // batch (its own caches) at the same time. LoRA adapters are refused (not sharded yet).
+  // comm outlives the model; null: one rank.
+  void set_communicator(Communicator* comm);
+  Communicator* communicator() const { return comm_; }
+
   // Optional tap for layer-by-layer debugging: called with (name, layer, host copy of a buffer).
   using Tap = std::function<void(const char* name, int layer, const float* data, size_t n)>;
   void set_tap(Tap t) { tap_ = std::move(t); }
@@ -137,8 +148,15 @@ class Model {
   void lora_add(int l, LoraModule m, const Buf& x, ActPrecision P, const Buf& y);
   // The residual stream (scratch x) += rms_norm(x·Wᵀ + adapter deltas)·norm_w: Backend::matmul_norm_add,
   // which fuses it, where no run adapts module m of layer l; y_scratch [M, W.rows].
+  // row_parallel: W holds this rank's input columns (o_proj, down_proj): the projection is summed
+  // over the group before the norm.
   void matmul_norm_add(const Buf& x, int M, const WeightView& W, int l, LoraModule m, const Buf& y_scratch,
-                       const float* norm_w, ActPrecision P);
+                       const float* norm_w, ActPrecision P, bool row_parallel);
+  // Tensor parallelism: y[0, n) summed over the group in place (nothing with one rank).
+  void all_reduce(const Buf& y, size_t n);
+  // Tensor parallelism: the ranks' vocabulary shards' logits [LR, own rows] (scratch lpart) into
+  // the whole logits [LR, vocab] (scratch logits).
+  void gather_logits(int LR);
   // gelu_tanh(gate) * up the way cfg_.gelu says (the ggml table only with f32 activations).
   void gelu_mul(const Buf& gate, const Buf& up, size_t n, ActPrecision P, const Buf& out);
 
@@ -157,6 +175,8 @@ class Model {
   std::vector<LoraRun> lora_runs_;  // the current forward's (set_lora_runs)
   Tap tap_;
   std::shared_ptr<ExpertTrace> trace_;
+  Communicator* comm_ = nullptr;  // set_communicator's, or null
+  int64_t vocab_max_ = 0;         // with comm_: the largest rank's vocabulary rows
   std::unique_ptr<Drafter> drafter_;  // last: it frees its buffers through be_
 };
 

@@ -1,6 +1,7 @@
 #include "parallel/shard.h"
 
 #include <cstring>
+#include <numeric>
 #include <string>
 
 #include "core/dtype.h"
@@ -58,22 +59,6 @@ void copy_rows(const WeightView& w, int64_t r0, int64_t r1, PackedWeight& p, int
 
 }  // namespace
 
-Result<ShardRange> shard_range(int64_t n, int64_t unit, int rank, int size, const char* what) {
-  if (size < 1) return err("%s: rank count %d is not positive", what, size);
-  if (rank < 0 || rank >= size) return err("%s: rank %d is outside [0, %d)", what, rank, size);
-  if (unit < 1) return err("%s: split unit %lld is not positive", what, (long long)unit);
-  if (n % unit != 0)
-    return err("%s: %lld is not a multiple of the split unit %lld", what, (long long)n, (long long)unit);
-  const int64_t units = n / unit;
-  if (units < size)
-    return err("%s: %lld in units of %lld is %lld units, fewer than the %d ranks", what, (long long)n,
-               (long long)unit, (long long)units, size);
-  const int64_t base = units / size, extra = units % size;
-  const int64_t first = rank * base + (rank < extra ? rank : extra);
-  const int64_t count = base + (rank < extra ? 1 : 0);
-  return ShardRange{first * unit, (first + count) * unit};
-}
-
 int64_t col_split_unit(const WeightView& w) {
   switch (w.fmt) {
     case WFormat::F32:
@@ -117,8 +102,11 @@ Result<WeightView> shard_rows(const WeightView& w, int rank, int size, const cha
 Result<PackedWeight> shard_cols(const WeightView& w, int rank, int size, const char* name, int64_t unit) {
   G4_TRY(check_view(w, name));
   const std::string what = dim_name(w, name, "columns");
-  const int64_t block = col_split_unit(w);
+  int64_t block = col_split_unit(w);
   if (unit == 0) unit = block;
+  // MLX affine: a unit that cuts the groups regroups the shard to gcd(unit, group) columns.
+  if (w.fmt == WFormat::MlxAffine && unit > 0 && unit % block != 0 && unit % kMinMlxGroup == 0)
+    block = std::gcd(unit, block);
   if (unit < 1 || unit % block != 0)
     return err("%s: split unit %lld is not a multiple of the %lld-column %s block", what.c_str(),
                (long long)unit, (long long)block, std::string(wformat_name(w.fmt)).c_str());
@@ -127,18 +115,23 @@ Result<PackedWeight> shard_cols(const WeightView& w, int rank, int size, const c
   WeightView layout = w;
   layout.cols = c.size();
   layout.row_bytes = col_byte(w, c.end) - col_byte(w, c.begin);
+  if (w.fmt == WFormat::MlxAffine) layout.group_size = int(block);
   PackedWeight p = PackedWeight::allocate(layout);
   const auto* src = static_cast<const uint8_t*>(w.data);
   const int64_t off = col_byte(w, c.begin);
   for (int64_t r = 0; r < w.rows; ++r)
     std::memcpy(p.data() + r * layout.row_bytes, src + r * w.row_bytes + off, size_t(layout.row_bytes));
   if (w.fmt == WFormat::MlxAffine) {
-    const int64_t es = scale_bytes(w), ng = w.cols / w.group_size, nng = c.size() / w.group_size;
-    const int64_t g0 = c.begin / w.group_size;
+    // New group j of a row takes the scale and bias of the source group holding its columns.
+    const int64_t es = scale_bytes(w), ng = w.cols / w.group_size, nng = c.size() / block;
+    const auto* sc = static_cast<const uint8_t*>(w.scales);
+    const auto* bi = static_cast<const uint8_t*>(w.biases);
     for (int64_t r = 0; r < w.rows; ++r) {
-      const int64_t s = (r * ng + g0) * es, d = r * nng * es;
-      std::memcpy(p.scales() + d, static_cast<const uint8_t*>(w.scales) + s, size_t(nng * es));
-      std::memcpy(p.biases() + d, static_cast<const uint8_t*>(w.biases) + s, size_t(nng * es));
+      for (int64_t j = 0; j < nng; ++j) {
+        const int64_t s = (r * ng + (c.begin + j * block) / w.group_size) * es, d = (r * nng + j) * es;
+        std::memcpy(p.scales() + d, sc + s, size_t(es));
+        std::memcpy(p.biases() + d, bi + s, size_t(es));
+      }
     }
   }
   return p;

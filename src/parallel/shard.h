@@ -25,26 +25,17 @@
 #include <memory>
 #include <vector>
 
+#include "core/shard_range.h"
 #include "core/status.h"
 #include "quant/weight.h"
 
 namespace g4 {
 
-// A contiguous range [begin, end) of a split dimension.
-struct ShardRange {
-  int64_t begin = 0;
-  int64_t end = 0;
-  int64_t size() const { return end - begin; }
-};
+// The smallest MLX group the kernels take (quant/matmul.cpp: 32, 64 or 128).
+constexpr int64_t kMinMlxGroup = 32;
 
-// Rank `rank`'s range of a dimension of n elements split over `size` ranks in whole units of `unit`
-// elements (the rule above). `what` names the dimension in errors ("ffn_down [64, 512] q4_k
-// columns"). Errors: size < 1, rank outside [0, size), unit < 1, n not a multiple of unit, fewer
-// units than ranks.
-Result<ShardRange> shard_range(int64_t n, int64_t unit, int rank, int size, const char* what);
-
-// The finest column split a format allows: 1 for F32/F16/BF16, group_size for MlxAffine, the block
-// size for GGUF formats (32; 256 for the K-quants).
+// The finest column split a format allows without regrouping: 1 for F32/F16/BF16, group_size for
+// MlxAffine, the block size for GGUF formats (32; 256 for the K-quants).
 int64_t col_split_unit(const WeightView& w);
 
 // A weight matrix that owns its packed storage (64-byte aligned host memory): view() stays valid
@@ -78,6 +69,9 @@ Result<WeightView> shard_rows(const WeightView& w, int rank, int size, const cha
 // packed as a [w.rows, c1 - c0] matrix of w's format (GGUF blocks and MLX words copied, never
 // requantized: the shard's values are exactly w's). unit: 0 means col_split_unit(w); otherwise a
 // multiple of it (head_dim to split o_proj by heads; an error names the format's block if not).
+// MLX affine alone may be cut inside a group: a unit that is a multiple of kMinMlxGroup but not of
+// the group regroups the shard to gcd(unit, group_size) columns, each new group taking its source
+// group's scale and bias (the same dequantized values; one head of 32 columns from groups of 64).
 Result<PackedWeight> shard_cols(const WeightView& w, int rank, int size, const char* name, int64_t unit = 0);
 
 // Column-parallel shard of a stacked projection: w is parts.size() matrices stacked along rows

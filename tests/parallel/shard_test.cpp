@@ -133,6 +133,37 @@ TEST(Shard, ColumnShardByHeadsUsesTheGivenUnit) {
   }
 }
 
+// An MLX matrix cut inside its groups (one 32-column head of groups of 64 or 128): the shard is
+// regrouped to 32 columns, each group keeping its source group's scale and bias, so its values are
+// exactly the source's; a unit that is not a multiple of 32 is still refused.
+TEST(Shard, MlxColumnShardInsideAGroupRegroups) {
+  const FormatCase cases[] = {{"mlx4g64", mlx<4, 64, DType::BF16>}, {"mlx6g128", mlx<6, 128, DType::BF16>},
+                              {"mlx8g64", mlx<8, 64, DType::F32>}};
+  for (const FormatCase& fc : cases) {
+    const char* label = fc.label;
+    const auto& make = fc.make;
+    SCOPED_TRACE(label);
+    const test::OwnedWeight o = make(6, 4 * 32, 9);  // 4 heads of 32
+    std::vector<float> joined[6];
+    for (int r = 0; r < 4; ++r) {
+      auto s = shard_cols(o.view, r, 4, "o_proj", 32);
+      ASSERT_TRUE(s.is_ok()) << s.message();
+      EXPECT_EQ(s->view().group_size, 32);
+      EXPECT_EQ(s->view().cols, 32);
+      EXPECT_TRUE(validate_weight(s->view(), label).is_ok());
+      for (int64_t i = 0; i < 6; ++i) {
+        const auto v = dequant(s->view(), i);
+        joined[i].insert(joined[i].end(), v.begin(), v.end());
+      }
+    }
+    for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(joined[i], dequant(o.view, i));
+  }
+  const test::OwnedWeight w = mlx<4, 64, DType::BF16>(4, 128, 3);
+  auto odd = shard_cols(w.view, 0, 2, "o_proj", 48);
+  ASSERT_FALSE(odd.is_ok());
+  EXPECT_EQ(odd.message(), "o_proj [4, 128] mlx_affine columns: split unit 48 is not a multiple of the 64-column mlx_affine block");
+}
+
 // gate|up stacked in one matrix: each rank's stacked shard is its gate slice followed by its up
 // slice (the same slices shard_rows gives the separate matrices), for MLX (scales follow) and GGUF.
 TEST(Shard, StackedProjectionSplitsEachPart) {

@@ -225,14 +225,14 @@ class CpuBackend final : public HostBackend {
     float* out = out_b.f32();
     // Group the (row, slot) pairs by expert so each expert's weights run as one M-row matmul.
     const int E = int(gate.size());
-    const int64_t I = gate[0].rows;
+    const int64_t I = held_expert_width(gate);
     std::vector<std::vector<int>> by_expert(static_cast<size_t>(E));
     for (int i = 0; i < rows * k; ++i) by_expert[size_t(idx[i])].push_back(i);
     std::vector<float> y(size_t(rows) * k * d);
     std::vector<float> xs, g, u, ys;
     for (int e = 0; e < E; ++e) {
       const auto& items = by_expert[size_t(e)];
-      if (items.empty()) continue;
+      if (items.empty() || gate[e].rows == 0) continue;  // (another rank's expert: its y rows stay 0)
       const int m = int(items.size());
       xs.resize(size_t(m) * d);
       for (int i = 0; i < m; ++i)

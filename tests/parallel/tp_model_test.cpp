@@ -1,0 +1,122 @@
+// The whole model split over 2 and 4 ranks (parallel/tp_model.h: one thread per rank, the
+// in-process communicator) against the same model on one rank, on the mlx-lm fixtures of every
+// architecture (dense K=V, E-style with per-layer inputs and KV sharing, routed experts) and format
+// (bf16, MLX 4-bit g64 and 8-bit g32, mixed precision, HF names): a prompt scored at every position,
+// then greedy decode steps, in f32. Contract: every rank returns the same logits, and they are
+// within 1e-5 of the single rank's times max(1, max |logit|) (the partial sums add in another order).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "io/model_dir.h"
+#include "model/model.h"
+#include "parallel/tp_model.h"
+#include "parallel/tp_source.h"
+#include "../model/model_test_util.h"
+
+namespace g4 {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr int kDecodeSteps = 3;
+
+// Logits of `prompt` at every position, then of kDecodeSteps greedy steps, on one model.
+std::vector<float> score(Model& m, const std::vector<int32_t>& prompt, std::vector<int32_t>* picked) {
+  const int V = m.config().vocab, L = int(prompt.size());
+  std::vector<float> out(size_t(L + kDecodeSteps) * size_t(V));
+  auto cache = m.new_cache();
+  m.forward({SeqInput{cache.get(), prompt.data(), L, true}}, ActPrecision::F32, out.data());
+  int32_t next = int32_t(std::max_element(out.begin() + size_t(L - 1) * V, out.begin() + size_t(L) * V) -
+                         (out.begin() + size_t(L - 1) * V));
+  for (int s = 0; s < kDecodeSteps; ++s) {
+    picked->push_back(next);
+    int32_t am = 0;
+    m.forward({SeqInput{cache.get(), &next, 1, false}}, ActPrecision::F32, out.data() + size_t(L + s) * V, &am);
+    next = am;
+  }
+  return out;
+}
+
+class TensorParallelModel : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(TensorParallelModel, RanksGiveTheSingleRankLogits) {
+  const auto [fixture, ranks] = GetParam();
+  const fs::path dir = test::fixture_root() / fixture;
+  if (!fs::exists(dir / "config.json")) GTEST_SKIP() << dir << " missing (make fixtures)";
+  auto om = open_model(dir.string());
+  ASSERT_TRUE(om) << om.message();
+  auto one = build_model(om.value(), "cpu");
+  ASSERT_TRUE(one) << one.message();
+  const int V = one.value()->config().vocab;
+  std::vector<int32_t> prompt;
+  for (int t = 0; t < 13; ++t) prompt.push_back(2 + (t * 89 + 7) % (V - 3));
+  std::vector<int32_t> ref_picked;
+  const std::vector<float> ref = score(*one.value(), prompt, &ref_picked);
+
+  auto group = TensorParallelGroup::open(om.value(), "cpu", ranks);
+  ASSERT_TRUE(group) << group.message();
+  std::vector<std::vector<float>> got(static_cast<size_t>(ranks));
+  std::vector<std::vector<int32_t>> picked(static_cast<size_t>(ranks));
+  group.value()->run([&](int r, Model& m) { got[size_t(r)] = score(m, prompt, &picked[size_t(r)]); });
+
+  float max_ref = 0, max_diff = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    max_ref = std::max(max_ref, std::abs(ref[i]));
+    max_diff = std::max(max_diff, std::abs(ref[i] - got[0][i]));
+  }
+  RecordProperty("max_abs_diff", std::to_string(max_diff));
+  std::printf("%s, %d ranks: max |logit - single rank| %.3g (max |logit| %.3g)\n", fixture.c_str(), ranks,
+              double(max_diff), double(max_ref));
+  EXPECT_LE(max_diff, 1e-5f * std::max(1.f, max_ref));
+  EXPECT_EQ(picked[0], ref_picked);
+  for (int r = 1; r < ranks; ++r) {
+    EXPECT_EQ(got[size_t(r)], got[0]) << "rank " << r << " returned other logits than rank 0";
+    EXPECT_EQ(picked[size_t(r)], picked[0]);
+  }
+}
+
+// What does not split is refused before anything loads, naming it; so is a backend without a
+// communicator; the rank-local config holds the rank's heads and MLP width.
+TEST(TensorParallelModelRefusals, NameWhatDoesNotSplit) {
+  const fs::path dir = test::fixture_root() / "dense-q4g64";
+  if (!fs::exists(dir / "config.json")) GTEST_SKIP() << dir << " missing (make fixtures)";
+  auto om = open_model(dir.string());
+  ASSERT_TRUE(om) << om.message();
+  auto three = TensorParallelGroup::open(om.value(), "cpu", 3);
+  ASSERT_FALSE(three);
+  EXPECT_EQ(three.message(), "tensor parallel over 3 ranks: the model's 4 query heads do not split evenly");
+  auto cuda = TensorParallelGroup::open(om.value(), "cuda", 2);
+  ASSERT_FALSE(cuda);
+  EXPECT_NE(cuda.message().find("not 'cuda'"), std::string::npos) << cuda.message();
+
+  auto src = ShardedWeightSource::make(om.value().weights, om.value().config, 1, 2);
+  ASSERT_TRUE(src) << src.message();
+  const ModelConfig& g = om.value().config;
+  const ModelConfig& c = src.value()->config();
+  EXPECT_EQ(c.n_heads, g.n_heads / 2);
+  for (size_t l = 0; l < g.layers.size(); ++l) {
+    const LayerSpec &gl = g.layers[l], &cl = c.layers[l];
+    EXPECT_EQ(cl.n_kv_heads, gl.n_kv_heads >= 2 ? gl.n_kv_heads / 2 : 1) << "layer " << l;
+    EXPECT_EQ(cl.mlp_width, gl.mlp_width / 2) << "layer " << l;
+  }
+  EXPECT_NE(src.value()->describe().find("tensor-parallel rank 1 of 2"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, TensorParallelModel,
+    ::testing::Combine(::testing::Values("dense-bf16", "dense-q4g64", "dense-q8g32", "dense-mixed", "estyle-bf16",
+                                         "estyle-q4g64", "estyle-mixed", "estyle-hf", "moe-bf16", "moe-q4g64",
+                                         "moe-q8g32", "moe-mixed", "moe-hf"),
+                       ::testing::Values(2, 4)),
+    [](const auto& info) {
+      std::string n = std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks";
+      std::replace(n.begin(), n.end(), '-', '_');
+      return n;
+    });
+
+}  // namespace
+}  // namespace g4
