@@ -12,6 +12,8 @@
 #include <vector>
 #include <thread>
 
+#include <unistd.h>
+
 #include "cli/common.h"
 #include "cli/memory_plan.h"
 #include "cli/options.h"
@@ -28,6 +30,12 @@ std::atomic<int> g_signal{0};
 void on_signal(int s) { g_signal.store(s); }
 
 void progress(const std::string& m) { std::fprintf(stderr, "[gemma4 serve] %s\n", m.c_str()); }
+
+// This machine's name (a Kubernetes pod's name), the pod part of llm-d's KV-event topic.
+std::string host_name() {
+  char buf[256] = {};
+  return gethostname(buf, sizeof buf - 1) == 0 && buf[0] ? std::string(buf) : std::string("localhost");
+}
 
 // A file or folder as the prompt cache's key sees it: its absolute path, and each file's size and
 // modification time (a folder: its files', one level down), so a changed checkpoint is another key.
@@ -119,6 +127,15 @@ int cmd_serve(const std::vector<std::string>& argv) {
             "'<model id>:NAME' or 'NAME' runs with it, the others without; requests with different adapters "
             "batch together. POST /v1/load_lora_adapter and /v1/unload_lora_adapter change the set at run time")
       ->type_name("NAME=DIR");
+  cli.value("--kv-events-endpoint", "publish the prefix cache's blocks as KV events (vLLM's ZeroMQ format, read by "
+            "llm-d's KV-cache indexer and Dynamo's KV router) on this endpoint: bound when it has a wildcard "
+            "(tcp://*:5557) or is ipc://, else connected to; needs libzmq")->type_name("ADDR");
+  cli.value("--kv-events-replay", "a ROUTER endpoint where a subscriber that missed batches asks for them again "
+            "(with --kv-events-endpoint)")->type_name("ADDR");
+  cli.value("--kv-events-topic", "the events' topic (default: kv@<host name>@<model id>, as llm-d reads it)")
+      ->type_name("TOPIC");
+  cli.value("--kv-events-block-size", "tokens per reported block (the router's block size)", "16")->type_name("N")
+      ->check(CLI::Range(1, 65536));
   cli.flag("--allow-special-in-content", "parse special-token text in message contents too (lets a client "
            "write control tokens and forge turns)");
   Args a;
@@ -142,6 +159,14 @@ int cmd_serve(const std::vector<std::string>& argv) {
   o.prompt_cache_disk_bytes = size_t(std::stoll(a.get("--prompt-cache-disk-mb"))) << 20;
   if (!o.prompt_cache_dir.empty() && o.prefix_cache_bytes == 0)
     return fail("serve", "--prompt-cache needs the prefix cache (drop --no-prefix-cache / --prefix-cache-mb 0)");
+  o.kv_events.endpoint = a.get("--kv-events-endpoint");
+  o.kv_events.replay_endpoint = a.get("--kv-events-replay");
+  o.kv_events.block_size = std::stoi(a.get("--kv-events-block-size"));
+  if (o.kv_events.endpoint.empty() && (a.has("--kv-events-replay") || a.has("--kv-events-topic")))
+    return fail("serve", "--kv-events-replay and --kv-events-topic need --kv-events-endpoint");
+  if (!o.kv_events.endpoint.empty() && o.prefix_cache_bytes == 0)
+    return fail("serve", "--kv-events-endpoint reports the prefix cache's blocks: drop --no-prefix-cache / "
+                "--prefix-cache-mb 0");
   o.shutdown_timeout_s = std::stoi(a.get("--shutdown-timeout"));
   o.max_connections = std::stoi(a.get("--max-connections"));
   o.allow_special_in_content = a.has("--allow-special-in-content");
@@ -229,6 +254,10 @@ int cmd_serve(const std::vector<std::string>& argv) {
   std::signal(SIGTERM, on_signal);
   std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error value, not a signal
   if (!o.prompt_cache_dir.empty()) o.prompt_cache_key = prompt_cache_key(a, b.value());
+  if (!o.kv_events.endpoint.empty())
+    o.kv_events.topic = a.has("--kv-events-topic") ? a.get("--kv-events-topic")
+                                                   : "kv@" + host_name() + "@" + (o.model_id.empty() ? b.value().name
+                                                                                                      : o.model_id);
   server::Server srv(b.value(), o);
   Status st = srv.start();
   if (!st) return fail("serve", st.message());

@@ -39,6 +39,7 @@ bool needs_host_logits(const GenerationSpec& spec) { return spec.logprobs >= 0; 
 Engine::Engine(Model& model, EngineOptions opt)
     : model_(model), opt_(opt), prefix_(opt.prefix_cache_bytes) {
   opt_.parallel = std::max(1, opt_.parallel);
+  if (opt_.prefix_listener) prefix_.set_listener(opt_.prefix_listener);
   opt_.prefill_chunk = std::max(1, opt_.prefill_chunk);
   for (int i = 0; i < opt_.parallel; ++i) slots_.push_back(std::make_unique<Slot>());
   stats_.kv_capacity_tokens = int64_t(opt_.parallel) * opt_.max_context;

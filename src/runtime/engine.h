@@ -101,6 +101,9 @@ struct EngineOptions {
   // that a step replays a recorded graph when the number of streams changes: set where steps run
   // as graphs (cuda, not batch-invariant).
   bool decode_buckets = false;
+  // Told of every prefix-cache entry that comes and goes (runtime/kv_events.h: KV events for a
+  // cache-aware router), from the start on (entries read back from prompt_cache_dir included).
+  std::shared_ptr<PrefixCacheListener> prefix_listener;
 };
 
 struct EngineStats {

@@ -6,16 +6,6 @@ namespace g4 {
 
 void PrefixCache::insert(std::vector<int32_t> tokens, std::unique_ptr<KvCache> cache, uint64_t tag) {
   if (max_bytes_ == 0 || tokens.empty()) return;
-  // An entry that is a prefix of the new one is now redundant.
-  for (auto it = entries_.begin(); it != entries_.end();) {
-    if (it->tag == tag && it->tokens.size() <= tokens.size() &&
-        std::equal(it->tokens.begin(), it->tokens.end(), tokens.begin())) {
-      bytes_ -= it->bytes;
-      it = entries_.erase(it);
-    } else {
-      ++it;
-    }
-  }
   Entry e;
   e.bytes = cache->bytes();
   if (e.bytes > max_bytes_) return;
@@ -24,10 +14,23 @@ void PrefixCache::insert(std::vector<int32_t> tokens, std::unique_ptr<KvCache> c
   e.tag = tag;
   bytes_ += e.bytes;
   entries_.push_front(std::move(e));
-  while (bytes_ > max_bytes_ && !entries_.empty()) {
-    bytes_ -= entries_.back().bytes;
-    entries_.pop_back();
+  if (listener_) listener_->entry_added(entries_.front().tokens, tag);
+  // An entry that is a prefix of the new one is now redundant.
+  const std::vector<int32_t>& added = entries_.front().tokens;
+  for (auto it = std::next(entries_.begin()); it != entries_.end();) {
+    if (it->tag == tag && it->tokens.size() <= added.size() &&
+        std::equal(it->tokens.begin(), it->tokens.end(), added.begin()))
+      it = erase(it);
+    else
+      ++it;
   }
+  while (bytes_ > max_bytes_ && !entries_.empty()) erase(std::prev(entries_.end()));
+}
+
+std::list<PrefixCache::Entry>::iterator PrefixCache::erase(std::list<Entry>::iterator it) {
+  bytes_ -= it->bytes;
+  if (listener_) listener_->entry_removed(it->tokens, it->tag);
+  return entries_.erase(it);
 }
 
 std::list<PrefixCache::Entry>::iterator PrefixCache::best(const std::vector<int32_t>& tokens, size_t max_len,
@@ -63,8 +66,7 @@ int PrefixCache::lookup(const std::vector<int32_t>& prompt, KvCache& dst, uint64
 
 bool PrefixCache::evict_oldest() {
   if (entries_.empty()) return false;
-  bytes_ -= entries_.back().bytes;
-  entries_.pop_back();
+  erase(std::prev(entries_.end()));
   return true;
 }
 

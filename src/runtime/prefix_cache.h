@@ -13,9 +13,21 @@
 
 namespace g4 {
 
+// Told of every entry that enters or leaves the cache (runtime/kv_events.h publishes them as KV
+// events): called on the thread that changes the cache, after an entry was added and before one
+// that replaces it is dropped, so a prefix both hold is never reported gone.
+class PrefixCacheListener {
+ public:
+  virtual ~PrefixCacheListener() = default;
+  virtual void entry_added(const std::vector<int32_t>& tokens, uint64_t tag) = 0;
+  virtual void entry_removed(const std::vector<int32_t>& tokens, uint64_t tag) = 0;
+};
+
 class PrefixCache {
  public:
   explicit PrefixCache(size_t max_bytes) : max_bytes_(max_bytes) {}
+  // The listener of every later change (null: none); it outlives the cache's use.
+  void set_listener(std::shared_ptr<PrefixCacheListener> l) { listener_ = std::move(l); }
 
   // Entries carry a tag (the KV's LoRA adapter mount, runtime/adapter_set.h; 0: the base model):
   // an entry only serves lookups of its own tag.
@@ -44,11 +56,14 @@ class PrefixCache {
     size_t bytes = 0;
     uint64_t tag = 0;
   };
+  // Drops an entry (the listener told); returns the next.
+  std::list<Entry>::iterator erase(std::list<Entry>::iterator it);
   std::list<Entry>::iterator best(const std::vector<int32_t>& tokens, size_t max_len, uint64_t tag, size_t* len);
 
   size_t max_bytes_;
   size_t bytes_ = 0;
   std::list<Entry> entries_;  // front = most recently used
+  std::shared_ptr<PrefixCacheListener> listener_;
 };
 
 }  // namespace g4

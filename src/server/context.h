@@ -12,6 +12,7 @@
 #include "runtime/bundle.h"
 #include "runtime/engine.h"
 #include "server/api_types.h"
+#include "server/kv_event_publisher.h"
 #include "server/request_log.h"
 #include "server/response_store.h"
 
@@ -44,6 +45,8 @@ struct ServerOptions {
   std::vector<std::string> cors_origins;  // browser origins allowed to call the API ("*": any)
   // LoRA adapters mounted at start (--adapter NAME=DIR): name and directory (runtime/adapter_set.h).
   std::vector<std::pair<std::string, std::string>> adapters;
+  // KV events for a cache-aware router (server/kv_event_publisher.h); empty endpoint: none.
+  KvEventsOptions kv_events;
 };
 
 // Request counters for /metrics. Labels come from fixed sets (the routes this server has, "other";

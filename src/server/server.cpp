@@ -68,6 +68,22 @@ Server::Server(const ModelBundle& bundle, ServerOptions opt) : bundle_(bundle), 
   eo.prefill_chunk = opt_.prefill_chunk;
   eo.kv_pool_bytes = opt_.kv_pool_bytes;
   eo.decode_buckets = opt_.decode_buckets;
+  if (!opt_.kv_events.endpoint.empty()) {
+    if (bundle.model->backend().on_device()) opt_.kv_events.medium = "GPU";
+    auto pub = KvEventPublisher::open(opt_.kv_events);
+    if (pub) {
+      kv_events_ = std::move(pub).value();
+      kv_blocks_ = std::make_shared<KvBlockTracker>(opt_.kv_events.block_size, kv_events_, [this](uint64_t serial) {
+        if (adapters_)
+          for (const auto& a : adapters_->list())
+            if (a->serial == serial) return a->name;
+        return std::string();
+      });
+      eo.prefix_listener = kv_blocks_;
+    } else {
+      kv_events_error_ = Error{pub.message()};
+    }
+  }
   engine_ = std::make_unique<Engine>(*bundle.model, eo);
   std::string id = opt_.model_id.empty() ? bundle.name : opt_.model_id;
   ctx_.reset(new Context{bundle_, *engine_, opt_, metrics_, stopping_, id, generation_defaults(bundle.model->config())});
@@ -124,6 +140,14 @@ std::string Server::metrics_text() {
   line("gemma4_prefix_cache_capacity_bytes", "gauge", "The prompt-prefix cache's byte budget.",
        double(s.prefix_capacity_bytes));
   line("gemma4_prefix_cache_entries", "gauge", "Prompt prefixes held.", double(s.prefix_entries));
+  if (kv_events_) {
+    line("gemma4_kv_events_batches_sent_total", "counter", "KV event batches published (--kv-events-endpoint).",
+         double(kv_events_->sent()));
+    line("gemma4_kv_events_batches_dropped_total", "counter", "KV event batches dropped from a full queue.",
+         double(kv_events_->dropped()));
+    line("gemma4_kv_events_blocks", "gauge", "Prefix-cache blocks the KV events report held.",
+         double(kv_blocks_->blocks_held()));
+  }
   // The same gauges under vLLM's names, which the Gateway API Inference Extension's endpoint
   // picker (llm-d) and the SGLang gateway read by default (the model-server protocol).
   line("vllm:num_requests_waiting", "gauge", "Requests waiting for a slot (gemma4_queue_depth).", double(s.queued));
@@ -215,6 +239,7 @@ void Server::register_routes() {
 }
 
 Status Server::start() {
+  G4_TRY(kv_events_error_);
   for (const auto& [name, dir] : opt_.adapters) G4_TRY(adapters_->mount(name, dir));
   auto port = http_->bind(opt_.host, opt_.port);
   if (!port) return Error{port.message()};

@@ -16,7 +16,8 @@ class Server {
   Server(const ModelBundle& bundle, ServerOptions opt);
   ~Server();
   // Mounts ServerOptions::adapters, binds the port (0: a free one) and starts serving on a
-  // background thread. Errors: an adapter that does not load (named), the port.
+  // background thread. Errors: the KV events' endpoint or library, an adapter that does not load
+  // (named), the port.
   Status start();
   int port() const { return port_; }
   // Stops accepting connections, cancels or drains running requests, joins the threads.
@@ -30,6 +31,9 @@ class Server {
 
   const ModelBundle& bundle_;
   ServerOptions opt_;
+  Status kv_events_error_;  // opening the KV event publisher (reported by start)
+  std::shared_ptr<KvEventPublisher> kv_events_;
+  std::shared_ptr<KvBlockTracker> kv_blocks_;
   std::unique_ptr<Engine> engine_;
   Metrics metrics_;
   std::atomic<bool> stopping_{false};
