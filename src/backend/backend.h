@@ -176,6 +176,9 @@ struct BackendOptions {
   bool profile = false;      // CUDA: every op timed by events; per-op table on stderr at exit
   bool timing = false;       // CUDA: host/device time per step; medians on stderr at exit
   int device = 0;            // CUDA: the GPU (CUDA device number) the backend runs on
+  // Ranks of a tensor-parallel group the model is split over (parallel/tp_model.h), a backend
+  // each; 1: one.
+  int tensor_parallel = 1;
 };
 
 // The intermediate width of the routed experts this rank holds: the rows of the first gate view

@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "io/model_dir.h"
+#include "parallel/tp_model.h"
 #include "core/mapped_file.h"
 #include "core/thread_pool.h"
 #include "model/drafter.h"
@@ -101,6 +103,9 @@ Status apply_model_flags(const Args& a, Model& m, ActPrecision P) {
   if (o.quant.bits == 0 && (a.has("--kv-group-size") || a.has("--quantized-kv-start")))
     return err("--kv-group-size and --quantized-kv-start need --kv-bits");
   G4_TRY(m.set_kv_options(o));
+  if (m.ranks() > 1)
+    for (const char* f : {"--adapter-path", "--draft-model"})
+      if (a.has(f)) return err("--tensor-parallel does not take %s yet (adapters and drafters are not sharded)", f);
   if (a.has("--adapter-path")) {
     G4_ASSIGN_OR_RETURN(auto ad, load_lora_adapter(a.get("--adapter-path"), m.config(), m.backend()));
     m.set_adapter(std::move(ad));
@@ -138,6 +143,7 @@ Result<BackendOptions> backend_options_from_args(const Args& a) {
   G4_TRY(on_off("--cuda-profile", o.profile));
   G4_TRY(on_off("--cuda-timing", o.timing));
   G4_ASSIGN_OR_RETURN(o.device, int_flag(a, "--cuda-device", 0, 0, 63));
+  G4_ASSIGN_OR_RETURN(o.tensor_parallel, int_flag(a, "--tensor-parallel", 1, 1, 64));
   G4_ASSIGN_OR_RETURN(o.bf16_weight_cache_gib, int_flag(a, "--cuda-bf16-cache", 0, 0, 1024));
   G4_ASSIGN_OR_RETURN(o.blas_cached_min_rows, int_flag(a, "--cuda-blas-cached-rows", 0, 0, 33));
   const std::string dt = a.get("--dtype");
@@ -156,7 +162,14 @@ Result<std::unique_ptr<Model>> load_model_from_args(const Args& a, bool quiet) {
   std::string path = a.get("--model");
   auto t0 = std::chrono::steady_clock::now();
   if (!quiet) std::fprintf(stderr, "loading %s ...\n", path.empty() ? "default model" : path.c_str());
-  auto m = load_model(path, a.get("--backend"), bo);
+  Result<std::unique_ptr<Model>> m = Error{""};
+  if (bo.tensor_parallel > 1) {
+    G4_ASSIGN_OR_RETURN(std::string p, resolve_model_path(path));
+    G4_ASSIGN_OR_RETURN(OpenedModel om, open_model(p));
+    m = build_model_ranks(om, a.get("--backend"), bo);
+  } else {
+    m = load_model(path, a.get("--backend"), bo);
+  }
   if (m && !quiet) {
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fprintf(stderr, "loaded in %.2f s (%.1f MiB of weights)\n", s,

@@ -121,6 +121,9 @@ void add_load_options(VerbCli& cli) {
             "(default: on for serve on the CPU and with --draft-model, else off; on CUDA it costs batched "
             "throughput)")
       ->type_name("on|off")->check(one_of({"on", "off"}));
+  cli.value("--tensor-parallel", "split the model over N ranks, a thread and a backend each (heads, MLP columns, "
+            "experts, vocabulary); cpu and reference backends (the NCCL path for GPUs is not built yet)", "1")
+      ->type_name("N")->check(CLI::Range(1, 64));
   cli.group("CUDA backend (BackendOptions)");
   cli.value("--cuda-device", "the GPU to run on (its CUDA device number)", "0")
       ->type_name("N")->check(CLI::Range(0, 63));

@@ -157,7 +157,7 @@ void KvCache::quantize_full_layers() {
   quantized_ = true;
 }
 
-bool KvCache::truncate(int n) {
+bool KvCache::truncate_own(int n) {
   if (n >= size_) return n == size_;
   if (pool_) return truncate_paged(n);
   for (size_t i = 0; i < buf_.size(); ++i) {
@@ -179,7 +179,7 @@ bool KvCache::truncate(int n) {
   return true;
 }
 
-void KvCache::copy_from(const KvCache& o) {
+void KvCache::copy_from_own(const KvCache& o) {
   if (pool_) return copy_from_paged(o);
   for (size_t i = 0; i < buf_.size(); ++i) {
     if (!owns(i)) continue;
@@ -196,7 +196,7 @@ void KvCache::copy_from(const KvCache& o) {
   quantized_ = o.quantized_;
 }
 
-size_t KvCache::bytes() const {
+size_t KvCache::own_bytes() const {
   size_t t = 0;
   if (pool_) {
     for (int g = 0; g < KvPool::kGroups; ++g)
@@ -209,6 +209,24 @@ size_t KvCache::bytes() const {
     t += size_t(b.capacity) * (per_slot + 4);
   }
   return t;
+}
+
+bool KvCache::truncate(int n) {
+  bool ok = truncate_own(n);
+  for (auto& p : peers_) ok = p->truncate_own(n) && ok;  // the same geometry: the same answer
+  return ok;
+}
+
+void KvCache::copy_from(const KvCache& o) {
+  G4_CHECK(o.peers_.size() == peers_.size() && "KvCache::copy_from: caches of groups of different sizes");
+  copy_from_own(o);
+  for (size_t i = 0; i < peers_.size(); ++i) peers_[i]->copy_from_own(*o.peers_[i]);
+}
+
+size_t KvCache::bytes() const {
+  size_t b = own_bytes();
+  for (const auto& p : peers_) b += p->own_bytes();
+  return b;
 }
 
 }  // namespace g4

@@ -73,6 +73,14 @@ class KvCache {
   std::vector<uint8_t> save_state() const;
   Status load_state(const uint8_t* p, size_t n);
 
+  // Tensor parallelism: the same sequence's caches on the group's other ranks (a group leader's
+  // Model::new_cache adds them; model/model.h set_peers). truncate, copy_from, save_state /
+  // load_state and bytes cover them too; reserve and advance do not (each rank's forward calls
+  // them on its own cache).
+  void add_peer(std::unique_ptr<KvCache> c) { peers_.push_back(std::move(c)); }
+  size_t peers() const { return peers_.size(); }
+  KvCache* peer(size_t i) const { return peers_[i].get(); }
+
   const KvBuffer& layer(int i) const { return buf_[size_t(i)]; }
   // Whether the full layers hold quantized KV now.
   bool quantized() const { return quantized_; }
@@ -80,6 +88,12 @@ class KvCache {
 
  private:
   bool owns(size_t layer) const { return cfg_.layers[layer].kv_source < 0; }
+  // This rank's part of truncate, copy_from, save_state, load_state and bytes.
+  bool truncate_own(int n);
+  void copy_from_own(const KvCache& other);
+  std::vector<uint8_t> save_own_state() const;
+  Status load_own_state(const uint8_t* p, size_t n);
+  size_t own_bytes() const;
   // Allocates storage for `capacity` slots in b's format (quantized or f32), positions empty.
   void allocate(KvBuffer& b, int capacity);
   void release(KvBuffer& b);
@@ -129,6 +143,7 @@ class KvCache {
   std::array<Buf, KvPool::kGroups> table_dev_;               // paged: the tables in backend memory
   std::array<bool, KvPool::kGroups> table_dirty_{};          // paged: a table changed since its upload
   int window_ = 0;                                           // paged: the sliding layers' window
+  std::vector<std::unique_ptr<KvCache>> peers_;             // the other ranks' (add_peer)
 };
 
 }  // namespace g4

@@ -47,7 +47,7 @@ struct Reader {
 
 }  // namespace
 
-std::vector<uint8_t> KvCache::save_state() const {
+std::vector<uint8_t> KvCache::save_own_state() const {
   std::vector<uint8_t> out;
   Writer w{out};
   w.put(uint32_t(buf_.size()));
@@ -77,7 +77,7 @@ std::vector<uint8_t> KvCache::save_state() const {
   return out;
 }
 
-Status KvCache::load_state(const uint8_t* p, size_t n) {
+Status KvCache::load_own_state(const uint8_t* p, size_t n) {
   if (size_ != 0) return err("load_state: the cache is not empty");
   Reader r{p, n};
   const uint32_t layers = r.get<uint32_t>();
@@ -175,6 +175,40 @@ Status KvCache::load_state(const uint8_t* p, size_t n) {
     upload_tables();
   }
   return Status::ok();
+}
+
+// A group's state (a cache with peers): kGroupMarker, the number of parts (this rank's first, then
+// each peer's), and each part as a u64 length and a rank's own state. One rank's state is its own.
+constexpr uint32_t kGroupMarker = 0xfffffff0u;
+
+std::vector<uint8_t> KvCache::save_state() const {
+  if (peers_.empty()) return save_own_state();
+  std::vector<uint8_t> out;
+  Writer w{out};
+  w.put(kGroupMarker);
+  w.put(uint32_t(peers_.size() + 1));
+  for (size_t i = 0; i <= peers_.size(); ++i) {
+    const std::vector<uint8_t> part = i == 0 ? save_own_state() : peers_[i - 1]->save_own_state();
+    w.put(uint64_t(part.size()));
+    std::memcpy(w.grow(part.size()), part.data(), part.size());
+  }
+  return out;
+}
+
+Status KvCache::load_state(const uint8_t* p, size_t n) {
+  if (peers_.empty()) return load_own_state(p, n);
+  Reader r{p, n};
+  const uint32_t marker = r.get<uint32_t>(), parts = r.get<uint32_t>();
+  if (!r.ok || marker != kGroupMarker || parts != peers_.size() + 1)
+    return err("the state is not one of a %zu-rank group", peers_.size() + 1);
+  for (size_t i = 0; i < parts; ++i) {
+    const uint64_t len = r.get<uint64_t>();
+    const uint8_t* part = r.ok ? r.take(size_t(len)) : nullptr;
+    if (!part) return err("the state's part %zu is cut short", i);
+    Status st = i == 0 ? load_own_state(part, size_t(len)) : peers_[i - 1]->load_own_state(part, size_t(len));
+    if (!st) return err("rank %zu: %s", i, st.message().c_str());
+  }
+  return {};
 }
 
 }  // namespace g4

@@ -1,4 +1,5 @@
 #include "model/model.h"
+#include "model/model_scratch.h"
 
 #include "core/token_mask.h"
 
@@ -7,30 +8,8 @@
 
 #include "model/drafter.h"
 #include "model/expert_trace.h"
-#include "core/shard_range.h"
 
 namespace g4 {
-
-// Activation buffers sized for the largest batch seen so far (allocated outside the decode step).
-// Activations are in the backend's activation dtype; logits, top-k outputs and router weights f32;
-// ids I32.
-struct Model::Scratch {
-  int rows = 0, logit_rows = 0;
-  Buf x, xn, q, k, v, att, o, gate, up, f, h1, h2, xr;  // xr: the MoE router's normed input
-  Buf ple, ple_tok, pg;  // ple_tok, once consumed: the per-layer inputs layer-major [N, rows, Pw] (rows > 1)
-  Buf ple_idx;          // I32 [rows * N]: the gather that makes them layer-major
-  Buf scores, rw, last, logits;
-  Buf lpart, lgather;  // with a communicator: this rank's logits [logit_rows, vocab_max], all ranks' [n, ...]
-  Buf tr_idx, tr_w;  // with an expert trace: every MoE layer's router output [moe layers, rows, K]
-  int tr_rows = 0;
-  Buf lora_t, lora_z;  // [rows, rank], [rows, widest adapted output]
-  Buf tk_vals, tk_lse, tk_ids;  // top_k outputs [logit_rows, k_cap] (f32, I32), [logit_rows]
-  int tk_rows = 0, tk_k = 0;
-  int lora_rows = 0, lora_rank = 0, lora_out = 0;  // what lora_t / lora_z hold
-  Buf ids, ridx, last_idx, argmax;
-  Buf allow, allow_ids;  // I32 [allow_rows, token_mask_words(vocab)], [allow_rows]: forward's masks
-  int allow_rows = 0;
-};
 
 Model::Model(ModelConfig cfg, ModelWeights w, std::shared_ptr<const WeightSource> src,
              std::unique_ptr<Backend> be)
@@ -127,58 +106,41 @@ void Model::matmul_norm_add(const Buf& x, int M, const WeightView& W, int l, Lor
   be.norm_add(resid, y_scratch, M, cfg_.hidden, norm_w, cfg_.rms_eps, P);
 }
 
-void Model::set_communicator(Communicator* comm) {
-  comm_ = comm;
-  vocab_max_ = 0;
-  if (!comm) return;
-  auto r = shard_range(cfg_.vocab, 1, 0, comm->size(), "vocabulary");  // rank 0 holds the most rows
-  G4_CHECK(r && "Model::set_communicator: fewer vocabulary rows than ranks");
-  vocab_max_ = r.value().size();
-  G4_CHECK(s_->logit_rows == 0 && "Model::set_communicator: call it before the first forward");
-}
-
-void Model::all_reduce(const Buf& y, size_t n) {
-  if (!comm_) return;
-  be_->sync();  // the collective reads what the backend wrote
-  comm_->all_reduce_sum(y.data, n, y.dtype);
-}
-
-void Model::gather_logits(int LR) {
-  Scratch& S = *s_;
-  const int n = comm_->size(), V = cfg_.vocab;
-  const size_t part = size_t(LR) * size_t(vocab_max_);  // each rank's [LR, its rows], padded
-  be_->sync();
-  comm_->all_gather(S.lpart.data, part, DType::F32, S.lgather.data);
-  // Rank r's block holds [LR, Vr] contiguously; it becomes columns [v0, v0 + Vr) of every row.
-  // Through the host: on the host backends these are plain copies.
-  std::vector<float> all(part * size_t(n)), out(size_t(LR) * size_t(V));
-  be_->to_host(S.lgather, all.size(), all.data());
-  for (int r = 0; r < n; ++r) {
-    const ShardRange v = shard_range(V, 1, r, n, "vocabulary").value();
-    for (int i = 0; i < LR; ++i)
-      std::copy_n(all.data() + size_t(r) * part + size_t(i) * size_t(v.size()), size_t(v.size()),
-                  out.data() + size_t(i) * size_t(V) + size_t(v.begin));
-  }
-  be_->from_host(out.data(), out.size(), S.logits);
-}
-
 Status Model::set_kv_options(const KvCacheOptions& opt) {
   G4_TRY(validate_kv_options(opt, cfg_, *be_));
+  for (int i = 0; peers_ && i < peers_->count(); ++i) G4_TRY(peers_->peer(i).set_kv_options(opt));
   kv_opt_ = opt;
   if (pad_cache_) set_decode_padding(true);  // the pad cache takes the new options
   return Status::ok();
 }
 
 void Model::set_kv_pool(std::shared_ptr<KvPool> pool) {
+  for (int i = 0; peers_ && i < peers_->count(); ++i) {  // a pool of the same blocks for each peer
+    Model& m = peers_->peer(i);
+    m.set_kv_pool(!pool ? nullptr
+                        : std::make_shared<KvPool>(m.config(), m.backend(), pool->block(),
+                                                   std::array<int64_t, KvPool::kGroups>{
+                                                       pool->total_blocks(KvPool::kFull),
+                                                       pool->total_blocks(KvPool::kSliding)},
+                                                   pool->max_positions()));
+  }
   kv_pool_ = std::move(pool);
   if (pad_cache_) set_decode_padding(true);  // and the new storage
 }
 
 bool Model::set_decode_padding(bool on) {
   pad_cache_.reset();
-  if (!on || trace_) return false;
-  auto c = new_cache();
-  if (!c->reserve(1)) return false;
+  bool ok = on && !trace_;
+  for (int i = 0; peers_ && i < peers_->count(); ++i) ok = peers_->peer(i).set_decode_padding(ok) && ok;
+  if (!ok) {  // every rank pads, or none
+    for (int i = 0; peers_ && i < peers_->count(); ++i) peers_->peer(i).set_decode_padding(false);
+    return false;
+  }
+  auto c = std::make_unique<KvCache>(cfg_, *be_, kv_opt_, kv_pool_);  // this rank's alone
+  if (!c->reserve(1)) {
+    for (int i = 0; peers_ && i < peers_->count(); ++i) peers_->peer(i).set_decode_padding(false);
+    return false;
+  }
   pad_cache_ = std::move(c);
   pad_token_ = cfg_.pad_id;
   return true;
@@ -302,8 +264,8 @@ void Model::gelu_mul(const Buf& gate, const Buf& up, size_t n, ActPrecision P, c
   else be_->gelu_mul(gate, up, n, P, out);
 }
 
-void Model::forward(const std::vector<SeqInput>& seqs_in, ActPrecision P, float* logits_out, int32_t* argmax_out,
-                    const TopK* topk, const TokenMasks* masks) {
+void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, float* logits_out,
+                         int32_t* argmax_out, const TopK* topk, const TokenMasks* masks) {
   std::vector<SeqInput> padded;
   const std::vector<SeqInput>& batch = pad_to_bucket(seqs_in, &padded);  // pad rows last
   const int LR_out = logit_rows(seqs_in);  // the rows whose outputs are returned

@@ -37,6 +37,21 @@ struct SeqInput {
   const LoraAdapter* adapter = nullptr;
 };
 
+class Model;
+
+// The other ranks of a tensor-parallel group, driven by its leader (rank 0; Model::set_peers).
+// parallel/tp_model.cpp implements it with a thread per peer.
+class ModelPeers {
+ public:
+  virtual ~ModelPeers() = default;
+  virtual int count() const = 0;
+  virtual Model& peer(int i) = 0;
+  // Starts fn(i, peer(i)) for every peer, each on its own thread; join() returns once all have
+  // finished. fn must stay valid until join().
+  virtual void start(const std::function<void(int, Model&)>& fn) = 0;
+  virtual void join() = 0;
+};
+
 class Model {
  public:
   Model(ModelConfig cfg, ModelWeights w, std::shared_ptr<const WeightSource> src,
@@ -48,7 +63,7 @@ class Model {
   Backend& backend() { return *be_; }
   // A new, empty cache for one sequence, with the options of set_kv_options (paged in the pool of
   // set_kv_pool when there is one).
-  std::unique_ptr<KvCache> new_cache() { return std::make_unique<KvCache>(cfg_, *be_, kv_opt_, kv_pool_); }
+  std::unique_ptr<KvCache> new_cache();
   // The pool new_cache's caches take their blocks from (model/kv_pool.h), or null: per-sequence
   // buffers. The serving engine sets it; caches made before keep their storage.
   void set_kv_pool(std::shared_ptr<KvPool> pool);
@@ -119,6 +134,13 @@ class Model {
   // comm outlives the model; null: one rank.
   void set_communicator(Communicator* comm);
   Communicator* communicator() const { return comm_; }
+  // Makes this model (rank 0 of a group, its communicator set) the leader of the other ranks, so
+  // that callers use it as one model: forward() runs on every peer too, at the same time, with the
+  // same inputs over the peer caches of its caches (outputs come from the leader); new_cache()
+  // makes caches holding a peer cache per peer (model/kv_cache.h add_peer); set_kv_pool (a pool of
+  // the same block counts per peer), set_kv_options and set_decode_padding apply to every rank.
+  void set_peers(std::unique_ptr<ModelPeers> peers);
+  int ranks() const { return peers_ ? peers_->count() + 1 : 1; }
 
   // Optional tap for layer-by-layer debugging: called with (name, layer, host copy of a buffer).
   using Tap = std::function<void(const char* name, int layer, const float* data, size_t n)>;
@@ -126,6 +148,9 @@ class Model {
 
  private:
   struct Scratch;
+  // forward() of this rank alone.
+  void forward_rank(const std::vector<SeqInput>& batch, ActPrecision P, float* logits, int32_t* argmax,
+                    const TopK* topk, const TokenMasks* masks);
   void ensure_scratch(int rows, int logit_rows, int top_k = 0, int masks = 0);
   // batch, or (padding on, a decode step of 9 or more rows) batch and its pad rows in *padded.
   const std::vector<SeqInput>& pad_to_bucket(const std::vector<SeqInput>& batch, std::vector<SeqInput>* padded);
@@ -176,6 +201,7 @@ class Model {
   Tap tap_;
   std::shared_ptr<ExpertTrace> trace_;
   Communicator* comm_ = nullptr;  // set_communicator's, or null
+  std::unique_ptr<ModelPeers> peers_;  // set_peers', or null
   int64_t vocab_max_ = 0;         // with comm_: the largest rank's vocabulary rows
   std::unique_ptr<Drafter> drafter_;  // last: it frees its buffers through be_
 };

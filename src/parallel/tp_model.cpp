@@ -1,5 +1,7 @@
 #include "parallel/tp_model.h"
 
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "model/weights.h"
@@ -8,6 +10,69 @@
 #include "parallel/tp_source.h"
 
 namespace g4 {
+namespace {
+
+// The peers of a group's leader (ModelPeers), each on a thread that waits for the leader's next
+// job; owns the peers' models and the group's communicators (the leader's included).
+class ThreadPeers : public ModelPeers {
+ public:
+  ThreadPeers(std::vector<std::unique_ptr<Communicator>> comms, std::vector<std::unique_ptr<Model>> peers)
+      : comms_(std::move(comms)), peers_(std::move(peers)) {
+    for (int i = 0; i < count(); ++i) threads_.emplace_back([this, i] { serve(i); });
+  }
+  ~ThreadPeers() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  int count() const override { return int(peers_.size()); }
+  Model& peer(int i) override { return *peers_[size_t(i)]; }
+  void start(const std::function<void(int, Model&)>& fn) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job_ = &fn;
+      ++generation_;
+      running_ = count();
+    }
+    cv_.notify_all();
+  }
+  void join() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [this] { return running_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  void serve(int i) {
+    uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      const auto* fn = job_;
+      lock.unlock();
+      (*fn)(i, *peers_[size_t(i)]);
+      lock.lock();
+      if (--running_ == 0) done_.notify_one();
+    }
+  }
+
+  std::vector<std::unique_ptr<Communicator>> comms_;  // destroyed after the models
+  std::vector<std::unique_ptr<Model>> peers_;
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_;
+  const std::function<void(int, Model&)>* job_ = nullptr;
+  uint64_t generation_ = 0;
+  int running_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace
 
 Result<std::unique_ptr<Model>> build_tp_rank(const OpenedModel& om, const std::string& backend, Communicator& comm) {
   if (backend != "cpu" && backend != "reference")
@@ -23,23 +88,24 @@ Result<std::unique_ptr<Model>> build_tp_rank(const OpenedModel& om, const std::s
   return m;
 }
 
-Result<std::unique_ptr<TensorParallelGroup>> TensorParallelGroup::open(const OpenedModel& om,
-                                                                       const std::string& backend, int ranks) {
-  if (ranks < 1) return err("tensor parallel: %d ranks; give at least 1", ranks);
-  auto g = std::unique_ptr<TensorParallelGroup>(new TensorParallelGroup());
-  g->comms_ = make_inproc_group(ranks);
-  for (auto& c : g->comms_) {
+Result<std::unique_ptr<Model>> build_tp_model(const OpenedModel& om, const std::string& backend, int ranks) {
+  if (ranks < 2) return err("tensor parallel: %d ranks; a group has at least 2", ranks);
+  std::vector<std::unique_ptr<Communicator>> comms = make_inproc_group(ranks);
+  std::vector<std::unique_ptr<Model>> models;
+  for (auto& c : comms) {
     G4_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, build_tp_rank(om, backend, *c));
-    g->models_.push_back(std::move(m));
+    models.push_back(std::move(m));
   }
-  return g;
+  std::unique_ptr<Model> leader = std::move(models[0]);
+  models.erase(models.begin());
+  leader->set_peers(std::make_unique<ThreadPeers>(std::move(comms), std::move(models)));
+  return leader;
 }
 
-void TensorParallelGroup::run(const std::function<void(int, Model&)>& fn) {
-  std::vector<std::thread> threads;
-  for (int r = 1; r < size(); ++r) threads.emplace_back([this, &fn, r] { fn(r, *models_[size_t(r)]); });
-  fn(0, *models_[0]);  // rank 0 on the caller's thread
-  for (auto& t : threads) t.join();
+Result<std::unique_ptr<Model>> build_model_ranks(const OpenedModel& om, const std::string& backend,
+                                                 const BackendOptions& opt) {
+  if (opt.tensor_parallel <= 1) return build_model(om, backend, opt);
+  return build_tp_model(om, backend, opt.tensor_parallel);
 }
 
 }  // namespace g4

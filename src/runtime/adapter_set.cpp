@@ -7,6 +7,8 @@ namespace g4 {
 Status AdapterSet::mount(const std::string& name, const std::string& dir) {
   if (!is_plain_name(name, 64))
     return Error{"adapter name '" + name + "': use 1 to 64 letters, digits, '.', '_' or '-'"};
+  if (engine_.model().ranks() > 1)
+    return Error{"adapter '" + name + "': LoRA adapters are not sharded for --tensor-parallel yet"};
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (mounted_.count(name)) return Error{"adapter '" + name + "' is already mounted (unmount it first)"};

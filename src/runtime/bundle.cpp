@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "parallel/tp_model.h"
 #include "io/gguf.h"
 #include "io/model_dir.h"
 #include "text/tokenizer_gguf.h"
@@ -59,7 +60,7 @@ Result<ModelBundle> load_bundle(const std::string& path_in, const std::string& b
   add_stop(tok.id_of("<turn|>"));
   add_stop(tok.id_of("<end_of_turn>"));
   say("loading weights");
-  G4_ASSIGN_OR_RETURN(b.model, build_model(om, backend, opt));
+  G4_ASSIGN_OR_RETURN(b.model, build_model_ranks(om, backend, opt));
   if (tok.vocab_size() > b.model->config().vocab)
     return err("%s: tokenizer has %d tokens but the model's vocabulary is %d", path.c_str(),
                tok.vocab_size(), b.model->config().vocab);

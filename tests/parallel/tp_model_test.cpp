@@ -2,8 +2,8 @@
 // in-process communicator) against the same model on one rank, on the mlx-lm fixtures of every
 // architecture (dense K=V, E-style with per-layer inputs and KV sharing, routed experts) and format
 // (bf16, MLX 4-bit g64 and 8-bit g32, mixed precision, HF names): a prompt scored at every position,
-// then greedy decode steps, in f32. Contract: every rank returns the same logits, and they are
-// within 1e-5 of the single rank's times max(1, max |logit|) (the partial sums add in another order).
+// then greedy decode steps, in f32, through the group's leader used as one model. Contract: within
+// 1e-5 of the single rank's logits times max(1, max |logit|) (the partial sums add in another order).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "io/model_dir.h"
+#include "model/kv_pool.h"
 #include "model/model.h"
 #include "parallel/tp_model.h"
 #include "parallel/tp_source.h"
@@ -57,26 +58,62 @@ TEST_P(TensorParallelModel, RanksGiveTheSingleRankLogits) {
   std::vector<int32_t> ref_picked;
   const std::vector<float> ref = score(*one.value(), prompt, &ref_picked);
 
-  auto group = TensorParallelGroup::open(om.value(), "cpu", ranks);
-  ASSERT_TRUE(group) << group.message();
-  std::vector<std::vector<float>> got(static_cast<size_t>(ranks));
-  std::vector<std::vector<int32_t>> picked(static_cast<size_t>(ranks));
-  group.value()->run([&](int r, Model& m) { got[size_t(r)] = score(m, prompt, &picked[size_t(r)]); });
+  auto leader = build_tp_model(om.value(), "cpu", ranks);
+  ASSERT_TRUE(leader) << leader.message();
+  ASSERT_EQ(leader.value()->ranks(), ranks);
+  std::vector<int32_t> picked;
+  const std::vector<float> got = score(*leader.value(), prompt, &picked);
 
   float max_ref = 0, max_diff = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     max_ref = std::max(max_ref, std::abs(ref[i]));
-    max_diff = std::max(max_diff, std::abs(ref[i] - got[0][i]));
+    max_diff = std::max(max_diff, std::abs(ref[i] - got[i]));
   }
   RecordProperty("max_abs_diff", std::to_string(max_diff));
   std::printf("%s, %d ranks: max |logit - single rank| %.3g (max |logit| %.3g)\n", fixture.c_str(), ranks,
               double(max_diff), double(max_ref));
   EXPECT_LE(max_diff, 1e-5f * std::max(1.f, max_ref));
-  EXPECT_EQ(picked[0], ref_picked);
-  for (int r = 1; r < ranks; ++r) {
-    EXPECT_EQ(got[size_t(r)], got[0]) << "rank " << r << " returned other logits than rank 0";
-    EXPECT_EQ(picked[size_t(r)], picked[0]);
+  EXPECT_EQ(picked, ref_picked);
+}
+
+// The group as one model in the engine's uses: several sequences in one batch (a KV pool's blocks
+// on every rank), a prefix shared by copy_from and truncate, and the caches' state saved and read
+// back: the same logits as one rank within the contract above.
+TEST(TensorParallelModelCaches, PoolCopyTruncateAndStateFollowEveryRank) {
+  const fs::path dir = test::fixture_root() / "estyle-q4g64";
+  if (!fs::exists(dir / "config.json")) GTEST_SKIP() << dir << " missing (make fixtures)";
+  auto om = open_model(dir.string());
+  ASSERT_TRUE(om) << om.message();
+  auto one = build_model(om.value(), "cpu");
+  auto two = build_tp_model(om.value(), "cpu", 2);
+  ASSERT_TRUE(one && two) << one.message() << two.message();
+  const int V = one.value()->config().vocab;
+  auto run = [&](Model& m) {
+    m.set_kv_pool(std::make_shared<KvPool>(m.config(), m.backend(), 16, std::array<int64_t, 2>{64, 64}, 256));
+    std::vector<int32_t> a = {2, 17, 40, 61, 99, 120, 7, 8, 9}, b = {2, 300, 301, 5};
+    auto ca = m.new_cache(), cb = m.new_cache();
+    std::vector<float> out(size_t(V) * 4);
+    m.forward({SeqInput{ca.get(), a.data(), int(a.size()), false}, SeqInput{cb.get(), b.data(), int(b.size()), false}},
+              ActPrecision::F32, out.data());
+    auto cc = m.new_cache();  // a's first 5 tokens, then another continuation
+    cc->copy_from(*ca);
+    EXPECT_TRUE(cc->truncate(5));
+    const int32_t next[2] = {77, 78};
+    m.forward({SeqInput{cc.get(), next, 2, false}}, ActPrecision::F32, out.data() + 2 * size_t(V));
+    auto cd = m.new_cache();  // b's cache through its saved state
+    const std::vector<uint8_t> state = cb->save_state();
+    EXPECT_TRUE(cd->load_state(state.data(), state.size()));
+    const int32_t t = 55;
+    m.forward({SeqInput{cd.get(), &t, 1, false}}, ActPrecision::F32, out.data() + 3 * size_t(V));
+    return out;
+  };
+  const std::vector<float> ref = run(*one.value()), got = run(*two.value());
+  float max_ref = 0, max_diff = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    max_ref = std::max(max_ref, std::abs(ref[i]));
+    max_diff = std::max(max_diff, std::abs(ref[i] - got[i]));
   }
+  EXPECT_LE(max_diff, 1e-5f * std::max(1.f, max_ref));
 }
 
 // What does not split is refused before anything loads, naming it; so is a backend without a
@@ -86,10 +123,10 @@ TEST(TensorParallelModelRefusals, NameWhatDoesNotSplit) {
   if (!fs::exists(dir / "config.json")) GTEST_SKIP() << dir << " missing (make fixtures)";
   auto om = open_model(dir.string());
   ASSERT_TRUE(om) << om.message();
-  auto three = TensorParallelGroup::open(om.value(), "cpu", 3);
+  auto three = build_tp_model(om.value(), "cpu", 3);
   ASSERT_FALSE(three);
   EXPECT_EQ(three.message(), "tensor parallel over 3 ranks: the model's 4 query heads do not split evenly");
-  auto cuda = TensorParallelGroup::open(om.value(), "cuda", 2);
+  auto cuda = build_tp_model(om.value(), "cuda", 2);
   ASSERT_FALSE(cuda);
   EXPECT_NE(cuda.message().find("not 'cuda'"), std::string::npos) << cuda.message();
 

@@ -1,5 +1,6 @@
-"""`gemma4 logits --tensor-parallel N`: the model split over N ranks (a thread each, the in-process
-communicator; parallel/tp_model.h) scores a prompt as the single rank does.
+"""`--tensor-parallel N`: the model split over N ranks (a thread and a backend each, the in-process
+communicator; parallel/tp_model.h), used by every verb as one model, scores and continues a prompt
+as the single rank does, and serves.
 
 Oracle: the same binary's single-rank logits in the same run.
 - mlx-lm fixtures (dense, E-style, MoE; f32 activations, chunks of 3 tokens so the KV caches of
@@ -7,6 +8,9 @@ Oracle: the same binary's single-rank logits in the same run.
 - The starter (Gemma 3 270M Q4_K_M, a trained GGUF model) on the exact reference backend: within
   2e-4 * max |logit| and the same top-1 at every position. Its activations reach ~1e4, so f32
   partial sums added in another order move the logits more than on the random fixtures.
+- `greedy` on the fixtures: the same tokens as one rank.
+- `serve --tensor-parallel 2` (the starter, a KV pool): concurrent completions and chats answered,
+  the caches of every rank shared through the prefix cache; adapters refused with a 400.
 - What does not split, and what the sharded path does not take yet, is refused by name.
 """
 from __future__ import annotations
@@ -59,7 +63,43 @@ def test_refusals_name_the_cause(gemma4_bin, parity_fixtures, tmp_path):
     assert "the model's 4 query heads do not split evenly" in err
     err = _logits(gemma4_bin, tmp_path / "x.npy", "--model", model, "--ids", IDS, "--tensor-parallel", 2,
                   "--adapter-path", tmp_path, ok=False)
-    assert "--tensor-parallel does not take --adapter-path yet" in err
+    assert "--tensor-parallel does not take --adapter-path yet" in err, err
     err = _logits(gemma4_bin, tmp_path / "x.npy", "--model", model, "--ids", IDS, "--tensor-parallel", 2,
                   "--backend", "ggml", ok=False)
     assert "cpu and reference backends" in err
+
+
+@pytest.mark.parametrize("fixture", ["dense-bf16", "moe-q4g64"])
+def test_greedy_matches_one_rank(gemma4_bin, parity_fixtures, fixture):
+    cmd = [str(gemma4_bin), "greedy", "--model", str(parity_fixtures / fixture), "--ids", IDS, "--steps", "12",
+           "--dtype", "f32"]
+    one = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    two = subprocess.run(cmd + ["--tensor-parallel", "2"], capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0 and two.returncode == 0, two.stderr[-1000:]
+    assert one.stdout.strip() and two.stdout.strip() == one.stdout.strip()
+
+
+def test_serve_with_two_ranks(gemma4_bin):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from test_server import Server
+
+    s = Server(gemma4_bin, "--tensor-parallel", "2", "--kv-pool-mb", "64", "--parallel", "3")
+    try:
+        prompt = {"prompt": "The three largest cities of the region are", "max_tokens": 12, "temperature": 0}
+        with ThreadPoolExecutor(3) as ex:
+            got = list(ex.map(lambda _: s.raw("POST", "/v1/completions", body=prompt), range(3)))
+        for st, body in got:
+            assert st == 200, body
+            assert body["usage"]["completion_tokens"] > 0 and body["choices"][0]["text"]
+        st, again = s.raw("POST", "/v1/completions", body=prompt)
+        assert st == 200 and again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # every rank's prefix KV
+        texts = {b["choices"][0]["text"] for _, b in got} | {again["choices"][0]["text"]}
+        assert len(texts) == 1, texts  # one greedy answer, batched or from the prefix cache
+        st, chat = s.raw("POST", "/v1/chat/completions",
+                         body={"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8})
+        assert st == 200 and chat["choices"][0]["message"]["content"] is not None
+        st, err = s.raw("POST", "/v1/load_lora_adapter", body={"lora_name": "x", "lora_path": "/nonexistent"})
+        assert st == 400 and "tensor-parallel" in str(err), err
+    finally:
+        s.close()
