@@ -345,6 +345,10 @@ class Backend {
   // BackendOptions::row_exact). The serving engine cuts prompts into chunks of at most that many
   // rows and runs each step in forwards of at most that many rows.
   virtual int invariant_row_limit() const { return 0; }
+  // Whether steps (begin_step .. end_step) are recorded and replayed as graphs, so that a step of a
+  // row count seen before costs one launch: where it holds, the serving engine pads decode steps to
+  // row buckets (Model::set_decode_padding).
+  virtual bool records_steps() const { return false; }
   // Whether kv_write and attention take quantized KV buffers (KvBuffer::quant.bits > 0).
   virtual bool supports_kv_quant() const { return false; }
   // Whether attention takes bidirectional image blocks (AttnSeq::blocks).

@@ -68,6 +68,7 @@ std::string prompt_cache_key(const Args& a, const ModelBundle& b) {
   for (const char* opt : {"--kv-bits", "--kv-group-size", "--quantized-kv-start"})
     key += std::string(";") + opt + "=" + a.get(opt);
   key += std::string(";batch-invariant=") + (batch_invariant() ? "on" : "off");
+  if (b.model->ranks() > 1) key += ";tensor-parallel=" + std::to_string(b.model->ranks());  // a state per rank
   if (a.has("--adapter-path")) key += ";adapter=" + file_identity(a.get("--adapter-path"));
   return key;
 }
@@ -221,8 +222,6 @@ int cmd_serve(const std::vector<std::string>& argv) {
   o.kv_pool_bytes = size_t(fit.value().input.kv_pool_bytes);
   auto bo = backend_options_from_args(a);
   if (!bo) return fail("serve", bo.message());
-  o.decode_buckets = a.get("--backend") == "cuda" && a.get("--decode-buckets") == "on" && bo.value().graphs &&
-                     !bo.value().row_exact;
   // On a GPU the device memory the plan leaves free (past a 4 GiB margin) holds bf16 copies of the
   // weights cuBLAS reads, as engines that serve bf16 weights spend it: batched decode of many
   // streams and prefill read them instead of dequantizing every weight at every launch.
@@ -253,6 +252,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error value, not a signal
+  o.decode_buckets = a.get("--decode-buckets") == "on" && b.value().model->backend().records_steps();
   if (!o.prompt_cache_dir.empty()) o.prompt_cache_key = prompt_cache_key(a, b.value());
   if (!o.kv_events.endpoint.empty())
     o.kv_events.topic = a.has("--kv-events-topic") ? a.get("--kv-events-topic")

@@ -100,6 +100,7 @@ class CudaBackend final : public Backend {
   DType activation_dtype() const override { return opt_.activations; }
   // Buffers live in GPU memory: callers take the argmax / top k here instead of copying logits.
   bool on_device() const override { return true; }
+  bool records_steps() const override { return rec_->graphs(); }
   int invariant_row_limit() const override { return opt_.row_exact && q8_.q ? kRowExactMaxRows : 0; }
   cuda::StepRecorder::Counts step_counts() const { return rec_->counts(); }
   bool prefill_on_blas() const { return blas_ != nullptr; }

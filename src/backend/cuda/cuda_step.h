@@ -50,6 +50,8 @@ class StepRecorder {
   StepRecorder& operator=(const StepRecorder&) = delete;
 
   bool active() const { return active_; }
+  // Whether steps may be replayed as graphs (else every step runs directly).
+  bool graphs() const { return graphs_enabled_; }
   void begin();
   void end();
   void flush();
