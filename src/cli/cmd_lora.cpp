@@ -14,7 +14,16 @@
 // adapters.safetensors. Reports go to stdout in mlx-lm's wording; --log-file also writes each
 // as a JSON line. An existing adapter in --adapter-path is refused unless --resume (continue
 // training it) or --overwrite (replace it) is given (train/adapter_dir.h).
+// Every save also writes the run's training state (train/train_state.h): resuming from an adapter
+// file that has one (--resume-adapter-file DIR/NNNNNNN_adapters.safetensors, or --resume) continues
+// that run exactly, bit for bit, when it stopped before --iters; a finished run's, or one without a
+// state, trains again from the weights with the optimizer afresh, as mlx-lm does. Ctrl-C
+// stops after the iteration under way, saving the adapter and its state (exit status 130); a
+// second Ctrl-C quits at once.
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -25,12 +34,14 @@
 
 #include "cli/common.h"
 #include "cli/lora_options.h"
+#include "cli/memory_plan.h"
 #include "cli/progress_bar.h"
 #include "core/progress.h"
 #include "core/atomic_file.h"
 #include "core/thread_pool.h"
 #include "runtime/bundle.h"
 #include "train/adapter_dir.h"
+#include "train/train_memory.h"
 #include "train/trainer.h"
 
 namespace g4::cli {
@@ -39,6 +50,18 @@ namespace fs = std::filesystem;
 using train::Report;
 
 void progress(const std::string& m) { std::fprintf(stderr, "[gemma4] %s\n", m.c_str()); }
+
+std::atomic<bool> g_stop{false};
+// First Ctrl-C: stop after this iteration (train() saves); the second: the default action.
+void on_interrupt(int) {
+  if (g_stop.exchange(true)) {
+    std::signal(SIGINT, SIG_DFL);
+    std::raise(SIGINT);
+    return;
+  }
+  const char msg[] = "\n[gemma4] stopping after this iteration, saving the adapter (Ctrl-C again to quit at once)\n";
+  (void)!write(STDERR_FILENO, msg, sizeof msg - 1);
+}
 
 Result<float> float_flag(const Args& a, const char* name, float def) {
   if (!a.has(name)) return def;
@@ -168,13 +191,46 @@ int run_lora(const std::vector<std::string>& argv) {
     train::NumpyLegacyRng probe(o.seed);
     auto batches = train::BatchIterator::create(sets[0], o.batch_size, &probe, false);
     if (!batches.is_ok()) return fail_(batches.message());
+    // The largest batch the data can make (its longest records) against the free memory.
+    std::vector<int> rows;
+    for (const train::Dataset& set : sets)
+      for (const train::Example& ex : set.examples)
+        rows.push_back(std::min<int>(int(ex.tokens.size()), o.max_seq_length) - 1);
+    std::sort(rows.rbegin(), rows.rend());
+    rows.resize(std::min(rows.size(), size_t(o.batch_size)));
+    const uint64_t need = train::training_batch_bytes(cfg, params->first_layer(), rows);
+    const FreeMemory free = host_free_memory();
+    const std::string sizes = "a batch of " + std::to_string(rows.size()) + " records of up to " +
+                              std::to_string(rows.empty() ? 0 : rows[0] + 1) + " tokens";
+    if (free.bytes > 0 && need > free.bytes)
+      return fail_(sizes + " needs about " + human_bytes(need) + " to train (activations and attention weights); " +
+                   human_bytes(free.bytes) + " is free (" + free.source +
+                   "): lower --batch-size or --max-seq-length");
+    progress("training memory: about " + human_bytes(need) + " for " + sizes + ", " + human_bytes(free.bytes) +
+             " free");
   }
   auto resume_from = train::prepare_adapter_dir(o.adapter_dir, existing, lc);
   if (!resume_from.is_ok()) return fail_(resume_from.message());
   if (a.has("--resume-adapter-file")) resume_from.value() = a.get("--resume-adapter-file");
+  std::optional<train::TrainState> state;
   if (resume_from.value()) {
     progress("loading fine-tuned weights from " + *resume_from.value());
     if (Status s = params->load(*resume_from.value()); !s) return fail_(s.message());
+    const std::string sp = train::train_state_path(*resume_from.value());
+    if (fs::exists(sp)) {
+      auto st = train::load_train_state(sp);
+      if (!st.is_ok()) return fail_(st.message());
+      if (st->iteration >= o.iters) {  // a finished run: another run from its weights, as mlx-lm's resume
+        progress("the run saved in " + sp + " finished at iteration " + std::to_string(st->iteration) +
+                 ": training again from its weights, the optimizer afresh");
+      } else {
+        state = std::move(st).value();
+        o.resume = &*state;
+        progress("continuing the run from iteration " + std::to_string(state->iteration) + " (" + sp + ")");
+      }
+    } else {
+      progress("no training state beside it (" + sp + "): the optimizer starts afresh at iteration 1");
+    }
   }
   if (Status s = write_adapter_config((fs::path(o.adapter_dir) / "adapter_config.json").string(), a, lc, o, b.path,
                                      opt->name(), lr.value());
@@ -203,6 +259,10 @@ int run_lora(const std::vector<std::string>& argv) {
       j["loss"] = r.loss;
       j["tokens_per_sec"] = r.tokens_per_sec;
       j["trained_tokens"] = r.trained_tokens;
+    } else if (r.kind == "interrupted") {
+      std::printf("Iter %d: Interrupted; saved adapter weights and training state to %s (continue with --resume)\n",
+                  r.iteration, r.path.c_str());
+      j["path"] = r.path;
     } else {
       std::printf("Iter %d: Saved adapter weights to %s\n", r.iteration, r.path.c_str());
       j["path"] = r.path;
@@ -217,10 +277,15 @@ int run_lora(const std::vector<std::string>& argv) {
            opt->name() + " lr " + a.get("--learning-rate", "1e-05") + ", " + std::to_string(num_threads()) + " threads");
   // On a terminal, a progress bar with the time left between reports (cli/progress_bar.h).
   std::optional<ProgressTask> iterations(std::in_place, "training", uint64_t(o.iters), ProgressUnit::Iterations);
+  if (state) iterations->add(uint64_t(state->iteration));
   auto step = [&](int) { iterations->add(1); };
-  if (Status s = train::train(tm, params.value(), opt.value(), sets[0], sets[1], o, rng, report, step); !s)
-    return fail_(s.message());
+  o.stop = &g_stop;
+  std::signal(SIGINT, on_interrupt);
+  auto done = train::train(tm, params.value(), opt.value(), sets[0], sets[1], o, rng, report, step);
+  std::signal(SIGINT, SIG_DFL);
+  if (!done.is_ok()) return fail_(done.message());
   iterations.reset();  // the bar's last line, before the test report
+  if (done.value() < o.iters) return 130;  // interrupted (saved)
   if (a.has("--test")) {
     auto tl = train::evaluate(tm, sets[2], o.batch_size, test_batches, o.max_seq_length, rng);
     if (!tl.is_ok()) return fail_(tl.message());

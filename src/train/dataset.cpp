@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -174,6 +175,33 @@ bool BatchIterator::next(std::vector<int>* batch) {
   }
   *batch = batches_[size_t(order_[pos_++])];
   return true;
+}
+
+std::string NumpyLegacyRng::save() const {
+  std::ostringstream o;
+  o << mt_;
+  return o.str();
+}
+
+bool NumpyLegacyRng::load(const std::string& state) {
+  std::istringstream i(state);
+  std::mt19937 mt;
+  if (!(i >> mt)) return false;
+  mt_ = mt;
+  return true;
+}
+
+Status BatchIterator::restore(const Position& p) {
+  std::vector<int> sorted = p.order;
+  std::sort(sorted.begin(), sorted.end());
+  bool perm = p.started ? sorted.size() == batches_.size() : sorted.empty();
+  for (size_t i = 0; perm && i < sorted.size(); ++i) perm = sorted[i] == int(i);
+  if (!perm || p.pos > p.order.size())
+    return err("the saved batch order does not fit %zu batches (other data or --batch-size)", batches_.size());
+  order_ = p.order;
+  pos_ = p.pos;
+  started_ = p.started;
+  return {};
 }
 
 }  // namespace g4::train

@@ -57,6 +57,9 @@ class NumpyLegacyRng {
  public:
   explicit NumpyLegacyRng(uint32_t seed) : mt_(seed) {}
   std::vector<int> permutation(int n);
+  // The generator's whole state as text, and back (false: not such a text); for resuming a run.
+  std::string save() const;
+  bool load(const std::string& state);
 
  private:
   uint32_t interval(uint32_t max);
@@ -71,6 +74,15 @@ class BatchIterator {
   static Result<BatchIterator> create(const Dataset& d, int batch_size, NumpyLegacyRng* rng, bool loop);
   // False when a non-looping iterator is exhausted.
   bool next(std::vector<int>* batch);
+  // Where the iterator is in its order (for resuming a run); restore refuses an order that is not a
+  // permutation of this iterator's batches.
+  struct Position {
+    std::vector<int> order;
+    size_t pos = 0;
+    bool started = false;
+  };
+  Position position() const { return {order_, pos_, started_}; }
+  Status restore(const Position& p);
 
  private:
   std::vector<std::vector<int>> batches_;

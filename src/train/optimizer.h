@@ -21,6 +21,14 @@ class Optimizer {
   void step(LoraParams& p);
   float learning_rate() const { return lr_; }
   const std::string& name() const { return name_; }
+  // Adam's first and second moments per tensor (a, b of each module in order; empty before the
+  // first step and for sgd): saved and restored to resume a run exactly.
+  const std::vector<std::vector<float>>& first_moments() const { return m_; }
+  const std::vector<std::vector<float>>& second_moments() const { return v_; }
+  void set_moments(std::vector<std::vector<float>> m, std::vector<std::vector<float>> v) {
+    m_ = std::move(m);
+    v_ = std::move(v);
+  }
 
  private:
   void update(std::vector<float>& w, const std::vector<float>& g, std::vector<float>& m, std::vector<float>& v);

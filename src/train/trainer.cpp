@@ -47,18 +47,89 @@ Result<double> evaluate(LoraTrainModel& m, const Dataset& d, int batch_size, int
   return toks > 0 ? sum / double(toks) : 0.0;
 }
 
-Status train(LoraTrainModel& m, LoraParams& params, Optimizer& opt, const Dataset& train, const Dataset& valid,
-             const TrainOptions& o, NumpyLegacyRng& rng, const std::function<void(const Report&)>& report,
-             const std::function<void(int)>& step) {
+namespace {
+
+// What a saved state must share with this run to continue it.
+nlohmann::ordered_json fingerprint(const TrainOptions& o, const Optimizer& opt, const Dataset& train,
+                                   const LoraParams& params) {
+  nlohmann::ordered_json shapes = nlohmann::ordered_json::array();
+  for (const LoraModule& m : params.modules()) shapes.push_back({m.name, m.in, m.out, m.rank});
+  return {{"train_records", train.size()},   {"batch_size", o.batch_size},
+          {"seed", o.seed},                  {"grad_accumulation_steps", o.grad_accumulation_steps},
+          {"max_seq_length", o.max_seq_length}, {"optimizer", opt.name()},
+          {"learning_rate", opt.learning_rate()}, {"modules", shapes}};
+}
+
+// The first field two fingerprints differ in, as "NAME: saved X, now Y" (empty: none).
+std::string fingerprint_difference(const nlohmann::ordered_json& saved, const nlohmann::ordered_json& now) {
+  for (auto it = now.begin(); it != now.end(); ++it) {
+    const auto s = saved.find(it.key());
+    if (s == saved.end() || *s != it.value())
+      return it.key() + ": saved " + (s == saved.end() ? std::string("nothing") : s->dump()) + ", now " +
+             (it.key() == "modules" ? std::string("other adapter shapes") : it.value().dump());
+  }
+  return "";
+}
+
+}  // namespace
+
+Result<int> train(LoraTrainModel& m, LoraParams& params, Optimizer& opt, const Dataset& train, const Dataset& valid,
+                  const TrainOptions& o, NumpyLegacyRng& rng, const std::function<void(const Report&)>& report,
+                  const std::function<void(int)>& step) {
   if (o.grad_accumulation_steps < 1) return err("--grad-accumulation-steps must be at least 1");
   G4_ASSIGN_OR_RETURN(BatchIterator batches, BatchIterator::create(train, o.batch_size, &rng, true));
   const std::string adapter_file = (fs::path(o.adapter_dir) / "adapters.safetensors").string();
+  const nlohmann::ordered_json print = fingerprint(o, opt, train, params);
   double losses = 0.0, train_time = 0.0;
   long n_tokens = 0, trained_tokens = 0;
-  int steps = 0;
+  int steps = 0, first = 1;
   params.zero_grads();
+  if (const TrainState* r = o.resume) {
+    if (std::string d = fingerprint_difference(r->fingerprint, print); !d.empty())
+      return err("the training state to resume was saved by another run (%s): pass that run's flags and data",
+                 d.c_str());
+    if (r->iteration >= o.iters)
+      return err("the training state to resume is at iteration %d, not before --iters %d", r->iteration, o.iters);
+    if (!rng.load(r->rng)) return err("the training state's generator is malformed");
+    G4_TRY(batches.restore(r->batches));
+    size_t g = 0;
+    for (LoraModule& mod : params.modules())
+      for (std::vector<float>* v : {&mod.ga, &mod.gb}) {
+        if (g >= r->grads.size() || r->grads[g].size() != v->size())
+          return err("the training state's gradients do not fit the adapter");
+        *v = r->grads[g++];
+      }
+    opt.set_moments(r->opt_m, r->opt_v);
+    losses = r->losses;
+    train_time = r->train_time;
+    n_tokens = r->n_tokens;
+    trained_tokens = r->trained_tokens;
+    steps = r->steps;
+    first = r->iteration + 1;
+  }
+  // The adapter and its state at the end of iteration `it` (name: the adapter file).
+  auto save = [&](int it, const std::string& file) -> Status {
+    G4_TRY(params.save(file));
+    TrainState st;
+    st.iteration = it;
+    st.rng = rng.save();
+    st.batches = batches.position();
+    st.opt_m = opt.first_moments();
+    st.opt_v = opt.second_moments();
+    for (const LoraModule& mod : params.modules()) {
+      st.grads.push_back(mod.ga);
+      st.grads.push_back(mod.gb);
+    }
+    st.losses = losses;
+    st.train_time = train_time;
+    st.n_tokens = n_tokens;
+    st.trained_tokens = trained_tokens;
+    st.steps = steps;
+    st.fingerprint = print;
+    return save_train_state(train_state_path(file), st);
+  };
   std::vector<int> batch;
-  for (int it = 1; it <= o.iters; ++it) {
+  for (int it = first; it <= o.iters; ++it) {
     batches.next(&batch);  // drawn before this iteration's validation, as mlx-lm's zip does
     double tic = now_s();
     if (valid.size() > 0 && (it == 1 || it % o.steps_per_eval == 0 || it == o.iters)) {
@@ -107,25 +178,34 @@ Status train(LoraTrainModel& m, LoraParams& params, Optimizer& opt, const Datase
       train_time = 0.0;
     }
     if (it % o.save_every == 0) {
-      char name[32];
+      char name[48];
       std::snprintf(name, sizeof name, "%07d_adapters.safetensors", it);
       const std::string checkpoint = (fs::path(o.adapter_dir) / name).string();
-      G4_TRY(params.save(adapter_file));
-      G4_TRY(params.save(checkpoint));
+      G4_TRY(save(it, adapter_file));
+      G4_TRY(save(it, checkpoint));
       Report r;
       r.kind = "save";
       r.iteration = it;
       r.path = checkpoint;
       report(r);
     }
+    if (o.stop && o.stop->load() && it < o.iters) {
+      G4_TRY(save(it, adapter_file));
+      Report r;
+      r.kind = "interrupted";
+      r.iteration = it;
+      r.path = adapter_file;
+      report(r);
+      return it;
+    }
   }
-  G4_TRY(params.save(adapter_file));
+  G4_TRY(save(o.iters, adapter_file));
   Report r;
   r.kind = "save";
   r.iteration = o.iters;
   r.path = adapter_file;
   report(r);
-  return Status::ok();
+  return o.iters;
 }
 
 }  // namespace g4::train

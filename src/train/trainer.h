@@ -3,8 +3,10 @@
 // its gradients, an optimizer update every grad_accumulation_steps batches (gradients summed,
 // then divided by the count); validation at iteration 1, every steps_per_eval and at the end;
 // the mean train loss every steps_per_report; the adapter saved every save_every iterations
-// (adapters.safetensors and NNNNNNN_adapters.safetensors) and at the end.
+// (adapters.safetensors and NNNNNNN_adapters.safetensors, each with its training state) and at the
+// end.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -13,6 +15,7 @@
 #include "train/dataset.h"
 #include "train/lora_train_model.h"
 #include "train/optimizer.h"
+#include "train/train_state.h"
 
 namespace g4::train {
 
@@ -27,9 +30,15 @@ struct TrainOptions {
   int grad_accumulation_steps = 1;
   uint32_t seed = 0;
   std::string adapter_dir;  // where adapters.safetensors goes
+  // Continue this state (train_state.h), saved by a run of the same data and flags: training starts
+  // at its iteration + 1 with its batch order, optimizer moments and gradients (null: from the start).
+  const TrainState* resume = nullptr;
+  // Set (by a signal handler): the run stops after the iteration under way, saving the adapter and
+  // its state as a checkpoint does.
+  const std::atomic<bool>* stop = nullptr;
 };
 
-// One line of progress; `kind` is "val", "train" or "save".
+// One line of progress; `kind` is "val", "train", "save" or "interrupted" (a save at a stop).
 struct Report {
   std::string kind;
   int iteration = 0;
@@ -48,8 +57,10 @@ Result<double> evaluate(LoraTrainModel& m, const Dataset& d, int batch_size, int
                         NumpyLegacyRng& rng, const std::function<void(int, int)>& progress = {});
 
 // Trains params (through m) on `train`, validating on `valid` (may be empty). report() receives
-// each report as it happens; step(it), when given, runs after every iteration.
-Status train(LoraTrainModel& m, LoraParams& params, Optimizer& opt, const Dataset& train, const Dataset& valid,
+// each report as it happens; step(it), when given, runs after every iteration. Every save writes
+// the adapter and its training state (train_state.h). Returns the iterations done: o.iters, or
+// fewer when o.stop was set.
+Result<int> train(LoraTrainModel& m, LoraParams& params, Optimizer& opt, const Dataset& train, const Dataset& valid,
              const TrainOptions& o, NumpyLegacyRng& rng, const std::function<void(const Report&)>& report,
              const std::function<void(int)>& step = {});
 
