@@ -180,7 +180,8 @@ int run_lora(const std::vector<std::string>& argv) {
     sets[i] = std::move(d.value());
   }
   if (sets[0].size() == 0) return fail_(data_dir + "/train.jsonl: training set not found or empty");
-  if (sets[1].size() == 0) progress("warning: " + data_dir + "/valid.jsonl not found or empty: training without validation");
+  if (sets[1].size() == 0)
+    progress("warning: " + data_dir + "/valid.jsonl not found or empty: training without validation");
   if (a.has("--test") && sets[2].size() == 0) return fail_(data_dir + "/test.jsonl: test set not found or empty");
   progress("data: " + std::to_string(sets[0].size()) + " train, " + std::to_string(sets[1].size()) + " valid" +
            (a.has("--test") ? ", " + std::to_string(sets[2].size()) + " test" : std::string()) + " records");
@@ -274,7 +275,8 @@ int run_lora(const std::vector<std::string>& argv) {
   train::LoraTrainModel tm(*b.model, params.value());
   train::NumpyLegacyRng rng(o.seed);
   progress("training: " + std::to_string(o.iters) + " iterations, batch " + std::to_string(o.batch_size) + ", " +
-           opt->name() + " lr " + a.get("--learning-rate", "1e-05") + ", " + std::to_string(num_threads()) + " threads");
+           opt->name() + " lr " + a.get("--learning-rate", "1e-05") + ", " + std::to_string(num_threads()) +
+           " threads");
   // On a terminal, a progress bar with the time left between reports (cli/progress_bar.h).
   std::optional<ProgressTask> iterations(std::in_place, "training", uint64_t(o.iters), ProgressUnit::Iterations);
   if (state) iterations->add(uint64_t(state->iteration));
