@@ -140,14 +140,19 @@ void Backend::mask_logits(const Buf& x, int n, const Buf& allow, const Buf& rows
   std::vector<int32_t> ids(static_cast<size_t>(count));
   to_host(allow, words.size(), words.data());
   to_host(rows, ids.size(), ids.data());
-  int last = 0;
-  for (int32_t r : ids) last = std::max(last, int(r));
-  std::vector<float> h(size_t(last + 1) * size_t(n));
-  to_host(x, h.size(), h.data());
-  for (int i = 0; i < count; ++i)
-    apply_token_mask(h.data() + size_t(ids[size_t(i)]) * size_t(n), n,
-                     reinterpret_cast<const uint32_t*>(words.data()) + size_t(i) * size_t(W));
-  from_host(h.data(), h.size(), x);
+  std::vector<float> row;
+  for (int i = 0; i < count; ++i) {
+    const auto* mask = reinterpret_cast<const uint32_t*>(words.data()) + size_t(i) * size_t(W);
+    const Buf r = x.at(int64_t(ids[size_t(i)]) * n);
+    if (r.on_host()) {  // the host backends' logits: in place
+      apply_token_mask(r.f32(), n, mask);
+      continue;
+    }
+    row.resize(size_t(n));  // elsewhere: only the masked rows travel
+    to_host(r, row.size(), row.data());
+    apply_token_mask(row.data(), n, mask);
+    from_host(row.data(), row.size(), r);
+  }
 }
 
 void Backend::top_k(const Buf& x, int rows, int n, int k, const Buf& vals, const Buf& idx, const Buf& lse) {
