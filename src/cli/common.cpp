@@ -103,11 +103,10 @@ Status apply_model_flags(const Args& a, Model& m, ActPrecision P) {
   if (o.quant.bits == 0 && (a.has("--kv-group-size") || a.has("--quantized-kv-start")))
     return err("--kv-group-size and --quantized-kv-start need --kv-bits");
   G4_TRY(m.set_kv_options(o));
-  if (m.ranks() > 1)
-    for (const char* f : {"--adapter-path", "--draft-model"})
-      if (a.has(f)) return err("--tensor-parallel does not take %s yet (adapters and drafters are not sharded)", f);
+  if (m.ranks() > 1 && a.has("--draft-model"))
+    return err("--tensor-parallel does not take --draft-model yet (drafters are not sharded)");
   if (a.has("--adapter-path")) {
-    G4_ASSIGN_OR_RETURN(auto ad, load_lora_adapter(a.get("--adapter-path"), m.config(), m.backend()));
+    G4_ASSIGN_OR_RETURN(auto ad, m.load_adapter(a.get("--adapter-path")));
     m.set_adapter(std::move(ad));
   }
   if (a.has("--draft-model")) {

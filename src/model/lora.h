@@ -49,6 +49,9 @@ struct LoraAdapter {
   std::vector<LayerLora> layers;  // one per model layer
   std::deque<LoraDelta> deltas;   // stable storage behind the LayerLora pointers
   std::vector<std::vector<float>> host;  // the transposed f32 matrices the host views point into
+  // Tensor parallelism: this adapter's shards for the group's other ranks, in peer order
+  // (Model::load_adapter of a group's leader; parallel/tp_lora.h).
+  std::vector<std::unique_ptr<LoraAdapter>> peers;
 };
 
 // The modules an adapter may hold on a layer, as mlx-lm names them under the layer, in the order

@@ -278,7 +278,6 @@ void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, f
   for (const SeqInput& s : batch) R += s.n;
   const int LR = logit_rows(batch);
   set_lora_runs(batch);
-  G4_CHECK((!comm_ || lora_runs_.empty()) && "Model::forward: LoRA adapters are not sharded for tensor parallelism");
   const int n_masks = masks ? masks->count : 0;
   G4_CHECK(n_masks <= LR_out);
   ensure_scratch(R, LR, topk ? topk->k : 0, n_masks);

@@ -50,6 +50,8 @@ class ModelPeers {
   // finished. fn must stay valid until join().
   virtual void start(const std::function<void(int, Model&)>& fn) = 0;
   virtual void join() = 0;
+  // An adapter directory as the group's shards: the leader's, holding the peers' (LoraAdapter::peers).
+  virtual Result<std::unique_ptr<LoraAdapter>> load_adapter(const std::string& dir, Model& leader) = 0;
 };
 
 class Model {
@@ -74,6 +76,10 @@ class Model {
   const KvCacheOptions& kv_options() const { return kv_opt_; }
   // A LoRA adapter applied from the next forward on (null: none); see model/lora.h.
   void set_adapter(std::unique_ptr<LoraAdapter> a);
+  // Reads an mlx-lm adapter directory for this model (model/lora.h load_lora_adapter; a group's
+  // leader: sharded for every rank), and gives one back (release_lora_adapter on every rank).
+  Result<std::unique_ptr<LoraAdapter>> load_adapter(const std::string& dir);
+  void release_adapter(LoraAdapter& a);
   const LoraAdapter* adapter() const { return lora_.get(); }
   // A drafter for speculative decoding (model/drafter.h; runtime/engine.h uses it), or null.
   void set_drafter(std::unique_ptr<Drafter> d);
@@ -130,7 +136,8 @@ class Model {
   // rows shard_range(vocab, 1, rank, size)). forward() then sums the row-parallel partial outputs
   // (o_proj, down_proj, the routed experts) over the group and gathers the vocabulary shards'
   // logits, so every rank returns the whole outputs. Every rank runs each forward with the same
-  // batch (its own caches) at the same time. LoRA adapters are refused (not sharded yet).
+  // batch (its own caches) at the same time. An adapter's delta on a row-parallel projection is a
+  // partial sum too (parallel/tp_lora.h), reduced with the projection's.
   // comm outlives the model; null: one rank.
   void set_communicator(Communicator* comm);
   Communicator* communicator() const { return comm_; }

@@ -51,6 +51,17 @@ void Model::set_peers(std::unique_ptr<ModelPeers> peers) {
   if (pad_cache_) set_decode_padding(true);
 }
 
+Result<std::unique_ptr<LoraAdapter>> Model::load_adapter(const std::string& dir) {
+  if (!peers_) return load_lora_adapter(dir, cfg_, *be_);
+  return peers_->load_adapter(dir, *this);
+}
+
+void Model::release_adapter(LoraAdapter& a) {
+  for (size_t i = 0; peers_ && i < a.peers.size(); ++i)
+    if (a.peers[i]) release_lora_adapter(*a.peers[i], peers_->peer(int(i)).backend());
+  release_lora_adapter(a, *be_);
+}
+
 std::unique_ptr<KvCache> Model::new_cache() {
   auto c = std::make_unique<KvCache>(cfg_, *be_, kv_opt_, kv_pool_);
   for (int i = 0; peers_ && i < peers_->count(); ++i) c->add_peer(peers_->peer(i).new_cache());
@@ -65,6 +76,10 @@ void Model::forward(const std::vector<SeqInput>& batch, ActPrecision P, float* l
     for (size_t s = 0; s < batch.size(); ++s) {
       G4_CHECK(batch[s].cache->peers() == theirs.size() && "Model::forward: a cache not made by this group");
       theirs[i][s].cache = batch[s].cache->peer(i);
+      // The peers hold no adapter of their own: each row's adapter (or the leader's) as its shard.
+      const LoraAdapter* a = batch[s].adapter ? batch[s].adapter : lora_.get();
+      G4_CHECK((!a || a->peers.size() == theirs.size()) && "Model::forward: an adapter not loaded by this group");
+      theirs[i][s].adapter = a ? a->peers[i].get() : nullptr;
     }
   // The outputs are the leader's; the peers compute the same collectives (the logits' gather
   // included) and drop theirs.

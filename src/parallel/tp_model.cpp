@@ -7,6 +7,7 @@
 #include "model/weights.h"
 #include "parallel/inproc_communicator.h"
 #include "parallel/shard.h"
+#include "parallel/tp_lora.h"
 #include "parallel/tp_source.h"
 
 namespace g4 {
@@ -16,8 +17,10 @@ namespace {
 // job; owns the peers' models and the group's communicators (the leader's included).
 class ThreadPeers : public ModelPeers {
  public:
-  ThreadPeers(std::vector<std::unique_ptr<Communicator>> comms, std::vector<std::unique_ptr<Model>> peers)
-      : comms_(std::move(comms)), peers_(std::move(peers)) {
+  // sources: every rank's shard of the checkpoint (rank order, the leader's first); global: its config.
+  ThreadPeers(std::vector<std::unique_ptr<Communicator>> comms, std::vector<std::unique_ptr<Model>> peers,
+              std::vector<std::shared_ptr<ShardedWeightSource>> sources, ModelConfig global)
+      : comms_(std::move(comms)), peers_(std::move(peers)), sources_(std::move(sources)), global_(std::move(global)) {
     for (int i = 0; i < count(); ++i) threads_.emplace_back([this, i] { serve(i); });
   }
   ~ThreadPeers() override {
@@ -44,6 +47,17 @@ class ThreadPeers : public ModelPeers {
     done_.wait(lock, [this] { return running_ == 0; });
     job_ = nullptr;
   }
+  Result<std::unique_ptr<LoraAdapter>> load_adapter(const std::string& dir, Model& leader) override {
+    std::unique_ptr<Backend> host = make_backend("reference");  // the whole adapter, in host memory
+    G4_ASSIGN_OR_RETURN(std::unique_ptr<LoraAdapter> whole, load_lora_adapter(dir, global_, *host));
+    G4_ASSIGN_OR_RETURN(std::unique_ptr<LoraAdapter> mine, shard_lora_adapter(*whole, *sources_[0], leader.backend()));
+    for (int i = 0; i < count(); ++i) {
+      G4_ASSIGN_OR_RETURN(std::unique_ptr<LoraAdapter> theirs,
+                          shard_lora_adapter(*whole, *sources_[size_t(i) + 1], peer(i).backend()));
+      mine->peers.push_back(std::move(theirs));
+    }
+    return mine;
+  }
 
  private:
   void serve(int i) {
@@ -63,6 +77,8 @@ class ThreadPeers : public ModelPeers {
 
   std::vector<std::unique_ptr<Communicator>> comms_;  // destroyed after the models
   std::vector<std::unique_ptr<Model>> peers_;
+  std::vector<std::shared_ptr<ShardedWeightSource>> sources_;
+  ModelConfig global_;
   std::vector<std::thread> threads_;
   std::mutex mu_;
   std::condition_variable cv_, done_;
@@ -74,7 +90,8 @@ class ThreadPeers : public ModelPeers {
 
 }  // namespace
 
-Result<std::unique_ptr<Model>> build_tp_rank(const OpenedModel& om, const std::string& backend, Communicator& comm) {
+Result<std::unique_ptr<Model>> build_tp_rank(const OpenedModel& om, const std::string& backend, Communicator& comm,
+                                             std::shared_ptr<ShardedWeightSource>* source) {
   if (backend != "cpu" && backend != "reference")
     return err("tensor parallelism runs on the cpu and reference backends in this build, not '%s' (the NCCL "
                "communicator is not built yet)", backend.c_str());
@@ -85,6 +102,7 @@ Result<std::unique_ptr<Model>> build_tp_rank(const OpenedModel& om, const std::s
   G4_ASSIGN_OR_RETURN(w.lm_head, shard_rows(w.lm_head, comm.rank(), comm.size(), "lm_head"));
   auto m = std::make_unique<Model>(src->config(), std::move(w), src, std::move(be));
   m->set_communicator(&comm);
+  if (source) *source = src;
   return m;
 }
 
@@ -92,13 +110,14 @@ Result<std::unique_ptr<Model>> build_tp_model(const OpenedModel& om, const std::
   if (ranks < 2) return err("tensor parallel: %d ranks; a group has at least 2", ranks);
   std::vector<std::unique_ptr<Communicator>> comms = make_inproc_group(ranks);
   std::vector<std::unique_ptr<Model>> models;
-  for (auto& c : comms) {
-    G4_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, build_tp_rank(om, backend, *c));
+  std::vector<std::shared_ptr<ShardedWeightSource>> sources(comms.size());
+  for (size_t r = 0; r < comms.size(); ++r) {
+    G4_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, build_tp_rank(om, backend, *comms[r], &sources[r]));
     models.push_back(std::move(m));
   }
   std::unique_ptr<Model> leader = std::move(models[0]);
   models.erase(models.begin());
-  leader->set_peers(std::make_unique<ThreadPeers>(std::move(comms), std::move(models)));
+  leader->set_peers(std::make_unique<ThreadPeers>(std::move(comms), std::move(models), std::move(sources), om.config));
   return leader;
 }
 

@@ -16,8 +16,12 @@
 
 namespace g4 {
 
-// Rank comm.rank() of comm.size() of the opened checkpoint, on a backend of its own.
-Result<std::unique_ptr<Model>> build_tp_rank(const OpenedModel& om, const std::string& backend, Communicator& comm);
+class ShardedWeightSource;
+
+// Rank comm.rank() of comm.size() of the opened checkpoint, on a backend of its own; *source (when
+// given) receives the rank's shard of the checkpoint.
+Result<std::unique_ptr<Model>> build_tp_rank(const OpenedModel& om, const std::string& backend, Communicator& comm,
+                                             std::shared_ptr<ShardedWeightSource>* source = nullptr);
 
 // The leader of `ranks` ranks (>= 2) of the opened checkpoint over an in-process group: it owns
 // the other ranks, their threads and the group. Errors name what does not split.

@@ -76,35 +76,51 @@ WeightView ShardedWeightSource::keep(PackedWeight p) const {
   return packed_.back().view();
 }
 
+ShardedWeightSource::Split ShardedWeightSource::split_of(int l, std::string_view part) const {
+  using K = Split::Kind;
+  const LayerSpec& g = global_.layers[size_t(l)];
+  const int64_t D = g.head_dim, hq = local_.n_heads, hk = local_.layers[size_t(l)].n_kv_heads;
+  auto range = [](int64_t begin, int64_t n) { return ShardRange{begin, begin + n}; };
+  if (part == "self_attn.q_proj") return {K::Rows, range(rank_ * hq * D, hq * D)};
+  if (part == "self_attn.o_proj") return {K::Cols, range(rank_ * hq * D, hq * D)};
+  if (part == "self_attn.k_proj" || part == "self_attn.v_proj") {
+    if (g.n_kv_heads >= size_) return {K::Rows, range(rank_ * hk * D, hk * D)};
+    return {K::Rows, range(int64_t(rank_ / (size_ / g.n_kv_heads)) * D, D)};  // the replicated head
+  }
+  if (part == "mlp.gate_proj" || part == "mlp.up_proj" || part == "mlp.down_proj") {
+    const ShardRange r = shard_range(g.mlp_width, mlp_unit_[size_t(l)], rank_, size_, "mlp").value();  // checked in make
+    return {part == "mlp.down_proj" ? K::Cols : K::Rows, r};
+  }
+  return {K::Whole, {}};
+}
+
 Result<WeightView> ShardedWeightSource::matrix(std::string_view module, int64_t rows, int64_t cols) const {
   const auto [l, part] = split_layer(module);
   if (l < 0 || l >= global_.n_layers) return base_->matrix(module, rows, cols);
   const std::string name(module);
   const LayerSpec& g = global_.layers[size_t(l)];
-  const int d = global_.hidden, D = g.head_dim, H = global_.n_heads, Hk = g.n_kv_heads;
-  const int hq = local_.n_heads, hk = local_.layers[size_t(l)].n_kv_heads;
+  const Split sp = split_of(l, part);
+  if (sp.kind == Split::Kind::Whole) return base_->matrix(module, rows, cols);  // replicated
+  // The checkpoint's shape: rows split ([out, d]) or columns split ([d, in]).
+  const bool attn = part.substr(0, 10) == "self_attn.";
+  const int64_t whole = part == "self_attn.q_proj" || part == "self_attn.o_proj"
+                            ? int64_t(global_.n_heads) * g.head_dim
+                            : attn ? int64_t(g.n_kv_heads) * g.head_dim : int64_t(g.mlp_width);
+  const int64_t d = global_.hidden;
   Result<WeightView> out = Error{""};
-  if (part == "self_attn.q_proj") {
-    G4_ASSIGN_OR_RETURN(WeightView w, base_->matrix(module, int64_t(H) * D, d));
-    out = shard_rows(w, rank_, size_, name.c_str(), int64_t(hq) * D);
-  } else if (part == "self_attn.k_proj" || part == "self_attn.v_proj") {
-    G4_ASSIGN_OR_RETURN(WeightView w, base_->matrix(module, int64_t(Hk) * D, d));
-    // Replicated KV: the one head rank r's query heads read, head r / (n / Hk).
-    out = Hk >= size_ ? shard_rows(w, rank_, size_, name.c_str(), int64_t(hk) * D)
-                      : shard_rows(w, rank_ / (size_ / Hk), Hk, name.c_str(), D);
-  } else if (part == "self_attn.o_proj") {
-    G4_ASSIGN_OR_RETURN(WeightView w, base_->matrix(module, d, int64_t(H) * D));
-    G4_ASSIGN_OR_RETURN(PackedWeight p, shard_cols(w, rank_, size_, name.c_str(), int64_t(hq) * D));
-    out = keep(std::move(p));
-  } else if (part == "mlp.gate_proj" || part == "mlp.up_proj") {
-    G4_ASSIGN_OR_RETURN(WeightView w, base_->matrix(module, g.mlp_width, d));
-    out = shard_rows(w, rank_, size_, name.c_str(), mlp_unit_[size_t(l)]);
-  } else if (part == "mlp.down_proj") {
-    G4_ASSIGN_OR_RETURN(WeightView w, base_->matrix(module, d, g.mlp_width));
-    G4_ASSIGN_OR_RETURN(PackedWeight p, shard_cols(w, rank_, size_, name.c_str(), mlp_unit_[size_t(l)]));
-    out = keep(std::move(p));
+  const bool mlp = part.substr(0, 4) == "mlp.";
+  if (sp.kind == Split::Kind::Rows) {
+    G4_ASSIGN_OR_RETURN(WeightView w, base_->matrix(module, whole, d));
+    // MLP ranks may hold unequal widths: split as make() did. Heads split into equal units, so the
+    // range is rank begin / size of whole / size units (a replicated KV head: head j of Hk).
+    out = mlp ? shard_rows(w, rank_, size_, name.c_str(), mlp_unit_[size_t(l)])
+              : shard_rows(w, int(sp.range.begin / sp.range.size()), int(whole / sp.range.size()), name.c_str(),
+                           sp.range.size());
   } else {
-    return base_->matrix(module, rows, cols);  // replicated
+    G4_ASSIGN_OR_RETURN(WeightView w, base_->matrix(module, d, whole));
+    G4_ASSIGN_OR_RETURN(PackedWeight p, shard_cols(w, rank_, size_, name.c_str(),
+                                                   mlp ? mlp_unit_[size_t(l)] : sp.range.size()));
+    out = keep(std::move(p));
   }
   if (!out) return out;
   if (out.value().rows != rows || out.value().cols != cols)  // the loader asked with the local config

@@ -44,6 +44,16 @@ class ShardedWeightSource : public WeightSource {
   int rank() const { return rank_; }
   int size() const { return size_; }
 
+  // How this rank holds module `part` of layer `layer` ("self_attn.q_proj", "mlp.down_proj", ...;
+  // parallel/tp_source.h's split): a range of its output rows (column-parallel), of its input
+  // columns (row-parallel), or whole (replicated). LoRA adapters are split by the same ranges.
+  struct Split {
+    enum class Kind { Whole, Rows, Cols };
+    Kind kind = Kind::Whole;
+    ShardRange range;  // Rows / Cols: the global range this rank holds
+  };
+  Split split_of(int layer, std::string_view part) const;
+
   bool has(std::string_view canonical) const override { return base_->has(canonical); }
   Result<WeightView> matrix(std::string_view module, int64_t rows, int64_t cols) const override;
   Result<WeightView> stacked_matrix(std::string_view module, int64_t index, int64_t count, int64_t rows,

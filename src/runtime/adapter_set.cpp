@@ -7,8 +7,6 @@ namespace g4 {
 Status AdapterSet::mount(const std::string& name, const std::string& dir) {
   if (!is_plain_name(name, 64))
     return Error{"adapter name '" + name + "': use 1 to 64 letters, digits, '.', '_' or '-'"};
-  if (engine_.model().ranks() > 1)
-    return Error{"adapter '" + name + "': LoRA adapters are not sharded for --tensor-parallel yet"};
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (mounted_.count(name)) return Error{"adapter '" + name + "' is already mounted (unmount it first)"};
@@ -16,7 +14,7 @@ Status AdapterSet::mount(const std::string& name, const std::string& dir) {
   Result<std::unique_ptr<LoraAdapter>> loaded = Error{"not loaded"};
   Status st = engine_.run_exclusive([&] {
     release_unused();
-    loaded = load_lora_adapter(dir, engine_.model().config(), engine_.model().backend());
+    loaded = engine_.model().load_adapter(dir);
   });
   if (!st) return st;
   if (!loaded) return Error{"adapter '" + name + "': " + loaded.message()};
@@ -54,7 +52,7 @@ void AdapterSet::release_unused() {
     done.assign(std::make_move_iterator(keep), std::make_move_iterator(unmounted_.end()));
     unmounted_.erase(keep, unmounted_.end());
   }
-  for (auto& m : done) release_lora_adapter(*m->lora, engine_.model().backend());
+  for (auto& m : done) engine_.model().release_adapter(*m->lora);
 }
 
 std::shared_ptr<const MountedAdapter> AdapterSet::find(const std::string& name) const {

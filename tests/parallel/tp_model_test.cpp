@@ -116,6 +116,49 @@ TEST(TensorParallelModelCaches, PoolCopyTruncateAndStateFollowEveryRank) {
   EXPECT_LE(max_diff, 1e-5f * std::max(1.f, max_ref));
 }
 
+// LoRA adapters split as their projections (parallel/tp_lora.h): the model's own adapter, and
+// per-sequence adapters beside a sequence without one in the same batch, give one rank's logits.
+TEST(TensorParallelModelAdapters, ShardedAdaptersGiveTheSingleRankLogits) {
+  for (const char* name : {"dense-q4g64", "estyle-q4g64"}) {
+    SCOPED_TRACE(name);
+    const fs::path dir = test::fixture_root() / name, lora = test::fixture_root() / (std::string(name) + "-lora");
+    if (!fs::exists(lora / "adapters.safetensors")) GTEST_SKIP() << lora << " missing (make fixtures)";
+    auto om = open_model(dir.string());
+    ASSERT_TRUE(om) << om.message();
+    for (int ranks : {2, 4}) {
+      auto one = build_model(om.value(), "cpu");
+      auto group = build_tp_model(om.value(), "cpu", ranks);
+      ASSERT_TRUE(one && group) << one.message() << group.message();
+      const int V = one.value()->config().vocab;
+      auto run = [&](Model& m) {
+        auto ad = m.load_adapter(lora.string());
+        EXPECT_TRUE(ad) << ad.message();
+        std::vector<int32_t> a = {2, 17, 40, 61, 99, 120, 7}, b = {2, 300, 301, 5, 9};
+        std::vector<float> out(size_t(V) * 2);
+        auto ca = m.new_cache(), cb = m.new_cache();
+        SeqInput with{ca.get(), a.data(), int(a.size()), false};
+        with.adapter = ad.value().get();
+        m.forward({with, SeqInput{cb.get(), b.data(), int(b.size()), false}}, ActPrecision::F32, out.data());
+        m.set_adapter(std::move(ad).value());  // the model's own adapter, then on every row
+        auto cc = m.new_cache();
+        std::vector<float> own(size_t(V) * size_t(a.size()));
+        m.forward({SeqInput{cc.get(), a.data(), int(a.size()), true}}, ActPrecision::F32, own.data());
+        out.insert(out.end(), own.begin(), own.end());
+        return out;
+      };
+      const std::vector<float> ref = run(*one.value()), got = run(*group.value());
+      float max_ref = 0, max_diff = 0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        max_ref = std::max(max_ref, std::abs(ref[i]));
+        max_diff = std::max(max_diff, std::abs(ref[i] - got[i]));
+      }
+      std::printf("%s + adapter, %d ranks: max |logit - single rank| %.3g (max |logit| %.3g)\n", name, ranks,
+                  double(max_diff), double(max_ref));
+      EXPECT_LE(max_diff, 1e-5f * std::max(1.f, max_ref));
+    }
+  }
+}
+
 // What does not split is refused before anything loads, naming it; so is a backend without a
 // communicator; the rank-local config holds the rank's heads and MLP width.
 TEST(TensorParallelModelRefusals, NameWhatDoesNotSplit) {
