@@ -128,6 +128,13 @@ Result<int> train(LoraTrainModel& m, LoraParams& params, Optimizer& opt, const D
     st.fingerprint = print;
     return save_train_state(train_state_path(file), st);
   };
+  auto report_saved = [&](const char* kind, int it, const std::string& path) {
+    Report r;
+    r.kind = kind;
+    r.iteration = it;
+    r.path = path;
+    report(r);
+  };
   std::vector<int> batch;
   for (int it = first; it <= o.iters; ++it) {
     batches.next(&batch);  // drawn before this iteration's validation, as mlx-lm's zip does
@@ -183,28 +190,16 @@ Result<int> train(LoraTrainModel& m, LoraParams& params, Optimizer& opt, const D
       const std::string checkpoint = (fs::path(o.adapter_dir) / name).string();
       G4_TRY(save(it, adapter_file));
       G4_TRY(save(it, checkpoint));
-      Report r;
-      r.kind = "save";
-      r.iteration = it;
-      r.path = checkpoint;
-      report(r);
+      report_saved("save", it, checkpoint);
     }
     if (o.stop && o.stop->load() && it < o.iters) {
       G4_TRY(save(it, adapter_file));
-      Report r;
-      r.kind = "interrupted";
-      r.iteration = it;
-      r.path = adapter_file;
-      report(r);
+      report_saved("interrupted", it, adapter_file);
       return it;
     }
   }
   G4_TRY(save(o.iters, adapter_file));
-  Report r;
-  r.kind = "save";
-  r.iteration = o.iters;
-  r.path = adapter_file;
-  report(r);
+  report_saved("save", o.iters, adapter_file);
   return o.iters;
 }
 

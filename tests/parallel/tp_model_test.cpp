@@ -25,6 +25,20 @@ namespace fs = std::filesystem;
 
 constexpr int kDecodeSteps = 3;
 
+// max |got - ref| and max |ref|, and whether they meet the contract: within 1e-5 of max(1, max |ref|).
+struct Diff {
+  float max_diff = 0, max_ref = 0;
+  bool within_contract() const { return max_diff <= 1e-5f * std::max(1.f, max_ref); }
+};
+Diff compare(const std::vector<float>& ref, const std::vector<float>& got) {
+  Diff d;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    d.max_ref = std::max(d.max_ref, std::abs(ref[i]));
+    d.max_diff = std::max(d.max_diff, std::abs(ref[i] - got[i]));
+  }
+  return d;
+}
+
 // Logits of `prompt` at every position, then of kDecodeSteps greedy steps, on one model.
 std::vector<float> score(Model& m, const std::vector<int32_t>& prompt, std::vector<int32_t>* picked) {
   const int V = m.config().vocab, L = int(prompt.size());
@@ -64,15 +78,11 @@ TEST_P(TensorParallelModel, RanksGiveTheSingleRankLogits) {
   std::vector<int32_t> picked;
   const std::vector<float> got = score(*leader.value(), prompt, &picked);
 
-  float max_ref = 0, max_diff = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    max_ref = std::max(max_ref, std::abs(ref[i]));
-    max_diff = std::max(max_diff, std::abs(ref[i] - got[i]));
-  }
-  RecordProperty("max_abs_diff", std::to_string(max_diff));
+  const Diff d = compare(ref, got);
+  RecordProperty("max_abs_diff", std::to_string(d.max_diff));
   std::printf("%s, %d ranks: max |logit - single rank| %.3g (max |logit| %.3g)\n", fixture.c_str(), ranks,
-              double(max_diff), double(max_ref));
-  EXPECT_LE(max_diff, 1e-5f * std::max(1.f, max_ref));
+              double(d.max_diff), double(d.max_ref));
+  EXPECT_TRUE(d.within_contract());
   EXPECT_EQ(picked, ref_picked);
 }
 
@@ -107,13 +117,8 @@ TEST(TensorParallelModelCaches, PoolCopyTruncateAndStateFollowEveryRank) {
     m.forward({SeqInput{cd.get(), &t, 1, false}}, ActPrecision::F32, out.data() + 3 * size_t(V));
     return out;
   };
-  const std::vector<float> ref = run(*one.value()), got = run(*two.value());
-  float max_ref = 0, max_diff = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    max_ref = std::max(max_ref, std::abs(ref[i]));
-    max_diff = std::max(max_diff, std::abs(ref[i] - got[i]));
-  }
-  EXPECT_LE(max_diff, 1e-5f * std::max(1.f, max_ref));
+  const Diff d = compare(run(*one.value()), run(*two.value()));
+  EXPECT_TRUE(d.within_contract()) << d.max_diff << " at max |logit| " << d.max_ref;
 }
 
 // LoRA adapters split as their projections (parallel/tp_lora.h): the model's own adapter, and
@@ -146,15 +151,10 @@ TEST(TensorParallelModelAdapters, ShardedAdaptersGiveTheSingleRankLogits) {
         out.insert(out.end(), own.begin(), own.end());
         return out;
       };
-      const std::vector<float> ref = run(*one.value()), got = run(*group.value());
-      float max_ref = 0, max_diff = 0;
-      for (size_t i = 0; i < ref.size(); ++i) {
-        max_ref = std::max(max_ref, std::abs(ref[i]));
-        max_diff = std::max(max_diff, std::abs(ref[i] - got[i]));
-      }
+      const Diff d = compare(run(*one.value()), run(*group.value()));
       std::printf("%s + adapter, %d ranks: max |logit - single rank| %.3g (max |logit| %.3g)\n", name, ranks,
-                  double(max_diff), double(max_ref));
-      EXPECT_LE(max_diff, 1e-5f * std::max(1.f, max_ref));
+                  double(d.max_diff), double(d.max_ref));
+      EXPECT_TRUE(d.within_contract());
     }
   }
 }
