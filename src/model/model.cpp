@@ -130,14 +130,14 @@ void Model::set_kv_pool(std::shared_ptr<KvPool> pool) {
 
 bool Model::set_decode_padding(bool on) {
   pad_cache_.reset();
+  std::unique_ptr<KvCache> c;
   bool ok = on && !trace_;
+  if (ok) {
+    c = std::make_unique<KvCache>(cfg_, *be_, kv_opt_, kv_pool_);  // this rank's alone
+    ok = c->reserve(1);
+  }
   for (int i = 0; peers_ && i < peers_->count(); ++i) ok = peers_->peer(i).set_decode_padding(ok) && ok;
   if (!ok) {  // every rank pads, or none
-    for (int i = 0; peers_ && i < peers_->count(); ++i) peers_->peer(i).set_decode_padding(false);
-    return false;
-  }
-  auto c = std::make_unique<KvCache>(cfg_, *be_, kv_opt_, kv_pool_);  // this rank's alone
-  if (!c->reserve(1)) {
     for (int i = 0; peers_ && i < peers_->count(); ++i) peers_->peer(i).set_decode_padding(false);
     return false;
   }

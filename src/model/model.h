@@ -140,7 +140,6 @@ class Model {
   // partial sum too (parallel/tp_lora.h), reduced with the projection's.
   // comm outlives the model; null: one rank.
   void set_communicator(Communicator* comm);
-  Communicator* communicator() const { return comm_; }
   // Makes this model (rank 0 of a group, its communicator set) the leader of the other ranks, so
   // that callers use it as one model: forward() runs on every peer too, at the same time, with the
   // same inputs over the peer caches of its caches (outputs come from the leader); new_cache()

@@ -39,11 +39,6 @@ class ShardedWeightSource : public WeightSource {
 
   // The rank-local config the loader and the Model run with.
   const ModelConfig& config() const { return local_; }
-  // The routed experts this rank holds (empty range for a model without experts).
-  ShardRange experts() const { return experts_; }
-  int rank() const { return rank_; }
-  int size() const { return size_; }
-
   // How this rank holds module `part` of layer `layer` ("self_attn.q_proj", "mlp.down_proj", ...;
   // parallel/tp_source.h's split): a range of its output rows (column-parallel), of its input
   // columns (row-parallel), or whole (replicated). LoRA adapters are split by the same ranges.
@@ -71,7 +66,7 @@ class ShardedWeightSource : public WeightSource {
   std::shared_ptr<const WeightSource> base_;
   ModelConfig global_, local_;
   int rank_ = 0, size_ = 1;
-  ShardRange experts_;
+  ShardRange experts_;  // the routed experts this rank holds (empty without experts)
   std::vector<int64_t> mlp_unit_;  // per layer: the intermediate dimension's split unit
   mutable std::mutex mu_;
   mutable std::vector<PackedWeight> packed_;

@@ -54,7 +54,6 @@ class KvBlockTracker : public PrefixCacheListener {
 
   // The chained hashes of the full blocks of `tokens` (the rule above).
   static std::vector<uint64_t> block_hashes(const std::vector<int32_t>& tokens, uint64_t tag, int block_size);
-  int block_size() const { return block_size_; }
   size_t blocks_held() const;
 
  private:

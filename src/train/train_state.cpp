@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <type_traits>
 
 #include "core/atomic_file.h"
 #include "io/json_bounded.h"
@@ -15,9 +16,12 @@ namespace {
 
 constexpr char kMagic[8] = {'G', '4', 'T', 'R', 'A', 'I', 'N', '1'};
 
-// The float arrays of a state in file order, with their names in the header.
-std::vector<std::pair<const char*, std::vector<std::vector<float>>*>> arrays(TrainState& s) {
-  return {{"opt_m", &s.opt_m}, {"opt_v", &s.opt_v}, {"grads", &s.grads}};
+// The float arrays of a state (const or not) in file order, with their names in the header.
+template <class State>
+auto arrays(State& s) {
+  using Vecs = std::conditional_t<std::is_const_v<State>, const std::vector<std::vector<float>>,
+                                  std::vector<std::vector<float>>>;
+  return std::vector<std::pair<const char*, Vecs*>>{{"opt_m", &s.opt_m}, {"opt_v", &s.opt_v}, {"grads", &s.grads}};
 }
 
 }  // namespace
@@ -31,8 +35,7 @@ std::string train_state_path(const std::string& adapter_file) {
   return (p.parent_path() / "training_state.bin").string();
 }
 
-Status save_train_state(const std::string& path, const TrainState& s_in) {
-  TrainState& s = const_cast<TrainState&>(s_in);  // arrays() names the members; nothing is changed
+Status save_train_state(const std::string& path, const TrainState& s) {
   nlohmann::ordered_json h;
   h["iteration"] = s.iteration;
   h["rng"] = s.rng;
