@@ -19,6 +19,7 @@
 #include "backend/cuda/cuda_matmul_common.cuh"
 #include "backend/cuda/cuda_moe.h"
 #include "backend/cuda/cuda_q8.cuh"
+#include "backend/cuda/cuda_gemv_q8.h"
 #include "backend/cuda/cuda_launch.cuh"
 
 namespace g4::cuda {
@@ -300,7 +301,7 @@ struct Unit<WFormat::GgufQ5_0, B> {
 };
 
 // MLX affine, kBits per value: a unit is 32 values (4 kBits bytes, word aligned), inside one group
-// (group sizes are multiples of 32); w = scale · q + bias, so the unit adds
+// (group sizes are powers of two from 32); w = scale · q + bias, so the unit adds
 // scale · d · Σ q q_x + bias · s.
 template <int kBits>
 struct MlxUnit {
@@ -340,7 +341,10 @@ struct MlxUnit {
 #pragma unroll
       for (int k = 0; k < 8; ++k) s = dp4a_us(packed[k], xw[k], s);
     }
-    const int64_t g = r * (w.cols / w.group_size) + (32 * u) / w.group_size;
+    // Group of unit u in row r, by shifts (group sizes are powers of two, q8_gemv_supports): a
+    // 64-bit division here cost more than the unit's dots.
+    const int ushift = __ffs(w.group_size) - 6;  // log2(units per group)
+    const int64_t g = r * (w.cols >> (ushift + 5)) + (u >> ushift);
     return ld_scale(w.scales, w.scale_dtype, g) * x.d[u] * float(s) + ld_scale(w.biases, w.scale_dtype, g) * x.s[u];
   }
 };
@@ -486,12 +490,6 @@ constexpr int unit_vals() {
   return Unit<F, kBits>::kVals;
 }
 
-void q8_prepare(cudaStream_t s, const void* x, DType xt, int rows, int64_t cols, const float* norm_w, float eps,
-                const Q8Act& o) {
-  const dim3 grid(blocks_for(cols / 32, kPrepWarps), unsigned(rows));
-  launch_kernel(q8_prepare_kernel, grid, kPrepWarps * kWarp, 0, s, x, xt == DType::BF16, int(cols), norm_w, eps, o);
-}
-
 // Lanes per row (a power of two, 4..32) for `rows` rows of `units` units: the most lanes that keep
 // at least 85 % of them busy in the row's last round of units (a short row gives a warp several
 // rows), but never so few that the launch has under kMinWarps warps to hide memory latency with.
@@ -574,6 +572,12 @@ void gemv_fmt(cudaStream_t s, const MatArgs& a, int M, int act) {
 
 }  // namespace
 
+void q8_prepare(cudaStream_t s, const void* x, DType xt, int rows, int64_t cols, const float* norm_w, float eps,
+                const Q8Act& o) {
+  const dim3 grid(blocks_for(cols / 32, kPrepWarps), unsigned(rows));
+  launch_kernel(q8_prepare_kernel, grid, kPrepWarps * kWarp, 0, s, x, xt == DType::BF16, int(cols), norm_w, eps, o);
+}
+
 bool q8_gemv_supports(const DevWeight& w) {
   if (w.cols % 32 != 0 || w.cols > kQ8MaxCols) return false;
   const uintptr_t base = reinterpret_cast<uintptr_t>(w.data);
@@ -586,8 +590,8 @@ bool q8_gemv_supports(const DevWeight& w) {
     case WFormat::GgufQ4_0:
     case WFormat::GgufQ5_0:
       return base % 4 == 0;
-    case WFormat::MlxAffine:
-      if (w.group_size < 32 || w.group_size % 32 != 0 || w.cols % w.group_size != 0) return false;
+    case WFormat::MlxAffine:  // groups of a power of two from 32 (mlx: 32, 64, 128)
+      if (w.group_size < 32 || (w.group_size & (w.group_size - 1)) != 0 || w.cols % w.group_size != 0) return false;
       if (w.bits != 2 && w.bits != 3 && w.bits != 4 && w.bits != 5 && w.bits != 6 && w.bits != 8) return false;
       return base % 16 == 0 && (w.bits == 4 || w.bits == 8 ? w.row_bytes % 16 == 0 : w.row_bytes % 4 == 0);
     case WFormat::BF16:
@@ -625,6 +629,11 @@ bool q8_gemv(cudaStream_t s, const MatArgs& a, int M, int act) {
   } else {
     q8_prepare(s, a.x, a.xt, M, a.w[0].cols, a.norm_w, a.eps, a.q8);
   }
+  q8_gemv_prepared(s, a, M, act);
+  return true;
+}
+
+void q8_gemv_prepared(cudaStream_t s, const MatArgs& a, int M, int act) {
   bool same_bits = true;
   for (int i = 1; i < a.n; ++i) same_bits = same_bits && a.w[i].bits == a.w[0].bits;
   with_format(a.w[0].fmt, [&](auto f) {
@@ -641,7 +650,6 @@ bool q8_gemv(cudaStream_t s, const MatArgs& a, int M, int act) {
       }
     }
   });
-  return true;
 }
 
 bool q8_moe_matmul(cudaStream_t s, const MoeMatArgs& a, int items, int per_token, int64_t rows, bool gelu) {

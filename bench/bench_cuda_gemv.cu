@@ -1,0 +1,275 @@
+// Per-kernel decode GEMV benchmark on the GPU (issue 16 item 1): every weight format the int8
+// decode path takes, on Gemma 4's real decode shapes (E4B and 31B projections, the 262144-row tied
+// head), against the device's measured copy bandwidth.
+//
+//   build-cuda/bin/bench_cuda_gemv [--filter SUBSTR] [--quick]
+//
+// Each case times the GEMV launch alone (the activation row prepared once before; the prepare
+// launch is also timed alone per width), then the two launches of a one-row matmul (prepare and
+// GEMV: "+prep"). Launches run as a CUDA graph of back-to-back
+// launches, with PDL as a decode step has it, over enough copies of the weight that the graph
+// reads at least 4x the L2 size between two reads of one copy: each launch streams its weight
+// from DRAM, as it does once per decode step. Printed per case: the weight bytes one launch reads
+// (codes and scales), the median time per launch over 7 replays, the rate, and that rate as a
+// share of the copy bandwidth (cudaMemcpy device to device, read + write bytes, best of 10).
+// Weight bytes are random (the values do not change the work); correctness is the CUDA op tests'
+// job (tests/backend/cuda_q8_test.cpp), not this program's.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_gemv_q8.h"
+#include "backend/cuda/cuda_launch.cuh"
+#include "backend/cuda/cuda_matmul_common.cuh"
+#include "quant/gguf_quant.h"
+
+namespace g4::cuda {
+namespace {
+
+#define CK(call)                                                                              \
+  do {                                                                                        \
+    const cudaError_t e_ = (call);                                                            \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+__global__ void fill_random(uint32_t* p, size_t words, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+    p[i] = h;
+  }
+}
+
+void* dev_random(size_t bytes, uint32_t seed) {
+  void* p = nullptr;
+  CK(cudaMalloc(&p, bytes + 256));  // slack past the end, as placed weights have
+  fill_random<<<1024, 256>>>(static_cast<uint32_t*>(p), (bytes + 256) / 4, seed);
+  CK(cudaGetLastError());
+  return p;
+}
+
+// Bytes a device-to-device copy moves per second (read + write), best of 10 copies of 1 GiB.
+double copy_bandwidth(cudaStream_t s) {
+  const size_t n = size_t(1) << 30;
+  void *a = nullptr, *b = nullptr;
+  CK(cudaMalloc(&a, n));
+  CK(cudaMalloc(&b, n));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  float best = 1e30f;
+  for (int i = 0; i < 11; ++i) {
+    CK(cudaEventRecord(e0, s));
+    CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, s));
+    CK(cudaEventRecord(e1, s));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0.f;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    if (i > 0) best = std::min(best, ms);
+  }
+  CK(cudaFree(a));
+  CK(cudaFree(b));
+  return 2.0 * double(n) / (double(best) * 1e-3);
+}
+
+struct Case {
+  std::string shape;
+  int64_t rows, cols;
+};
+struct Format {
+  std::string name;
+  WFormat fmt;
+  int bits = 0, group = 0;
+};
+
+int64_t row_bytes(const Format& f, int64_t cols) {
+  switch (f.fmt) {
+    case WFormat::MlxAffine: return cols * f.bits / 8;
+    case WFormat::BF16:
+    case WFormat::F16: return cols * 2;
+    case WFormat::F32: return cols * 4;
+    default: return gguf_row_bytes(f.fmt, cols);
+  }
+}
+
+// One weight copy on the device and the bytes a GEMV reads from it.
+struct DevCopy {
+  DevWeight w;
+  size_t bytes;
+};
+DevCopy make_copy(const Format& f, int64_t rows, int64_t cols, uint32_t seed) {
+  DevCopy c{};
+  c.w.rows = rows;
+  c.w.cols = cols;
+  c.w.fmt = f.fmt;
+  c.w.bits = f.bits;
+  c.w.group_size = f.group;
+  c.w.row_bytes = row_bytes(f, cols);
+  c.w.scale_dtype = DType::BF16;
+  c.bytes = size_t(rows * c.w.row_bytes);
+  c.w.data = static_cast<const uint8_t*>(dev_random(c.bytes, seed));
+  if (f.fmt == WFormat::MlxAffine) {
+    const size_t sb = size_t(rows * (cols / f.group)) * 2;
+    c.w.scales = dev_random(sb, seed + 1);
+    c.w.biases = dev_random(sb, seed + 2);
+    c.bytes += 2 * sb;
+  }
+  return c;
+}
+void free_copy(DevCopy& c) {
+  CK(cudaFree(const_cast<uint8_t*>(c.w.data)));
+  if (c.w.scales) CK(cudaFree(const_cast<void*>(c.w.scales)));
+  if (c.w.biases) CK(cudaFree(const_cast<void*>(c.w.biases)));
+}
+
+// Median seconds per replay of graph g over 7 replays (after one warm-up).
+double time_graph(cudaGraphExec_t g, cudaStream_t s) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  CK(cudaGraphLaunch(g, s));
+  std::vector<float> t;
+  for (int i = 0; i < 7; ++i) {
+    CK(cudaEventRecord(e0, s));
+    CK(cudaGraphLaunch(g, s));
+    CK(cudaEventRecord(e1, s));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0.f;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    t.push_back(ms);
+  }
+  std::sort(t.begin(), t.end());
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  return double(t[t.size() / 2]) * 1e-3;
+}
+
+// Captures `launches` calls of enqueue(i) on s into a graph, times it: seconds per call.
+template <class Fn>
+double time_launches(cudaStream_t s, int launches, Fn&& enqueue) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < launches; ++i) enqueue(i);
+  CK(cudaStreamEndCapture(s, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  const double t = time_graph(exec, s) / launches;
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  return t;
+}
+
+int run(int argc, char** argv) {
+  std::string filter;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
+    else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else {
+      std::fprintf(stderr, "usage: %s [--filter SUBSTR] [--quick]\n", argv[0]);
+      return 2;
+    }
+  }
+  int dev = 0;
+  CK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, dev));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const double copy_bw = copy_bandwidth(s);
+  std::printf("device %s, %d SMs, L2 %d MiB; copy bandwidth %.0f GB/s (read + write)\n", prop.name,
+              prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_bw / 1e9);
+  set_pdl_launches(true);
+
+  const std::vector<Case> shapes = {
+      {"e4b q 2048x2560", 2048, 2560},        {"e4b kv 512x2560", 512, 2560},
+      {"e4b o 2560x2048", 2560, 2048},        {"e4b gate 10240x2560", 10240, 2560},
+      {"e4b down 2560x10240", 2560, 10240},   {"31b q 8192x5376", 8192, 5376},
+      {"31b kv 4096x5376", 4096, 5376},       {"31b o 5376x8192", 5376, 8192},
+      {"31b gate 21504x5376", 21504, 5376},   {"31b down 5376x21504", 5376, 21504},
+      {"head 262144x2560", 262144, 2560},     {"head 262144x5376", 262144, 5376},
+  };
+  std::vector<Format> formats = {
+      {"Q4_K", WFormat::GgufQ4_K}, {"Q5_K", WFormat::GgufQ5_K}, {"Q6_K", WFormat::GgufQ6_K},
+      {"Q8_0", WFormat::GgufQ8_0}, {"Q4_0", WFormat::GgufQ4_0}, {"Q5_0", WFormat::GgufQ5_0},
+  };
+  for (int bits : {2, 3, 4, 5, 6, 8}) formats.push_back({"mlx" + std::to_string(bits) + "g64", WFormat::MlxAffine, bits, 64});
+  for (int group : {32, 128}) formats.push_back({"mlx4g" + std::to_string(group), WFormat::MlxAffine, 4, group});
+  formats.push_back({"bf16", WFormat::BF16});
+  formats.push_back({"f16", WFormat::F16});
+
+  // The prepared activation row, once per width.
+  void* q8base = nullptr;
+  CK(cudaMalloc(&q8base, q8_scratch_bytes()));
+  const Q8Act q8 = q8_act_in(q8base);
+  void* x = dev_random(size_t(kQ8MaxCols) * 2, 7);  // bf16 bit patterns: rewritten below
+  {
+    std::vector<uint16_t> hx(static_cast<size_t>(kQ8MaxCols));
+    for (size_t i = 0; i < hx.size(); ++i) hx[i] = uint16_t(0x3f80 ^ (i * 37 & 0x807f));  // +-(1..2) values
+    CK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+  }
+  void* y = nullptr;
+  CK(cudaMalloc(&y, size_t(262144) * 4 * 2));
+
+  std::printf("%-24s %-10s %10s %10s %9s %7s %10s\n", "shape", "format", "MB read", "gemv us", "GB/s", "copy%",
+              "+prep us");
+  for (int64_t cols : {int64_t(2560), int64_t(5376), int64_t(10240), int64_t(21504)}) {
+    const double t = time_launches(s, 64, [&](int) { q8_prepare(s, x, DType::BF16, 1, cols, nullptr, 0.f, q8); });
+    std::printf("%-24s %-10s %10s %10.2f\n", ("prepare " + std::to_string(cols)).c_str(), "bf16 row", "-", t * 1e6);
+  }
+  const size_t l2 = size_t(prop.l2CacheSize);
+  for (const Case& c : shapes) {
+    for (const Format& f : formats) {
+      const std::string name = c.shape + " " + f.name;
+      if (!filter.empty() && name.find(filter) == std::string::npos) continue;
+      const bool head = c.rows == 262144;
+      if (quick && f.fmt == WFormat::MlxAffine && f.bits != 4) continue;
+      if (c.cols % 256 && (f.fmt == WFormat::GgufQ4_K || f.fmt == WFormat::GgufQ5_K || f.fmt == WFormat::GgufQ6_K)) continue;
+      DevCopy first = make_copy(f, c.rows, c.cols, 1000);
+      if (!q8_gemv_supports(first.w)) {
+        std::printf("%-24s %-10s not taken by the int8 GEMV\n", c.shape.c_str(), f.name.c_str());
+        free_copy(first);
+        continue;
+      }
+      const int copies = int(std::min<size_t>(head ? 2 : 64, std::max<size_t>(1, (4 * l2 + first.bytes - 1) / first.bytes)));
+      std::vector<DevCopy> w{first};
+      for (int i = 1; i < copies; ++i) w.push_back(make_copy(f, c.rows, c.cols, 1000 + 3 * i));
+      const int launches = std::max(copies, head ? 6 : 24);
+      q8_prepare(s, x, DType::BF16, 1, c.cols, nullptr, 0.f, q8);  // the row the GEMV alone reads
+      auto args = [&](int i) {
+        MatArgs a{};
+        a.x = x;
+        a.w[0] = w[size_t(i % copies)].w;
+        a.y[0] = y;
+        a.n = 1;
+        a.q8 = q8;
+        a.xt = DType::BF16;
+        a.yt = DType::BF16;
+        return a;
+      };
+      // The GEMV alone; the prepare launch and the GEMV; the GEMV that prepares its own row.
+      const double t = time_launches(s, launches, [&](int i) { q8_gemv_prepared(s, args(i), 1, kPlain); });
+      const double t2 = time_launches(s, launches, [&](int i) { q8_gemv(s, args(i), 1, kPlain); });
+      const double bw = double(first.bytes) / t;
+      std::printf("%-24s %-10s %10.2f %10.2f %9.0f %6.1f%% %10.2f\n", c.shape.c_str(), f.name.c_str(),
+                  first.bytes / 1e6, t * 1e6, bw / 1e9, 100.0 * bw / copy_bw, t2 * 1e6);
+      std::fflush(stdout);
+      for (DevCopy& d : w) free_copy(d);
+    }
+  }
+  CK(cudaStreamSynchronize(s));
+  return 0;
+}
+
+}  // namespace
+}  // namespace g4::cuda
+
+int main(int argc, char** argv) { return g4::cuda::run(argc, argv); }

@@ -1,0 +1,22 @@
+// The int8 decode GEMV (cuda_gemv_q8.cu) in its two launches, for callers that time or reuse them
+// apart (bench/bench_cuda_gemv.cu). The backend goes through q8_gemv (cuda_matmul_common.cuh):
+// q8_prepare (or the deferred-epilogue prepare) followed by q8_gemv_prepared.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_q8.cuh"
+#include "core/dtype.h"
+
+namespace g4::cuda {
+
+// o = the int8 form of rows x [rows, cols] of type xt (cols % 32 == 0), each row normed with
+// norm_w (eps) first when norm_w is set. One launch.
+void q8_prepare(cudaStream_t s, const void* x, DType xt, int rows, int64_t cols, const float* norm_w, float eps,
+                const Q8Act& o);
+// The GEMV launch(es) of a over M rows already prepared in a.q8 (q8_gemv's preconditions:
+// q8_gemv_supports every weight; act: kPlain, kGelu or kGeluGgml as in cuda_matmul_common.cuh).
+void q8_gemv_prepared(cudaStream_t s, const MatArgs& a, int M, int act);
+}  // namespace g4::cuda
