@@ -2,7 +2,7 @@
 // decode path takes, on Gemma 4's real decode shapes (E4B and 31B projections, the 262144-row tied
 // head), against the device's measured copy bandwidth.
 //
-//   build-cuda/bin/bench_cuda_gemv [--filter SUBSTR] [--quick]
+//   build-cuda/bin/bench_cuda_gemv [--filter SUBSTR]... [--quick] [--lanes N]
 //
 // Each case times the GEMV launch alone (the activation row prepared once before; the prepare
 // launch is also timed alone per width), then the two launches of a one-row matmul (prepare and
@@ -13,7 +13,8 @@
 // (codes and scales), the median time per launch over 7 replays, the rate, and that rate as a
 // share of the copy bandwidth (cudaMemcpy device to device, read + write bytes, best of 10).
 // Weight bytes are random (the values do not change the work); correctness is the CUDA op tests'
-// job (tests/backend/cuda_q8_test.cpp), not this program's.
+// job (tests/backend/cuda_q8_test.cpp), not this program's. --lanes N times the GEMV alone with N
+// lanes per weight row (4, 8, 16, 32) instead of the launch's rule.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -168,15 +169,21 @@ double time_launches(cudaStream_t s, int launches, Fn&& enqueue) {
 }
 
 int run(int argc, char** argv) {
-  std::string filter;
+  std::vector<std::string> filters;  // a case runs when its "shape format" name holds any of them
   bool quick = false;
+  int lanes = 0;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
+    if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) filters.push_back(argv[++i]);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--lanes") && i + 1 < argc) lanes = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--filter SUBSTR] [--quick]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--filter SUBSTR]... [--quick] [--lanes N]\n", argv[0]);
       return 2;
     }
+  }
+  if (lanes != 0 && lanes != 4 && lanes != 8 && lanes != 16 && lanes != 32) {
+    std::fprintf(stderr, "--lanes: expected 4, 8, 16 or 32, got %d\n", lanes);
+    return 2;
   }
   int dev = 0;
   CK(cudaGetDevice(&dev));
@@ -229,7 +236,10 @@ int run(int argc, char** argv) {
   for (const Case& c : shapes) {
     for (const Format& f : formats) {
       const std::string name = c.shape + " " + f.name;
-      if (!filter.empty() && name.find(filter) == std::string::npos) continue;
+      if (!filters.empty() && std::none_of(filters.begin(), filters.end(), [&](const std::string& f) {
+            return name.find(f) != std::string::npos;
+          }))
+        continue;
       const bool head = c.rows == 262144;
       if (quick && f.fmt == WFormat::MlxAffine && f.bits != 4) continue;
       if (c.cols % 256 && (f.fmt == WFormat::GgufQ4_K || f.fmt == WFormat::GgufQ5_K || f.fmt == WFormat::GgufQ6_K)) continue;
@@ -256,7 +266,7 @@ int run(int argc, char** argv) {
         return a;
       };
       // The GEMV alone; the prepare launch and the GEMV; the GEMV that prepares its own row.
-      const double t = time_launches(s, launches, [&](int i) { q8_gemv_prepared(s, args(i), 1, kPlain); });
+      const double t = time_launches(s, launches, [&](int i) { q8_gemv_prepared(s, args(i), 1, kPlain, lanes); });
       const double t2 = time_launches(s, launches, [&](int i) { q8_gemv(s, args(i), 1, kPlain); });
       const double bw = double(first.bytes) / t;
       std::printf("%-24s %-10s %10.2f %10.2f %9.0f %6.1f%% %10.2f\n", c.shape.c_str(), f.name.c_str(),

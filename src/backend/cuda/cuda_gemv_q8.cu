@@ -517,10 +517,10 @@ void gemv_act(cudaStream_t s, const MatArgs& a, int act, dim3 grid, int lpr) {
 // The GEMV launch over a.M prepared rows. lpr comes from the weights' shape alone, never from
 // a.M, so that a row's bits do not depend on the rows beside it.
 template <WFormat F, int kBits>
-void gemv_launch(cudaStream_t s, MatArgs a, int M, int act) {
+void gemv_launch(cudaStream_t s, MatArgs a, int M, int act, int lanes) {
   int64_t rows = 0;
   for (int i = 0; i < a.n; ++i) rows += a.w[i].rows;
-  const int lpr = lanes_per_row(a.w[0].cols / unit_vals<F, kBits>(), rows);
+  const int lpr = lanes > 0 ? lanes : lanes_per_row(a.w[0].cols / unit_vals<F, kBits>(), rows);
   const int rows_per_block = kQ8Warps * (kWarp / lpr);
   unsigned blocks = 0;
   for (int i = 0; i < a.n; ++i) {
@@ -566,8 +566,8 @@ void with_bits(int bits, Fn&& launch) {
 }
 
 template <WFormat F>
-void gemv_fmt(cudaStream_t s, const MatArgs& a, int M, int act) {
-  with_bits<F>(a.w[0].bits, [&](auto b) { gemv_launch<F, decltype(b)::value>(s, a, M, act); });
+void gemv_fmt(cudaStream_t s, const MatArgs& a, int M, int act, int lanes) {
+  with_bits<F>(a.w[0].bits, [&](auto b) { gemv_launch<F, decltype(b)::value>(s, a, M, act, lanes); });
 }
 
 }  // namespace
@@ -633,20 +633,20 @@ bool q8_gemv(cudaStream_t s, const MatArgs& a, int M, int act) {
   return true;
 }
 
-void q8_gemv_prepared(cudaStream_t s, const MatArgs& a, int M, int act) {
+void q8_gemv_prepared(cudaStream_t s, const MatArgs& a, int M, int act, int lanes) {
   bool same_bits = true;
   for (int i = 1; i < a.n; ++i) same_bits = same_bits && a.w[i].bits == a.w[0].bits;
   with_format(a.w[0].fmt, [&](auto f) {
     constexpr WFormat F = decltype(f)::value;
     if (same_bits || a.resid) {
-      gemv_fmt<F>(s, a, M, act);
+      gemv_fmt<F>(s, a, M, act, lanes);
     } else {  // MLX mixed precision inside one q/k/v launch: a launch per weight
       for (int i = 0; i < a.n; ++i) {
         MatArgs one = a;
         one.n = 1;
         one.w[0] = a.w[i];
         one.y[0] = a.y[i];
-        gemv_fmt<F>(s, one, M, act);
+        gemv_fmt<F>(s, one, M, act, lanes);
       }
     }
   });
