@@ -6,7 +6,8 @@
 //
 // Each case times the GEMV launch alone (the activation row prepared once before; the prepare
 // launch is also timed alone per width), then the two launches of a one-row matmul (prepare and
-// GEMV: "+prep"). Launches run as a CUDA graph of back-to-back
+// GEMV: "+prep"); at the gate shapes also gate and up in the one fused launch a decode step makes
+// ("+up": two weights' bytes). Launches run as a CUDA graph of back-to-back
 // launches, with PDL as a decode step has it, over enough copies of the weight that the graph
 // reads at least 4x the L2 size between two reads of one copy: each launch streams its weight
 // from DRAM, as it does once per decode step. Printed per case: the weight bytes one launch reads
@@ -265,13 +266,23 @@ int run(int argc, char** argv) {
         a.yt = DType::BF16;
         return a;
       };
-      // The GEMV alone; the prepare launch and the GEMV; the GEMV that prepares its own row.
-      const double t = time_launches(s, launches, [&](int i) { q8_gemv_prepared(s, args(i), 1, kPlain, lanes); });
-      const double t2 = time_launches(s, launches, [&](int i) { q8_gemv(s, args(i), 1, kPlain); });
-      const double bw = double(first.bytes) / t;
-      std::printf("%-24s %-10s %10.2f %10.2f %9.0f %6.1f%% %10.2f\n", c.shape.c_str(), f.name.c_str(),
-                  first.bytes / 1e6, t * 1e6, bw / 1e9, 100.0 * bw / copy_bw, t2 * 1e6);
-      std::fflush(stdout);
+      // The GEMV alone, then the prepare launch and the GEMV; at the gate shapes also the fused
+      // gate/up launch the decode step runs (two weights a lane, gelu(gate) * up: "+up" rows).
+      auto report = [&](const char* suffix, int act, size_t bytes) {
+        auto with_act = [&](int i) {
+          MatArgs a = args(i);
+          if (act != kPlain) a.w2 = w[size_t(i + 1) % w.size()].w;
+          return a;
+        };
+        const double t = time_launches(s, launches, [&](int i) { q8_gemv_prepared(s, with_act(i), 1, act, lanes); });
+        const double t2 = time_launches(s, launches, [&](int i) { q8_gemv(s, with_act(i), 1, act); });
+        const double bw = double(bytes) / t;
+        std::printf("%-24s %-10s %10.2f %10.2f %9.0f %6.1f%% %10.2f\n", c.shape.c_str(), (f.name + suffix).c_str(),
+                    bytes / 1e6, t * 1e6, bw / 1e9, 100.0 * bw / copy_bw, t2 * 1e6);
+        std::fflush(stdout);
+      };
+      report("", kPlain, first.bytes);
+      if (c.shape.find("gate") != std::string::npos && w.size() > 1) report("+up", kGelu, 2 * first.bytes);
       for (DevCopy& d : w) free_copy(d);
     }
   }
