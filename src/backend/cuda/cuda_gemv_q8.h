@@ -20,4 +20,5 @@ void q8_prepare(cudaStream_t s, const void* x, DType xt, int rows, int64_t cols,
 // q8_gemv_supports every weight; act: kPlain, kGelu or kGeluGgml as in cuda_matmul_common.cuh).
 // lanes: the lanes that share a weight row (4, 8, 16 or 32), for measuring; 0: the launch's rule.
 void q8_gemv_prepared(cudaStream_t s, const MatArgs& a, int M, int act, int lanes = 0);
+
 }  // namespace g4::cuda
