@@ -11,10 +11,15 @@
 # (../shared/peer/llama_cuda_kit.sh pack .devpeer: llama.cpp's source, built there in the background
 # while the files are written; ours are timed once that build is done).
 #
-#   [G4_VARIANTS="e2b e4b 26b-a4b 31b"] [G4_CONFIGS="bf16+int8 f32"] [G4_PROMPTS="512 2048"] bash bench/cuda_vs_llamacpp.sh
+#   [G4_VARIANTS="e2b e4b 26b-a4b 31b"] [G4_CONFIGS="bf16+int8 f32"] [G4_PROMPTS="512 2048"]
+#   [G4_FILES="mlx4 mlx8 bf16w"] bash bench/cuda_vs_llamacpp.sh
 #
 # G4_PROMPTS: the prompt lengths (default 512): each row times the prefill of that prompt and the 128
 # tokens decoded after it; llama-bench times its decode after an empty context.
+# G4_FILES: also each variant's geometry as random-weight safetensors checkpoints
+# (tools/make_synthetic_gemma4_checkpoint.py: mlx4, mlx8 = MLX affine 4 / 8 bits, group 64; bf16w =
+# plain bf16), timed as ours with bf16 activations (rows "variant:file", each with its own floor;
+# llama.cpp reads none of them, so they have no ratio).
 #
 # Configs: bf16+int8 (--dtype bf16: bf16 activations, int8 decode dots), bf16 (--int8-dots off), f32,
 # nopdl (bf16+int8 with --cuda-pdl off: kernels launched without programmatic dependent launch),
@@ -37,6 +42,20 @@ PROMPTS=${G4_PROMPTS:-512}
 for V in $VARIANTS; do  # the files, in parallel (numpy, one core each)
   [ -f /tmp/t-$V.gguf ] || (python3 tools/make_synthetic_gemma4_gguf.py /tmp/t-$V.gguf --variant $V > /tmp/t-$V.log 2>&1 &)
 done
+# Safetensors checkpoints of the same geometry (G4_FILES: mlx4 = MLX affine 4-bit g64, mlx8 = 8-bit
+# g64, bf16w = plain bf16), one at a time after the GGUF files (each is gigabytes of numpy work).
+FILES=${G4_FILES:-}
+file_args() {
+  case $1 in mlx4) echo "--format mlx --bits 4 --group 64";; mlx8) echo "--format mlx --bits 8 --group 64";;
+    bf16w) echo "--format bf16";; *) echo "unknown G4_FILES entry '$1' (mlx4, mlx8, bf16w)" >&2; return 1;; esac
+}
+for F in $FILES; do file_args $F > /dev/null || exit 2; done
+if [ -n "$FILES" ]; then
+  (for V in $VARIANTS; do for F in $FILES; do
+     [ -f /tmp/m-$V-$F/config.json ] || python3 tools/make_synthetic_gemma4_checkpoint.py /tmp/m-$V-$F --variant $V \
+       $(file_args $F) > /tmp/m-$V-$F.log 2>&1
+   done; done) &
+fi
 for V in $VARIANTS; do
   for _ in $(seq 1 150); do grep -q '^decode_read_bytes' /tmp/t-$V.log 2>/dev/null && break; sleep 2; done
 done
@@ -58,6 +77,17 @@ for V in $VARIANTS; do
       done
     done
     echo "$V $C done"
+  done
+  for F in $FILES; do  # the safetensors files: rows "V:F", bf16 activations with int8 dots
+    for _ in $(seq 1 280); do grep -q '^decode_read_bytes' /tmp/m-$V-$F.log 2>/dev/null && break; sleep 2; done
+    echo "floor $V:$F $(awk '/^decode_read_bytes/ {print $2}' /tmp/m-$V-$F.log 2>/dev/null)" >> $R
+    for P in $PROMPTS; do
+      for i in 1 2 3; do
+        timeout -s KILL 200 $G4 bench --model /tmp/m-$V-$F --backend cuda --dtype bf16 --prompt-tokens $P --gen-tokens 128 \
+          --repeat 2 2>>$OUT/ours.err | tail -1 | sed "s/^/ours $V:$F bf16+int8 $P /" >> $R
+      done
+    done
+    echo "$V:$F done"
   done
 done
 CUDA_LIBS=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/lib 2>/dev/null | tr '\n' ':')
@@ -85,10 +115,12 @@ print("|---|---|---|---|---|---|---|---|---|---|")
 for (v, c, n), rs in ours.items():
     pf, dc = st.median(x[0] for x in rs), st.median(x[1] for x in rs)
     fl = 4.3e12 / floor[v] if v in floor else float("nan")
-    lt = [llama.get((v, 0, f)) for f in (0, 1)]
-    lp = [llama.get((v, n, f)) for f in (0, 1)]
+    # A safetensors row ("V:F") is not a file llama.cpp reads: no peer figures beside it.
+    lt = [llama.get((v, 0, f)) for f in (0, 1)] if ":" not in v else [None, None]
+    lp = [llama.get((v, n, f)) for f in (0, 1)] if ":" not in v else [None, None]
     best_t = max([x for x in lt if x] or [float("nan")]); best_p = max([x for x in lp if x] or [float("nan")])
     f = lambda x: "%.0f" % x if x else "-"
-    print(f"| {v} | {c} | {n} | {fl:.0f} | {dc:.1f} ({100 * dc / fl:.0f} % of floor) | {f(lt[0])} / {f(lt[1])} | {dc / best_t:.2f}x "
-          f"| {pf:.0f} | {f(lp[0])} / {f(lp[1])} | {pf / best_p:.2f}x |")
+    ratio = lambda a, b: "-" if b != b else f"{a / b:.2f}x"  # nan: no peer figure
+    print(f"| {v} | {c} | {n} | {fl:.0f} | {dc:.1f} ({100 * dc / fl:.0f} % of floor) | {f(lt[0])} / {f(lt[1])} | {ratio(dc, best_t)} "
+          f"| {pf:.0f} | {f(lp[0])} / {f(lp[1])} | {ratio(pf, best_p)} |")
 PY
