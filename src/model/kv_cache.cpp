@@ -110,8 +110,16 @@ void KvCache::grow(int li, int cap) {
   b = nb;
 }
 
+void KvCache::fix_capacity(int positions) {
+  G4_CHECK(!pool_ && size_ == 0 && positions > 0);
+  for (size_t i = 0; i < buf_.size(); ++i)
+    if (owns(i) && buf_[i].capacity != positions) grow(int(i), positions);
+  fixed_ = positions;
+}
+
 bool KvCache::reserve(int n_new) {
   if (pool_) return reserve_paged(n_new);
+  if (fixed_ > 0) return size_ + n_new <= fixed_;
   for (size_t i = 0; i < buf_.size(); ++i) {
     if (!owns(i)) continue;
     KvBuffer& b = buf_[i];

@@ -49,6 +49,12 @@ class KvCache {
   // False only for a paged cache whose pool has too few free blocks (or past its max_positions):
   // the blocks taken so far stay mapped, nothing else changes.
   bool reserve(int n_new);
+  // A cache that never holds more than `positions` tokens (the decode pad sequence, which writes
+  // position 0 again every step: Model::set_decode_padding): storage for exactly that many slots
+  // in every layer it owns, sliding layers' rings included (shorter than their window, which is
+  // safe while no position wraps). reserve then never grows it and answers false past `positions`.
+  // Per-sequence buffers only (a paged cache maps blocks as reserve does); call on a fresh cache.
+  void fix_capacity(int positions);
   bool paged() const { return pool_ != nullptr; }
   // Paged: blocks of group g this cache maps now, and the free blocks reserve(n_new) would take
   // from each group (unmapped or shared blocks of the positions it writes).
@@ -137,6 +143,7 @@ class KvCache {
   KvCacheOptions opt_;
   std::vector<KvBuffer> buf_;  // indexed by layer; empty (capacity 0) for KV-shared layers
   int size_ = 0;
+  int fixed_ = 0;  // fix_capacity's positions, or 0: buffers grow as reserve needs
   bool quantized_ = false;
   std::shared_ptr<KvPool> pool_;  // paged storage, or null
   std::array<std::vector<int32_t>, KvPool::kGroups> table_;  // paged: logical block -> pool block, -1: none

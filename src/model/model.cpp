@@ -134,7 +134,8 @@ bool Model::set_decode_padding(bool on) {
   bool ok = on && !trace_;
   if (ok) {
     c = std::make_unique<KvCache>(cfg_, *be_, kv_opt_, kv_pool_);  // this rank's alone
-    ok = c->reserve(1);
+    if (c->paged()) ok = c->reserve(1);  // a block a group from the pool
+    else c->fix_capacity(1);              // one slot a layer: it only ever holds position 0
   }
   for (int i = 0; peers_ && i < peers_->count(); ++i) ok = peers_->peer(i).set_decode_padding(ok) && ok;
   if (!ok) {  // every rank pads, or none

@@ -2,7 +2,7 @@
 // and grows exactly as the cache it was saved from (f32 and quantized layers, a sliding ring that
 // has wrapped), and bytes that do not fit the cache (cut short, another layout, other options,
 // impossible positions, any flipped byte) are refused or give a cache that stays within its
-// buffers, never a crash.
+// buffers, never a crash. And a cache of fixed capacity (fix_capacity) holds what it was sized for.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -60,6 +60,24 @@ TEST_P(KvCacheState, ReadBackAttendsAndGrowsAsTheOriginal) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Bits, KvCacheState, ::testing::Values(0, 4, 8));
+
+// fix_capacity (the decode pad sequence's cache): one slot a layer, the sliding ring included,
+// attends over its one position as a grown cache does, and refuses a second position instead of
+// growing.
+TEST(KvCacheFixed, OnePositionInOneSlotALayer) {
+  auto be = make_cpu_backend();
+  const ModelConfig cfg = test::sliding_and_full(kHk, kD, kWindow);
+  const auto k = randn(size_t(kHk) * kD, 31), v = randn(size_t(kHk) * kD, 32), q = randn(size_t(kH) * kD, 33);
+  KvCache grown(cfg, *be), fixed(cfg, *be);
+  fixed.fix_capacity(1);
+  for (int l = 0; l < 2; ++l) EXPECT_EQ(fixed.layer(l).capacity, 1) << "layer " << l;
+  test::feed_cache(*be, grown, k.data(), v.data(), 0, 1, 1);
+  test::feed_cache(*be, fixed, k.data(), v.data(), 0, 1, 1);
+  EXPECT_GT(grown.layer(0).capacity, 1);  // the ring a reserve makes: the whole window
+  EXPECT_EQ(attend_last(*be, fixed, q), attend_last(*be, grown, q));
+  EXPECT_FALSE(fixed.reserve(1)) << "a fixed cache must refuse a position past its capacity";
+  for (int l = 0; l < 2; ++l) EXPECT_EQ(fixed.layer(l).capacity, 1) << "layer " << l << " grew";
+}
 
 TEST(KvCacheStateRefused, WhatDoesNotFitTheCache) {
   auto be = make_cpu_backend();
