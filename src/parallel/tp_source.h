@@ -39,9 +39,10 @@ class ShardedWeightSource : public WeightSource {
 
   // The rank-local config the loader and the Model run with.
   const ModelConfig& config() const { return local_; }
-  // How this rank holds module `part` of layer `layer` ("self_attn.q_proj", "mlp.down_proj", ...;
-  // parallel/tp_source.h's split): a range of its output rows (column-parallel), of its input
-  // columns (row-parallel), or whole (replicated). LoRA adapters are split by the same ranges.
+  // How this rank holds module `part` of layer `layer` ("self_attn.q_proj", "mlp.down_proj", ...,
+  // as matrix() splits it): a range of its output rows (column-parallel), of its input columns
+  // (row-parallel), or whole (replicated). LoRA adapters are split by the same ranges
+  // (parallel/tp_lora.h).
   struct Split {
     enum class Kind { Whole, Rows, Cols };
     Kind kind = Kind::Whole;
