@@ -278,6 +278,16 @@ class Backend {
                            const std::vector<WeightView>& gate, const std::vector<WeightView>& up,
                            const std::vector<WeightView>& down, ActPrecision P, const Buf& out) = 0;
 
+  // Training's LoRA dropout (mlx-lm's nn.Dropout on an adapter's input; model/lora.h): y[i] =
+  // x[i] / (1 - p) where dropout_keeps(seed, i, p), else 0, over n f32 elements. The default
+  // works on host copies (host backends: in their memory).
+  virtual void dropout(const Buf& x, size_t n, float p, uint64_t seed, const Buf& y);
+
+  // Called by the model before the ops of each layer l (0 .. n_layers - 1) and with n_layers
+  // before the final norm: a boundary where a recording backend may checkpoint
+  // (train/grad_backend.h). Nothing elsewhere.
+  virtual void begin_layer(int l) { (void)l; }
+
   // --- Fused ops: each has a default made of the ops above (fused_ops.cpp), which host backends
   // keep; a device backend runs each as one kernel, where launches cost more than the work. ---
 
@@ -363,6 +373,10 @@ class Backend {
   virtual void begin_step() {}
   virtual void end_step() {}
 };
+
+// Whether element i survives dropout of probability p under `seed` (Backend::dropout): a
+// counter-based draw, so every backend and a backward pass see the same mask.
+bool dropout_keeps(uint64_t seed, uint64_t i, float p);
 
 std::unique_ptr<Backend> make_reference_backend();
 std::unique_ptr<Backend> make_cpu_backend();

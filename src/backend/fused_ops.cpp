@@ -39,6 +39,22 @@ void Backend::copy(const Buf& src, size_t n, const Buf& dst) {
   if (n) copy_bytes(src, n * src.elem_bytes(), dst);
 }
 
+bool dropout_keeps(uint64_t seed, uint64_t i, float p) {
+  uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;  // splitmix64 of (seed, i)
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return double(z >> 11) * 0x1.0p-53 >= double(p);  // uniform in [0, 1) against p
+}
+
+void Backend::dropout(const Buf& x, size_t n, float p, uint64_t seed, const Buf& y) {
+  std::vector<float> h(n);
+  to_host(x, n, h.data());
+  const float s = 1.f / (1.f - p);
+  for (size_t i = 0; i < n; ++i) h[i] = dropout_keeps(seed, i, p) ? h[i] * s : 0.f;
+  from_host(h.data(), n, y);
+}
+
 void Backend::norm_add(const Buf& x, const Buf& o, int rows, int dim, const float* w, float eps, ActPrecision P) {
   rms_norm(o, rows, dim, w, eps, P, o);
   add(x, o, size_t(rows) * size_t(dim), P, x);

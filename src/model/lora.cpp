@@ -141,9 +141,11 @@ Result<std::unique_ptr<LoraAdapter>> load_lora_adapter(const std::string& dir, c
     b.row_bytes = r * 4;
     d.a = be.place_weight(a);
     d.b = be.place_weight(b);
+    d.id = uint32_t(ad->deltas.size());
     ad->deltas.push_back(d);
     lora_slot(ad->layers[size_t(layer)], module) = &ad->deltas.back();
     ad->max_out = std::max(ad->max_out, int(out));
+    ad->max_in = std::max(ad->max_in, int(in));
     ++ad->modules;
   }
   return ad;

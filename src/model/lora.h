@@ -30,6 +30,10 @@ struct LoraDelta {
   WeightView a;  // F32 [r, in] = lora_aᵀ (backend weight)
   WeightView b;  // F32 [out, r] = lora_bᵀ
   float scale = 1.f;
+  // Training only (Model::set_lora_dropout): the probability an input element is dropped, and the
+  // module's number in its adapter, which its dropout masks are drawn from. 0 at inference.
+  float dropout = 0.f;
+  uint32_t id = 0;
 };
 
 // The adapted modules of one layer (null: no adapter on that module).
@@ -46,6 +50,7 @@ struct LoraAdapter {
   int num_layers = 0;     // adapter_config.json's num_layers (informational)
   int modules = 0;        // adapted modules
   int max_out = 0;        // widest adapted output (scratch size)
+  int max_in = 0;         // widest adapted input (scratch of training's dropout)
   std::vector<LayerLora> layers;  // one per model layer
   std::deque<LoraDelta> deltas;   // stable storage behind the LayerLora pointers
   std::vector<std::vector<float>> host;  // the transposed f32 matrices the host views point into

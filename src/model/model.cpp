@@ -84,10 +84,17 @@ void Model::lora_add(int l, LoraModule m, const Buf& x, ActPrecision P, const Bu
   }
 }
 
-void Model::lora_add(const LoraDelta* d, const Buf& x, int M, ActPrecision P, const Buf& y) {
+void Model::lora_add(const LoraDelta* d, const Buf& x_in, int M, ActPrecision P, const Buf& y) {
   if (!d) return;
   Scratch& S = *s_;
   const size_t n = size_t(M) * size_t(d->b.rows);
+  Buf x = x_in;
+  if (lora_dropout_seed_ != 0 && d->dropout > 0.f) {  // training: the module's own mask
+    const size_t nx = size_t(M) * size_t(d->a.cols);
+    G4_CHECK(int64_t(nx) <= int64_t(S.lora_x_size));
+    be_->dropout(x, nx, d->dropout, lora_dropout_seed_ * 0x100000001B3ull + d->id, S.lora_x);
+    x = S.lora_x;
+  }
   be_->matmul(x, M, d->a, ActPrecision::F32, S.lora_t);  // f32 products, as MLX promotes them
   be_->matmul(S.lora_t, M, d->b, ActPrecision::F32, S.lora_z);
   be_->scale(S.lora_z, d->scale, n, P, S.lora_z);  // (scale * z).astype(x.dtype)
@@ -169,7 +176,7 @@ int Model::logit_rows(const std::vector<SeqInput>& batch) {
   return n;
 }
 
-void Model::ensure_scratch(int rows, int lrows, int top_k, int masks) {
+void Model::ensure_scratch(int rows, int lrows, int top_k, int masks, bool head) {
   Scratch& s = *s_;
   if (masks > s.allow_rows) {
     be_->free(s.allow);
@@ -219,6 +226,15 @@ void Model::ensure_scratch(int rows, int lrows, int top_k, int masks) {
     s.lora_t = be_->alloc_act(size_t(s.lora_rows) * size_t(s.lora_rank));
     s.lora_z = be_->alloc_act(size_t(s.lora_rows) * size_t(s.lora_out));
   }
+  if (lora_dropout_seed_ != 0) {
+    int in = 0;
+    for (const LoraRun& r : lora_runs_) in = std::max(in, r.adapter->max_in);
+    if (size_t(rows) * size_t(in) > size_t(s.lora_x_size)) {
+      be_->free(s.lora_x);
+      s.lora_x = be_->alloc_act(size_t(rows) * size_t(in));
+      s.lora_x_size = rows * in;
+    }
+  }
   if (trace_ && cfg_.n_experts > 0 && rows > s.tr_rows) {
     be_->free(s.tr_idx);
     be_->free(s.tr_w);
@@ -235,9 +251,14 @@ void Model::ensure_scratch(int rows, int lrows, int top_k, int masks) {
     s.tk_ids = be_->alloc_i32(size_t(s.tk_rows) * s.tk_k);
     s.tk_lse = be_->alloc_f32(size_t(s.tk_rows));
   }
-  if (lrows > s.logit_rows) {
-    be_->free(s.last); be_->free(s.logits); be_->free(s.last_idx); be_->free(s.argmax);
+  if (lrows > s.last_rows) {
+    be_->free(s.last); be_->free(s.last_idx);
     s.last = be_->alloc_act(size_t(lrows) * cfg_.hidden);
+    s.last_idx = be_->alloc_i32(size_t(lrows));
+    s.last_rows = lrows;
+  }
+  if (head && lrows > s.logit_rows) {
+    be_->free(s.logits); be_->free(s.argmax);
     s.logits = be_->alloc_f32(size_t(lrows) * cfg_.vocab);
     if (comm_) {
       be_->free(s.lpart);
@@ -245,7 +266,6 @@ void Model::ensure_scratch(int rows, int lrows, int top_k, int masks) {
       s.lpart = be_->alloc_f32(size_t(lrows) * size_t(vocab_max_));
       s.lgather = be_->alloc_f32(size_t(lrows) * size_t(vocab_max_) * size_t(comm_->size()));
     }
-    s.last_idx = be_->alloc_i32(size_t(lrows));
     s.argmax = be_->alloc_i32(size_t(lrows));
     s.logit_rows = lrows;
   }
@@ -265,8 +285,13 @@ void Model::gelu_mul(const Buf& gate, const Buf& up, size_t n, ActPrecision P, c
   else be_->gelu_mul(gate, up, n, P, out);
 }
 
+void Model::forward_hidden(const std::vector<SeqInput>& batch, ActPrecision P) {
+  G4_CHECK(!peers_ && !pad_cache_ && "Model::forward_hidden: one rank, no decode padding");
+  forward_rank(batch, P, nullptr, nullptr, nullptr, nullptr, false);
+}
+
 void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, float* logits_out,
-                         int32_t* argmax_out, const TopK* topk, const TokenMasks* masks) {
+                         int32_t* argmax_out, const TopK* topk, const TokenMasks* masks, bool head) {
   std::vector<SeqInput> padded;
   const std::vector<SeqInput>& batch = pad_to_bucket(seqs_in, &padded);  // pad rows last
   const int LR_out = logit_rows(seqs_in);  // the rows whose outputs are returned
@@ -281,7 +306,7 @@ void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, f
   set_lora_runs(batch);
   const int n_masks = masks ? masks->count : 0;
   G4_CHECK(n_masks <= LR_out);
-  ensure_scratch(R, LR, topk ? topk->k : 0, n_masks);
+  ensure_scratch(R, LR, topk ? topk->k : 0, n_masks, head);
   Scratch& S = *s_;
   for (const SeqInput& s : batch)  // a paged pool's room is the engine's to check first (Engine::fit_pool)
     G4_CHECK(s.cache->reserve(s.n) && "Model::forward: the KV pool has no free block for a step");
@@ -362,6 +387,7 @@ void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, f
 
   int moe_seen = 0;  // MoE layers passed (the expert trace's layer index)
   for (int l = 0; l < N; ++l) {
+    be.begin_layer(l);
     const LayerSpec& ls = cfg_.layers[size_t(l)];
     const LayerWeights& lw = w_.layers[size_t(l)];
     const int D = ls.head_dim, Hk = ls.n_kv_heads;
@@ -474,6 +500,7 @@ void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, f
   }
 
   // --- final norm and logits for the requested rows ---
+  be.begin_layer(N);
   {
     std::vector<int32_t> idx;
     idx.reserve(size_t(LR));
@@ -488,6 +515,11 @@ void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, f
   }
   be.gather_rows(S.x, S.last_idx, LR, d, S.last);
   be.rms_norm(S.last, LR, d, w_.final_norm.data, cfg_.rms_eps, P, S.last);
+  if (!head) {
+    be.end_step();
+    for (const SeqInput& s : seqs_in) s.cache->advance(s.n);
+    return;
+  }
   if (!comm_) {
     be.matmul(S.last, LR, w_.lm_head, P, S.logits);
     if (cfg_.final_softcap > 0) be.softcap(S.logits, size_t(LR) * cfg_.vocab, cfg_.final_softcap, P);

@@ -108,6 +108,16 @@ class Model {
   // After forward(): the final-normed hidden states of its logit rows (the LM head's input),
   // [logit_rows, hidden] in the same order, a backend buffer valid until the next forward.
   const Buf& normed_rows() const;
+  // forward() up to the final norm: normed_rows() then holds the LM head's inputs, and no logits
+  // are made (training applies the head in row chunks with its loss: train/lora_train_model.h).
+  // One rank only (no peers), no padding.
+  void forward_hidden(const std::vector<SeqInput>& batch, ActPrecision P);
+  // Training: from the next forward on, every adapter module with dropout > 0 (LoraDelta::dropout)
+  // drops elements of its input (Backend::dropout), with masks drawn from `seed` mixed with the
+  // module's id; 0: off, as at inference.
+  void set_lora_dropout(uint64_t seed) { lora_dropout_seed_ = seed; }
+  // The files the weights are mapped from (what a second Model over the same weights keeps alive).
+  const std::shared_ptr<const WeightSource>& source() const { return src_; }
 
   // Number of logit rows forward() writes for this batch.
   static int logit_rows(const std::vector<SeqInput>& batch);
@@ -155,9 +165,10 @@ class Model {
  private:
   struct Scratch;
   // forward() of this rank alone.
+  // head false: up to the final norm (forward_hidden).
   void forward_rank(const std::vector<SeqInput>& batch, ActPrecision P, float* logits, int32_t* argmax,
-                    const TopK* topk, const TokenMasks* masks);
-  void ensure_scratch(int rows, int logit_rows, int top_k = 0, int masks = 0);
+                    const TopK* topk, const TokenMasks* masks, bool head = true);
+  void ensure_scratch(int rows, int logit_rows, int top_k = 0, int masks = 0, bool head = true);
   // batch, or (padding on, a decode step of 9 or more rows) batch and its pad rows in *padded.
   const std::vector<SeqInput>& pad_to_bucket(const std::vector<SeqInput>& batch, std::vector<SeqInput>* padded);
   void tap(const char* name, int layer, const Buf& p, size_t n);
@@ -204,6 +215,7 @@ class Model {
   int32_t pad_token_ = 0;
   std::unique_ptr<LoraAdapter> lora_;
   std::vector<LoraRun> lora_runs_;  // the current forward's (set_lora_runs)
+  uint64_t lora_dropout_seed_ = 0;   // set_lora_dropout's
   Tap tap_;
   std::shared_ptr<ExpertTrace> trace_;
   Communicator* comm_ = nullptr;  // set_communicator's, or null

@@ -17,6 +17,9 @@ struct Model::Scratch {
   Buf tr_idx, tr_w;  // with an expert trace: every MoE layer's router output [moe layers, rows, K]
   int tr_rows = 0;
   Buf lora_t, lora_z;  // [rows, rank], [rows, widest adapted output]
+  Buf lora_x;          // training's dropout: [rows, widest adapted input]
+  int lora_x_size = 0;
+  int last_rows = 0;   // what last holds
   Buf tk_vals, tk_lse, tk_ids;  // top_k outputs [logit_rows, k_cap] (f32, I32), [logit_rows]
   int tk_rows = 0, tk_k = 0;
   int lora_rows = 0, lora_rank = 0, lora_out = 0;  // what lora_t / lora_z hold

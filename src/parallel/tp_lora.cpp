@@ -54,9 +54,11 @@ Result<std::unique_ptr<LoraAdapter>> shard_lora_adapter(const LoraAdapter& whole
       nd.scale = d->scale;
       nd.a = be.place_weight(a);
       nd.b = be.place_weight(b);
+      nd.id = uint32_t(ad->deltas.size());
       ad->deltas.push_back(nd);
       lora_slot(ad->layers[l], std::string(module)) = &ad->deltas.back();
       ad->max_out = std::max(ad->max_out, int(b.rows));
+      ad->max_in = std::max(ad->max_in, int(a.cols));
       ++ad->modules;
     }
   }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/aligned_vector.h"
 #include "core/thread_pool.h"
 #include "quant/matmul.h"
 
@@ -64,7 +65,7 @@ void matmul_wt(const float* x, int M, const WeightView& W, float* y) {
   const int64_t K = W.cols, N = W.rows;
   const int64_t tiles = (N + kTile - 1) / kTile;
   parallel_for(tiles, [&](int64_t t0, int64_t t1) {
-    std::vector<float> tile(size_t(kTile * K));
+    AlignedVector<float> tile(size_t(kTile * K));
     float acc[4 * kTile];
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t o0 = t * kTile;
@@ -93,7 +94,7 @@ void matmul_w_acc(const float* dy, int M, const WeightView& W, float* dx) {
         partial[size_t(p - 1)].assign(size_t(M) * size_t(K), 0.f);
         out = partial[size_t(p - 1)].data();
       }
-      std::vector<float> tile(size_t(kTile * K));
+      AlignedVector<float> tile(size_t(kTile * K));
       float c[kTile];
       for (int64_t t = tiles * p / parts; t < tiles * (p + 1) / parts; ++t) {
         const int64_t o0 = t * kTile;
@@ -288,7 +289,7 @@ namespace {
 
 // A dequantized tile of kTile rows of E, row-major [kTile, K].
 struct EmbedTile {
-  std::vector<float> rows;
+  AlignedVector<float> rows;
   int n = 0;
   void load(const WeightView& E, int64_t o0) {
     const int64_t K = E.cols;
@@ -316,7 +317,7 @@ double lm_head_loss(const float* x_all, int M_all, const WeightView& E, float ca
     if (targets_all[r] >= 0) rows.push_back(r);
   const int M = int(rows.size());
   if (M == 0) return 0.0;
-  std::vector<float> x(size_t(M) * size_t(K));
+  AlignedVector<float> x(size_t(M) * size_t(K));
   std::vector<int32_t> tgt(static_cast<size_t>(M));
   for (int i = 0; i < M; ++i) {
     std::copy_n(x_all + int64_t(rows[size_t(i)]) * K, K, x.data() + int64_t(i) * K);
@@ -334,7 +335,7 @@ double lm_head_loss(const float* x_all, int M_all, const WeightView& E, float ca
   std::vector<float> ztgt(static_cast<size_t>(M), 0.f);
   parallel_for(parts, [&](int64_t p0, int64_t p1) {
     EmbedTile t;
-    std::vector<float> z(size_t(M + 4) * kTile);
+    AlignedVector<float> z(size_t(M + 4) * kTile);
     for (int64_t p = p0; p < p1; ++p) {
       float* mx = pmax.data() + p * M;
       double* sm = psum.data() + p * M;
@@ -375,7 +376,7 @@ double lm_head_loss(const float* x_all, int M_all, const WeightView& E, float ca
   std::vector<std::vector<float>> partial(static_cast<size_t>(parts));
   parallel_for(parts, [&](int64_t p0, int64_t p1) {
     EmbedTile t;
-    std::vector<float> z(size_t(M + 4) * kTile);
+    AlignedVector<float> z(size_t(M + 4) * kTile);
     for (int64_t p = p0; p < p1; ++p) {
       partial[size_t(p)].assign(size_t(M) * size_t(K), 0.f);
       float* out = partial[size_t(p)].data();

@@ -33,9 +33,6 @@ Result<LoraParams> LoraParams::create(const ModelConfig& cfg, const LoraConfig& 
   p.first_ = lc.num_layers < 0 ? 0 : N - lc.num_layers;
   std::mt19937_64 rng(seed);
   for (int l = p.first_; l < N; ++l) {
-    if (cfg.layers[size_t(l)].moe)
-      return err("layer %d is a mixture-of-experts layer: LoRA training of MoE models is not supported "
-                 "(dense and per-layer-input models only)", l);
     for (const char* m : kLoraModules) {
       const auto [out, in] = lora_module_shape(cfg, l, m);
       if (out == 0) continue;

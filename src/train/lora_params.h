@@ -48,7 +48,8 @@ class LoraParams {
  public:
   // Modules for `cfg` per `lc`, initialized from `seed`. `prefix` is the checkpoint's name of the
   // layer list ("model.layers" for gemma4_text / gemma3, "language_model.model.layers" for
-  // gemma4). Errors: num_layers out of range, rank < 1, dropout outside [0, 1), MoE layers.
+  // gemma4). Errors: num_layers out of range, rank < 1, dropout outside [0, 1). On MoE layers the
+  // attention and the dense MLP are adapted; the router and the routed experts stay frozen.
   static Result<LoraParams> create(const ModelConfig& cfg, const LoraConfig& lc, const std::string& prefix,
                                    uint64_t seed);
 

@@ -1,9 +1,10 @@
 // What one training batch holds in memory on the host (train/lora_train_model.h), estimated before
 // training starts so that a batch that cannot fit is refused with the numbers instead of failing
-// hours in. Counted (f32): the inputs kept for the adapted layers, the donor layers' K and V, the
-// per-layer inputs, two layers' intermediates (the forward's and the recomputed one's) with their
-// attention weights (heads x Σ n² per layer), the backward's gradients of one layer, and the
-// final norm and loss rows. The model's weights are not counted (they are loaded already).
+// hours in. Counted (f32), as train/grad_backend.h lays it out: the model's scratch buffers and
+// every layer's KV cache for the batch's rows, a gradient buffer beside each, the inputs each
+// adapted layer's checkpoint keeps (its residual and per-layer inputs, a shared layer's donor K/V),
+// and one layer's recomputed intermediates with their attention weights (heads x Σ n²) and
+// temporaries. The model's weights are not counted (they are loaded already).
 #pragma once
 #include <cstdint>
 #include <vector>
