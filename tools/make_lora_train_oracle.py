@@ -60,6 +60,14 @@ CASES = [
      dict(num_layers=6, rank=4, scale=3.0, optimizer="sgd", learning_rate=0.01, batch_size=2, iters=4,
           steps_per_eval=2, val_batches=1, seed=7, mask_prompt=False, max_seq_length=40,
           grad_accumulation_steps=1)),
+    # Routed experts between trained layers: adapters on attention and the dense MLP only (mlx-lm's
+    # keys), the router and the experts frozen, as `gemma4 lora` trains MoE models.
+    ("moe-chat", "moe-q4g64", "chat",
+     dict(num_layers=-1, rank=4, scale=1.5, optimizer="adam", learning_rate=1e-3, batch_size=2, iters=6,
+          steps_per_eval=3, val_batches=2, seed=9, mask_prompt=False, max_seq_length=2048,
+          grad_accumulation_steps=1,
+          lora_keys=["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                     "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"])),
 ]
 
 WORDS = ("the a cat dog sees runs under over small red blue tree house river stone light "
@@ -129,6 +137,8 @@ def run_case(fixtures: Path, name: str, fixture: str, fmt: str, flags: dict) -> 
         mx.random.seed(flags["seed"])
         model.freeze()
         lp = {"rank": flags["rank"], "scale": flags["scale"], "dropout": 0.0}
+        if "lora_keys" in flags:
+            lp["keys"] = flags["lora_keys"]
         linear_to_lora_layers(model, flags["num_layers"], lp)
         if init is None:
             init = {}

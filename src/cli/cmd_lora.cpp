@@ -72,9 +72,12 @@ Result<float> float_flag(const Args& a, const char* name, float def) {
   return float(v);
 }
 
+// On a model with MoE layers, lora_parameters.keys names the modules trained (attention and the
+// dense MLP), so that mlx-lm's load_adapters wraps those and not the router and experts, as its
+// default keys would.
 Status write_adapter_config(const std::string& path, const Args& a, const train::LoraConfig& lc,
                             const train::TrainOptions& o, const std::string& model, const std::string& opt,
-                            float lr) {
+                            float lr, const ModelConfig& cfg) {
   nlohmann::ordered_json j;
   j["model"] = model;
   j["data"] = a.get("--data");
@@ -96,6 +99,16 @@ Status write_adapter_config(const std::string& path, const Args& a, const train:
   j["grad_accumulation_steps"] = o.grad_accumulation_steps;
   j["seed"] = o.seed;
   j["lora_parameters"] = {{"rank", lc.rank}, {"dropout", lc.dropout}, {"scale", lc.scale}};
+  if (cfg.n_experts > 0) {
+    nlohmann::ordered_json keys = nlohmann::ordered_json::array();
+    for (const char* m : kLoraModules)
+      for (int l = 0; l < cfg.n_layers; ++l)
+        if (lora_module_shape(cfg, l, m).first > 0) {
+          keys.push_back(m);
+          break;
+        }
+    j["lora_parameters"]["keys"] = keys;
+  }
   return write_file_atomic(path, j.dump(4) + "\n");
 }
 
@@ -234,7 +247,7 @@ int run_lora(const std::vector<std::string>& argv) {
     }
   }
   if (Status s = write_adapter_config((fs::path(o.adapter_dir) / "adapter_config.json").string(), a, lc, o, b.path,
-                                     opt->name(), lr.value());
+                                     opt->name(), lr.value(), cfg);
       !s)
     return fail_(s.message());
   std::printf("Trainable parameters: %.3fM (%zu modules, the last %d layers, rank %d)\n",

@@ -126,21 +126,10 @@ Result<std::unique_ptr<LoraAdapter>> load_lora_adapter(const std::string& dir, c
                  p.b->name.c_str(), p.b->shape_str().c_str(), (long long)r, (long long)out);
     LoraDelta d;
     d.scale = ad->scale;
-    ad->host.push_back(transposed_f32(*p.a));  // [r, in]
-    WeightView a;
-    a.fmt = WFormat::F32;
-    a.rows = r;
-    a.cols = in;
-    a.data = ad->host.back().data();
-    a.row_bytes = in * 4;
-    ad->host.push_back(transposed_f32(*p.b));  // [out, r]
-    WeightView b = a;
-    b.rows = out;
-    b.cols = r;
-    b.data = ad->host.back().data();
-    b.row_bytes = r * 4;
-    d.a = be.place_weight(a);
-    d.b = be.place_weight(b);
+    ad->host.push_back(transposed_f32(*p.a));
+    d.a = be.place_weight(f32_view(ad->host.back().data(), r, in));
+    ad->host.push_back(transposed_f32(*p.b));
+    d.b = be.place_weight(f32_view(ad->host.back().data(), out, r));
     d.id = uint32_t(ad->deltas.size());
     ad->deltas.push_back(d);
     lora_slot(ad->layers[size_t(layer)], module) = &ad->deltas.back();

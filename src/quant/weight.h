@@ -42,6 +42,17 @@ struct WeightView {
   bool valid() const { return data != nullptr && rows > 0 && cols > 0; }
 };
 
+// A dense f32 matrix [rows, cols], rows back to back (the LoRA adapters' matrices).
+inline WeightView f32_view(const float* data, int64_t rows, int64_t cols) {
+  WeightView v;
+  v.fmt = WFormat::F32;
+  v.rows = rows;
+  v.cols = cols;
+  v.data = data;
+  v.row_bytes = cols * 4;
+  return v;
+}
+
 // An MLX affine matrix [rows, cols] over packed words and per-group scales/biases (spec §3.4):
 // rows are rows*cols*bits/32 words long, back to back.
 inline WeightView mlx_affine_view(const void* words, int64_t rows, int64_t cols, int bits,

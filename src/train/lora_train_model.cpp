@@ -28,13 +28,7 @@ LoraTrainModel::LoraTrainModel(const Model& model, LoraParams& params) : cfg_(mo
   for (const LoraModule& m : p_.modules()) {
     auto view = [&](int64_t rows, int64_t cols) {
       ad->host.emplace_back(size_t(rows * cols), 0.f);
-      WeightView w;
-      w.fmt = WFormat::F32;
-      w.rows = rows;
-      w.cols = cols;
-      w.data = ad->host.back().data();
-      w.row_bytes = cols * 4;
-      return w;
+      return f32_view(ad->host.back().data(), rows, cols);
     };
     LoraDelta d;
     d.a = view(m.rank, m.in);

@@ -7,6 +7,8 @@ adapter; here `gemma4 lora --resume-adapter-file` runs the same settings:
   estyle-chat        per-layer inputs, KV-shared layers whose donors are trained too, chat records
                      with and without a system turn, adamw, gradient accumulation over 2 batches
   dense-text-sgd     text records, sgd, --max-seq-length cutting sequences
+  moe-chat           routed experts (frozen, as the router) between trained layers: mlx-lm's keys
+                     restricted to attention and the dense MLP, as `gemma4 lora` trains MoE models
 Checks: the same iterations report (so the same batches, in mlx-lm's order); every train and
 validation loss within 1e-3 of mlx-lm's (measured: <= 2.3e-4); the trained adapter's change from the
 start within 5 % of mlx-lm's per tensor (relative norm; measured: <= 1.2 %; the oracle's own
@@ -27,7 +29,7 @@ import pytest
 
 from conftest import run_oracle_script
 
-CASES = ["dense-completions", "estyle-chat", "dense-text-sgd"]
+CASES = ["dense-completions", "estyle-chat", "dense-text-sgd", "moe-chat"]
 LOSS_TOL = 1e-3
 ADAPTER_REL_TOL = 0.05
 FLAG_KEYS = ["num_layers", "rank", "scale", "optimizer", "learning_rate", "batch_size", "iters",

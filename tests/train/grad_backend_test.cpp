@@ -14,16 +14,6 @@
 namespace g4::train {
 namespace {
 
-WeightView f32_view(std::vector<float>& m, int64_t rows, int64_t cols) {
-  WeightView w;
-  w.fmt = WFormat::F32;
-  w.rows = rows;
-  w.cols = cols;
-  w.data = m.data();
-  w.row_bytes = cols * 4;
-  return w;
-}
-
 TEST(GradBackend, RoutedExpertsMatchFiniteDifferencesWhereRoutingHolds) {
   const int rows = 5, d = 12, E = 6, K = 2, I = 8;
   std::mt19937 r(7);
@@ -44,11 +34,11 @@ TEST(GradBackend, RoutedExpertsMatchFiniteDifferencesWhereRoutingHolds) {
   }
   std::vector<WeightView> gate, up, down;
   for (int e = 0; e < E; ++e) {
-    gate.push_back(f32_view(mats[size_t(3 * e)], I, d));
-    up.push_back(f32_view(mats[size_t(3 * e + 1)], I, d));
-    down.push_back(f32_view(mats[size_t(3 * e + 2)], d, I));
+    gate.push_back(f32_view(mats[size_t(3 * e)].data(), I, d));
+    up.push_back(f32_view(mats[size_t(3 * e + 1)].data(), I, d));
+    down.push_back(f32_view(mats[size_t(3 * e + 2)].data(), d, I));
   }
-  const WeightView Pw = f32_view(P, d, d), Rw = f32_view(R, E, d);
+  const WeightView Pw = f32_view(P.data(), d, d), Rw = f32_view(R.data(), E, d);
 
   GradBackend be;
   std::vector<float> gP(P.size(), 0.f);
