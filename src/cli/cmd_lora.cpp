@@ -122,6 +122,9 @@ int run_lora(const std::vector<std::string>& argv) {
   auto fail_ = [](const std::string& m) { return fail("lora", m); };
   if (a.get("--fine-tune-type", "lora") != "lora")
     return fail_("--fine-tune-type " + a.get("--fine-tune-type") + ": only lora is supported (not dora or full)");
+  if (a.get("--tensor-parallel", "1") != "1")
+    return fail_("--tensor-parallel " + a.get("--tensor-parallel") +
+                 ": training runs on one rank (the split is for inference: run, generate, serve and the checking verbs)");
   const std::string backend = a.get("--backend");
   if (backend != "cpu" && backend != "reference")
     return fail_("--backend " + backend + ": training runs on the host (cpu or reference)");

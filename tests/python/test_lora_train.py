@@ -133,6 +133,7 @@ def test_bad_input_is_refused(gemma4_bin, train_fixtures, tmp_path):
     cases.append((["--data", d / "data", "--optimizer", "lion"], "expected adam, adamw or sgd"))
     cases.append((["--data", d / "data", "--fine-tune-type", "dora"], "only lora"))
     cases.append((["--data", d / "data", "--backend", "cuda"], "training runs on the host"))
+    cases.append((["--data", d / "data", "--tensor-parallel", "2"], "training runs on one rank"))
     cases.append((["--data", d / "data", "--lora-layers", 4], "unknown option --lora-layers"))
     cases.append((["--data", d / "data", "--resume-adapter-file", d / "model" / "model.safetensors"],
                   "not a LoRA weight"))
