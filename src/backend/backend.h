@@ -133,10 +133,35 @@ struct InputNorm {
   float eps = 0.f;
   Buf scratch;
 };
-// One projection of a shared input: y = input · Wᵀ.
+// One adapted module's LoRA delta (model/lora.h): delta(x) = scale * (x · Aᵀ) · Bᵀ.
+struct LoraDelta {
+  WeightView a;  // F32 [r, in] = lora_aᵀ (backend weight)
+  WeightView b;  // F32 [out, r] = lora_bᵀ
+  float scale = 1.f;
+  // Training only (Model::set_lora_dropout): the probability an input element is dropped, and the
+  // module's number in its adapter, which its dropout masks are drawn from. 0 at inference.
+  float dropout = 0.f;
+  uint32_t id = 0;
+};
+// The rows of a forward that one adapter's delta applies to.
+struct LoraRun {
+  int row0 = 0, rows = 0;
+  const LoraDelta* delta = nullptr;
+};
+// LoRA wrapping one module's matmul in a forward: y += each run's delta of x on its rows
+// (Backend::add_lora), with the scratch the delta's products use: t [rows, rank], z [rows, out],
+// and xd [rows, in] for training's dropout (dropout_seed != 0: Backend::dropout with the seed
+// mixed with the module's id).
+struct LoraApply {
+  std::vector<LoraRun> runs;
+  Buf t, z, xd;
+  uint64_t dropout_seed = 0;
+};
+// One projection of a shared input: y = input · Wᵀ (+ the adapters' deltas when lora is set).
 struct MatOut {
   const WeightView* w;
   Buf y;
+  const LoraApply* lora = nullptr;
 };
 
 // How a backend runs: the tuning and measuring switches the CLI passes (run, generate, serve,
@@ -278,6 +303,16 @@ class Backend {
                            const std::vector<WeightView>& gate, const std::vector<WeightView>& up,
                            const std::vector<WeightView>& down, ActPrecision P, const Buf& out) = 0;
 
+  // y[M, out] += every run's adapter delta of x [M, in] on its rows (lora null: nothing), as
+  // mlx-lm's LoRALinear adds it: the two products in f32, the scaled sum rounded per P. Made of
+  // matmul, scale, add (and dropout when training), so every backend runs it as it is.
+  void add_lora(const LoraApply* lora, const Buf& x, const Buf& y, ActPrecision P);
+  // y[M, W.rows] = x · Wᵀ, then add_lora: a module's matmul with its adapters.
+  void linear(const Buf& x, int M, const WeightView& W, const LoraApply* lora, ActPrecision P, const Buf& y) {
+    matmul(x, M, W, P, y);
+    add_lora(lora, x, y, P);
+  }
+
   // Training's LoRA dropout (mlx-lm's nn.Dropout on an adapter's input; model/lora.h): y[i] =
   // x[i] / (1 - p) where dropout_keeps(seed, i, p), else 0, over n f32 elements. The default
   // works on host copies (host backends: in their memory).
@@ -294,11 +329,11 @@ class Backend {
   // x[rows, dim] += rms_norm(o)·w (a layer's post-norm and residual add). o is scratch: its
   // contents afterwards are unspecified.
   virtual void norm_add(const Buf& x, const Buf& o, int rows, int dim, const float* w, float eps, ActPrecision P);
-  // x_resid[M, W.rows] += rms_norm(x·Wᵀ)·w (a projection, then the layer's post-norm and
-  // residual add: o_proj and down_proj). y_scratch [M, W.rows]: the projection (contents
-  // afterwards unspecified).
+  // x_resid[M, W.rows] += rms_norm(x·Wᵀ + lora)·w (a projection with its adapters, then the
+  // layer's post-norm and residual add: o_proj and down_proj). y_scratch [M, W.rows]: the
+  // projection (contents afterwards unspecified).
   virtual void matmul_norm_add(const Buf& x, int M, const WeightView& W, const Buf& y_scratch, const Buf& x_resid,
-                               const float* w, float eps, ActPrecision P);
+                               const float* w, float eps, ActPrecision P, const LoraApply* lora = nullptr);
   // Per-head RMSNorm (weight w [head_dim]) then RoPE of each sequence's rows at its positions:
   // x [rows, heads, head_dim], rows = sum of seqs' n, sequence i at rows seqs[i].row0...
   virtual void norm_rope(const Buf& x, int heads, int head_dim, const float* w, float eps,
@@ -311,8 +346,9 @@ class Backend {
   virtual void attn_prep(const Buf& q, int H, const Buf& k, const Buf& v, int Hk, int head_dim, const float* q_norm_w,
                          const float* k_norm_w, bool v_norm, float eps, const std::vector<AttnSeq>& seqs,
                          const RopeTable& t, ActPrecision P);
-  // ys[i][M, Ws[i].rows] = rms_norm(x)·norm.w · Ws[i]ᵀ for each (W, y) of `outs` (one input's
-  // projections: the attention's q, k, v), x [M, cols]. norm.w == nullptr: x as is.
+  // ys[i][M, Ws[i].rows] = rms_norm(x)·norm.w · Ws[i]ᵀ (+ its adapters) for each (W, y, lora) of
+  // `outs` (one input's projections: the attention's q, k, v), x [M, cols]. norm.w == nullptr: x
+  // as is. With adapters the normed input is in norm.scratch afterwards (their products read it).
   virtual void norm_matmuls(const Buf& x, int M, const InputNorm& norm, std::initializer_list<MatOut> outs,
                             ActPrecision P);
   // A MoE layer's three input norms (26B-A4B), rows of dim: h1 = rms_norm(f)·w_f (the dense
@@ -325,11 +361,13 @@ class Backend {
   // layer scalar comes next, s; else 1). h2 and f are scratch (contents afterwards unspecified).
   virtual void moe_exit(const Buf& x, const Buf& h1, const Buf& h2, int rows, int dim, const float* w2,
                         const float* w, float eps, float s, ActPrecision P, const Buf& f);
-  // The gated MLP's first half: gate_out = gelu(xn·Gᵀ) * (xn·Uᵀ), xn = rms_norm(x)·norm.w as in
-  // norm_matmuls, x [M, G.cols], gate_out and up_scratch [M, G.rows]; gelu per ggml's table
-  // (gelu_mul_ggml) or MLX's order (gelu_mul). up_scratch's contents afterwards are unspecified.
+  // The gated MLP's first half: gate_out = gelu(xn·Gᵀ + lora_gate) * (xn·Uᵀ + lora_up), xn =
+  // rms_norm(x)·norm.w as in norm_matmuls, x [M, G.cols], gate_out and up_scratch [M, G.rows];
+  // gelu per ggml's table (gelu_mul_ggml) or MLX's order (gelu_mul). up_scratch's contents
+  // afterwards are unspecified.
   virtual void gate_up_gelu(const Buf& x, int M, const InputNorm& norm, const WeightView& G, const WeightView& U,
-                            bool ggml_table, ActPrecision P, const Buf& gate_out, const Buf& up_scratch);
+                            bool ggml_table, ActPrecision P, const Buf& gate_out, const Buf& up_scratch,
+                            const LoraApply* lora_gate = nullptr, const LoraApply* lora_up = nullptr);
 
   // out (I32 [rows]) [r] = the first index of the largest non-NaN value of row r of the f32 x
   // [rows, n] (greedy decoding without moving the logits off the device). The default copies the

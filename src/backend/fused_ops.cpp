@@ -55,6 +55,26 @@ void Backend::dropout(const Buf& x, size_t n, float p, uint64_t seed, const Buf&
   from_host(h.data(), n, y);
 }
 
+void Backend::add_lora(const LoraApply* lora, const Buf& x, const Buf& y, ActPrecision P) {
+  if (!lora) return;
+  for (const LoraRun& r : lora->runs) {
+    const LoraDelta* d = r.delta;
+    if (!d) continue;
+    const int64_t in = d->a.cols, out = d->b.rows;
+    Buf xr = x.at(int64_t(r.row0) * in);
+    if (lora->dropout_seed != 0 && d->dropout > 0.f) {  // training: the module's own mask
+      dropout(xr, size_t(r.rows) * size_t(in), d->dropout, lora->dropout_seed * 0x100000001B3ull + d->id, lora->xd);
+      xr = lora->xd;
+    }
+    const size_t n = size_t(r.rows) * size_t(out);
+    matmul(xr, r.rows, d->a, ActPrecision::F32, lora->t);  // f32 products, as MLX promotes them
+    matmul(lora->t, r.rows, d->b, ActPrecision::F32, lora->z);
+    scale(lora->z, d->scale, n, P, lora->z);  // (scale * z).astype(x.dtype)
+    const Buf yr = y.at(int64_t(r.row0) * out);
+    add(yr, lora->z, n, P, yr);
+  }
+}
+
 void Backend::norm_add(const Buf& x, const Buf& o, int rows, int dim, const float* w, float eps, ActPrecision P) {
   rms_norm(o, rows, dim, w, eps, P, o);
   add(x, o, size_t(rows) * size_t(dim), P, x);
@@ -77,8 +97,8 @@ void Backend::moe_exit(const Buf& x, const Buf& h1, const Buf& h2, int rows, int
 }
 
 void Backend::matmul_norm_add(const Buf& x, int M, const WeightView& W, const Buf& y_scratch, const Buf& x_resid,
-                              const float* w, float eps, ActPrecision P) {
-  matmul(x, M, W, P, y_scratch);
+                              const float* w, float eps, ActPrecision P, const LoraApply* lora) {
+  linear(x, M, W, lora, P, y_scratch);
   norm_add(x_resid, y_scratch, M, int(W.rows), w, eps, P);
 }
 
@@ -122,14 +142,15 @@ void Backend::norm_matmuls(const Buf& x, int M, const InputNorm& norm, std::init
                            ActPrecision P) {
   if (outs.size() == 0) return;
   const Buf xn = normed_input(*this, x, M, int(outs.begin()->w->cols), norm, P);
-  for (const MatOut& o : outs) matmul(xn, M, *o.w, P, o.y);
+  for (const MatOut& o : outs) linear(xn, M, *o.w, o.lora, P, o.y);
 }
 
 void Backend::gate_up_gelu(const Buf& x, int M, const InputNorm& norm, const WeightView& G, const WeightView& U,
-                           bool ggml_table, ActPrecision P, const Buf& gate_out, const Buf& up_scratch) {
+                           bool ggml_table, ActPrecision P, const Buf& gate_out, const Buf& up_scratch,
+                           const LoraApply* lora_gate, const LoraApply* lora_up) {
   const Buf xn = normed_input(*this, x, M, int(G.cols), norm, P);
-  matmul(xn, M, G, P, gate_out);
-  matmul(xn, M, U, P, up_scratch);
+  linear(xn, M, G, lora_gate, P, gate_out);
+  linear(xn, M, U, lora_up, P, up_scratch);
   const size_t n = size_t(M) * size_t(G.rows);
   if (ggml_table && P == ActPrecision::F32) gelu_mul_ggml(gate_out, up_scratch, n, gate_out);
   else gelu_mul(gate_out, up_scratch, n, P, gate_out);

@@ -25,16 +25,7 @@
 
 namespace g4 {
 
-// One adapted module: delta(x) = scale * (x · Aᵀ) · Bᵀ.
-struct LoraDelta {
-  WeightView a;  // F32 [r, in] = lora_aᵀ (backend weight)
-  WeightView b;  // F32 [out, r] = lora_bᵀ
-  float scale = 1.f;
-  // Training only (Model::set_lora_dropout): the probability an input element is dropped, and the
-  // module's number in its adapter, which its dropout masks are drawn from. 0 at inference.
-  float dropout = 0.f;
-  uint32_t id = 0;
-};
+// One adapted module: LoraDelta (backend/backend.h, where the ops apply it).
 
 // The adapted modules of one layer (null: no adapter on that module).
 struct LayerLora {

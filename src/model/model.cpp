@@ -66,50 +66,37 @@ void Model::set_lora_runs(const std::vector<SeqInput>& batch) {
     if (a && !lora_runs_.empty() && lora_runs_.back().adapter == a && lora_runs_.back().row0 + lora_runs_.back().rows == row)
       lora_runs_.back().rows += s.n;
     else if (a)
-      lora_runs_.push_back(LoraRun{row, s.n, a});
+      lora_runs_.push_back(AdapterRun{row, s.n, a});
     row += s.n;
   }
 }
 
-bool Model::lora_has(int l, LoraModule m) const {
-  for (const LoraRun& r : lora_runs_)
-    if (r.adapter->layers[size_t(l)].*m) return true;
-  return false;
+const LoraApply* Model::lora(int l, LoraModule m) {
+  static constexpr LoraModule kSlots[] = {&LayerLora::q,    &LayerLora::k,  &LayerLora::v,
+                                          &LayerLora::o,    &LayerLora::gate, &LayerLora::up,
+                                          &LayerLora::down, &LayerLora::ple_gate, &LayerLora::ple_proj};
+  size_t slot = 0;
+  while (kSlots[slot] != m) ++slot;
+  LoraApply& a = lora_apply_[slot];
+  a.runs.clear();
+  for (const AdapterRun& r : lora_runs_)
+    if (const LoraDelta* d = r.adapter->layers[size_t(l)].*m) a.runs.push_back(LoraRun{r.row0, r.rows, d});
+  if (a.runs.empty()) return nullptr;
+  const Scratch& S = *s_;
+  a.t = S.lora_t;
+  a.z = S.lora_z;
+  a.xd = S.lora_x;
+  a.dropout_seed = lora_dropout_seed_;
+  return &a;
 }
 
-void Model::lora_add(int l, LoraModule m, const Buf& x, ActPrecision P, const Buf& y) {
-  for (const LoraRun& r : lora_runs_) {
-    const LoraDelta* d = r.adapter->layers[size_t(l)].*m;
-    if (d) lora_add(d, x.at(int64_t(r.row0) * d->a.cols), r.rows, P, y.at(int64_t(r.row0) * d->b.rows));
-  }
-}
-
-void Model::lora_add(const LoraDelta* d, const Buf& x_in, int M, ActPrecision P, const Buf& y) {
-  if (!d) return;
-  Scratch& S = *s_;
-  const size_t n = size_t(M) * size_t(d->b.rows);
-  Buf x = x_in;
-  if (lora_dropout_seed_ != 0 && d->dropout > 0.f) {  // training: the module's own mask
-    const size_t nx = size_t(M) * size_t(d->a.cols);
-    G4_CHECK(int64_t(nx) <= int64_t(S.lora_x_size));
-    be_->dropout(x, nx, d->dropout, lora_dropout_seed_ * 0x100000001B3ull + d->id, S.lora_x);
-    x = S.lora_x;
-  }
-  be_->matmul(x, M, d->a, ActPrecision::F32, S.lora_t);  // f32 products, as MLX promotes them
-  be_->matmul(S.lora_t, M, d->b, ActPrecision::F32, S.lora_z);
-  be_->scale(S.lora_z, d->scale, n, P, S.lora_z);  // (scale * z).astype(x.dtype)
-  be_->add(y, S.lora_z, n, P, y);
-}
-
-void Model::matmul_norm_add(const Buf& x, int M, const WeightView& W, int l, LoraModule m, const Buf& y_scratch,
+void Model::matmul_norm_add(const Buf& x, int M, const WeightView& W, const LoraApply* lora, const Buf& y_scratch,
                             const float* norm_w, ActPrecision P, bool row_parallel) {
   Backend& be = *be_;
   const Buf& resid = s_->x;
-  const bool reduce = row_parallel && comm_;
-  if (!lora_has(l, m) && !reduce) return be.matmul_norm_add(x, M, W, y_scratch, resid, norm_w, cfg_.rms_eps, P);
-  be.matmul(x, M, W, P, y_scratch);
-  lora_add(l, m, x, P, y_scratch);
-  if (reduce) all_reduce(y_scratch, size_t(M) * size_t(W.rows));
+  if (!(row_parallel && comm_)) return be.matmul_norm_add(x, M, W, y_scratch, resid, norm_w, cfg_.rms_eps, P, lora);
+  be.linear(x, M, W, lora, P, y_scratch);
+  all_reduce(y_scratch, size_t(M) * size_t(W.rows));
   be.norm_add(resid, y_scratch, M, cfg_.hidden, norm_w, cfg_.rms_eps, P);
 }
 
@@ -213,7 +200,7 @@ void Model::ensure_scratch(int rows, int lrows, int top_k, int masks, bool head)
     s.rows = rows;
   }
   int rank = 0, out = 0;  // the widest the runs' adapters need (set_lora_runs comes first)
-  for (const LoraRun& r : lora_runs_) {
+  for (const AdapterRun& r : lora_runs_) {
     rank = std::max(rank, r.adapter->rank);
     out = std::max(out, r.adapter->max_out);
   }
@@ -228,7 +215,7 @@ void Model::ensure_scratch(int rows, int lrows, int top_k, int masks, bool head)
   }
   if (lora_dropout_seed_ != 0) {
     int in = 0;
-    for (const LoraRun& r : lora_runs_) in = std::max(in, r.adapter->max_in);
+    for (const AdapterRun& r : lora_runs_) in = std::max(in, r.adapter->max_in);
     if (size_t(rows) * size_t(in) > size_t(s.lora_x_size)) {
       be_->free(s.lora_x);
       s.lora_x = be_->alloc_act(size_t(rows) * size_t(in));
@@ -394,20 +381,17 @@ void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, f
     const int kv_layer = ls.kv_source >= 0 ? ls.kv_source : l;
 
     // --- attention block (§2.4) ---
-    // q (and k, v when the layer owns its KV) from the normed input.
+    // q (and k, v when the layer owns its KV) from the normed input, each with its adapters.
     const bool own_kv = ls.kv_source < 0;
-    // With an adapter on q/k/v the normed input is materialized (the adapter reads it too).
-    const bool lora_qkv = lora_has(l, &LayerLora::q) || lora_has(l, &LayerLora::k) || lora_has(l, &LayerLora::v);
-    if (lora_qkv) be.rms_norm(S.x, R, d, lw.input_ln.data, cfg_.rms_eps, P, S.xn);
-    const Buf& qkv_in = lora_qkv ? S.xn : S.x;
-    const InputNorm in_norm = lora_qkv ? InputNorm{} : InputNorm{lw.input_ln.data, cfg_.rms_eps, S.xn};
-    if (!own_kv) be.norm_matmuls(qkv_in, R, in_norm, {{&lw.q, S.q}}, P);
-    else if (ls.k_eq_v) be.norm_matmuls(qkv_in, R, in_norm, {{&lw.q, S.q}, {&lw.k, S.k}}, P);
-    else be.norm_matmuls(qkv_in, R, in_norm, {{&lw.q, S.q}, {&lw.k, S.k}, {&lw.v, S.v}}, P);
-    if (lora_qkv) {
-      lora_add(l, &LayerLora::q, S.xn, P, S.q);
-      if (own_kv) lora_add(l, &LayerLora::k, S.xn, P, S.k);
-      if (own_kv && !ls.k_eq_v) lora_add(l, &LayerLora::v, S.xn, P, S.v);
+    const InputNorm in_norm{lw.input_ln.data, cfg_.rms_eps, S.xn};
+    const LoraApply* lq = lora(l, &LayerLora::q);
+    if (!own_kv) {
+      be.norm_matmuls(S.x, R, in_norm, {{&lw.q, S.q, lq}}, P);
+    } else if (ls.k_eq_v) {
+      be.norm_matmuls(S.x, R, in_norm, {{&lw.q, S.q, lq}, {&lw.k, S.k, lora(l, &LayerLora::k)}}, P);
+    } else {
+      be.norm_matmuls(S.x, R, in_norm, {{&lw.q, S.q, lq}, {&lw.k, S.k, lora(l, &LayerLora::k)},
+                                        {&lw.v, S.v, lora(l, &LayerLora::v)}}, P);
     }
     for (size_t i = 0; i < batch.size(); ++i) seqs[i].kv = batch[i].cache->layer(kv_layer);
     if (own_kv && ls.k_eq_v) be.copy_cols(S.k, R, Hk * D, 0, Hk * D, S.v);  // V = raw K projection (before k_norm)
@@ -432,32 +416,31 @@ void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, f
     if (ls.kv_source < 0) tap("v_normed", l, S.v, size_t(R) * Hk * D);
     be.attention(S.q, H, seqs, cfg_.query_scale, P, S.att);
     tap("attn", l, S.att, size_t(R) * H * D);
-    matmul_norm_add(S.att, R, lw.o, l, &LayerLora::o, S.o, lw.post_attn_ln.data, P, true);
+    matmul_norm_add(S.att, R, lw.o, lora(l, &LayerLora::o), S.o, lw.post_attn_ln.data, P, true);
     tap("attn_residual", l, S.x, Rd);
 
     // --- feed-forward block (§2.7, §2.8) ---
     const size_t RI = size_t(R) * ls.mlp_width;
-    const bool lora_gate_up = lora_has(l, &LayerLora::gate) || lora_has(l, &LayerLora::up);
-    if (!tap_ && !lora_gate_up) {
+    const LoraApply* lgate = lora(l, &LayerLora::gate);
+    const LoraApply* lup = lora(l, &LayerLora::up);
+    if (!tap_) {
       be.gate_up_gelu(S.x, R, InputNorm{lw.pre_ffw_ln.data, cfg_.rms_eps, S.xn}, lw.gate, lw.up,
-                      cfg_.gelu == GeluImpl::GgmlF16Table, P, S.gate, S.up);
-    } else {  // the taps (and an adapter) want the normed input, gate and up on their own
+                      cfg_.gelu == GeluImpl::GgmlF16Table, P, S.gate, S.up, lgate, lup);
+    } else {  // the taps want the normed input, gate and up on their own
       be.rms_norm(S.x, R, d, lw.pre_ffw_ln.data, cfg_.rms_eps, P, S.xn);
-      be.matmul(S.xn, R, lw.gate, P, S.gate);
-      be.matmul(S.xn, R, lw.up, P, S.up);
-      lora_add(l, &LayerLora::gate, S.xn, P, S.gate);
-      lora_add(l, &LayerLora::up, S.xn, P, S.up);
+      be.linear(S.xn, R, lw.gate, lgate, P, S.gate);
+      be.linear(S.xn, R, lw.up, lup, P, S.up);
       tap("mlp_in", l, S.xn, Rd);
       tap("mlp_gate", l, S.gate, RI);
       tap("mlp_up", l, S.up, RI);
       gelu_mul(S.gate, S.up, RI, P, S.gate);
     }
     tap("mlp_act", l, S.gate, RI);
+    const LoraApply* ldown = lora(l, &LayerLora::down);
     if (!ls.moe && !tap_) {  // down projection, post-norm and residual add
-      matmul_norm_add(S.gate, R, lw.down, l, &LayerLora::down, S.f, lw.post_ffw_ln.data, P, true);
+      matmul_norm_add(S.gate, R, lw.down, ldown, S.f, lw.post_ffw_ln.data, P, true);
     } else {
-      be.matmul(S.gate, R, lw.down, P, S.f);
-      lora_add(l, &LayerLora::down, S.gate, P, S.f);
+      be.linear(S.gate, R, lw.down, ldown, P, S.f);
       all_reduce(S.f, Rd);
       tap("mlp_out", l, S.f, Rd);
     }
@@ -490,10 +473,9 @@ void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, f
       // This layer's slice of the per-layer inputs [R, Pw]: in place for one row (decode), from
       // the layer-major copy else.
       const Buf ple_l = R > 1 ? S.ple_tok.at(int64_t(l) * R * Pw) : S.ple.at(int64_t(l) * Pw);
-      be.matmul(S.x, R, lw.ple_gate, P, S.pg);
-      lora_add(l, &LayerLora::ple_gate, S.x, P, S.pg);
+      be.linear(S.x, R, lw.ple_gate, lora(l, &LayerLora::ple_gate), P, S.pg);
       gelu_mul(S.pg, ple_l, size_t(R) * Pw, P, S.pg);
-      matmul_norm_add(S.pg, R, lw.ple_proj, l, &LayerLora::ple_proj, S.o, lw.post_ple_ln.data, P, false);
+      matmul_norm_add(S.pg, R, lw.ple_proj, lora(l, &LayerLora::ple_proj), S.o, lw.post_ple_ln.data, P, false);
     }
     if (lw.layer_scalar != 1.f && !scalar_in_exit) be.scale(S.x, T(lw.layer_scalar), Rd, P, S.x);
     tap("layer_out", l, S.x, Rd);

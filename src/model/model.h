@@ -2,6 +2,7 @@
 // embed -> layers (attention, dense MLP and/or MoE, per-layer inputs) -> norm -> logits.
 // Mirrors mlx-lm gemma4_text.py op for op (spec §2); see forward() for the order.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -176,23 +177,19 @@ class Model {
   void record_experts(const std::vector<SeqInput>& batch, int R);
   // The rows of this forward that take one adapter: consecutive sequences with the same adapter
   // (SeqInput::adapter, else the model's own); rows without an adapter are in no run.
-  struct LoraRun {
+  struct AdapterRun {
     int row0 = 0, rows = 0;
     const LoraAdapter* adapter = nullptr;
   };
   using LoraModule = const LoraDelta* LayerLora::*;  // one module of a layer (&LayerLora::q, ...)
   void set_lora_runs(const std::vector<SeqInput>& batch);
-  // Whether some run's adapter holds module m on layer l.
-  bool lora_has(int l, LoraModule m) const;
-  // y[M, d.b.rows] += the adapter delta of x (lora.h); nothing when d is null.
-  void lora_add(const LoraDelta* d, const Buf& x, int M, ActPrecision P, const Buf& y);
-  // Every run's rows of y [R, out] += its adapter's delta of module m on layer l of x [R, in].
-  void lora_add(int l, LoraModule m, const Buf& x, ActPrecision P, const Buf& y);
-  // The residual stream (scratch x) += rms_norm(x·Wᵀ + adapter deltas)·norm_w: Backend::matmul_norm_add,
-  // which fuses it, where no run adapts module m of layer l; y_scratch [M, W.rows].
-  // row_parallel: W holds this rank's input columns (o_proj, down_proj): the projection is summed
-  // over the group before the norm.
-  void matmul_norm_add(const Buf& x, int M, const WeightView& W, int l, LoraModule m, const Buf& y_scratch,
+  // Module m of layer l's adapters on this forward's rows (LoRA wrapping its matmul; backend.h
+  // LoraApply), or null when no run adapts it. Valid until the next call for the same module.
+  const LoraApply* lora(int l, LoraModule m);
+  // The residual stream (scratch x) += rms_norm(x·Wᵀ + lora)·norm_w (Backend::matmul_norm_add);
+  // y_scratch [M, W.rows]. row_parallel: W holds this rank's input columns (o_proj, down_proj):
+  // the projection is summed over the group before the norm.
+  void matmul_norm_add(const Buf& x, int M, const WeightView& W, const LoraApply* lora, const Buf& y_scratch,
                        const float* norm_w, ActPrecision P, bool row_parallel);
   // Tensor parallelism: y[0, n) summed over the group in place (nothing with one rank).
   void all_reduce(const Buf& y, size_t n);
@@ -214,7 +211,8 @@ class Model {
   std::unique_ptr<KvCache> pad_cache_;  // set_decode_padding's pad sequence, or null: padding off
   int32_t pad_token_ = 0;
   std::unique_ptr<LoraAdapter> lora_;
-  std::vector<LoraRun> lora_runs_;  // the current forward's (set_lora_runs)
+  std::vector<AdapterRun> lora_runs_;  // the current forward's (set_lora_runs)
+  std::array<LoraApply, 9> lora_apply_;  // lora()'s, one per module of a layer
   uint64_t lora_dropout_seed_ = 0;   // set_lora_dropout's
   Tap tap_;
   std::shared_ptr<ExpertTrace> trace_;

@@ -365,7 +365,11 @@ class CudaBackend final : public Backend {
     }
   }
   void matmul_norm_add(const Buf& x_b, int M, const WeightView& W, const Buf& y_b, const Buf& resid_b,
-                       const float* w, float eps, ActPrecision P) override {
+                       const float* w, float eps, ActPrecision P, const LoraApply* lora) override {
+    if (lora) {  // the adapters' products between the matmul and the norm: the separate ops
+      Backend::matmul_norm_add(x_b, M, W, y_b, resid_b, w, eps, P, lora);
+      return;
+    }
     // Batched decode on the few-row tensor-core kernel or cuBLAS (no fused epilogue): the norm_add
     // is left pending for the next op (the next input norm takes it: PendingPost).
     if (batched_rows(x_b, M, dev(W))) {
@@ -432,6 +436,11 @@ class CudaBackend final : public Backend {
   void norm_matmuls(const Buf& x_b, int M, const InputNorm& norm, std::initializer_list<MatOut> outs,
                     ActPrecision P) override {
     if (outs.size() == 0) return;
+    for (const MatOut& o : outs)
+      if (o.lora) {  // the adapters read the normed input: the separate ops
+        Backend::norm_matmuls(x_b, M, norm, outs, P);
+        return;
+      }
     const int64_t cols = outs.begin()->w->cols;
     bool q8 = true;  // every weight on the int8 GEMVs (their prepare norms the rows)
     for (const MatOut& o : outs) q8 = q8 && q8_rows(M, dev(*o.w));
@@ -455,12 +464,13 @@ class CudaBackend final : public Backend {
     }
   }
   void gate_up_gelu(const Buf& x_b, int M, const InputNorm& norm, const WeightView& G, const WeightView& U,
-                    bool ggml_table, ActPrecision P, const Buf& gate_b, const Buf& up_b) override {
-    if (G.fmt != U.fmt || G.rows != U.rows || G.cols != U.cols || G.group_size != U.group_size || G.bits != U.bits ||
+                    bool ggml_table, ActPrecision P, const Buf& gate_b, const Buf& up_b, const LoraApply* lora_gate,
+                    const LoraApply* lora_up) override {
+    if (lora_gate || lora_up || G.fmt != U.fmt || G.rows != U.rows || G.cols != U.cols || G.group_size != U.group_size || G.bits != U.bits ||
         G.scale_dtype != U.scale_dtype ||
         (!q8_rows(M, dev(G)) && !blas_rows(x_b, M, G.cols) &&
          !small_rows(x_b, M, G.cols) && !norm_fits(norm, M, G.cols))) {
-      Backend::gate_up_gelu(x_b, M, norm, G, U, ggml_table, P, gate_b, up_b);  // separate launches
+      Backend::gate_up_gelu(x_b, M, norm, G, U, ggml_table, P, gate_b, up_b, lora_gate, lora_up);  // separate launches
       return;
     }
     void* gate_out = gate_b.data;
