@@ -678,3 +678,89 @@ TEST_F(CudaBackendTest, AttnPrepIntoQuantizedCache) {
 
 }  // namespace
 }  // namespace g4
+
+namespace g4 {
+namespace {
+
+// The fused ops with LoRA adapters on some of their modules (LoraApply: the rows of two runs, one
+// adapter each, and rows with none): the CUDA backend against the reference backend, for one
+// row (the int8 GEMV path) and several.
+TEST(CudaAdapters, FusedOpsWithAdaptersMatchReference) {
+  auto cu = cuda_or_skip();
+  if (!cu) GTEST_SKIP() << "no CUDA";
+  auto ref = make_reference_backend();
+  std::mt19937 rng(71);
+  const int64_t C = 512, O = 96, r = 4;
+  const WFormat f = WFormat::GgufQ4_K;
+  auto qb = test::random_blocks(f, O, C, rng), kb = test::random_blocks(f, O, C, rng);
+  const WeightView Q{f, O, C, qb.data(), gguf_row_bytes(f, C)}, K{f, O, C, kb.data(), gguf_row_bytes(f, C)};
+  const WeightView dQ = cu->place_weight(Q), dK = cu->place_weight(K);
+  // Two adapters' deltas on a [O, C] module: a [r, C], b [O, r].
+  std::vector<std::vector<float>> mats;
+  std::vector<LoraDelta> host_d, dev_d;
+  for (int i = 0; i < 2; ++i) {
+    mats.push_back(randn(size_t(r * C), uint32_t(72 + i), 0.1f));
+    mats.push_back(randn(size_t(O * r), uint32_t(74 + i), 0.1f));
+    LoraDelta d;
+    d.a = f32_view(mats[mats.size() - 2].data(), r, C);
+    d.b = f32_view(mats.back().data(), O, r);
+    d.scale = 1.5f + float(i);
+    host_d.push_back(d);
+    LoraDelta dd = d;
+    dd.a = cu->place_weight(d.a);
+    dd.b = cu->place_weight(d.b);
+    dev_d.push_back(dd);
+  }
+  const auto nw = randn(size_t(C), 76), pw = randn(size_t(O), 77);
+  Buf dnw = up(*cu, nw), dpw = up(*cu, pw);
+  for (int M : {1, 5}) {
+    // Rows 0 .. M-1: the first run takes row 0 (and row 1), the second the last row.
+    std::vector<LoraRun> runs_h{{0, M > 1 ? 2 : 1, &host_d[0]}}, runs_d{{0, M > 1 ? 2 : 1, &dev_d[0]}};
+    if (M > 1) runs_h.push_back({M - 1, 1, &host_d[1]}), runs_d.push_back({M - 1, 1, &dev_d[1]});
+    std::vector<float> ht(size_t(M) * r), hz(size_t(M) * O);
+    LoraApply lh{runs_h, ht.data(), hz.data(), Buf(), 0};
+    LoraApply ld{runs_d, cu->alloc_f32(ht.size()), cu->alloc_f32(hz.size()), Buf(), 0};
+    const auto xin = randn(size_t(M) * C, uint32_t(78 + M), 2.f);
+    Buf dx = up(*cu, xin), dxn = cu->alloc_f32(xin.size());
+    std::vector<float> xn(xin.size());
+    {  // norm_matmuls: q adapted, k not
+      std::vector<float> q(size_t(M) * O), k(q.size());
+      ref->norm_matmuls(xin.data(), M, InputNorm{nw.data(), 1e-6f, xn.data()}, {{&Q, q.data(), &lh}, {&K, k.data()}},
+                        ActPrecision::F32);
+      Buf dq = cu->alloc_f32(q.size()), dk = cu->alloc_f32(k.size());
+      cu->norm_matmuls(dx, M, InputNorm{dnw.f32(), 1e-6f, dxn}, {{&dQ, dq, &ld}, {&dK, dk}}, ActPrecision::F32);
+      EXPECT_LE(rel_err(down(*cu, dq, q.size()), q), 2e-5) << "norm_matmuls q M=" << M;
+      EXPECT_LE(rel_err(down(*cu, dk, k.size()), k), 2e-5) << "norm_matmuls k M=" << M;
+      cu->free(dq);
+      cu->free(dk);
+    }
+    {  // gate_up_gelu: up adapted, gate not
+      std::vector<float> g(size_t(M) * O), u(g.size());
+      ref->gate_up_gelu(xin.data(), M, InputNorm{nw.data(), 1e-6f, xn.data()}, Q, K, false, ActPrecision::F32,
+                        g.data(), u.data(), nullptr, &lh);
+      Buf dg = cu->alloc_f32(g.size()), du = cu->alloc_f32(u.size());
+      cu->gate_up_gelu(dx, M, InputNorm{dnw.f32(), 1e-6f, dxn}, dQ, dK, false, ActPrecision::F32, dg, du, nullptr,
+                       &ld);
+      EXPECT_LE(rel_err(down(*cu, dg, g.size()), g), 2e-5) << "gate_up_gelu M=" << M;
+      cu->free(dg);
+      cu->free(du);
+    }
+    {  // matmul_norm_add: resid += rms_norm(x·Qᵀ + delta)·pw, on a [O, C] projection of x
+      const auto res = randn(size_t(M) * O, uint32_t(80 + M), 3.f);
+      std::vector<float> want = res, ys(size_t(M) * O);
+      ref->matmul_norm_add(xin.data(), M, Q, ys.data(), want.data(), pw.data(), 1e-6f, ActPrecision::F32, &lh);
+      Buf dr = up(*cu, res), dys = cu->alloc_f32(ys.size());
+      cu->matmul_norm_add(dx, M, dQ, dys, dr, dpw.f32(), 1e-6f, ActPrecision::F32, &ld);
+      cu->sync();
+      EXPECT_LE(rel_err(down(*cu, dr, want.size()), want), 2e-5) << "matmul_norm_add M=" << M;
+      cu->free(dr);
+      cu->free(dys);
+    }
+    for (const Buf& p : {dx, dxn, ld.t, ld.z}) cu->free(p);
+  }
+  cu->free(dnw);
+  cu->free(dpw);
+}
+
+}  // namespace
+}  // namespace g4
