@@ -297,6 +297,17 @@ int run_lora(const std::vector<std::string>& argv) {
   std::optional<ProgressTask> iterations(std::in_place, "training", uint64_t(o.iters), ProgressUnit::Iterations);
   if (state) iterations->add(uint64_t(state->iteration));
   auto step = [&](int) { iterations->add(1); };
+  // Validation and the test set: a bar of their batches while they run (on long records they take
+  // minutes between two report lines).
+  std::optional<ProgressTask> batches_bar;
+  auto batches_progress = [&batches_bar](const char* what) {
+    return [&batches_bar, what](int i, int n) {
+      if (i == 0) batches_bar.emplace(what, uint64_t(n), ProgressUnit::Iterations);
+      else if (batches_bar) batches_bar->add(1);
+      if (i == n) batches_bar.reset();
+    };
+  };
+  o.val_progress = batches_progress("validation batches");
   o.stop = &g_stop;
   std::signal(SIGINT, on_interrupt);
   auto done = train::train(tm, params.value(), opt.value(), sets[0], sets[1], o, rng, report, step);
@@ -305,7 +316,8 @@ int run_lora(const std::vector<std::string>& argv) {
   iterations.reset();  // the bar's last line, before the test report
   if (done.value() < o.iters) return 130;  // interrupted (saved)
   if (a.has("--test")) {
-    auto tl = train::evaluate(tm, sets[2], o.batch_size, test_batches, o.max_seq_length, rng);
+    auto tl = train::evaluate(tm, sets[2], o.batch_size, test_batches, o.max_seq_length, rng,
+                              batches_progress("test batches"));
     if (!tl.is_ok()) return fail_(tl.message());
     std::printf("Test loss %.3f, Test ppl %.3f.\n", tl.value(), std::exp(tl.value()));
     if (log.is_open()) log << nlohmann::ordered_json{{"kind", "test"}, {"loss", tl.value()}}.dump() << "\n";

@@ -38,6 +38,7 @@ Result<double> evaluate(LoraTrainModel& m, const Dataset& d, int batch_size, int
   double sum = 0.0;
   long toks = 0;
   std::vector<int> batch;
+  if (progress) progress(0, n);
   for (int i = 0; i < n && it.next(&batch); ++i) {
     G4_ASSIGN_OR_RETURN(SeqLoss s, batch_loss(m, d, batch, max_seq_length, false, 0, 0));
     sum += s.sum;  // mlx-lm: Σ (loss · toks) = Σ CE
@@ -140,7 +141,8 @@ Result<int> train(LoraTrainModel& m, LoraParams& params, Optimizer& opt, const D
     batches.next(&batch);  // drawn before this iteration's validation, as mlx-lm's zip does
     double tic = now_s();
     if (valid.size() > 0 && (it == 1 || it % o.steps_per_eval == 0 || it == o.iters)) {
-      G4_ASSIGN_OR_RETURN(double vl, evaluate(m, valid, o.batch_size, o.val_batches, o.max_seq_length, rng));
+      G4_ASSIGN_OR_RETURN(double vl, evaluate(m, valid, o.batch_size, o.val_batches, o.max_seq_length, rng,
+                                                         o.val_progress));
       Report r;
       r.kind = "val";
       r.iteration = it;

@@ -36,6 +36,8 @@ struct TrainOptions {
   // Set (by a signal handler): the run stops after the iteration under way, saving the adapter and
   // its state as a checkpoint does.
   const std::atomic<bool>* stop = nullptr;
+  // Called as validation goes: (0, n) before its n batches, then (i, n) after batch i.
+  std::function<void(int, int)> val_progress;
 };
 
 // One line of progress; `kind` is "val", "train", "save" or "interrupted" (a save at a stop).
@@ -52,7 +54,8 @@ struct Report {
 };
 
 // Mean loss over a dataset's batches (mlx-lm's evaluate: Σ loss·targets / Σ targets), visiting
-// at most num_batches batches (-1: all) in the order `rng` draws. progress(i, n) after each batch.
+// at most num_batches batches (-1: all) in the order `rng` draws. progress(0, n) first, then
+// progress(i, n) after each batch.
 Result<double> evaluate(LoraTrainModel& m, const Dataset& d, int batch_size, int num_batches, int max_seq_length,
                         NumpyLegacyRng& rng, const std::function<void(int, int)>& progress = {});
 
