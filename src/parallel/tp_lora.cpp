@@ -42,14 +42,9 @@ Result<std::unique_ptr<LoraAdapter>> shard_lora_adapter(const LoraAdapter& whole
                    whole.path.c_str(), l, module, (long long)out, (long long)in, (long long)rows.end,
                    (long long)cols.end);
       ad->host.push_back(sub_matrix(d->a, 0, r, cols.begin, cols.end));  // [r, in part]
-      WeightView a = d->a;
-      a.cols = cols.size();
-      a.row_bytes = a.cols * 4;
-      a.data = ad->host.back().data();
+      const WeightView a = f32_view(ad->host.back().data(), r, cols.size());
       ad->host.push_back(sub_matrix(d->b, rows.begin, rows.end, 0, r));  // [out part, r]
-      WeightView b = d->b;
-      b.rows = rows.size();
-      b.data = ad->host.back().data();
+      const WeightView b = f32_view(ad->host.back().data(), rows.size(), r);
       LoraDelta nd;
       nd.scale = d->scale;
       nd.a = be.place_weight(a);

@@ -22,14 +22,6 @@ void add_into(float* dst, const float* src, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
-// 1 / sqrt(mean(x²) + eps) of each row, as rms_norm_fwd computes it.
-AlignedVector<float> norm_inv(const float* x, int rows, int dim, float eps) {
-  AlignedVector<float> inv(static_cast<size_t>(rows));
-  AlignedVector<float> y(static_cast<size_t>(dim));
-  for (int r = 0; r < rows; ++r) rms_norm_fwd(x + size_t(r) * dim, 1, dim, nullptr, eps, y.data(), &inv[size_t(r)]);
-  return inv;
-}
-
 }  // namespace
 
 void GradBackend::embed(const WeightView& E, const Buf& ids, int n, float scale, ActPrecision, const Buf& out) {
@@ -62,22 +54,20 @@ void GradBackend::matmul(const Buf& x, int M, const WeightView& W, ActPrecision,
 
 void GradBackend::rms_norm(const Buf& x, int rows, int dim, const float* w, float eps, ActPrecision, const Buf& y) {
   const size_t n = size_t(rows) * size_t(dim);
-  Floats xs = floats();
+  Floats xs = floats(), inv = floats();  // kept: the input and its rows' 1 / rms
   exec({{region(x, n)}, {region(y, n)},
         [=, this](bool keep) {
           if (keep) keep_copy(xs, x.f32(), n);
-          AlignedVector<float> inv(static_cast<size_t>(rows));
-          rms_norm_fwd(x.f32(), rows, dim, w, eps, y.f32(), inv.data());
+          inv->resize(size_t(rows));
+          rms_norm_fwd(x.f32(), rows, dim, w, eps, y.f32(), inv->data());
+          if (!keep) drop(inv);
         },
         [=, this] {
           const AlignedVector<float> dy = take_grad(y, n);
-          if (!dy.empty()) {
-            if (float* dx = grad(x, true)) {
-              const AlignedVector<float> inv = norm_inv(xs->data(), rows, dim, eps);
-              rms_norm_bwd(xs->data(), inv.data(), rows, dim, w, dy.data(), dx);
-            }
-          }
+          if (!dy.empty())
+            if (float* dx = grad(x, true)) rms_norm_bwd(xs->data(), inv->data(), rows, dim, w, dy.data(), dx);
           drop(xs);
+          drop(inv);
         }});
 }
 
