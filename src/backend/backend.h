@@ -24,6 +24,8 @@
 
 namespace g4 {
 
+class Communicator;  // parallel/communicator.h
+
 // Rotary frequencies of one layer kind: inv_freq[j] for pair j in [0, head_dim/2); pairs with
 // inv_freq 0 do not rotate. position_scale multiplies positions (linear RoPE scaling: 1/factor).
 struct RopeTable {
@@ -204,6 +206,13 @@ struct BackendOptions {
   // Ranks of a tensor-parallel group the model is split over (parallel/tp_model.h), a backend
   // each; 1: one.
   int tensor_parallel = 1;
+  // CUDA under tensor parallelism: rank r's GPU is devices[r] (`--devices 0,1`); empty: GPUs 0..N-1.
+  std::vector<int> devices;
+  // How the ranks exchange activations (`--collectives`): Auto takes NCCL for ranks on distinct GPUs
+  // and the in-process host group otherwise (host backends, ranks sharing a GPU); Nccl also makes a
+  // one-rank group (`--tensor-parallel 1 --collectives nccl`: the NCCL path checked on one GPU).
+  enum class Collectives { Auto, Nccl, Host };
+  Collectives collectives = Collectives::Auto;
 };
 
 // The intermediate width of the routed experts this rank holds: the rows of the first gate view
@@ -385,6 +394,17 @@ class Backend {
   // top_k, so a device samples under a grammar without copying the logits. The default works on
   // host copies.
   virtual void mask_logits(const Buf& x, int n, const Buf& allow, const Buf& rows, int count);
+  // Collectives of a tensor-parallel group (parallel/communicator.h) on this backend's buffers, in
+  // the order of its other ops (inside a recorded step too): y (n elements, its dtype) becomes the
+  // rank-order sum over the ranks; recv = every rank's n elements of send, rank after rank. The
+  // defaults wait for the backend (sync) and call the group's blocking collective, through host
+  // copies when the buffers are device memory and the group a host one (ranks sharing a GPU: a
+  // check, not a fast path). A device backend enqueues a device group's collectives on its stream.
+  virtual void all_reduce(Communicator& c, const Buf& y, size_t n);
+  virtual void all_gather(Communicator& c, const Buf& send, size_t n, const Buf& recv);
+  // dst[r, off:off+n] = src[r, :] for r < rows (src [rows, n] contiguous, dst rows of dst_dim): the
+  // inverse of copy_cols (a vocabulary shard's logits into the full rows).
+  virtual void place_cols(const Buf& src, int rows, int n, const Buf& dst, int dst_dim, int off);
   // Whether buffers live in device memory (callers then prefer argmax to reading whole logits).
   virtual bool on_device() const { return false; }
   // The most rows a forward may have for each row to be computed exactly as it would be alone (the

@@ -1,6 +1,8 @@
-// make_cuda_backend, cuda_step_counts and cuda_prefill_on_blas for builds without CUDA (-DG4_CUDA=OFF, the default): the CUDA build defines
-// it in backend/cuda/cuda_backend.cu instead.
+// make_cuda_backend, cuda_step_counts, cuda_prefill_on_blas and make_nccl_group for builds without
+// CUDA (-DG4_CUDA=OFF, the default): the CUDA build defines them in backend/cuda/cuda_backend.cu and
+// backend/cuda/cuda_nccl.cu instead.
 #include "backend/backend.h"
+#include "parallel/nccl_communicator.h"
 
 #ifndef G4_HAVE_CUDA
 namespace g4 {
@@ -10,5 +12,8 @@ std::unique_ptr<Backend> make_cuda_backend(std::string* why, const BackendOption
 }
 bool cuda_step_counts(const Backend&, CudaStepCounts*) { return false; }
 bool cuda_prefill_on_blas(const Backend&) { return false; }
+Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_group(const std::vector<int>&) {
+  return err("NCCL collectives need a CUDA build (configure with -DG4_CUDA=ON and the CUDA toolkit)");
+}
 }  // namespace g4
 #endif

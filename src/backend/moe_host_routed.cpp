@@ -7,7 +7,7 @@ Buf HostRoutedMoe::run(Backend& be, const Buf& x, int rows, int d, const Buf& id
                        const std::vector<WeightView>& gate, const std::vector<WeightView>& up,
                        const std::vector<WeightView>& down, ActPrecision P) {
   const int E = int(gate.size());
-  const int64_t I = gate[0].rows;
+  const int64_t I = held_expert_width(gate);  // other ranks' experts: 0-row views, their items 0
   std::vector<int32_t> hidx(size_t(rows) * size_t(k));
   be.to_host(idx, hidx.size(), hidx.data());
   // Each expert's (row, slot) items, and where its outputs land in ys_ (expert after expert).
@@ -39,6 +39,12 @@ Buf HostRoutedMoe::run(Backend& be, const Buf& x, int rows, int d, const Buf& id
   for (int e = 0; e < E; ++e) {
     const int m = int(by_expert[size_t(e)].size());
     if (!m) continue;
+    if (gate[size_t(e)].rows == 0) {  // another rank's expert: its part of the sum is 0
+      const std::vector<float> zeros(size_t(m) * size_t(d), 0.f);
+      be.from_host(zeros.data(), zeros.size(), ys_.at(int64_t(at) * d));
+      at += size_t(m);
+      continue;
+    }
     const Buf xe = xs_.at(int64_t(at) * d);
     be.matmul(xe, m, gate[size_t(e)], P, g_);
     be.matmul(xe, m, up[size_t(e)], P, u_);

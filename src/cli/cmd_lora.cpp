@@ -125,6 +125,8 @@ int run_lora(const std::vector<std::string>& argv) {
   if (a.get("--tensor-parallel", "1") != "1")
     return fail_("--tensor-parallel " + a.get("--tensor-parallel") +
                  ": training runs on one rank (the split is for inference: run, generate, serve and the checking verbs)");
+  for (const char* flag : {"--devices", "--collectives"})
+    if (a.has(flag)) return fail_(std::string(flag) + ": training runs on one rank (tensor parallelism is for inference)");
   const std::string backend = a.get("--backend");
   if (backend != "cpu" && backend != "reference")
     return fail_("--backend " + backend + ": training runs on the host (cpu or reference)");

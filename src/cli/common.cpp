@@ -143,6 +143,24 @@ Result<BackendOptions> backend_options_from_args(const Args& a) {
   G4_TRY(on_off("--cuda-timing", o.timing));
   G4_ASSIGN_OR_RETURN(o.device, int_flag(a, "--cuda-device", 0, 0, 63));
   G4_ASSIGN_OR_RETURN(o.tensor_parallel, int_flag(a, "--tensor-parallel", 1, 1, 64));
+  if (a.has("--devices")) {
+    const std::string list = a.get("--devices");
+    for (size_t at = 0; at <= list.size();) {
+      const size_t comma = std::min(list.find(',', at), list.size());
+      const std::string item = list.substr(at, comma - at);
+      char* end = nullptr;
+      const long d = std::strtol(item.c_str(), &end, 10);
+      if (item.empty() || *end != '\0' || d < 0 || d > 63)
+        return err("--devices: expected GPU numbers 0..63 separated by commas, got '%s'", list.c_str());
+      o.devices.push_back(int(d));
+      at = comma + 1;
+    }
+    if (!a.has("--tensor-parallel")) o.tensor_parallel = int(o.devices.size());
+  }
+  const std::string how = a.get("--collectives", "auto");
+  if (how == "nccl") o.collectives = BackendOptions::Collectives::Nccl;
+  else if (how == "host") o.collectives = BackendOptions::Collectives::Host;
+  else if (how != "auto") return err("--collectives: expected auto, nccl or host, got '%s'", how.c_str());
   G4_ASSIGN_OR_RETURN(o.bf16_weight_cache_gib, int_flag(a, "--cuda-bf16-cache", 0, 0, 1024));
   G4_ASSIGN_OR_RETURN(o.blas_cached_min_rows, int_flag(a, "--cuda-blas-cached-rows", 0, 0, 33));
   const std::string dt = a.get("--dtype");
@@ -162,7 +180,7 @@ Result<std::unique_ptr<Model>> load_model_from_args(const Args& a, bool quiet) {
   auto t0 = std::chrono::steady_clock::now();
   if (!quiet) std::fprintf(stderr, "loading %s ...\n", path.empty() ? "default model" : path.c_str());
   Result<std::unique_ptr<Model>> m = Error{""};
-  if (bo.tensor_parallel > 1) {
+  if (uses_tp_group(bo)) {
     G4_ASSIGN_OR_RETURN(std::string p, resolve_model_path(path));
     G4_ASSIGN_OR_RETURN(OpenedModel om, open_model(p));
     m = build_model_ranks(om, a.get("--backend"), bo);

@@ -122,8 +122,14 @@ void add_load_options(VerbCli& cli) {
             "throughput)")
       ->type_name("on|off")->check(one_of({"on", "off"}));
   cli.value("--tensor-parallel", "split the model over N ranks, a thread and a backend each (heads, MLP columns, "
-            "experts, vocabulary); cpu and reference backends (the NCCL path for GPUs is not built yet)", "1")
+            "experts, vocabulary); cpu and reference backends, or cuda with a GPU per rank", "1")
       ->type_name("N")->check(CLI::Range(1, 64));
+  cli.value("--devices", "with --backend cuda and --tensor-parallel N: the GPU of each rank, comma-separated "
+            "(default: 0..N-1; a GPU listed twice shares it, through host collectives)")
+      ->type_name("LIST");
+  cli.value("--collectives", "how tensor-parallel ranks exchange: auto (NCCL for ranks on distinct GPUs, "
+            "else through the host), nccl, host", "auto")
+      ->type_name("HOW")->check(one_of({"auto", "nccl", "host"}));
   cli.group("CUDA backend (BackendOptions)");
   cli.value("--cuda-device", "the GPU to run on (its CUDA device number)", "0")
       ->type_name("N")->check(CLI::Range(0, 63));

@@ -13,8 +13,7 @@ Result<std::string> resolve_model_path(const std::string& path) {
   return def;
 }
 
-Result<std::unique_ptr<Model>> build_model(const OpenedModel& om, const std::string& backend,
-                                           const BackendOptions& opt) {
+Result<std::unique_ptr<Backend>> open_backend(const std::string& backend, const BackendOptions& opt) {
   std::unique_ptr<Backend> be;
   if (backend == "ggml" || backend == "cuda") {
     std::string why;
@@ -24,6 +23,12 @@ Result<std::unique_ptr<Model>> build_model(const OpenedModel& om, const std::str
     be = make_backend(backend);
   }
   if (!be) return err("unknown backend '%s' (expected cpu, reference, ggml or cuda)", backend.c_str());
+  return be;
+}
+
+Result<std::unique_ptr<Model>> build_model(const OpenedModel& om, const std::string& backend,
+                                           const BackendOptions& opt) {
+  G4_ASSIGN_OR_RETURN(std::unique_ptr<Backend> be, open_backend(backend, opt));
   G4_ASSIGN_OR_RETURN(ModelWeights w, load_weights(om.config, *om.weights, *be));
   return std::make_unique<Model>(om.config, std::move(w), om.weights, std::move(be));
 }

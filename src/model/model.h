@@ -237,6 +237,10 @@ Result<std::unique_ptr<Model>> load_model(const std::string& path, const std::st
 // `path`, or the default model's path when empty (error: no model configured).
 Result<std::string> resolve_model_path(const std::string& path);
 
+// The named backend (make_backend's names) with its options; errors say why a device backend
+// cannot start (no CUDA in this build, no such GPU) or that the name is unknown.
+Result<std::unique_ptr<Backend>> open_backend(const std::string& backend, const BackendOptions& opt = {});
+
 struct OpenedModel;
 // Builds the Model from an already opened checkpoint (io/model_dir.h).
 Result<std::unique_ptr<Model>> build_model(const OpenedModel& om, const std::string& backend,

@@ -19,28 +19,19 @@ void Model::set_communicator(Communicator* comm) {
 }
 
 void Model::all_reduce(const Buf& y, size_t n) {
-  if (!comm_) return;
-  be_->sync();  // the collective reads what the backend wrote
-  comm_->all_reduce_sum(y.data, n, y.dtype);
+  if (comm_) be_->all_reduce(*comm_, y, n);
 }
 
 void Model::gather_logits(int LR) {
   Scratch& S = *s_;
   const int n = comm_->size(), V = cfg_.vocab;
   const size_t part = size_t(LR) * size_t(vocab_max_);  // each rank's [LR, its rows], padded
-  be_->sync();
-  comm_->all_gather(S.lpart.data, part, DType::F32, S.lgather.data);
+  be_->all_gather(*comm_, S.lpart, part, S.lgather);
   // Rank r's block holds [LR, Vr] contiguously; it becomes columns [v0, v0 + Vr) of every row.
-  // Through the host: on the host backends these are plain copies.
-  std::vector<float> all(part * size_t(n)), out(size_t(LR) * size_t(V));
-  be_->to_host(S.lgather, all.size(), all.data());
   for (int r = 0; r < n; ++r) {
     const ShardRange v = shard_range(V, 1, r, n, "vocabulary").value();
-    for (int i = 0; i < LR; ++i)
-      std::copy_n(all.data() + size_t(r) * part + size_t(i) * size_t(v.size()), size_t(v.size()),
-                  out.data() + size_t(i) * size_t(V) + size_t(v.begin));
+    be_->place_cols(S.lgather.at(int64_t(size_t(r) * part)), LR, int(v.size()), S.logits, V, int(v.begin));
   }
-  be_->from_host(out.data(), out.size(), S.logits);
 }
 
 void Model::set_peers(std::unique_ptr<ModelPeers> peers) {

@@ -2,7 +2,7 @@
 // forward code (parallel/shard.h) exchanges activations. One Communicator object per rank; rank r
 // drives its own backend (a thread per rank, one process) and calls its Communicator only.
 //
-// Contract for every implementation (inproc_communicator.h now; an NCCL one later):
+// Contract for every implementation (inproc_communicator.h; nccl_communicator.h for GPUs):
 // - Memory: data pointers are memory of the calling rank's backend: host memory for the CPU and
 //   reference backends, device memory for a device backend (an NCCL communicator passes them to
 //   ncclAllReduce / ncclAllGather on the backend's stream). Host implementations read the data
@@ -24,10 +24,15 @@
 //   length are gathered padded to the longest, or reduced first (a vocabulary shard's argmax).
 // - Errors: collectives run inside the forward pass, where nothing returns errors; an unusable
 //   dtype or a failed transport aborts with a message naming the collective.
+// - Device collectives (on_device(): NCCL): data pointers are device memory of the rank's GPU. A
+//   device backend enqueues them on its stream in the order of its other work (the *_on forms,
+//   through Backend::all_reduce / all_gather, so that a recorded step keeps them in place); the
+//   blocking forms run on the communicator's own stream and wait for it.
 #pragma once
 #include <cstddef>
 
 #include "core/dtype.h"
+#include "core/status.h"
 
 namespace g4 {
 
@@ -48,6 +53,20 @@ class Communicator {
   virtual void all_gather(const void* send, size_t count, DType dtype, void* recv) = 0;
   // Returns once every rank has called barrier().
   virtual void barrier() = 0;
+
+  // Whether the collectives take device memory and can be enqueued on a device stream (the *_on
+  // forms); false for host groups, whose *_on forms must not be called.
+  virtual bool on_device() const { return false; }
+  // all_reduce_sum / all_gather enqueued on `stream` (a cudaStream_t of the rank's GPU): they
+  // return once queued, and the stream's later work sees the result.
+  virtual void all_reduce_sum_on(void* stream, void* data, size_t count, DType dtype) {
+    (void)stream, (void)data, (void)count, (void)dtype;
+    G4_CHECK(false && "Communicator::all_reduce_sum_on: this group has no device collectives");
+  }
+  virtual void all_gather_on(void* stream, const void* send, size_t count, DType dtype, void* recv) {
+    (void)stream, (void)send, (void)count, (void)dtype, (void)recv;
+    G4_CHECK(false && "Communicator::all_gather_on: this group has no device collectives");
+  }
 };
 
 }  // namespace g4

@@ -2,10 +2,12 @@
 
 #include <condition_variable>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "model/weights.h"
 #include "parallel/inproc_communicator.h"
+#include "parallel/nccl_communicator.h"
 #include "parallel/shard.h"
 #include "parallel/tp_lora.h"
 #include "parallel/tp_source.h"
@@ -91,13 +93,12 @@ class ThreadPeers : public ModelPeers {
 }  // namespace
 
 Result<std::unique_ptr<Model>> build_tp_rank(const OpenedModel& om, const std::string& backend, Communicator& comm,
-                                             std::shared_ptr<ShardedWeightSource>* source) {
-  if (backend != "cpu" && backend != "reference")
-    return err("tensor parallelism runs on the cpu and reference backends in this build, not '%s' (the NCCL "
-               "communicator is not built yet)", backend.c_str());
+                                             const BackendOptions& opt, std::shared_ptr<ShardedWeightSource>* source) {
+  if (backend != "cpu" && backend != "reference" && backend != "cuda")
+    return err("tensor parallelism runs on the cpu, reference and cuda backends, not '%s'", backend.c_str());
   G4_ASSIGN_OR_RETURN(std::shared_ptr<ShardedWeightSource> src,
                       ShardedWeightSource::make(om.weights, om.config, comm.rank(), comm.size()));
-  std::unique_ptr<Backend> be = make_backend(backend);
+  G4_ASSIGN_OR_RETURN(std::unique_ptr<Backend> be, open_backend(backend, opt));
   G4_ASSIGN_OR_RETURN(ModelWeights w, load_weights(src->config(), *src, *be));
   G4_ASSIGN_OR_RETURN(w.lm_head, shard_rows(w.lm_head, comm.rank(), comm.size(), "lm_head"));
   auto m = std::make_unique<Model>(src->config(), std::move(w), src, std::move(be));
@@ -106,13 +107,47 @@ Result<std::unique_ptr<Model>> build_tp_rank(const OpenedModel& om, const std::s
   return m;
 }
 
-Result<std::unique_ptr<Model>> build_tp_model(const OpenedModel& om, const std::string& backend, int ranks) {
-  if (ranks < 2) return err("tensor parallel: %d ranks; a group has at least 2", ranks);
-  std::vector<std::unique_ptr<Communicator>> comms = make_inproc_group(ranks);
+Result<TpGroupPlan> plan_tp_group(const std::string& backend, const BackendOptions& opt) {
+  using C = BackendOptions::Collectives;
+  const int n = opt.tensor_parallel;
+  TpGroupPlan plan;
+  if (backend != "cuda") {
+    if (!opt.devices.empty()) return err("--devices places ranks on GPUs: it needs --backend cuda");
+    if (opt.collectives == C::Nccl) return err("--collectives nccl needs --backend cuda");
+    if (n < 2) return err("tensor parallel: %d rank; a group on the host has at least 2", n);
+    plan.devices.assign(size_t(n), -1);
+    return plan;
+  }
+  if (opt.devices.empty()) {
+    for (int r = 0; r < n; ++r) plan.devices.push_back(r);
+  } else if (int(opt.devices.size()) != n) {
+    return err("--devices lists %zu GPUs for --tensor-parallel %d (one per rank)", opt.devices.size(), n);
+  } else {
+    plan.devices = opt.devices;
+  }
+  const bool distinct = std::set<int>(plan.devices.begin(), plan.devices.end()).size() == plan.devices.size();
+  plan.nccl = opt.collectives == C::Nccl || (opt.collectives == C::Auto && distinct);
+  if (!plan.nccl && n < 2)
+    return err("tensor parallel: 1 rank over host collectives is the plain model (--collectives nccl checks "
+               "the NCCL path with one rank)");
+  return plan;
+}
+
+Result<std::unique_ptr<Model>> build_tp_model(const OpenedModel& om, const std::string& backend,
+                                              const BackendOptions& opt) {
+  G4_ASSIGN_OR_RETURN(TpGroupPlan plan, plan_tp_group(backend, opt));
+  std::vector<std::unique_ptr<Communicator>> comms;
+  if (plan.nccl) {
+    G4_ASSIGN_OR_RETURN(comms, make_nccl_group(plan.devices));
+  } else {
+    comms = make_inproc_group(int(plan.devices.size()));
+  }
   std::vector<std::unique_ptr<Model>> models;
   std::vector<std::shared_ptr<ShardedWeightSource>> sources(comms.size());
   for (size_t r = 0; r < comms.size(); ++r) {
-    G4_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, build_tp_rank(om, backend, *comms[r], &sources[r]));
+    BackendOptions rank_opt = opt;
+    if (plan.devices[r] >= 0) rank_opt.device = plan.devices[r];
+    G4_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, build_tp_rank(om, backend, *comms[r], rank_opt, &sources[r]));
     models.push_back(std::move(m));
   }
   std::unique_ptr<Model> leader = std::move(models[0]);
@@ -123,8 +158,12 @@ Result<std::unique_ptr<Model>> build_tp_model(const OpenedModel& om, const std::
 
 Result<std::unique_ptr<Model>> build_model_ranks(const OpenedModel& om, const std::string& backend,
                                                  const BackendOptions& opt) {
-  if (opt.tensor_parallel <= 1) return build_model(om, backend, opt);
-  return build_tp_model(om, backend, opt.tensor_parallel);
+  if (!uses_tp_group(opt)) return build_model(om, backend, opt);
+  return build_tp_model(om, backend, opt);
+}
+
+bool uses_tp_group(const BackendOptions& opt) {
+  return opt.tensor_parallel > 1 || opt.collectives == BackendOptions::Collectives::Nccl || !opt.devices.empty();
 }
 
 }  // namespace g4

@@ -18,43 +18,12 @@
 #include "parallel/tp_model.h"
 #include "parallel/tp_source.h"
 #include "../model/model_test_util.h"
+#include "tp_model_test_util.h"
 
 namespace g4 {
 namespace {
 namespace fs = std::filesystem;
-
-constexpr int kDecodeSteps = 3;
-
-// max |got - ref| and max |ref|, and whether they meet the contract: within 1e-5 of max(1, max |ref|).
-struct Diff {
-  float max_diff = 0, max_ref = 0;
-  bool within_contract() const { return max_diff <= 1e-5f * std::max(1.f, max_ref); }
-};
-Diff compare(const std::vector<float>& ref, const std::vector<float>& got) {
-  Diff d;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    d.max_ref = std::max(d.max_ref, std::abs(ref[i]));
-    d.max_diff = std::max(d.max_diff, std::abs(ref[i] - got[i]));
-  }
-  return d;
-}
-
-// Logits of `prompt` at every position, then of kDecodeSteps greedy steps, on one model.
-std::vector<float> score(Model& m, const std::vector<int32_t>& prompt, std::vector<int32_t>* picked) {
-  const int V = m.config().vocab, L = int(prompt.size());
-  std::vector<float> out(size_t(L + kDecodeSteps) * size_t(V));
-  auto cache = m.new_cache();
-  m.forward({SeqInput{cache.get(), prompt.data(), L, true}}, ActPrecision::F32, out.data());
-  int32_t next = int32_t(std::max_element(out.begin() + size_t(L - 1) * V, out.begin() + size_t(L) * V) -
-                         (out.begin() + size_t(L - 1) * V));
-  for (int s = 0; s < kDecodeSteps; ++s) {
-    picked->push_back(next);
-    int32_t am = 0;
-    m.forward({SeqInput{cache.get(), &next, 1, false}}, ActPrecision::F32, out.data() + size_t(L + s) * V, &am);
-    next = am;
-  }
-  return out;
-}
+using namespace tp_test;  // NOLINT: the group tests' helpers
 
 class TensorParallelModel : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
@@ -72,7 +41,7 @@ TEST_P(TensorParallelModel, RanksGiveTheSingleRankLogits) {
   std::vector<int32_t> ref_picked;
   const std::vector<float> ref = score(*one.value(), prompt, &ref_picked);
 
-  auto leader = build_tp_model(om.value(), "cpu", ranks);
+  auto leader = build_tp_model(om.value(), "cpu", ranks_opt(ranks));
   ASSERT_TRUE(leader) << leader.message();
   ASSERT_EQ(leader.value()->ranks(), ranks);
   std::vector<int32_t> picked;
@@ -95,7 +64,7 @@ TEST(TensorParallelModelCaches, PoolCopyTruncateAndStateFollowEveryRank) {
   auto om = open_model(dir.string());
   ASSERT_TRUE(om) << om.message();
   auto one = build_model(om.value(), "cpu");
-  auto two = build_tp_model(om.value(), "cpu", 2);
+  auto two = build_tp_model(om.value(), "cpu", ranks_opt(2));
   ASSERT_TRUE(one && two) << one.message() << two.message();
   const int V = one.value()->config().vocab;
   auto run = [&](Model& m) {
@@ -132,7 +101,7 @@ TEST(TensorParallelModelAdapters, ShardedAdaptersGiveTheSingleRankLogits) {
     ASSERT_TRUE(om) << om.message();
     for (int ranks : {2, 4}) {
       auto one = build_model(om.value(), "cpu");
-      auto group = build_tp_model(om.value(), "cpu", ranks);
+      auto group = build_tp_model(om.value(), "cpu", ranks_opt(ranks));
       ASSERT_TRUE(one && group) << one.message() << group.message();
       const int V = one.value()->config().vocab;
       auto run = [&](Model& m) {
@@ -166,12 +135,12 @@ TEST(TensorParallelModelRefusals, NameWhatDoesNotSplit) {
   if (!fs::exists(dir / "config.json")) GTEST_SKIP() << dir << " missing (make fixtures)";
   auto om = open_model(dir.string());
   ASSERT_TRUE(om) << om.message();
-  auto three = build_tp_model(om.value(), "cpu", 3);
+  auto three = build_tp_model(om.value(), "cpu", ranks_opt(3));
   ASSERT_FALSE(three);
   EXPECT_EQ(three.message(), "tensor parallel over 3 ranks: the model's 4 query heads do not split evenly");
-  auto cuda = build_tp_model(om.value(), "cuda", 2);
-  ASSERT_FALSE(cuda);
-  EXPECT_NE(cuda.message().find("not 'cuda'"), std::string::npos) << cuda.message();
+  auto ggml = build_tp_model(om.value(), "ggml", ranks_opt(2));
+  ASSERT_FALSE(ggml);
+  EXPECT_NE(ggml.message().find("not 'ggml'"), std::string::npos) << ggml.message();
 
   auto src = ShardedWeightSource::make(om.value().weights, om.value().config, 1, 2);
   ASSERT_TRUE(src) << src.message();
@@ -197,6 +166,60 @@ INSTANTIATE_TEST_SUITE_P(
       std::replace(n.begin(), n.end(), '-', '_');
       return n;
     });
+
+}  // namespace
+}  // namespace g4
+
+namespace g4 {
+namespace {
+
+// How a group is placed and which collectives it takes (plan_tp_group), and what is refused.
+TEST(TensorParallelPlan, PlacesRanksAndPicksCollectives) {
+  using C = BackendOptions::Collectives;
+  BackendOptions o = ranks_opt(2);
+  auto host = plan_tp_group("cpu", o);
+  ASSERT_TRUE(host) << host.message();
+  EXPECT_FALSE(host.value().nccl);
+  EXPECT_EQ(host.value().devices, (std::vector<int>{-1, -1}));
+
+  auto gpus = plan_tp_group("cuda", o);  // GPUs 0..N-1, distinct: NCCL
+  ASSERT_TRUE(gpus) << gpus.message();
+  EXPECT_TRUE(gpus.value().nccl);
+  EXPECT_EQ(gpus.value().devices, (std::vector<int>{0, 1}));
+
+  o.devices = {0, 0};  // ranks sharing a GPU: the host group
+  auto shared = plan_tp_group("cuda", o);
+  ASSERT_TRUE(shared) << shared.message();
+  EXPECT_FALSE(shared.value().nccl);
+  EXPECT_EQ(shared.value().devices, (std::vector<int>{0, 0}));
+
+  BackendOptions one = ranks_opt(1);
+  one.collectives = C::Nccl;  // the NCCL path with one rank
+  auto nccl1 = plan_tp_group("cuda", one);
+  ASSERT_TRUE(nccl1) << nccl1.message();
+  EXPECT_TRUE(nccl1.value().nccl);
+  EXPECT_TRUE(uses_tp_group(one));
+  EXPECT_FALSE(uses_tp_group(ranks_opt(1)));
+
+  auto refused = [](const std::string& be, BackendOptions opt) {
+    auto p = plan_tp_group(be, opt);
+    EXPECT_FALSE(p);
+    return p ? std::string() : p.message();
+  };
+  BackendOptions listed = ranks_opt(2);
+  listed.devices = {0, 1};
+  EXPECT_EQ(refused("cpu", listed), "--devices places ranks on GPUs: it needs --backend cuda");
+  BackendOptions nccl_cpu = ranks_opt(2);
+  nccl_cpu.collectives = C::Nccl;
+  EXPECT_EQ(refused("reference", nccl_cpu), "--collectives nccl needs --backend cuda");
+  BackendOptions short_list = ranks_opt(4);
+  short_list.devices = {0, 1};
+  EXPECT_EQ(refused("cuda", short_list), "--devices lists 2 GPUs for --tensor-parallel 4 (one per rank)");
+  BackendOptions host1 = ranks_opt(1);
+  host1.collectives = C::Host;
+  host1.devices = {0};
+  EXPECT_NE(refused("cuda", host1).find("plain model"), std::string::npos);
+}
 
 }  // namespace
 }  // namespace g4

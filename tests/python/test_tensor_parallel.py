@@ -12,7 +12,8 @@ Oracle: the same binary's single-rank logits in the same run.
 - LoRA adapters sharded as their projections: the single rank's logits with the adapter.
 - `serve --tensor-parallel 2` (the starter, a KV pool): concurrent completions and chats answered,
   the caches of every rank shared through the prefix cache; the adapter endpoint goes through the group.
-- What does not split, and what the sharded path does not take yet, is refused by name.
+- What does not split, and what the sharded path does not take yet, is refused by name; so are GPU
+  placement flags (`--devices`, `--collectives nccl`) on host backends.
 """
 from __future__ import annotations
 
@@ -78,7 +79,19 @@ def test_refusals_name_the_cause(gemma4_bin, parity_fixtures, tmp_path):
     assert "--tensor-parallel does not take --draft-model yet" in err, err
     err = _logits(gemma4_bin, tmp_path / "x.npy", "--model", model, "--ids", IDS, "--tensor-parallel", 2,
                   "--backend", "ggml", ok=False)
-    assert "cpu and reference backends" in err
+    assert "the cpu, reference and cuda backends, not 'ggml'" in err, err
+    # GPU placement and NCCL belong to the cuda backend; a GPU list is checked before anything loads.
+    err = _logits(gemma4_bin, tmp_path / "x.npy", "--model", model, "--ids", IDS, "--devices", "0,1", ok=False)
+    assert "--devices places ranks on GPUs: it needs --backend cuda" in err, err
+    err = _logits(gemma4_bin, tmp_path / "x.npy", "--model", model, "--ids", IDS, "--tensor-parallel", 2,
+                  "--collectives", "nccl", ok=False)
+    assert "--collectives nccl needs --backend cuda" in err, err
+    err = _logits(gemma4_bin, tmp_path / "x.npy", "--model", model, "--ids", IDS, "--devices", "0,-1",
+                  "--backend", "cuda", ok=False)
+    assert "--devices: expected GPU numbers 0..63 separated by commas, got '0,-1'" in err, err
+    err = _logits(gemma4_bin, tmp_path / "x.npy", "--model", model, "--ids", IDS, "--tensor-parallel", 4,
+                  "--devices", "0,1", "--backend", "cuda", ok=False)
+    assert "--devices lists 2 GPUs for --tensor-parallel 4 (one per rank)" in err, err
 
 
 @pytest.mark.parametrize("fixture", ["dense-bf16", "moe-q4g64"])

@@ -37,7 +37,9 @@
 #include "backend/cuda/cuda_blas.h"
 #include "backend/cuda/cuda_seq_tables.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_collectives.h"
 #include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_expert_tables.h"
 #include "backend/cuda/cuda_mma_small.h"
 #include "backend/cuda/cuda_flash_attention.h"
 #include "backend/cuda/cuda_kernels.h"
@@ -50,6 +52,7 @@
 #include "backend/host_backend.h"
 #include "backend/moe_host_routed.h"
 #include "core/status.h"
+#include "parallel/communicator.h"
 
 namespace g4 {
 namespace {
@@ -106,6 +109,7 @@ class CudaBackend final : public Backend {
   bool prefill_on_blas() const { return blas_ != nullptr; }
 
   WeightView place_weight(const WeightView& w) override {
+    dev_.make_current();
     WeightView d = w;
     d.data = mem_.upload(w.data, view_data_bytes(w));
     if (const size_t sb = view_scale_bytes(w)) {
@@ -115,6 +119,7 @@ class CudaBackend final : public Backend {
     return d;
   }
   void release_weight(const WeightView& w) override {
+    dev_.make_current();
     flush_pending();
     rec_->flush();
     dev_.sync();  // no launch in flight reads it
@@ -123,12 +128,17 @@ class CudaBackend final : public Backend {
   }
 
   Buf alloc(DType t, size_t n) override {
+    dev_.make_current();
     // Whole 4-byte words (byte buffers of quantized KV codes are read as words).
     return Buf(mem_.alloc((std::max<size_t>(n, 1) * dtype_size(t) + 3) / 4 * 4), t, int64_t(n), dev_.id());
   }
   using Backend::free;
-  void free(void* p) override { mem_.free(p, /*deferred=*/rec_->active()); }
+  void free(void* p) override {
+    dev_.make_current();
+    mem_.free(p, /*deferred=*/rec_->active());
+  }
   void read_bytes(const Buf& src_b, size_t bytes, void* dst) override {
+    dev_.make_current();
     flush_pending();
     rec_->flush();
     if (!bytes) return;
@@ -143,6 +153,7 @@ class CudaBackend final : public Backend {
     if (timer_) timer_->output_read();
   }
   void write_bytes(const void* src, size_t bytes, const Buf& dst_b) override {
+    dev_.make_current();
     flush_pending();
     void* dst = dst_b.data;
     if (!bytes || rec_->stage_copy(src, bytes, dst)) return;
@@ -346,6 +357,30 @@ class CudaBackend final : public Backend {
     const DType t = act_type({&src_b, &dst_b});
     launch("copy_cols", cuda::copy_cols, src, rows, src_dim, off, n, dst, t);
   }
+  // A device group's collectives join the step like kernels (a captured step holds them as graph
+  // nodes); a host group's go through host copies (Backend's defaults, which end the recording).
+  void all_reduce(Communicator& c, const Buf& y_b, size_t n) override {
+    if (!c.on_device()) return Backend::all_reduce(c, y_b, n);
+    Communicator* comm = &c;
+    void* y = y_b.data;
+    const DType t = y_b.dtype;
+    launch("all_reduce", cuda::collective_all_reduce, comm, y, n, t);
+  }
+  void all_gather(Communicator& c, const Buf& send_b, size_t n, const Buf& recv_b) override {
+    if (!c.on_device()) return Backend::all_gather(c, send_b, n, recv_b);
+    Communicator* comm = &c;
+    const void* send = send_b.data;
+    void* recv = recv_b.data;
+    const DType t = send_b.dtype;
+    launch("all_gather", cuda::collective_all_gather, comm, send, n, t, recv);
+  }
+  void place_cols(const Buf& src_b, int rows, int n, const Buf& dst_b, int dst_dim, int off) override {
+    G4_CHECK(src_b.dtype == dst_b.dtype && off >= 0 && off + n <= dst_dim && "place_cols: shapes or dtypes");
+    const void* src = src_b.data;
+    void* dst = dst_b.data;
+    const size_t es = dtype_size(src_b.dtype);
+    launch("place_cols", cuda::place_cols, src, rows, n, dst, dst_dim, off, es);
+  }
   void norm_add(const Buf& x_b, const Buf& o_b, int rows, int dim, const float* w, float eps,
                 ActPrecision P) override {
     void *x = x_b.data, *o = o_b.data;
@@ -542,12 +577,14 @@ class CudaBackend final : public Backend {
     launch("moe_combine", cuda::moe_combine, yv, w, rows, k, d, out, t);
   }
   void sync() override {
+    dev_.make_current();
     flush_pending();
     rec_->flush();
     dev_.sync();
     mem_.collect();
   }
   void begin_step() override {
+    dev_.make_current();   // the calling thread's GPU (a tensor-parallel rank runs on a thread of its own)
     if (profile_) return;  // profiled ops run one by one
     rec_->begin();         // waits for the previous step
     seqs_->begin_step();
@@ -555,6 +592,7 @@ class CudaBackend final : public Backend {
     if (timer_) timer_->step_begin();
   }
   void end_step() override {
+    dev_.make_current();
     seqs_->end_step();
     flush_pending();
     if (timer_) timer_->step_logged(dev_.stream());
@@ -609,23 +647,14 @@ class CudaBackend final : public Backend {
       std::apply([&](const auto&... v) { (add_key(*rec_, v), ...); }, t);
       rec_->add(std::move(call));
     } else if (profile_) {
+      dev_.make_current();
       profile_->before(label.empty() ? op : label, dev_.stream());
       call(dev_.stream());
       profile_->after(dev_.stream());
     } else {
+      dev_.make_current();
       call(dev_.stream());
     }
-  }
-  // The device array of every expert's DevWeight for one projection, uploaded once (keyed by the
-  // first expert's device address: placed weights live as long as the backend).
-  const cuda::DevWeight* expert_table(const std::vector<WeightView>& ws) {
-    const cuda::DevWeight*& t = expert_tables_[ws[0].data];
-    if (!t) {
-      std::vector<cuda::DevWeight> h;
-      for (const WeightView& w : ws) h.push_back(dev(w));
-      t = static_cast<const cuda::DevWeight*>(mem_.upload(h.data(), h.size() * sizeof(cuda::DevWeight)));
-    }
-    return t;
   }
   // h[item] = gelu(x·G_e) * (x·U_e), y[item] = h[item]·D_e for the rows * k routed (row, expert)
   // items, then out = the router-weighted sum over each row's k items. Decode rows: the GEMVs;
@@ -634,7 +663,8 @@ class CudaBackend final : public Backend {
                              const std::vector<WeightView>& gate, const std::vector<WeightView>& up,
                              const std::vector<WeightView>& down, const Buf& out_b) {
     const int items = rows * k, E = int(gate.size());
-    const int64_t hidden = gate[0].rows;
+    const int64_t hidden = held_expert_width(gate);
+    if (hidden == 0) return false;  // no expert held here: the host-routed path's zeros
     const DType t = act_type({&x, &out_b});
     void* h = moe_h_.get(mem_, size_t(items) * size_t(hidden) * dtype_size(t), dev_);
     void* y = moe_dy_.get(mem_, size_t(items) * size_t(d) * dtype_size(t), dev_);
@@ -643,21 +673,21 @@ class CudaBackend final : public Backend {
     a.x = x.data;
     a.xt = t;
     a.x_div = k;
-    a.w = expert_table(gate);
-    a.w2 = expert_table(up);
+    a.w = experts_.table(gate);
+    a.w2 = experts_.table(up);
     a.idx = I(idx);
     a.y = h;
-    a.w0 = dev(gate[0]);
-    a.w20 = dev(up[0]);
+    a.w0 = dev(cuda::ExpertTables::first_held(gate));
+    a.w20 = dev(cuda::ExpertTables::first_held(up));
     a.q8 = decode ? q8_ : cuda::Q8Act{};
     cuda::MoeMatArgs b{};
     b.x = h;
     b.xt = t;
     b.x_div = 1;
-    b.w = expert_table(down);
+    b.w = experts_.table(down);
     b.idx = I(idx);
     b.y = y;
-    b.w0 = dev(down[0]);
+    b.w0 = dev(cuda::ExpertTables::first_held(down));
     b.q8 = a.q8;
     if (decode) {
       launch("moe_gate_up", cuda::moe_matmul, a, items, k, hidden, gate[0].fmt, true);
@@ -775,7 +805,7 @@ class CudaBackend final : public Backend {
   cuda::GrowBuffer partial_, counters_, argmax_, epilogue_counter_;
   cuda::GrowBuffer moe_h_, moe_dy_;  // device MoE: the items' gated hidden rows and expert outputs
   cuda::GrowBuffer moe_groups_;      // prefill MoE: the items grouped by expert (cuda::MoeGroups)
-  std::unordered_map<const void*, const cuda::DevWeight*> expert_tables_;
+  cuda::ExpertTables experts_{mem_, dev_};  // the device MoE's expert arrays (zero experts for other ranks')
   size_t argmax_rows_ = 0;
   cuda::Q8Act q8_{};  // the int8 decode scratch (bf16 activations with int8_dots), or all null
   std::unique_ptr<cuda::Blas> blas_;  // prefill GEMMs on cuBLAS (bf16 activations), or null
