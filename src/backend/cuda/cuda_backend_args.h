@@ -1,4 +1,4 @@
-// The CUDA backend's argument plumbing (cuda_backend.cu only): backend views and buffers turned
+// The CUDA backend's argument plumbing (the CudaBackend files only): backend views and buffers turned
 // into the kernels' argument structs, checked; a launch's step key (cuda_step.h) from its
 // arguments; the KV cache's host-side position bookkeeping; the shape tests that pick a kernel.
 #pragma once

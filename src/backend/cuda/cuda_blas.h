@@ -71,7 +71,7 @@ class Blas {
   std::unique_ptr<Impl> impl_;
 };
 
-// The launcher form (cuda_backend.cu launch): b->run(s, a, M, act).
+// The launcher form (cuda_backend.h launch): b->run(s, a, M, act).
 void blas_matmuls(cudaStream_t s, const Blas* b, MatArgs a, int M, int act);
 
 }  // namespace g4::cuda

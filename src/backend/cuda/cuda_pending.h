@@ -1,4 +1,4 @@
-// Epilogues the CUDA backend (cuda_backend.cu) leaves out of a launch for the op that follows, so
+// Epilogues the CUDA backend (cuda_backend.h) leaves out of a launch for the op that follows, so
 // that the next kernel runs them inside its own launch instead of as launches of their own. Each
 // is taken by the op that can fuse it, or launched alone before any other launch, host copy, sync
 // or step end (CudaBackend::flush_pending), so every op sees memory exactly where plain order has

@@ -1,4 +1,4 @@
-// Per-step device tables of the CUDA backend's attention launches (cuda_backend.cu only): the
+// Per-step device tables of the CUDA backend's attention launches (the CudaBackend files only): the
 // sequence table a batched attention / attn_prep launch reads (cuda::SeqTable), and the image-block
 // arrays (AttnSeq::blocks) uploaded once per host array and step.
 #pragma once

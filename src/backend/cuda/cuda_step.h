@@ -4,7 +4,7 @@
 // Contract (backend.h begin_step/end_step): between begin() and end() the backend does not
 // launch; each op adds a launch closure and the words that identify it (its key: the backend
 // derives them from the launch's name and every argument the closure passes to its launcher,
-// cuda_backend.cu launch()), and takes its per-step scalars (positions) through dyn() and its
+// cuda_backend.h launch()), and takes its per-step scalars (positions) through dyn() and its
 // per-step tables (a batch's sequences: caches, positions) through dyn_bytes(). Both live in a
 // pinned host area that is copied to the device as the step's first node, so kernels read them
 // through device pointers and a graph recorded at one position (or for other sequences of the same
