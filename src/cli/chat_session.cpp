@@ -49,10 +49,11 @@ Result<Session> open_session(const Args& a, bool chat) {
   plan.kv_group = std::stoi(a.get("--kv-group-size"));
   plan.kv_elem_bytes = a.get("--dtype") == "f32" ? 4 : 0;  // device backends store bf16 unless --dtype f32
   plan.chunk = auto_prefill_chunk(a, EngineOptions{}.prefill_chunk);
+  G4_ASSIGN_OR_RETURN(BackendOptions bo, backend_options_from_args(a));
+  plan.place(bo);
   G4_ASSIGN_OR_RETURN(FitReport fit, plan_fit(a.get("--model"), a.get("--backend"), plan, a.has("--context")));
   G4_TRY(refuse_if_not_fitting(fit, "--context"));
   Session s;
-  G4_ASSIGN_OR_RETURN(BackendOptions bo, backend_options_from_args(a));
   G4_ASSIGN_OR_RETURN(s.b, load_bundle(a.get("--model"), a.get("--backend"), progress, bo));
   if (a.has("--chat-template")) {  // a template file overrides the model's own (or adds one)
     G4_ASSIGN_OR_RETURN(ChatTemplate ct, ChatTemplate::from_file(a.get("--chat-template")));

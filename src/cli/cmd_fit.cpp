@@ -1,4 +1,5 @@
-// gemma4 fit [-m PATH] [-c N] [--parallel P] [--backend cpu|cuda] [--kv-bits B] [--json]
+// gemma4 fit [-m PATH] [-c N] [--parallel P] [--backend cpu|cuda] [--kv-bits B] [--tensor-parallel N
+//            [--devices LIST]] [--json]
 // Does a model fit this machine? Weights (as stored), KV cache (from the model's geometry, as the
 // engine allocates it) and scratch against the free host memory (cpu) or the free memory of CUDA
 // device 0 (cuda; said so when there is none). Prints the numbers, yes or no, and the largest
@@ -30,6 +31,10 @@ int cmd_fit(const std::vector<std::string>& argv) {
       ->check(CLI::Range(1, 1 << 16));
   cli.value("--dtype", "the activations' storage (on cuda bf16 unless f32; host backends store f32)")
       ->type_name("f32|bf16")->check(one_of({"f32", "bf16"}));
+  cli.value("--tensor-parallel", "plan one rank of a model split over N ranks (on cuda: the group's tightest GPU)", "1")
+      ->type_name("N")->check(CLI::Range(1, 64));
+  cli.value("--devices", "with --backend cuda: each rank's GPU, comma-separated (default: 0..N-1)")->type_name("LIST");
+  cli.value("--cuda-device", "with --backend cuda and one rank: the GPU", "0")->type_name("N")->check(CLI::Range(0, 63));
   cli.flag("--json", "print the numbers as one JSON object");
   Args a;
   if (int rc = cli.parse(argv, a); rc >= 0) return rc;
@@ -40,6 +45,14 @@ int cmd_fit(const std::vector<std::string>& argv) {
   in.kv_group = std::stoi(a.get("--kv-group-size"));
   in.chunk = std::stoi(a.get("--chunk"));
   in.kv_elem_bytes = a.get("--dtype") == "f32" ? 4 : 0;
+  auto bo = backend_options_from_args(a);
+  if (!bo) return fail("fit", bo.message());
+  if (!bo.value().devices.empty() && a.get("--backend") != "cuda")
+    return fail("fit", "--devices places ranks on GPUs: it needs --backend cuda");
+  if (int(bo.value().devices.size()) > 1 && int(bo.value().devices.size()) != bo.value().tensor_parallel)
+    return fail("fit", "--devices lists " + std::to_string(bo.value().devices.size()) + " GPUs for --tensor-parallel " +
+                           std::to_string(bo.value().tensor_parallel) + " (one per rank)");
+  in.place(bo.value());
   auto rep = plan_fit(a.get("--model"), a.get("--backend"), in);
   if (!rep) return fail("fit", rep.message());
   const FitReport& r = rep.value();
@@ -47,7 +60,7 @@ int cmd_fit(const std::vector<std::string>& argv) {
   if (a.has("--json")) {
     nlohmann::ordered_json j = {
         {"model", r.model}, {"backend", a.get("--backend")}, {"context", r.input.context},
-        {"parallel", r.input.parallel}, {"kv_bits", r.input.kv_bits},
+        {"parallel", r.input.parallel}, {"kv_bits", r.input.kv_bits}, {"tensor_parallel", r.input.ranks},
         {"max_positions", r.config.max_positions},
         {"need_bytes", {{"weights", n.weights}, {"kv_cache", n.kv}, {"scratch", n.scratch},
                         {"runtime", n.runtime}, {"total", n.total()}}},
@@ -61,7 +74,12 @@ int cmd_fit(const std::vector<std::string>& argv) {
   std::printf("model:    %s (%d layers, %d positions)\n", r.model.c_str(), r.config.n_layers, r.config.max_positions);
   std::printf("plan:     %s, %d sequence%s of %lld tokens, %s KV cache\n", a.get("--backend").c_str(),
               r.input.parallel, r.input.parallel == 1 ? "" : "s", (long long)r.input.context,
-              r.input.kv_bits ? (std::to_string(r.input.kv_bits) + "-bit").c_str() : "f32");
+              r.input.kv_bits ? (std::to_string(r.input.kv_bits) + "-bit").c_str()
+              : r.on_gpu && r.input.kv_elem_bytes != 4 ? "bf16" : "f32");
+  if (r.input.ranks > 1)
+    std::printf("split:    %d ranks; %s\n", r.input.ranks,
+                r.on_gpu ? "the numbers below are one rank's (rank 0, the largest) on each GPU"
+                         : "the numbers below are the group's in this machine's memory (the checkpoint mapped once)");
   std::printf("weights:  %s\nKV cache: %s\nscratch:  %s\nruntime:  %s%s\ntotal:    %s\n", human_bytes(n.weights).c_str(),
               human_bytes(n.kv).c_str(), human_bytes(n.scratch).c_str(), human_bytes(n.runtime).c_str(),
               r.on_gpu ? " (with the CUDA context)" : "", human_bytes(n.total()).c_str());

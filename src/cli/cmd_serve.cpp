@@ -214,14 +214,15 @@ int cmd_serve(const std::vector<std::string>& argv) {
     return fail("serve", "--kv-pool-mb holds unquantized KV: drop --kv-bits, or give --kv-pool-mb 0");
   const bool paged = plan.kv_bits == 0 && pool_mb != "0" && (pool_mb != "auto" || a.get("--backend") == "cuda");
   if (paged && pool_mb != "auto") plan.kv_pool_bytes = uint64_t(std::stoll(pool_mb)) << 20;
+  auto bo = backend_options_from_args(a);
+  if (!bo) return fail("serve", bo.message());
+  plan.place(bo.value());
   auto fit = plan_fit(a.get("--model"), a.get("--backend"), plan, a.has("--context"));
   if (!fit) return fail("serve", fit.message());
   if (paged && pool_mb == "auto") size_auto_kv_pool(fit.value(), o.parallel, EngineOptions{}.kv_block);
   if (Status st = refuse_if_not_fitting(fit.value(), "--context"); !st) return fail("serve", st.message());
   o.max_context = int(fit.value().input.context);
   o.kv_pool_bytes = size_t(fit.value().input.kv_pool_bytes);
-  auto bo = backend_options_from_args(a);
-  if (!bo) return fail("serve", bo.message());
   // On a GPU the device memory the plan leaves free (past a 4 GiB margin) holds bf16 copies of the
   // weights cuBLAS reads, as engines that serve bf16 weights spend it: batched decode of many
   // streams and prefill read them instead of dequantizing every weight at every launch.

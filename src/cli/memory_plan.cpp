@@ -5,10 +5,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <string>
 
 #include "core/dtype.h"
 #include "model/kv_pool.h"
+#include "parallel/tp_source.h"
 
 namespace g4::cli {
 namespace {
@@ -79,7 +82,7 @@ uint64_t view_bytes(const WeightView& v) {
   return n;
 }
 
-Result<uint64_t> stored_weight_bytes(const ModelConfig& c, const WeightSource& w) {
+Result<uint64_t> stored_weight_bytes(const ModelConfig& c, const WeightSource& w, const ShardedWeightSource* rank) {
   uint64_t bytes = 0;
   for (const ExpectedTensor& t : expected_tensors(c)) {
     if (t.optional && !w.has(t.name)) continue;
@@ -89,12 +92,26 @@ Result<uint64_t> stored_weight_bytes(const ModelConfig& c, const WeightSource& w
       bytes += uint64_t(t.rows) * 4;
       continue;
     }
-    const int64_t count = t.count > 0 ? t.count : 1;
-    for (int64_t e = 0; e < count; ++e) {
-      G4_ASSIGN_OR_RETURN(WeightView v, t.count > 0 ? w.stacked_matrix(t.name, e, t.count, t.rows, t.cols)
-                                                    : w.matrix(t.name, t.rows, t.cols));
-      bytes += view_bytes(v);
+    if (t.count > 0) {  // routed experts: a rank holds each whole or not at all (0-row views)
+      const WeightSource& from = rank ? static_cast<const WeightSource&>(*rank) : w;
+      for (int64_t e = 0; e < t.count; ++e) {
+        G4_ASSIGN_OR_RETURN(WeightView v, from.stacked_matrix(t.name, e, t.count, t.rows, t.cols));
+        bytes += view_bytes(v);
+      }
+      continue;
     }
+    G4_ASSIGN_OR_RETURN(WeightView v, w.matrix(t.name, t.rows, t.cols));
+    bytes += rank ? uint64_t(double(view_bytes(v)) * rank->held_fraction(t.name) + 0.5) : view_bytes(v);
+  }
+  return bytes;
+}
+
+static Result<uint64_t> column_shard_bytes(const ModelConfig& c, const WeightSource& w, const ShardedWeightSource& rank) {
+  uint64_t bytes = 0;
+  for (const ExpectedTensor& t : expected_tensors(c)) {
+    if (!t.matrix || t.count > 0 || !rank.copies(t.name) || (t.optional && !w.has(t.name))) continue;
+    G4_ASSIGN_OR_RETURN(WeightView v, w.matrix(t.name, t.rows, t.cols));
+    bytes += view_bytes(v);
   }
   return bytes;
 }
@@ -121,6 +138,10 @@ MemoryNeed memory_need(const ModelConfig& c, uint64_t weight_bytes, const PlanIn
   const uint64_t moe = uint64_t(c.top_k_experts) * uint64_t(c.moe_width + c.hidden);
   const uint64_t per_row = (uint64_t(3 * c.hidden + 2 * q_dim + 2 * kv_dim + 3 * mlp) + moe) * 4;
   n.scratch = rows * per_row + uint64_t(std::max(1, in.parallel)) * uint64_t(c.vocab) * 4;
+  if (!on_gpu && in.ranks > 1) {  // a host group: every rank's caches and scratch in the one memory
+    n.kv *= uint64_t(in.ranks);
+    n.scratch *= uint64_t(in.ranks);
+  }
   n.runtime = kRuntimeBytes + (on_gpu ? kCudaContextBytes : 0);
   n.extra = in.extra_bytes;
   return n;
@@ -167,21 +188,26 @@ FreeMemory host_free_memory() {
   return f;
 }
 
-Result<FreeMemory> cuda_free_memory() {
+Result<FreeMemory> cuda_free_memory(int device) {
+  const std::string dev = std::to_string(device);
   // The CUDA runtime's own count and free memory, loaded at run time so that any build can ask.
   for (const char* lib : {"libcudart.so", "libcudart.so.12", "libcudart.so.13", "libcudart.so.11.0"}) {
     void* h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
     if (!h) continue;
     using CountFn = int (*)(int*);
+    using SetFn = int (*)(int);
     using MemFn = int (*)(size_t*, size_t*);
     auto count = reinterpret_cast<CountFn>(dlsym(h, "cudaGetDeviceCount"));
+    auto set = reinterpret_cast<SetFn>(dlsym(h, "cudaSetDevice"));
     auto mem = reinterpret_cast<MemFn>(dlsym(h, "cudaMemGetInfo"));
     int n = 0;
-    if (!count || !mem) continue;
+    if (!count || !set || !mem) continue;
     if (count(&n) != 0 || n == 0) return err("no CUDA device: the CUDA runtime (%s) finds none", lib);
+    if (device >= n) return err("no CUDA device %d: this machine has %d (0..%d)", device, n, n - 1);
     size_t free_b = 0, total_b = 0;
-    if (mem(&free_b, &total_b) != 0) return err("the CUDA runtime (%s) cannot read device 0's memory", lib);
-    return FreeMemory{free_b, std::string("cudaMemGetInfo on device 0 of ") + std::to_string(n)};
+    if (set(device) != 0 || mem(&free_b, &total_b) != 0)
+      return err("the CUDA runtime (%s) cannot read device %d's memory", lib, device);
+    return FreeMemory{free_b, "cudaMemGetInfo on device " + dev + " of " + std::to_string(n)};
   }
   // NVML comes with the driver even where the runtime library is not installed.
   if (void* h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL)) {
@@ -195,12 +221,13 @@ Result<FreeMemory> cuda_free_memory() {
     auto handle = reinterpret_cast<HandleFn>(dlsym(h, "nvmlDeviceGetHandleByIndex_v2"));
     auto mem = reinterpret_cast<MemFn>(dlsym(h, "nvmlDeviceGetMemoryInfo"));
     unsigned n = 0;
-    void* dev = nullptr;
+    void* handle_dev = nullptr;
     NvmlMemory m{};
     if (init && count && handle && mem && init() == 0 && count(&n) == 0) {
       if (n == 0) return err("no CUDA device: NVML finds none");
-      if (handle(0, &dev) == 0 && mem(dev, &m) == 0)
-        return FreeMemory{m.free, "NVML on device 0 of " + std::to_string(n)};
+      if (unsigned(device) >= n) return err("no CUDA device %d: this machine has %u (0..%u)", device, n, n - 1);
+      if (handle(unsigned(device), &handle_dev) == 0 && mem(handle_dev, &m) == 0)
+        return FreeMemory{m.free, "NVML on device " + dev + " of " + std::to_string(n)};
     }
     return err("no CUDA device: NVML (the NVIDIA driver's library) answers no device memory");
   }
@@ -258,19 +285,50 @@ Result<FitReport> plan_fit(const std::string& model_path, const std::string& bac
                r.model.c_str(), (long long)maxpos);
   r.input = in;
   r.on_gpu = backend == "cuda";
-  G4_ASSIGN_OR_RETURN(uint64_t wb, stored_weight_bytes(om.config, *om.weights));
-  r.need = memory_need(om.config, wb, in, r.on_gpu);
+  // Tensor parallelism: rank 0 holds the most (heads and MLP columns split evenly, the most
+  // vocabulary rows); on GPUs each rank has a device of its own, so its plan is the group's.
+  std::shared_ptr<ShardedWeightSource> rank0;
+  if (in.ranks > 1) {
+    G4_ASSIGN_OR_RETURN(rank0, ShardedWeightSource::make(om.weights, om.config, 0, in.ranks));
+    r.config = rank0->config();
+  }
+  uint64_t wb = 0;
+  if (!rank0 || r.on_gpu) {
+    G4_ASSIGN_OR_RETURN(wb, stored_weight_bytes(om.config, *om.weights, rank0.get()));
+  } else {  // a host group: the checkpoint mapped once, beside the ranks' packed column shards
+    G4_ASSIGN_OR_RETURN(uint64_t whole, stored_weight_bytes(om.config, *om.weights));
+    G4_ASSIGN_OR_RETURN(uint64_t copies, column_shard_bytes(om.config, *om.weights, *rank0));
+    wb = whole + copies;
+  }
+  r.need = memory_need(r.config, wb, in, r.on_gpu);
   if (r.on_gpu) {
-    auto f = cuda_free_memory();
-    r.free_known = f.is_ok();
-    if (f) r.free = f.value();
-    else r.free_error = f.message();
+    // The group's tightest GPU (every rank needs about rank 0's plan); ranks sharing a GPU
+    // (--devices 0,0) share its memory.
+    std::vector<int> devices = in.devices;  // rank r's GPU
+    for (int d = 0; in.devices.empty() && d < std::max(1, in.ranks); ++d) devices.push_back(d);
+    std::map<int, int> ranks_on;
+    for (int d : devices) ++ranks_on[d];
+    r.free_known = true;
+    bool first = true;
+    for (const auto& [d, k] : ranks_on) {
+      auto f = cuda_free_memory(d);
+      if (!f) {
+        r.free_known = false;
+        r.free_error = f.message();
+        break;
+      }
+      FreeMemory share = f.value();
+      share.bytes /= uint64_t(k);
+      if (k > 1) share.source += ", shared by " + std::to_string(k) + " ranks";
+      if (first || share.bytes < r.free.bytes) r.free = share;
+      first = false;
+    }
   } else {
     r.free = host_free_memory();
     r.free_known = r.free.bytes > 0;
     if (!r.free_known) r.free_error = "/proc/meminfo has no MemAvailable";
   }
-  if (r.free_known) r.largest_context = largest_fitting_context(om.config, wb, in, r.on_gpu, r.free.bytes);
+  if (r.free_known) r.largest_context = largest_fitting_context(r.config, wb, in, r.on_gpu, r.free.bytes);
   return r;
 }
 

@@ -5,10 +5,16 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "io/model_config.h"
+#include "backend/backend.h"
 #include "io/weight_source.h"
+
+namespace g4 {
+class ShardedWeightSource;  // parallel/tp_source.h
+}
 
 namespace g4::cli {
 
@@ -22,6 +28,16 @@ struct PlanInput {
   int step_tokens = 0;        // rows per forward step at most (EngineOptions::step_tokens); 0: no bound
   uint64_t extra_bytes = 0;   // e.g. serve's prompt-prefix cache
   uint64_t kv_pool_bytes = 0; // > 0: the KV cache is one pool of this size (serve's paged KV), not per sequence
+  // Tensor parallelism (--tensor-parallel, --devices): the plan is of one rank (rank 0, the one
+  // holding the most) on each GPU of the group; devices empty: GPUs 0..ranks-1.
+  int ranks = 1;
+  std::vector<int> devices;
+  // The group (or single GPU) a model load with these options makes: ranks, and rank r's GPU
+  // (BackendOptions::devices, or the one --cuda-device).
+  void place(const BackendOptions& o) {
+    ranks = o.tensor_parallel;
+    devices = !o.devices.empty() ? o.devices : o.tensor_parallel > 1 ? std::vector<int>{} : std::vector<int>{o.device};
+  }
 };
 
 struct MemoryNeed {
@@ -44,8 +60,11 @@ uint64_t kv_cache_bytes(const ModelConfig& c, int64_t context, int kv_bits, int 
 // A paged KV pool (model/kv_pool.h) holding `parallel` sequences of `context` tokens at once,
 // fed `chunk` prompt rows a step, in blocks of `block` positions of elem_bytes elements.
 uint64_t paged_kv_bytes(const ModelConfig& c, int64_t context, int parallel, int chunk, int block, int elem_bytes);
-// Bytes the stored tensors of the model take (packed matrices with their scales, vectors).
-Result<uint64_t> stored_weight_bytes(const ModelConfig& c, const WeightSource& w);
+// Bytes the stored tensors of the model take (packed matrices with their scales, vectors). With
+// `rank`: the bytes that tensor-parallel rank holds (its share of each split matrix, its routed
+// experts, every replicated tensor whole), from the checkpoint's views without reading a shard.
+Result<uint64_t> stored_weight_bytes(const ModelConfig& c, const WeightSource& w,
+                                     const ShardedWeightSource* rank = nullptr);
 // Bytes one view occupies in the file (packed data + MLX scales/biases).
 uint64_t view_bytes(const WeightView& v);
 
@@ -62,9 +81,9 @@ struct FreeMemory {
 // Host memory this process can still use: /proc/meminfo's MemAvailable, or the cgroup's limit
 // minus its use when that is smaller.
 FreeMemory host_free_memory();
-// Free memory of CUDA device 0, through the CUDA runtime (libcudart, loaded when present) or
-// NVML; the error says why there is none (no CUDA library, no CUDA device).
-Result<FreeMemory> cuda_free_memory();
+// Free memory of CUDA device `device`, through the CUDA runtime (libcudart, loaded when present)
+// or NVML; the error says why there is none (no CUDA library, no such CUDA device).
+Result<FreeMemory> cuda_free_memory(int device = 0);
 
 // "1.23 GiB" / "456.7 MiB".
 std::string human_bytes(uint64_t b);
@@ -76,7 +95,7 @@ namespace g4::cli {
 // The plan of one model on one backend: what it needs and what the machine has.
 struct FitReport {
   std::string model;          // display name
-  ModelConfig config;
+  ModelConfig config;         // the model's, or rank 0's under tensor parallelism (PlanInput::ranks)
   PlanInput input;
   bool on_gpu = false;
   MemoryNeed need;

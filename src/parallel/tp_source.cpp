@@ -94,18 +94,36 @@ ShardedWeightSource::Split ShardedWeightSource::split_of(int l, std::string_view
   return {K::Whole, {}};
 }
 
+double ShardedWeightSource::held_fraction(std::string_view module) const {
+  if (module == "lm_head")
+    return double(shard_range(global_.vocab, 1, rank_, size_, "vocabulary").value().size()) / double(global_.vocab);
+  const auto [l, part] = split_layer(module);
+  if (l < 0 || l >= global_.n_layers) return 1.0;
+  const Split sp = split_of(l, part);
+  if (sp.kind == Split::Kind::Whole) return 1.0;
+  return double(sp.range.size()) / double(split_dim(l, part));
+}
+
+bool ShardedWeightSource::copies(std::string_view module) const {
+  const auto [l, part] = split_layer(module);
+  return l >= 0 && l < global_.n_layers && split_of(l, part).kind == Split::Kind::Cols;
+}
+
+int64_t ShardedWeightSource::split_dim(int l, std::string_view part) const {
+  const LayerSpec& g = global_.layers[size_t(l)];
+  if (part == "self_attn.q_proj" || part == "self_attn.o_proj") return int64_t(global_.n_heads) * g.head_dim;
+  if (part.substr(0, 10) == "self_attn.") return int64_t(g.n_kv_heads) * g.head_dim;
+  return int64_t(g.mlp_width);
+}
+
 Result<WeightView> ShardedWeightSource::matrix(std::string_view module, int64_t rows, int64_t cols) const {
   const auto [l, part] = split_layer(module);
   if (l < 0 || l >= global_.n_layers) return base_->matrix(module, rows, cols);
   const std::string name(module);
-  const LayerSpec& g = global_.layers[size_t(l)];
   const Split sp = split_of(l, part);
   if (sp.kind == Split::Kind::Whole) return base_->matrix(module, rows, cols);  // replicated
   // The checkpoint's shape: rows split ([out, d]) or columns split ([d, in]).
-  const bool attn = part.substr(0, 10) == "self_attn.";
-  const int64_t whole = part == "self_attn.q_proj" || part == "self_attn.o_proj"
-                            ? int64_t(global_.n_heads) * g.head_dim
-                            : attn ? int64_t(g.n_kv_heads) * g.head_dim : int64_t(g.mlp_width);
+  const int64_t whole = split_dim(l, part);
   const int64_t d = global_.hidden;
   Result<WeightView> out = Error{""};
   const bool mlp = part.substr(0, 4) == "mlp.";

@@ -49,6 +49,14 @@ class ShardedWeightSource : public WeightSource {
     ShardRange range;  // Rows / Cols: the global range this rank holds
   };
   Split split_of(int layer, std::string_view part) const;
+  // The share of matrix `module`'s stored bytes this rank holds, for memory plans that must not read
+  // the shards (cli/memory_plan.h): a split module's range over its whole dimension, the vocabulary
+  // head's rows (Model::set_communicator splits them), 1 for a replicated one. Routed experts are
+  // whole or none: stacked_matrix answers them.
+  double held_fraction(std::string_view module) const;
+  // Whether this rank's part of matrix `module` is a packed copy (a column shard) rather than a view
+  // into the checkpoint.
+  bool copies(std::string_view module) const;
 
   bool has(std::string_view canonical) const override { return base_->has(canonical); }
   Result<WeightView> matrix(std::string_view module, int64_t rows, int64_t cols) const override;
@@ -63,6 +71,9 @@ class ShardedWeightSource : public WeightSource {
   ShardedWeightSource() = default;
   // A packed shard kept for the source's life; returns its view.
   WeightView keep(PackedWeight p) const;
+  // The whole dimension a split module of layer l is split along (query heads x head_dim for q / o,
+  // KV heads x head_dim for k / v, the MLP width for gate / up / down).
+  int64_t split_dim(int l, std::string_view part) const;
 
   std::shared_ptr<const WeightSource> base_;
   ModelConfig global_, local_;

@@ -88,3 +88,44 @@ def test_fit_counts_the_kv_cache_in_the_activations_storage(bin_):
     assert cuda_f32["need_bytes"]["kv_cache"] == host["need_bytes"]["kv_cache"]
     _, q4 = fit(bin_, "-c", 8192, "--kv-bits", 4, "--backend", "cuda")
     assert 0 < q4["need_bytes"]["kv_cache"] < cuda["need_bytes"]["kv_cache"] / 4
+
+
+def test_fit_plans_a_tensor_parallel_group_on_the_host(bin_):
+    """A host group holds every rank's caches and scratch in one memory, beside the checkpoint
+    mapped once and the ranks' packed column shards: the KV cache a 2-rank `bench` allocates (every
+    rank's) within 1 %, and a total that covers its peak."""
+    r = subprocess.run([str(bin_), "bench", "-t", "2", "--prompt-tokens", "512", "--gen-tokens", "4", "--weights",
+                        "copy", "--tensor-parallel", "2"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    bench = json.loads(r.stdout)
+    rc, f = fit(bin_, "-c", 516, "--chunk", 512, "--tensor-parallel", 2)
+    assert rc == 0 and f["fits"] is True and f["tensor_parallel"] == 2
+    need = f["need_bytes"]
+    assert abs(need["kv_cache"] - bench["kv_bytes"]) <= 0.01 * bench["kv_bytes"], (need, bench)
+    peak = bench["peak_rss_mb"] * 2**20
+    assert peak <= need["total"] <= 1.5 * peak, (need["total"] / 2**20, bench["peak_rss_mb"])
+    _, one = fit(bin_, "-c", 516, "--chunk", 512)
+    assert need["weights"] > one["need_bytes"]["weights"]  # the column shards are copies
+
+
+def test_fit_plans_one_rank_per_gpu(bin_):
+    """On GPUs each rank has a device of its own: the plan is rank 0's, its weights the replicated
+    tensors whole plus its share of the split ones (between half and all of the model's at 2 ranks)."""
+    _, whole = fit(bin_, "--backend", "cuda", "-c", 4096)
+    _, rank = fit(bin_, "--backend", "cuda", "-c", 4096, "--tensor-parallel", 2)
+    assert rank["tensor_parallel"] == 2
+    w1, w2 = whole["need_bytes"]["weights"], rank["need_bytes"]["weights"]
+    assert w1 / 2 < w2 < w1, (w1, w2)
+    # The starter has one KV head: every rank holds it (replicated), so a rank's cache is the model's.
+    assert rank["need_bytes"]["kv_cache"] == whole["need_bytes"]["kv_cache"]
+
+
+def test_fit_refuses_a_group_that_does_not_split_or_place(bin_):
+    def refused(*args):
+        r = subprocess.run([str(bin_), "fit", *map(str, args)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 or r.returncode == 1, r
+        return r.stderr
+    assert "query heads do not split evenly" in refused("--tensor-parallel", 3)
+    assert "--devices places ranks on GPUs: it needs --backend cuda" in refused("--devices", "0,1")
+    assert "--devices lists 2 GPUs for --tensor-parallel 4 (one per rank)" in refused(
+        "--backend", "cuda", "--tensor-parallel", 4, "--devices", "0,1")
