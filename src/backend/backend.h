@@ -396,7 +396,8 @@ class Backend {
   virtual void mask_logits(const Buf& x, int n, const Buf& allow, const Buf& rows, int count);
   // Collectives of a tensor-parallel group (parallel/communicator.h) on this backend's buffers, in
   // the order of its other ops (inside a recorded step too): y (n elements, its dtype) becomes the
-  // rank-order sum over the ranks; recv = every rank's n elements of send, rank after rank. The
+  // sum over the ranks (in rank order for a host group; in NCCL's order for a device group,
+  // nccl_communicator.h); recv = every rank's n elements of send, rank after rank. The
   // defaults wait for the backend (sync) and call the group's blocking collective, through host
   // copies when the buffers are device memory and the group a host one (ranks sharing a GPU: a
   // check, not a fast path). A device backend enqueues a device group's collectives on its stream.
