@@ -142,9 +142,12 @@ class NcclCommunicator final : public Communicator {
 Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_group(const std::vector<int>& devices) {
   if (devices.empty()) return err("NCCL group: no GPU given");
   std::set<int> seen;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return err("NCCL group: no usable CUDA device");
   for (int d : devices) {
-    std::string why;
-    if (!cuda::device_usable(d, &why)) return err("NCCL group: %s", why.c_str());
+    if (d < 0 || d >= count)
+      return err("NCCL group: --devices names GPU %d, and this machine has %d CUDA device%s (0..%d)", d, count,
+                 count == 1 ? "" : "s", count - 1);
     if (!seen.insert(d).second)
       return err("NCCL group: GPU %d is listed twice; NCCL takes one GPU per rank (ranks that share a GPU "
                  "exchange through the host: --collectives host)", d);
@@ -163,7 +166,7 @@ Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_group(const std::ve
   for (size_t i = 0; i < devices.size(); ++i)
     out.push_back(std::make_unique<NcclCommunicator>(*lib, comms[i], int(i), int(devices.size()), devices[i]));
   cudaSetDevice(prev);
-  return std::move(out);  // NOLINT: Result's converting constructor takes the vector by rvalue
+  return Result<std::vector<std::unique_ptr<Communicator>>>(std::move(out));
 }
 
 namespace cuda {
