@@ -163,8 +163,20 @@ int Model::logit_rows(const std::vector<SeqInput>& batch) {
   return n;
 }
 
-void Model::ensure_scratch(int rows, int lrows, int top_k, int masks, bool head) {
+void Model::ensure_scratch(int rows, int lrows, int top_k, int masks, bool head, int pick_k) {
   Scratch& s = *s_;
+  if (comm_ && pick_k > 0 && (lrows > s.pk_rows || pick_k > s.pk_k)) {
+    for (const Buf& p : {s.pk_vals, s.pk_ids, s.pk_lse, s.gk_vals, s.gk_ids, s.gk_lse}) be_->free(p);
+    s.pk_rows = std::max(lrows, s.pk_rows);
+    s.pk_k = std::max(pick_k, s.pk_k);
+    const size_t n = size_t(comm_->size()), rk = size_t(s.pk_rows) * size_t(s.pk_k);
+    s.pk_vals = be_->alloc_f32(rk);
+    s.pk_ids = be_->alloc_i32(rk);
+    s.pk_lse = be_->alloc_f32(size_t(s.pk_rows));
+    s.gk_vals = be_->alloc_f32(n * rk);
+    s.gk_ids = be_->alloc_i32(n * rk);
+    s.gk_lse = be_->alloc_f32(n * size_t(s.pk_rows));
+  }
   if (masks > s.allow_rows) {
     be_->free(s.allow);
     be_->free(s.allow_ids);
@@ -274,11 +286,11 @@ void Model::gelu_mul(const Buf& gate, const Buf& up, size_t n, ActPrecision P, c
 
 void Model::forward_hidden(const std::vector<SeqInput>& batch, ActPrecision P) {
   G4_CHECK(!peers_ && !pad_cache_ && "Model::forward_hidden: one rank, no decode padding");
-  forward_rank(batch, P, nullptr, nullptr, nullptr, nullptr, false);
+  forward_rank(batch, P, nullptr, nullptr, nullptr, nullptr, 0, false);
 }
 
 void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, float* logits_out,
-                         int32_t* argmax_out, const TopK* topk, const TokenMasks* masks, bool head) {
+                         int32_t* argmax_out, const TopK* topk, const TokenMasks* masks, int pick_k, bool head) {
   std::vector<SeqInput> padded;
   const std::vector<SeqInput>& batch = pad_to_bucket(seqs_in, &padded);  // pad rows last
   const int LR_out = logit_rows(seqs_in);  // the rows whose outputs are returned
@@ -293,7 +305,8 @@ void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, f
   set_lora_runs(batch);
   const int n_masks = masks ? masks->count : 0;
   G4_CHECK(n_masks <= LR_out);
-  ensure_scratch(R, LR, topk ? topk->k : 0, n_masks, head);
+  if (!comm_) pick_k = 0;
+  ensure_scratch(R, LR, topk ? topk->k : 0, n_masks, head, pick_k);
   Scratch& S = *s_;
   for (const SeqInput& s : batch)  // a paged pool's room is the engine's to check first (Engine::fit_pool)
     G4_CHECK(s.cache->reserve(s.n) && "Model::forward: the KV pool has no free block for a step");
@@ -508,7 +521,8 @@ void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, f
   } else {  // this rank's vocabulary rows, softcapped (elementwise) before the gather
     be.matmul(S.last, LR, w_.lm_head, P, S.lpart);
     if (cfg_.final_softcap > 0) be.softcap(S.lpart, size_t(LR) * size_t(w_.lm_head.rows), cfg_.final_softcap, P);
-    gather_logits(LR);
+    if (pick_k > 0) gather_picks(LR, pick_k);
+    else gather_logits(LR);
   }
   if (n_masks > 0) {
     be.from_host(reinterpret_cast<const int32_t*>(masks->words), size_t(n_masks) * token_mask_words(cfg_.vocab),
@@ -516,12 +530,16 @@ void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, f
     be.from_host(masks->rows, size_t(n_masks), S.allow_ids);
     be.mask_logits(S.logits, cfg_.vocab, S.allow, S.allow_ids, n_masks);
   }
-  if (argmax_out) be.argmax(S.logits, LR, cfg_.vocab, S.argmax);
-  if (topk) be.top_k(S.logits, LR, cfg_.vocab, topk->k, S.tk_vals, S.tk_ids, S.tk_lse);
+  if (argmax_out && pick_k == 0) be.argmax(S.logits, LR, cfg_.vocab, S.argmax);
+  if (topk && pick_k == 0) be.top_k(S.logits, LR, cfg_.vocab, topk->k, S.tk_vals, S.tk_ids, S.tk_lse);
   be.end_step();
   if (logits_out) be.to_host(S.logits, size_t(LR_out) * cfg_.vocab, logits_out);
-  if (argmax_out) be.to_host(S.argmax, size_t(LR_out), argmax_out);
-  if (topk) {
+  if (pick_k > 0) {
+    if (argmax_out || topk) combine_picks(LR, LR_out, pick_k, argmax_out, topk);
+  } else if (argmax_out) {
+    be.to_host(S.argmax, size_t(LR_out), argmax_out);
+  }
+  if (topk && pick_k == 0) {
     be.to_host(S.tk_vals, size_t(LR_out) * topk->k, topk->vals);
     be.to_host(S.tk_ids, size_t(LR_out) * topk->k, topk->ids);
     be.to_host(S.tk_lse, size_t(LR_out), topk->lse);

@@ -167,9 +167,17 @@ class Model {
   struct Scratch;
   // forward() of this rank alone.
   // head false: up to the final norm (forward_hidden).
+  // pick_k > 0 (a group's leader asks it of every rank: Model::forward): the vocabulary shards'
+  // top pick_k (value, id) per row are gathered instead of the logits (argmax and top k without a
+  // [rows, vocab] exchange; combine_picks makes the outputs).
   void forward_rank(const std::vector<SeqInput>& batch, ActPrecision P, float* logits, int32_t* argmax,
-                    const TopK* topk, const TokenMasks* masks, bool head = true);
-  void ensure_scratch(int rows, int logit_rows, int top_k = 0, int masks = 0, bool head = true);
+                    const TopK* topk, const TokenMasks* masks, int pick_k = 0, bool head = true);
+  void ensure_scratch(int rows, int logit_rows, int top_k = 0, int masks = 0, bool head = true, int pick_k = 0);
+  // The k a group's forward picks per shard for these outputs: 0 (gather the logits) when logits or
+  // masks are asked for, or k exceeds a shard.
+  int shard_pick_k(const float* logits, const int32_t* argmax, const TopK* topk, const TokenMasks* masks) const;
+  // argmax / topk of rows [0, LR_out) from the gathered candidates of every rank (after end_step).
+  void combine_picks(int LR, int LR_out, int k, int32_t* argmax, const TopK* topk);
   // batch, or (padding on, a decode step of 9 or more rows) batch and its pad rows in *padded.
   const std::vector<SeqInput>& pad_to_bucket(const std::vector<SeqInput>& batch, std::vector<SeqInput>* padded);
   void tap(const char* name, int layer, const Buf& p, size_t n);
@@ -196,6 +204,9 @@ class Model {
   // Tensor parallelism: the ranks' vocabulary shards' logits [LR, own rows] (scratch lpart) into
   // the whole logits [LR, vocab] (scratch logits).
   void gather_logits(int LR);
+  // Tensor parallelism: this rank's top k (value, id) per row of its softcapped shard (scratch
+  // lpart), gathered from every rank with each shard's log-sum-exp (scratch gk_*).
+  void gather_picks(int LR, int k);
   // gelu_tanh(gate) * up the way cfg_.gelu says (the ggml table only with f32 activations).
   void gelu_mul(const Buf& gate, const Buf& up, size_t n, ActPrecision P, const Buf& out);
 

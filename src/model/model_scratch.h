@@ -14,6 +14,10 @@ struct Model::Scratch {
   Buf ple_idx;          // I32 [rows * N]: the gather that makes them layer-major
   Buf scores, rw, last, logits;
   Buf lpart, lgather;  // with a communicator: this rank's logits [logit_rows, vocab_max], all ranks' [n, ...]
+  // With a communicator and a shard pick: this rank's top k per row (values f32, ids I32 [rows, k],
+  // lse [rows]) and every rank's, gathered ([n, rows, k], [n, rows]).
+  Buf pk_vals, pk_ids, pk_lse, gk_vals, gk_ids, gk_lse;
+  int pk_rows = 0, pk_k = 0;
   Buf tr_idx, tr_w;  // with an expert trace: every MoE layer's router output [moe layers, rows, K]
   int tr_rows = 0;
   Buf lora_t, lora_z;  // [rows, rank], [rows, widest adapted output]

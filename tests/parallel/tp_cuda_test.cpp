@@ -7,7 +7,7 @@
 //   - two ranks on GPUs 0 and 1 through NCCL (skipped on a machine with one GPU).
 // MoE fixtures split by expert: another rank's experts are zero experts in the device tables.
 // Contract: max |Δlogit| <= 1e-5 * max(1, max |logit|), as on the host (tp_model_test.cpp), and the
-// same greedy tokens. Skips with the reason where there is no CUDA device, no libnccl or too few GPUs.
+// same greedy tokens, also when the group gathers each shard's best candidate instead of the logits. Skips with the reason where there is no CUDA device, no libnccl or too few GPUs.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -77,6 +77,14 @@ TEST_P(TensorParallelCuda, RanksGiveTheSingleRankLogits) {
               double(d.max_diff), double(d.max_ref));
   EXPECT_TRUE(d.within_contract());
   EXPECT_EQ(picked, ref_picked);
+  // Greedy outputs alone: the group gathers each shard's best candidate instead of the logits.
+  auto argmax_of = [&](Model& m) {
+    std::vector<int32_t> am(prompt.size());
+    auto c = m.new_cache();
+    m.forward({SeqInput{c.get(), prompt.data(), int(prompt.size()), true}}, ActPrecision::F32, nullptr, am.data());
+    return am;
+  };
+  EXPECT_EQ(argmax_of(*group.value()), argmax_of(*one.value())) << "gathered picks";
   CudaStepCounts c;
   if (cuda_step_counts(group.value()->backend(), &c))
     std::printf("  leader's steps: %ld replayed, %ld captured, %ld direct\n", c.replayed, c.captured, c.direct);

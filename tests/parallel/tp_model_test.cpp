@@ -223,3 +223,66 @@ TEST(TensorParallelPlan, PlacesRanksAndPicksCollectives) {
 
 }  // namespace
 }  // namespace g4
+
+namespace g4 {
+namespace {
+
+// Greedy and top-k sampling outputs without the logits: each vocabulary shard's best candidates
+// are gathered instead of [rows, vocab] (Model::shard_pick_k); the same argmax as one rank, the same
+// top-k ids, their values and the row's log-sum-exp within the logits' contract.
+TEST(TensorParallelModelPicks, ArgmaxAndTopKFromGatheredCandidates) {
+  for (const char* fixture : {"dense-q4g64", "moe-q8g32"}) {
+    const fs::path dir = test::fixture_root() / fixture;
+    if (!fs::exists(dir / "config.json")) GTEST_SKIP() << dir << " missing (make fixtures)";
+    auto om = open_model(dir.string());
+    ASSERT_TRUE(om) << om.message();
+    auto one = build_model(om.value(), "cpu");
+    ASSERT_TRUE(one) << one.message();
+    auto group = build_tp_model(om.value(), "cpu", ranks_opt(4));
+    ASSERT_TRUE(group) << group.message();
+    const int V = one.value()->config().vocab, L = 9, K = 5;
+    std::vector<int32_t> prompt;
+    for (int t = 0; t < L; ++t) prompt.push_back(2 + (t * 131 + 5) % (V - 3));
+    struct Out {
+      std::vector<int32_t> argmax, ids;
+      std::vector<float> vals, lse;
+    };
+    auto run = [&](Model& m) {
+      Out o;
+      o.argmax.resize(L);
+      o.ids.resize(size_t(L) * K);
+      o.vals.resize(size_t(L) * K);
+      o.lse.resize(L);
+      Model::TopK tk{K, o.vals.data(), o.ids.data(), o.lse.data()};
+      auto c1 = m.new_cache();
+      m.forward({SeqInput{c1.get(), prompt.data(), L, true}}, ActPrecision::F32, nullptr, o.argmax.data());
+      auto c2 = m.new_cache();
+      m.forward({SeqInput{c2.get(), prompt.data(), L, true}}, ActPrecision::F32, nullptr, nullptr, &tk);
+      for (int i = 0; i < L; ++i) {  // top k in no particular order: sort each row by id
+        std::vector<std::pair<int32_t, float>> row;
+        for (int j = 0; j < K; ++j) row.push_back({o.ids[size_t(i * K + j)], o.vals[size_t(i * K + j)]});
+        std::sort(row.begin(), row.end());
+        for (int j = 0; j < K; ++j) {
+          o.ids[size_t(i * K + j)] = row[size_t(j)].first;
+          o.vals[size_t(i * K + j)] = row[size_t(j)].second;
+        }
+      }
+      return o;
+    };
+    const Out ref = run(*one.value()), got = run(*group.value());
+    EXPECT_EQ(got.argmax, ref.argmax) << fixture;
+    EXPECT_EQ(got.ids, ref.ids) << fixture;
+    float max_ref = 0, max_diff = 0;
+    for (size_t i = 0; i < ref.vals.size(); ++i) {
+      max_ref = std::max(max_ref, std::abs(ref.vals[i]));
+      max_diff = std::max(max_diff, std::abs(ref.vals[i] - got.vals[i]));
+    }
+    for (size_t i = 0; i < ref.lse.size(); ++i) max_diff = std::max(max_diff, std::abs(ref.lse[i] - got.lse[i]));
+    std::printf("%s, 4 ranks, gathered picks: max |value or lse - single rank| %.3g (max |value| %.3g)\n", fixture,
+                double(max_diff), double(max_ref));
+    EXPECT_LE(max_diff, 1e-5f * std::max(1.f, max_ref)) << fixture;
+  }
+}
+
+}  // namespace
+}  // namespace g4
