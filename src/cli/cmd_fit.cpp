@@ -11,6 +11,7 @@
 #include "cli/common.h"
 #include "cli/memory_plan.h"
 #include "cli/options.h"
+#include "parallel/tp_model.h"
 
 namespace g4::cli {
 namespace {
@@ -47,11 +48,8 @@ int cmd_fit(const std::vector<std::string>& argv) {
   in.kv_elem_bytes = a.get("--dtype") == "f32" ? 4 : 0;
   auto bo = backend_options_from_args(a);
   if (!bo) return fail("fit", bo.message());
-  if (!bo.value().devices.empty() && a.get("--backend") != "cuda")
-    return fail("fit", "--devices places ranks on GPUs: it needs --backend cuda");
-  if (int(bo.value().devices.size()) > 1 && int(bo.value().devices.size()) != bo.value().tensor_parallel)
-    return fail("fit", "--devices lists " + std::to_string(bo.value().devices.size()) + " GPUs for --tensor-parallel " +
-                           std::to_string(bo.value().tensor_parallel) + " (one per rank)");
+  if (uses_tp_group(bo.value()))  // the group a load would make, refused as the load would refuse it
+    if (auto group = plan_tp_group(a.get("--backend"), bo.value()); !group) return fail("fit", group.message());
   in.place(bo.value());
   auto rep = plan_fit(a.get("--model"), a.get("--backend"), in);
   if (!rep) return fail("fit", rep.message());

@@ -11,6 +11,7 @@
 
 #include "core/dtype.h"
 #include "model/kv_pool.h"
+#include "parallel/tp_model.h"
 #include "parallel/tp_source.h"
 
 namespace g4::cli {
@@ -39,6 +40,11 @@ uint64_t read_u64_file(const char* path, bool* ok) {
 }
 
 }  // namespace
+
+void PlanInput::place(const BackendOptions& o) {
+  ranks = o.tensor_parallel;
+  devices = rank_devices(o);
+}
 
 uint64_t kv_elements(const ModelConfig& c, int64_t context, bool full_only) {
   uint64_t n = 0;
@@ -304,8 +310,7 @@ Result<FitReport> plan_fit(const std::string& model_path, const std::string& bac
   if (r.on_gpu) {
     // The group's tightest GPU (every rank needs about rank 0's plan); ranks sharing a GPU
     // (--devices 0,0) share its memory.
-    std::vector<int> devices = in.devices;  // rank r's GPU
-    for (int d = 0; in.devices.empty() && d < std::max(1, in.ranks); ++d) devices.push_back(d);
+    const std::vector<int> devices = in.devices.empty() ? std::vector<int>{0} : in.devices;  // rank r's GPU
     std::map<int, int> ranks_on;
     for (int d : devices) ++ranks_on[d];
     r.free_known = true;

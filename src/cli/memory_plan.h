@@ -29,15 +29,12 @@ struct PlanInput {
   uint64_t extra_bytes = 0;   // e.g. serve's prompt-prefix cache
   uint64_t kv_pool_bytes = 0; // > 0: the KV cache is one pool of this size (serve's paged KV), not per sequence
   // Tensor parallelism (--tensor-parallel, --devices): the plan is of one rank (rank 0, the one
-  // holding the most) on each GPU of the group; devices empty: GPUs 0..ranks-1.
+  // holding the most) on each GPU of the group. devices: rank r's GPU (empty: GPU 0).
   int ranks = 1;
   std::vector<int> devices;
-  // The group (or single GPU) a model load with these options makes: ranks, and rank r's GPU
-  // (BackendOptions::devices, or the one --cuda-device).
-  void place(const BackendOptions& o) {
-    ranks = o.tensor_parallel;
-    devices = !o.devices.empty() ? o.devices : o.tensor_parallel > 1 ? std::vector<int>{} : std::vector<int>{o.device};
-  }
+  // The group (or single GPU) a model load with these options makes (parallel/tp_model.h
+  // rank_devices).
+  void place(const BackendOptions& o);
 };
 
 struct MemoryNeed {

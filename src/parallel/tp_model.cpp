@@ -107,6 +107,14 @@ Result<std::unique_ptr<Model>> build_tp_rank(const OpenedModel& om, const std::s
   return m;
 }
 
+std::vector<int> rank_devices(const BackendOptions& opt) {
+  if (!opt.devices.empty()) return opt.devices;
+  if (opt.tensor_parallel <= 1) return {opt.device};
+  std::vector<int> d;
+  for (int r = 0; r < opt.tensor_parallel; ++r) d.push_back(r);
+  return d;
+}
+
 Result<TpGroupPlan> plan_tp_group(const std::string& backend, const BackendOptions& opt) {
   using C = BackendOptions::Collectives;
   const int n = opt.tensor_parallel;
@@ -118,13 +126,9 @@ Result<TpGroupPlan> plan_tp_group(const std::string& backend, const BackendOptio
     plan.devices.assign(size_t(n), -1);
     return plan;
   }
-  if (opt.devices.empty()) {
-    for (int r = 0; r < n; ++r) plan.devices.push_back(r);
-  } else if (int(opt.devices.size()) != n) {
+  if (!opt.devices.empty() && int(opt.devices.size()) != n)
     return err("--devices lists %zu GPUs for --tensor-parallel %d (one per rank)", opt.devices.size(), n);
-  } else {
-    plan.devices = opt.devices;
-  }
+  plan.devices = rank_devices(opt);
   const bool distinct = std::set<int>(plan.devices.begin(), plan.devices.end()).size() == plan.devices.size();
   plan.nccl = opt.collectives == C::Nccl || (opt.collectives == C::Auto && distinct);
   if (!plan.nccl && n < 2)

@@ -26,6 +26,10 @@ Result<std::unique_ptr<Model>> build_tp_rank(const OpenedModel& om, const std::s
                                              const BackendOptions& opt = {},
                                              std::shared_ptr<ShardedWeightSource>* source = nullptr);
 
+// Rank r's GPU under opt: BackendOptions::devices as listed, else GPUs 0..N-1 for N ranks, and
+// --cuda-device's GPU for one rank.
+std::vector<int> rank_devices(const BackendOptions& opt);
+
 // Where a group's ranks run and how they exchange: devices[r] is rank r's GPU (-1: host backends);
 // nccl: an NCCL group, else the in-process host group.
 struct TpGroupPlan {

@@ -272,15 +272,11 @@ TEST(TensorParallelModelPicks, ArgmaxAndTopKFromGatheredCandidates) {
     const Out ref = run(*one.value()), got = run(*group.value());
     EXPECT_EQ(got.argmax, ref.argmax) << fixture;
     EXPECT_EQ(got.ids, ref.ids) << fixture;
-    float max_ref = 0, max_diff = 0;
-    for (size_t i = 0; i < ref.vals.size(); ++i) {
-      max_ref = std::max(max_ref, std::abs(ref.vals[i]));
-      max_diff = std::max(max_diff, std::abs(ref.vals[i] - got.vals[i]));
-    }
-    for (size_t i = 0; i < ref.lse.size(); ++i) max_diff = std::max(max_diff, std::abs(ref.lse[i] - got.lse[i]));
+    const Diff dv = compare(ref.vals, got.vals), dl = compare(ref.lse, got.lse);
+    const float max_diff = std::max(dv.max_diff, dl.max_diff);
     std::printf("%s, 4 ranks, gathered picks: max |value or lse - single rank| %.3g (max |value| %.3g)\n", fixture,
-                double(max_diff), double(max_ref));
-    EXPECT_LE(max_diff, 1e-5f * std::max(1.f, max_ref)) << fixture;
+                double(max_diff), double(dv.max_ref));
+    EXPECT_LE(max_diff, 1e-5f * std::max(1.f, dv.max_ref)) << fixture;
   }
 }
 
