@@ -193,6 +193,10 @@ struct BackendOptions {
   // CUDA: kernels launched with programmatic dependent launch (cuda_launch.cuh): each may be
   // scheduled while the one before it finishes, hiding the launch gap between a step's kernels.
   bool pdl = true;
+  // CUDA with int8_dots: a decode GEMV is held back for the op after it, which joins its launch
+  // (a matmul of its output skips its prepare launch; a gelu_mul by a vector becomes the GEMV's
+  // store: cuda_pending.h PendingGemv). Off: every op launched alone (`--cuda-fuse off`, for timing).
+  bool fuse_decode_ops = true;
   // CUDA with bf16 activations and int8_dots: batch-invariant numerics (`--batch-invariant on`).
   // Every launch of up to 64 rows computes each row with the one-row arithmetic (the int8 GEMVs
   // over several prepared rows, per-row post-norms, attention splits and expert lanes chosen per

@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_kernel_util.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.cuh"
+#include "backend/cuda/cuda_q8_store.cuh"
 
 namespace g4::cuda {
 namespace {
@@ -21,11 +22,13 @@ namespace {
 // dims l*kPer .. l*kPer+kPer-1, whose codes are contiguous words of one group). Each warp keeps an
 // online softmax (running max m, sum l, weighted V sum); the warps merge through shared memory.
 // One split writes the normalized output; several write (acc[D], m, l) partials, and the last
-// block of each (row, head) to finish merges them.
+// block of each (row, head) to finish merges them. q8o.q set (head_dim % 32 == 0): the stored
+// output rows [rows, H * head_dim] in int8 form too (cuda_q8_store.cuh), for the matmul after.
 constexpr int kAttnWarps = 4;
 template <int kPer, bool kQuant, class T>
 __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* q, int H, AttnBatch a, float scale,
-                                                                       float* partial, unsigned* counters, T* out) {
+                                                                       float* partial, unsigned* counters, T* out,
+                                                                       Q8Act q8o) {
   pdl_enter();
   __shared__ float sh_m[kAttnWarps], sh_l[kAttnWarps];
   __shared__ float sh_acc[kAttnWarps][kPer * kWarp];
@@ -120,11 +123,17 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* 
     L += sh_l[w] * f[w];
   }
   const int64_t rh = int64_t(q_row) * H + h;
+  // Output value d of this (row, head), and its int8 form (whole warps: D % 32 == 0 with q8o).
+  auto store = [&](int d, float v) {
+    const T o = from_f<T>(v);
+    out[rh * D + d] = o;
+    if (q8o.q) q8_store_block(to_f(o), h * D + d, lane, q8_row(q8o, q_row, int64_t(H) * D));
+  };
   if (S == 1) {
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
       float v = 0.f;
       for (int w = 0; w < kAttnWarps; ++w) v += sh_acc[w][d] * f[w];
-      out[rh * D + d] = from_f<T>(v / L);
+      store(d, v / L);
     }
     return;
   }
@@ -167,18 +176,18 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* 
     float v = 0.f;
 #pragma unroll 8
     for (int sp = 0; sp < S; ++sp) v += __ldcg(p0 + sp * (D + 2) + d) * sh_ls[sp];
-    out[rh * D + d] = from_f<T>(v);
+    store(d, v);
   }
   if (threadIdx.x == 0) counters[blockIdx.x] = 0u;  // ready for the next launch (graph replays too)
 }
 
 template <int kPer, class T>
 void attention_launch(cudaStream_t s, const T* q, int H, const AttnBatch& a, float scale, int splits,
-                      float* partial, unsigned* counters, T* out) {
+                      float* partial, unsigned* counters, T* out, const Q8Act& q8o) {
   const dim3 grid(unsigned(a.rows * H), unsigned(splits));
   if (a.quant_bits)
-    launch_kernel(attention_kernel<kPer, true, T>, grid, kAttnWarps * kWarp, 0, s, q, H, a, scale, partial, counters, out);
-  else launch_kernel(attention_kernel<kPer, false, T>, grid, kAttnWarps * kWarp, 0, s, q, H, a, scale, partial, counters, out);
+    launch_kernel(attention_kernel<kPer, true, T>, grid, kAttnWarps * kWarp, 0, s, q, H, a, scale, partial, counters, out, q8o);
+  else launch_kernel(attention_kernel<kPer, false, T>, grid, kAttnWarps * kWarp, 0, s, q, H, a, scale, partial, counters, out, q8o);
 }
 
 }  // namespace
@@ -190,18 +199,18 @@ int attention_splits(int n, int H, int max_visible) {
 }
 
 void attention(cudaStream_t s, const void* q_in, int H, const AttnBatch& a, float scale, int splits, float* partial,
-               unsigned* counters, void* out_in) {
+               unsigned* counters, void* out_in, Q8Act q8_out) {
   if (a.rows <= 0) return;
   const int per = (a.head_dim + kWarp - 1) / kWarp;  // dims per lane
   with_act(a.t, [&](auto tag) {
     using T = decltype(tag);
     const T* q = static_cast<const T*>(q_in);
     T* out = static_cast<T*>(out_in);
-    if (per <= 1) attention_launch<1>(s, q, H, a, scale, splits, partial, counters, out);
-    else if (per <= 2) attention_launch<2>(s, q, H, a, scale, splits, partial, counters, out);
-    else if (per <= 4) attention_launch<4>(s, q, H, a, scale, splits, partial, counters, out);
-    else if (per <= 8) attention_launch<8>(s, q, H, a, scale, splits, partial, counters, out);
-    else attention_launch<16>(s, q, H, a, scale, splits, partial, counters, out);  // head_dim <= 512 (spec)
+    if (per <= 1) attention_launch<1>(s, q, H, a, scale, splits, partial, counters, out, q8_out);
+    else if (per <= 2) attention_launch<2>(s, q, H, a, scale, splits, partial, counters, out, q8_out);
+    else if (per <= 4) attention_launch<4>(s, q, H, a, scale, splits, partial, counters, out, q8_out);
+    else if (per <= 8) attention_launch<8>(s, q, H, a, scale, splits, partial, counters, out, q8_out);
+    else attention_launch<16>(s, q, H, a, scale, splits, partial, counters, out, q8_out);  // head_dim <= 512 (spec)
   });
 }
 

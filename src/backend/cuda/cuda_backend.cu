@@ -59,6 +59,7 @@ void CudaBackend::sync() {
 
 void CudaBackend::begin_step() {
   dev_.make_current();   // the calling thread's GPU (a tensor-parallel rank runs on a thread of its own)
+  flush_pending();       // nothing held back from before joins the step
   if (profile_) return;  // profiled ops run one by one
   rec_->begin();         // waits for the previous step
   seqs_->begin_step();

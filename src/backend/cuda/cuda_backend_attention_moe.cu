@@ -5,6 +5,7 @@ namespace g4::cuda_impl {
 
 void CudaBackend::attention(const Buf& q_b, int H, const std::vector<AttnSeq>& seqs, float scale, ActPrecision P,
                             const Buf& out_b) {
+  flush_held();  // older than this op
   const void* q = q_b.data;
   void* out = out_b.data;
   const DType t = act_type({&q_b, &out_b});
@@ -61,7 +62,16 @@ void CudaBackend::attention(const Buf& q_b, int H, const std::vector<AttnSeq>& s
   const int D = a.head_dim;
   float* partial = splits > 1 ? static_cast<float*>(partial_.get(mem_, size_t(a.rows) * H * splits * (D + 2) * 4, dev_)) : nullptr;
   unsigned* counters = splits > 1 ? static_cast<unsigned*>(counters_.get(mem_, size_t(a.rows) * H * sizeof(unsigned), dev_, true)) : nullptr;
-  launch("attention", cuda::attention, q, H, a, scale, splits, partial, counters, out);
+  const cuda::PendingAttention h{q, H, splits, a, scale, a.rows, partial, counters, out};
+  // Every row of the forward in this launch, on the int8 decode path: held back for the output
+  // projection, which may read its output's int8 form (take_prepared).
+  const int64_t cols = int64_t(H) * D;
+  if (opt_.fuse_decode_ops && q8_.q && q8_out_.q && batch.size() == seqs.size() && D % 32 == 0 &&
+      cols <= cuda::kQ8MaxCols && int64_t(a.rows) * cols <= cuda::kQ8MaxValues) {
+    attn_ = h;
+    return;
+  }
+  launch_attention(h, cuda::Q8Act{});
 }
 
 void CudaBackend::attn_prep(const Buf& q_b, int H, const Buf& k_b, const Buf& v_b, int Hk, int head_dim, const float* q_norm_w,

@@ -1,6 +1,7 @@
 // CudaBackend (cuda_backend.h): the matmul family (matmul, the fused norm / epilogue forms, gate / up)
 // and the plans that pick a launch for them (int8 GEMVs, the few-row tensor-core kernel, cuBLAS).
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_gemv_q8.h"
 
 namespace g4::cuda_impl {
 
@@ -13,13 +14,24 @@ void CudaBackend::matmul(const Buf& x_b, int M, const WeightView& W, ActPrecisio
   if (profile_) label_ = "matmul " + std::to_string(w.rows) + "x" + std::to_string(w.cols) + " M=" + std::to_string(M);
   // Op 20 ("big_matmul", >= 64Ki rows: the LM head) only to tell it apart in G4_CUDA_SKIP ablations.
   const char* op = w.rows >= 65536 ? "big_matmul" : "matmul";
-  if (q8_rows(M, w) && pending_.y && x == pending_.resid) {  // may take the deferred epilogue
+  if (const cuda::Q8Act pre = take_prepared(x, M, w); pre.q) {  // x's int8 form: the GEMV before wrote it
     cuda::MatArgs a = mat_args(x_b, InputNorm{}, M, w);
     a.yt = yt;
     a.n = 1;
     a.w[0] = w;
     a.y[0] = y;
-    pending_.take_into(a, M, false);
+    a.q8 = pre;
+    a.prepared = 1;
+    return launch(op, cuda::matmuls, a, M);
+  }
+  if (q8_rows(M, w)) {  // may take the deferred epilogue, and be held back for the op after it
+    cuda::MatArgs a = mat_args(x_b, InputNorm{}, M, w);
+    a.yt = yt;
+    a.n = 1;
+    a.w[0] = w;
+    a.y[0] = y;
+    if (pending_.y && x == pending_.resid) pending_.take_into(a, M, false);
+    if (hold_gemv(op, a, M, cuda::kPlain)) return;
     if (a.pre_y) return launch(op, cuda::matmuls, a, M);
   }
   if (M > 1 && blas_ && !q8_rows(M, w)) {
@@ -40,6 +52,7 @@ void CudaBackend::matmul_norm_add(const Buf& x_b, int M, const WeightView& W, co
     Backend::matmul_norm_add(x_b, M, W, y_b, resid_b, w, eps, P, lora);
     return;
   }
+  const cuda::Q8Act pre = take_prepared(x_b.data, M, dev(W));  // x's int8 form, when the GEMV before wrote it
   // Batched decode on the few-row tensor-core kernel or cuBLAS (no fused epilogue): the norm_add
   // is left pending for the next op (the next input norm takes it: PendingPost).
   if (batched_rows(x_b, M, dev(W))) {
@@ -67,12 +80,17 @@ void CudaBackend::matmul_norm_add(const Buf& x_b, int M, const WeightView& W, co
   if (profile_) label_ = "matmul_norm_add " + std::to_string(W.rows) + "x" + std::to_string(W.cols) + " M=" +
                     std::to_string(M);
   a.defer_post = defer;
+  if (pre.q) {
+    a.q8 = pre;
+    a.prepared = 1;
+  }
   launch("matmul_norm_add", cuda::matmuls, a, M);
   if (defer) pending_ = cuda::PendingPost{y_scratch, x_resid, a.xt, int(W.rows), w, eps, M, 1.f, true};
 }
 
 void CudaBackend::norm_matmuls(const Buf& x_b, int M, const InputNorm& norm, std::initializer_list<MatOut> outs,
                                ActPrecision P) {
+  flush_held();  // older than this op, and before it decides on the pending epilogues
   if (outs.size() == 0) return;
   for (const MatOut& o : outs)
     if (o.lora) {  // the adapters read the normed input: the separate ops
@@ -87,8 +105,11 @@ void CudaBackend::norm_matmuls(const Buf& x_b, int M, const InputNorm& norm, std
     Backend::norm_matmuls(x_b, M, norm, outs, P);
     return;
   }
-  // One launch per run of consecutive weights of one format (q/k/v usually share theirs).
+  // One launch per run of consecutive weights of one format (q/k/v usually share theirs; Q4_K_M
+  // files give some layers' v Q6_K). On the int8 GEMVs the later runs read the rows the first
+  // run's prepare made (MatArgs::prepared) instead of preparing them again.
   cuda::MatArgs a = normed_args(x_b, M, norm, *outs.begin()->w, P);
+  bool prepared = false;
   for (auto it = outs.begin(); it != outs.end(); ++it) {
     G4_CHECK(act_type({&it->y}) == a.xt);
     a.w[a.n] = dev(*it->w);
@@ -96,7 +117,11 @@ void CudaBackend::norm_matmuls(const Buf& x_b, int M, const InputNorm& norm, std
     ++a.n;
     const auto next = it + 1;
     if (next == outs.end() || a.n == 3 || next->w->fmt != it->w->fmt || next->w->cols != it->w->cols) {
-      launch_matmuls(a, M);
+      cuda::MatArgs run = a;
+      run.prepared = prepared ? 1 : 0;
+      launch_matmuls(run, M);
+      prepared = prepared || (opt_.fuse_decode_ops && a.q8.q && cuda::q8_gemv_takes(a, cuda::kPlain) &&
+                              int64_t(M) * cols <= cuda::kQ8MaxValues);
       a.n = 0;
     }
   }
@@ -105,6 +130,7 @@ void CudaBackend::norm_matmuls(const Buf& x_b, int M, const InputNorm& norm, std
 void CudaBackend::gate_up_gelu(const Buf& x_b, int M, const InputNorm& norm, const WeightView& G, const WeightView& U,
                                bool ggml_table, ActPrecision P, const Buf& gate_b, const Buf& up_b, const LoraApply* lora_gate,
                                const LoraApply* lora_up) {
+  flush_held();  // older than this op, and before it decides on the pending epilogues
   if (lora_gate || lora_up || G.fmt != U.fmt || G.rows != U.rows || G.cols != U.cols || G.group_size != U.group_size || G.bits != U.bits ||
       G.scale_dtype != U.scale_dtype ||
       (!q8_rows(M, dev(G)) && !blas_rows(x_b, M, G.cols) &&
@@ -123,7 +149,64 @@ void CudaBackend::gate_up_gelu(const Buf& x_b, int M, const InputNorm& norm, con
   pending_.take_into(a, M, true);
   if (profile_) label_ = "gate_up_gelu " + std::to_string(G.rows) + "x" + std::to_string(G.cols) + " M=" + std::to_string(M);
   if (launch_blas("gate_up_gelu", a, M, a.table ? 2 : 1)) return;
+  if (a.q8.q && hold_gemv("gate_up_gelu", a, M, a.table ? cuda::kGeluGgml : cuda::kGelu)) return;
   launch("gate_up_gelu", cuda::gate_up_gelu, a, M);
+}
+
+bool CudaBackend::hold_gemv(const char* op, const cuda::MatArgs& a, int M, int act) {
+  if (!opt_.fuse_decode_ops || !q8_out_.q || !cuda::q8_out_fusable(a, M, act)) return false;
+  flush_held();  // one held back at a time (the callers launched any older one already)
+  gemv_.a = a;
+  gemv_.M = M;
+  gemv_.act = act;
+  gemv_.op = op;
+  gemv_.label = std::move(label_);
+  label_.clear();
+  return true;
+}
+
+cuda::Q8Act CudaBackend::take_prepared(const void* x, int M, const cuda::DevWeight& w) {
+  const bool reads = q8_rows(M, w) && cuda::q8_gemv_supports(w) && int64_t(M) * w.cols <= cuda::kQ8MaxValues;
+  if (attn_) {
+    const cuda::PendingAttention h = attn_;
+    attn_ = cuda::PendingAttention{};
+    const bool joins = reads && x == h.out && M == h.rows && w.cols == int64_t(h.H) * h.a.head_dim;
+    launch_attention(h, joins ? q8_out_ : cuda::Q8Act{});
+    return joins ? q8_out_ : cuda::Q8Act{};
+  }
+  if (!gemv_) return cuda::Q8Act{};
+  cuda::PendingGemv g = std::move(gemv_);
+  gemv_ = cuda::PendingGemv{};
+  const bool joins = reads && x == g.a.y[0] && M == g.M && w.cols == g.a.w[0].rows;
+  if (joins) {
+    g.a.q8_out = q8_out_;
+    // One counter per 32-row group and block row (q8_out_fusable: rows <= kQ8MaxCols, M <= 64).
+    const size_t n = size_t(cuda::kQ8MaxCols / 32) * size_t((kRowExactMaxRows + 7) / 8);
+    g.a.q8_out_counter = static_cast<unsigned*>(q8_out_counters_.get(mem_, n * sizeof(unsigned), dev_, true));
+  }
+  launch_gemv(std::move(g));
+  return joins ? q8_out_ : cuda::Q8Act{};
+}
+
+bool CudaBackend::join_gelu_mul(const Buf& gate_b, const Buf& up_b, size_t n, const Buf& out_b, bool ggml) {
+  if (!gemv_.joins_gelu_mul(gate_b.data, n) || act_type({&up_b}) != gemv_.a.xt ||
+      act_type({&out_b}) != gemv_.a.yt) {
+    flush_held();
+    return false;
+  }
+  cuda::MatArgs a = gemv_.a;
+  const int act = ggml ? cuda::kGeluGgml : cuda::kGelu;
+  a.mul = up_b.data;
+  a.y[0] = out_b.data;
+  a.table = ggml ? tables_.gelu_table() : nullptr;
+  if (!cuda::q8_out_fusable(a, gemv_.M, act)) {
+    flush_held();
+    return false;
+  }
+  gemv_.a = a;
+  gemv_.act = act;
+  gemv_.op = "matmul_gelu_mul";
+  return true;
 }
 
 cuda::MatArgs CudaBackend::mat_args(const Buf& x, const InputNorm& norm, int M, const cuda::DevWeight& w) const {

@@ -17,8 +17,11 @@ namespace g4::cuda {
 void q8_prepare(cudaStream_t s, const void* x, DType xt, int rows, int64_t cols, const float* norm_w, float eps,
                 const Q8Act& o);
 // The GEMV launch(es) of a over M rows already prepared in a.q8 (q8_gemv's preconditions:
-// q8_gemv_supports every weight; act: kPlain, kGelu or kGeluGgml as in cuda_matmul_common.cuh).
+// q8_gemv_supports every weight; act: Act, cuda_kernels.h).
 // lanes: the lanes that share a weight row (4, 8, 16 or 32), for measuring; 0: the launch's rule.
 void q8_gemv_prepared(cudaStream_t s, const MatArgs& a, int M, int act, int lanes = 0);
+// Whether the int8 GEMVs take every weight of a (act: Act), so that q8_gemv prepares a's rows
+// into a.q8 (the backend's later launches of the same rows may then skip theirs: MatArgs::prepared).
+bool q8_gemv_takes(const MatArgs& a, int act);
 
 }  // namespace g4::cuda

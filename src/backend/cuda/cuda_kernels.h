@@ -81,6 +81,10 @@ struct AttnBatch {
   uint8_t reserved[7] = {};
 };
 
+// The activation a matmul applies: kGelu / kGeluGgml with a second weight w2 (MatArgs),
+// gelu(x·wᵀ) * (x·w2ᵀ), tanh form or ggml's table.
+enum Act { kPlain = 0, kGelu = 1, kGeluGgml = 2 };
+
 // y[M, w.rows] = x[M, w.cols] · Wᵀ: 32-value units per lane when w.cols % 32 == 0, else one
 // element at a time (tests compare both with the reference backend). x of type xt, y of type yt.
 // q8: the int8 decode scratch (MatArgs::q8), or all null.
@@ -113,6 +117,18 @@ struct MatArgs {
   // round it, in the same one-block kernel that then norms and quantizes x.
   const void* pre_y = nullptr;
   const float* pre_w = nullptr;
+  // int8 GEMVs only (q8_gemv_takes), each set by the backend when it fuses the op after a GEMV
+  // into it (cuda_pending.h PendingGemv):
+  // - mul (with kGelu / kGeluGgml, a.n == 1, no w2): y = gelu(x·w[0]ᵀ) * mul, mul[M, w[0].rows] of
+  //   type xt (gelu_mul by a vector after a matmul: the per-layer input's gate).
+  // - q8_out (a.n == 1, w[0].rows % 32 == 0): y[0]'s rows also written in int8 form into this
+  //   scratch, as q8_prepare without a norm would write them from the stored values (same bits),
+  //   by the last block of each 32-row group (q8_out_counter: zeros, one per group and blockIdx.y,
+  //   that the kernel leaves zero).
+  // - prepared: a.q8 already holds x's int8 form (an earlier launch's q8_out): no prepare launch.
+  const void* mul = nullptr;
+  Q8Act q8_out{};
+  unsigned* q8_out_counter = nullptr;
   unsigned first[4];
   int M;
   int n;
@@ -124,9 +140,10 @@ struct MatArgs {
   float post_eps;
   float pre_eps = 0.f;
   float pre_scale = 1.f;
+  int prepared = 0;
   DType xt;
   DType yt;
-  uint8_t reserved[6] = {};
+  uint8_t reserved[2] = {};
 };
 // Whether a one-row matmul_norm_add into w runs on the int8 GEMVs with the separate post-norm
 // kernel (q8 scratch set), so that its epilogue may be deferred (MatArgs::defer_post).
@@ -134,6 +151,10 @@ bool q8_post_deferrable(const DevWeight& w);
 // Whether a one-row launch of a (gelu: gate_up_gelu; else matmuls) runs on the int8 GEMVs with
 // its input row prepared by one block, so that a deferred epilogue may be fused into it (pre_y).
 bool q8_prepare_fusable(const MatArgs& a, bool gelu);
+// Whether a launch of a over M rows (act: Act) runs on the int8 GEMVs in
+// a form that can also write its output's int8 form (MatArgs::q8_out) or multiply by a vector
+// (MatArgs::mul, act != kPlain): one weight, no epilogue of its own, rows % 32 == 0.
+bool q8_out_fusable(const MatArgs& a, int M, int act);
 // resid[r][n] += rms_norm(y[r][n])·w for r < rows: a deferred epilogue launched on its own (one
 // block per row; a row's bits do not depend on rows).
 void post_norm_add(cudaStream_t s, const void* y, void* resid, DType t, int n, const float* w, float eps, int rows);
@@ -220,9 +241,11 @@ void kv_write(cudaStream_t s, const void* k, const void* v, int row0, int n, Dyn
 // softmax, no score matrix). The visible positions of each (row, head) are cut into `splits`
 // ranges run by separate blocks; with splits > 1, `partial` holds a.rows * H * splits *
 // (head_dim + 2) floats and `counters` a.rows * H zeros (the kernel leaves them zero again).
-// Prefill-sized sequences go to flash_attention (cuda_flash_attention.h) instead.
+// Prefill-sized sequences go to flash_attention (cuda_flash_attention.h) instead. q8_out set
+// (head_dim % 32 == 0, bf16 activations): out's rows [.., H * head_dim] are also written in int8
+// form (cuda_q8.cuh) for the matmul that reads them (MatArgs::prepared).
 void attention(cudaStream_t s, const void* q, int H, const AttnBatch& a, float scale, int splits, float* partial,
-               unsigned* counters, void* out);
+               unsigned* counters, void* out, Q8Act q8_out);
 // The number of position ranges attention() should use for n rows of H heads when at most
 // max_visible positions are visible (a static bound, so a recorded step stays valid), at most
 // kAttnMaxSplits. A row's bits depend on the split count and its own visible positions only, so

@@ -11,10 +11,8 @@ namespace g4::cuda {
 
 // The most activation rows one matmul launch walks per chunk.
 constexpr int kMaxM = 8;
-// Warps per matmul block, and the activation a matmul applies (kGelu / kGeluGgml: with a second
-// weight w2, gelu(x·wᵀ) * (x·w2ᵀ), tanh form or ggml's table).
+// Warps per matmul block (the activations a matmul applies: Act, cuda_kernels.h).
 constexpr int kMatWarps = 8;
-enum Act { kPlain = 0, kGelu = 1, kGeluGgml = 2 };
 // matmul_norm_add's epilogue, run by every block after its rows: the last block to finish adds
 // rms_norm(y)·post_w to resid, row by row with the whole block; each thread's loads are issued
 // together (kPerT at a time), not one L2 round trip after another. y and resid of type a.xt.
