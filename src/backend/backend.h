@@ -354,8 +354,8 @@ class Backend {
   // A layer's attention inputs: q [rows, H, head_dim] per-head RMSNorm (weight q_norm_w; null: no
   // norm) then RoPE at each sequence's positions; with k (a layer that owns its KV; null: q only):
   // v [rows, Hk, head_dim] unweighted RMSNorm when v_norm, k normed (k_norm_w) and roped as q,
-  // then k and v written into each sequence's cache seqs[i].kv as kv_write does.
-  // rows = the sum of seqs' n.
+  // then k and v written into each sequence's cache seqs[i].kv as kv_write does. q, k and v hold
+  // their normed (and roped) rows afterwards (the model's taps read them). rows = the sum of seqs' n.
   virtual void attn_prep(const Buf& q, int H, const Buf& k, const Buf& v, int Hk, int head_dim, const float* q_norm_w,
                          const float* k_norm_w, bool v_norm, float eps, const std::vector<AttnSeq>& seqs,
                          const RopeTable& t, ActPrecision P);

@@ -408,22 +408,16 @@ void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, f
     }
     for (size_t i = 0; i < batch.size(); ++i) seqs[i].kv = batch[i].cache->layer(kv_layer);
     if (own_kv && ls.k_eq_v) be.copy_cols(S.k, R, Hk * D, 0, Hk * D, S.v);  // V = raw K projection (before k_norm)
-    if (!tap_) {  // norms, ropes and the cache writes in one op
-      be.attn_prep(S.q, H, own_kv ? S.k : Buf(), S.v, Hk, D, cfg_.qk_norm ? lw.q_norm.data : nullptr,
-                   cfg_.qk_norm ? lw.k_norm.data : nullptr, cfg_.v_norm, cfg_.rms_eps, seqs, rope_[size_t(l)], P);
-    } else {  // step by step, for the taps
-      if (cfg_.qk_norm) be.rms_norm(S.q, R * H, D, lw.q_norm.data, cfg_.rms_eps, P, S.q);
-      tap("q_normed", l, S.q, size_t(R) * H * D);
-      for (size_t i = 0; i < batch.size(); ++i)
-        be.rope(S.q.at(int64_t(seqs[i].row0) * H * D), seqs[i].n, H, D, seqs[i].pos0, rope_[size_t(l)], P);
-      if (own_kv) {
-        if (cfg_.v_norm) be.rms_norm(S.v, R * Hk, D, nullptr, cfg_.rms_eps, P, S.v);
-        if (cfg_.qk_norm) be.rms_norm(S.k, R * Hk, D, lw.k_norm.data, cfg_.rms_eps, P, S.k);
-        for (size_t i = 0; i < batch.size(); ++i)
-          be.rope(S.k.at(int64_t(seqs[i].row0) * Hk * D), seqs[i].n, Hk, D, seqs[i].pos0, rope_[size_t(l)], P);
-        for (size_t i = 0; i < batch.size(); ++i) be.kv_write(seqs[i], S.k, S.v);
-      }
+    // Taps observe the ops the forward runs; what lies inside a fused op (q normed before its RoPE;
+    // the MLP's normed input, gate and up; the down projection before its post-norm) is computed
+    // beside the forward from the op's inputs, into scratch the op overwrites, and never feeds it.
+    if (tap_) {
+      if (cfg_.qk_norm) be.rms_norm(S.q, R * H, D, lw.q_norm.data, cfg_.rms_eps, P, S.att);
+      tap("q_normed", l, cfg_.qk_norm ? S.att : S.q, size_t(R) * H * D);
     }
+    // Norms and RoPE of q (and k, v: in place) and the cache writes, in one op.
+    be.attn_prep(S.q, H, own_kv ? S.k : Buf(), S.v, Hk, D, cfg_.qk_norm ? lw.q_norm.data : nullptr,
+                 cfg_.qk_norm ? lw.k_norm.data : nullptr, cfg_.v_norm, cfg_.rms_eps, seqs, rope_[size_t(l)], P);
     tap("q_roped", l, S.q, size_t(R) * H * D);
     if (ls.kv_source < 0) tap("k_roped", l, S.k, size_t(R) * Hk * D);
     if (ls.kv_source < 0) tap("v_normed", l, S.v, size_t(R) * Hk * D);
@@ -436,22 +430,28 @@ void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, f
     const size_t RI = size_t(R) * ls.mlp_width;
     const LoraApply* lgate = lora(l, &LayerLora::gate);
     const LoraApply* lup = lora(l, &LayerLora::up);
-    if (!tap_) {
-      be.gate_up_gelu(S.x, R, InputNorm{lw.pre_ffw_ln.data, cfg_.rms_eps, S.xn}, lw.gate, lw.up,
-                      cfg_.gelu == GeluImpl::GgmlF16Table, P, S.gate, S.up, lgate, lup);
-    } else {  // the taps want the normed input, gate and up on their own
+    if (tap_) {  // beside the forward: the fused op's normed input, gate and up
       be.rms_norm(S.x, R, d, lw.pre_ffw_ln.data, cfg_.rms_eps, P, S.xn);
       be.linear(S.xn, R, lw.gate, lgate, P, S.gate);
       be.linear(S.xn, R, lw.up, lup, P, S.up);
       tap("mlp_in", l, S.xn, Rd);
       tap("mlp_gate", l, S.gate, RI);
       tap("mlp_up", l, S.up, RI);
-      gelu_mul(S.gate, S.up, RI, P, S.gate);
     }
+    be.gate_up_gelu(S.x, R, InputNorm{lw.pre_ffw_ln.data, cfg_.rms_eps, S.xn}, lw.gate, lw.up,
+                    cfg_.gelu == GeluImpl::GgmlF16Table, P, S.gate, S.up, lgate, lup);
     tap("mlp_act", l, S.gate, RI);
     const LoraApply* ldown = lora(l, &LayerLora::down);
-    if (!ls.moe && !tap_) {  // down projection, post-norm and residual add
+    if (!ls.moe) {  // down projection, post-norm and residual add
+      // The projection before the post-norm: beside the forward, or (tensor parallel) the reduced
+      // projection the split op leaves in S.f (a collective beside the forward would not match
+      // the other ranks').
+      if (tap_ && !comm_) {
+        be.linear(S.gate, R, lw.down, ldown, P, S.o);
+        tap("mlp_out", l, S.o, Rd);
+      }
       matmul_norm_add(S.gate, R, lw.down, ldown, S.f, lw.post_ffw_ln.data, P, true);
+      if (tap_ && comm_) tap("mlp_out", l, S.f, Rd);
     } else {
       be.linear(S.gate, R, lw.down, ldown, P, S.f);
       all_reduce(S.f, Rd);
@@ -477,8 +477,6 @@ void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, f
       all_reduce(S.h2, Rd);  // expert parallel: each rank's experts' part of the sum
       tap("experts_out", l, S.h2, Rd);
       be.moe_exit(S.x, S.h1, S.h2, R, d, lw.post_ffw_ln2.data, lw.post_ffw_ln.data, cfg_.rms_eps, exit_scale, P, S.f);
-    } else if (tap_) {
-      be.norm_add(S.x, S.f, R, d, lw.post_ffw_ln.data, cfg_.rms_eps, P);
     }
 
     // --- per-layer input (§2.9) ---

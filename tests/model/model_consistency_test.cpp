@@ -4,6 +4,7 @@
 // against the same sequence inside a batch. (Parity against mlx-lm itself is tests/python/test_parity.py.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <string>
@@ -80,6 +81,36 @@ TEST(ModelConsistency, FastBackendMatchesReference) {
 // The reference backend computes every row the same way whatever the batch shape, so chunking
 // must not change a single bit; the fast backend picks kernels by row count (M = 1 GEMV vs tiled
 // and AMX paths), so there only the summation order differs.
+// Taps observe the forward without changing it: the same logits with and without them (a prompt
+// at once and token by token), and every layer's named intermediates are seen, those inside the
+// fused ops (computed beside the forward) included.
+TEST(ModelConsistency, TapsLeaveTheForwardAlone) {
+  for (const char* backend : {"reference", "cpu"}) {
+    for (const std::string& dir : fixture_dirs()) {
+      SCOPED_TRACE(dir + " on " + backend);
+      auto mr = load_model(dir, backend);
+      ASSERT_TRUE(mr) << mr.message();
+      Model& m = *mr.value();
+      const auto ids = test_prompt(m.config().vocab, 9);
+      for (int chunk : {9, 1}) {
+        SCOPED_TRACE(chunk);
+        const auto plain = run(m, ids, chunk, ActPrecision::F32);
+        std::vector<std::vector<std::string>> seen(size_t(m.config().n_layers));
+        m.set_tap([&](const char* name, int layer, const float*, size_t) {
+          if (layer >= 0 && layer < int(seen.size())) seen[size_t(layer)].push_back(name);
+        });
+        const auto tapped = run(m, ids, chunk, ActPrecision::F32);
+        m.set_tap(nullptr);
+        EXPECT_EQ(max_abs_diff(plain, tapped), 0.f);
+        for (size_t l = 0; l < seen.size(); ++l)
+          for (const char* want : {"q_normed", "q_roped", "attn", "attn_residual", "mlp_in", "mlp_gate", "mlp_up",
+                                   "mlp_act", "mlp_out", "layer_out"})
+            EXPECT_NE(std::find(seen[l].begin(), seen[l].end(), want), seen[l].end()) << "layer " << l << ": " << want;
+      }
+    }
+  }
+}
+
 TEST(ModelConsistency, PrefillEqualsDecodeAndChunks) {
   for (const char* backend : {"reference", "cpu"}) {
     for (const std::string& dir : fixture_dirs()) {
