@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -89,6 +91,16 @@ inline std::vector<float> attend_last(Backend& be, const KvCache& c, const std::
     be.attention(q.data(), H, {s}, scale, ActPrecision::F32, out.data() + size_t(l) * H * hd);
   }
   return out;
+}
+
+// The CUDA backend in its fast decode mode (bf16 activations, int8 dots), row-exact or not; null
+// with the reason in *why where the build or the machine has no CUDA.
+inline std::unique_ptr<Backend> cuda_int8_backend(bool row_exact, std::string* why) {
+  BackendOptions opt;
+  opt.activations = DType::BF16;
+  opt.int8_dots = true;
+  opt.row_exact = row_exact;
+  return make_cuda_backend(why, opt);
 }
 
 // A backend copy of host data / a host copy of backend data.

@@ -27,14 +27,6 @@ using test::bf16_rounded;
 using test::randn;
 using test::rel_err;
 
-std::unique_ptr<Backend> cuda_bf16(bool row_exact, std::string* why) {
-  BackendOptions opt;
-  opt.activations = DType::BF16;
-  opt.int8_dots = true;
-  opt.row_exact = row_exact;
-  return make_cuda_backend(why, opt);
-}
-
 // The feed-forward and per-layer-input chains of an E-style decode layer at small sizes.
 struct Chain {
   static constexpr int64_t C = 512, I = 768, Pw = 64;  // K-quant widths: multiples of 256  // hidden, MLP width, per-layer input width
@@ -93,7 +85,7 @@ struct Chain {
 TEST(CudaHeldGemv, JoinedOpsMatchTheOpsOneByOne) {
   for (bool row_exact : {false, true}) {
     std::string why;
-    std::unique_ptr<Backend> cu = cuda_bf16(row_exact, &why);
+    std::unique_ptr<Backend> cu = test::cuda_int8_backend(row_exact, &why);
     if (!cu) {
       std::printf("SKIP: cuda backend unavailable: %s\n", why.c_str());
       GTEST_SKIP() << "no CUDA";
@@ -118,7 +110,7 @@ TEST(CudaHeldGemv, JoinedOpsMatchTheOpsOneByOne) {
 // projection, which reads the attention output's int8 form: the same bits as the ops one by one.
 TEST(CudaHeldGemv, AttentionJoinsTheOutputProjection) {
   std::string why;
-  std::unique_ptr<Backend> cu = cuda_bf16(false, &why);
+  std::unique_ptr<Backend> cu = test::cuda_int8_backend(false, &why);
   if (!cu) {
     std::printf("SKIP: cuda backend unavailable: %s\n", why.c_str());
     GTEST_SKIP() << "no CUDA";

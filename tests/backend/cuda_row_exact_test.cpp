@@ -26,14 +26,6 @@ namespace {
 using test::bf16_rounded;
 using test::randn;
 
-std::unique_ptr<Backend> cuda_backend(bool row_exact, std::string* why) {
-  BackendOptions opt;
-  opt.activations = DType::BF16;
-  opt.int8_dots = true;
-  opt.row_exact = row_exact;
-  return make_cuda_backend(why, opt);
-}
-
 // Row i of a [rows, n] host matrix.
 std::vector<float> row_of(const std::vector<float>& m, int64_t n, int i) {
   return std::vector<float>(m.begin() + int64_t(i) * n, m.begin() + int64_t(i + 1) * n);
@@ -51,12 +43,12 @@ class CudaRowExactTest : public ::testing::Test {
  public:
   void SetUp() override {
     std::string why;
-    cu = cuda_backend(true, &why);
+    cu = test::cuda_int8_backend(true, &why);
     if (!cu) {
       std::printf("SKIP: cuda backend unavailable: %s\n", why.c_str());
       GTEST_SKIP() << "no CUDA";
     }
-    plain = cuda_backend(false, &why);
+    plain = test::cuda_int8_backend(false, &why);
     ASSERT_TRUE(plain) << why;
   }
   std::unique_ptr<Backend> cu, plain;  // row_exact on / off
