@@ -24,7 +24,7 @@
 # Configs: bf16+int8 (--dtype bf16: bf16 activations, int8 decode dots), bf16 (--int8-dots off), f32,
 # nopdl (bf16+int8 with --cuda-pdl off: kernels launched without programmatic dependent launch),
 # copies (bf16+int8 keeping bf16 copies of the weights cuBLAS reads, as serve does by default),
-# nofuse (bf16+int8 with --cuda-fuse off: no op joins the decode GEMV or attention launch before it).
+# nofuse (bf16+int8 with --cuda-fuse off: every decode matmul prepares its own int8 rows).
 # G4_BIN: the gemma4 binary (default build-cuda/bin/gemma4). Ours prefill in bench's default chunk
 # (2048 rows on cuda, as run and serve do); llama-bench in its default n_ubatch (512) unless
 # G4_LLAMA_UB sets -ub (2048: the same chunk on both sides).

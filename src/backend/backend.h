@@ -193,9 +193,10 @@ struct BackendOptions {
   // CUDA: kernels launched with programmatic dependent launch (cuda_launch.cuh): each may be
   // scheduled while the one before it finishes, hiding the launch gap between a step's kernels.
   bool pdl = true;
-  // CUDA with int8_dots: a decode GEMV is held back for the op after it, which joins its launch
-  // (a matmul of its output skips its prepare launch; a gelu_mul by a vector becomes the GEMV's
-  // store: cuda_pending.h PendingGemv). Off: every op launched alone (`--cuda-fuse off`, for timing).
+  // CUDA with int8_dots: launches of one decode step share their int8 activation rows (the
+  // output projection reads the rows the attention launch wrote, cuda_pending.h PendingAttention;
+  // a q/k/v launch of a second format reuses the first one's prepared rows) instead of each
+  // preparing its own. Off: every matmul prepares its rows (`--cuda-fuse off`, for timing).
   bool fuse_decode_ops = true;
   // CUDA with bf16 activations and int8_dots: batch-invariant numerics (`--batch-invariant on`).
   // Every launch of up to 64 rows computes each row with the one-row arithmetic (the int8 GEMVs

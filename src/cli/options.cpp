@@ -151,8 +151,8 @@ void add_load_options(VerbCli& cli) {
       ->type_name("on|off")->check(one_of({"on", "off"}));
   cli.value("--cuda-pdl", "programmatic dependent launch: a kernel is scheduled while the one before it "
             "finishes", "on")->type_name("on|off")->check(one_of({"on", "off"}));
-  cli.value("--cuda-fuse", "with --int8-dots: the op after a decode matmul joins its launch (the next "
-            "matmul's input prepare, a gelu_mul by a vector)", "on")->type_name("on|off")->check(one_of({"on", "off"}));
+  cli.value("--cuda-fuse", "with --int8-dots: decode launches share their int8 activation rows (the output "
+            "projection reads those the attention wrote; q/k/v of two formats prepare once)", "on")->type_name("on|off")->check(one_of({"on", "off"}));
   cli.value("--cuda-profile", "time every op by events; per-op device times on stderr at exit", "off")
       ->type_name("on|off")->check(one_of({"on", "off"}));
   cli.value("--cuda-timing", "host and device time per forward step; medians on stderr at exit", "off")

@@ -167,14 +167,12 @@ class CudaBackend final : public Backend {
   void attention(const Buf& q_b, int H, const std::vector<AttnSeq>& seqs, float scale, ActPrecision P,
                  const Buf& out_b) override;
   void gelu_mul(const Buf& gate_b, const Buf& up_b, size_t n, ActPrecision P, const Buf& out_b) override {
-    if (join_gelu_mul(gate_b, up_b, n, out_b, false)) return;
     const void *gate = gate_b.data, *up = up_b.data;
     void* out = out_b.data;
     const DType t = act_type({&gate_b, &up_b, &out_b});
     launch("gelu_mul", cuda::gelu_mul, gate, up, n, out, t);
   }
   void gelu_mul_ggml(const Buf& gate_b, const Buf& up_b, size_t n, const Buf& out_b) override {
-    if (join_gelu_mul(gate_b, up_b, n, out_b, true)) return;
     const void *gate = gate_b.data, *up = up_b.data;
     void* out = out_b.data;
     const DType at = act_type({&gate_b, &up_b, &out_b});
@@ -188,7 +186,7 @@ class CudaBackend final : public Backend {
     launch("add", cuda::add, a, b, n, y, t);
   }
   void scale(const Buf& a_b, float f, size_t n, ActPrecision P, const Buf& y_b) override {
-    flush_held();  // older than the scale (the pending post-norm below is older than it)
+    flush_held();  // older than the scale
     if (pending_.y && pending_.scale == 1.f && a_b.data == pending_.resid &&
         y_b.data == pending_.resid && n == size_t(pending_.rows) * size_t(pending_.n)) {
       pending_.scale = f;  // the pending residual, scaled in place: launched with it
@@ -270,15 +268,14 @@ class CudaBackend final : public Backend {
  private:
   cuda::PendingPost pending_;      // a matmul_norm_add's post-norm (cuda_pending.h)
   cuda::PendingCombine combine_;   // the device MoE path's combination (cuda_pending.h)
-  cuda::PendingGemv gemv_;         // an int8 GEMV held back for the op after it (cuda_pending.h)
-  cuda::PendingAttention attn_;    // or a decode attention launch
+  cuda::PendingAttention attn_;    // a decode attention launch held back for the op after it
   static constexpr int kPdlMaxRows = 64;
   int step_rows_ = 0;  // rows of the step being logged (embed sets it)
   // The pending epilogues and the held-back launch that no op took, launched alone (before every
   // launch, host copy, sync and step end), oldest first: a held-back launch is always the newest
   // (nothing is left pending while one is held without launching it first).
   void flush_pending() {
-    if (!pending_ && !combine_ && !gemv_ && !attn_) return;
+    if (!pending_ && !combine_ && !attn_) return;
     const cuda::PendingPost p = pending_;
     const cuda::PendingCombine c = combine_;
     pending_ = cuda::PendingPost{};
@@ -293,37 +290,21 @@ class CudaBackend final : public Backend {
     if (c) launch("moe_combine", cuda::moe_combine, c.y, c.w, c.rows, c.k, c.d, c.out, c.t);
     flush_held();
   }
-  // The held-back launch (gemv_ or attn_), launched as it is, after the older pending epilogues.
+  // The held-back attention launch, launched as it is, after the older pending epilogues.
   void flush_held() {
-    if (attn_) {
-      const cuda::PendingAttention h = attn_;
-      attn_ = cuda::PendingAttention{};
-      launch_attention(h, cuda::Q8Act{});
-    }
-    if (!gemv_) return;
-    cuda::PendingGemv g = std::move(gemv_);
-    gemv_ = cuda::PendingGemv{};
-    launch_gemv(std::move(g));
+    if (!attn_) return;
+    const cuda::PendingAttention h = attn_;
+    attn_ = cuda::PendingAttention{};
+    launch_attention(h, cuda::Q8Act{});
   }
   void launch_attention(const cuda::PendingAttention& h, const cuda::Q8Act& q8) {
     launch("attention", cuda::attention, h.q, h.H, h.a, h.scale, h.splits, h.partial, h.counters, h.out, q8);
   }
-  void launch_gemv(cuda::PendingGemv g) {
-    label_ = std::move(g.label);
-    if (g.act == cuda::kPlain) launch(g.op, cuda::matmuls, g.a, g.M);
-    else launch(g.op, cuda::gate_up_gelu, g.a, g.M);
-  }
-  // Holds an int8 GEMV launch of a (M rows, act) back for the op after it (cuda_pending.h), when it
-  // is of the form that op could join (q8_out_fusable); false: the caller launches it.
-  bool hold_gemv(const char* op, const cuda::MatArgs& a, int M, int act);
-  // The op after a held-back launch reads its output x (M rows) through weight w with no input
-  // norm: launches it with its output's int8 form written into q8_out_, and returns q8_out_ for
-  // the caller's launch (MatArgs::prepared); otherwise launches it as it is, before anything the
-  // caller decides, and returns an empty Q8Act.
+  // The op after a held-back attention launch reads its output x (M rows) through weight w with
+  // no input norm: launches it with its output's int8 form written into q8_out_, and returns
+  // q8_out_ for the caller's launch (MatArgs::prepared); otherwise launches it as it is, before
+  // anything the caller decides, and returns an empty Q8Act.
   cuda::Q8Act take_prepared(const void* x, int M, const cuda::DevWeight& w);
-  // gelu_mul(_ggml) of a held-back GEMV's output by a vector, joined to its launch (MatArgs::mul);
-  // false: nothing held back joins it (a held-back launch is then launched first).
-  bool join_gelu_mul(const Buf& gate_b, const Buf& up_b, size_t n, const Buf& out_b, bool ggml);
 
   // Runs fn(stream, args...) now, or logs it with its key when a step is being recorded. The key
   // is the name and every argument (add_key), so two launches replay as one graph exactly when
@@ -419,8 +400,7 @@ class CudaBackend final : public Backend {
   cuda::ExpertTables experts_{mem_, dev_};  // the device MoE's expert arrays (zero experts for other ranks')
   size_t argmax_rows_ = 0;
   cuda::Q8Act q8_{};  // the int8 decode scratch (bf16 activations with int8_dots), or all null
-  cuda::Q8Act q8_out_{};  // the int8 form a held-back GEMV writes of its output (MatArgs::q8_out)
-  cuda::GrowBuffer q8_out_counters_;  // its per-group counters (zeros the kernel leaves zero)
+  cuda::Q8Act q8_out_{};  // the int8 form a held-back attention writes of its output
   std::unique_ptr<cuda::Blas> blas_;  // prefill GEMMs on cuBLAS (bf16 activations), or null
   float* bounce_ = nullptr;
   size_t bounce_n_ = 0;

@@ -14,24 +14,19 @@ void CudaBackend::matmul(const Buf& x_b, int M, const WeightView& W, ActPrecisio
   if (profile_) label_ = "matmul " + std::to_string(w.rows) + "x" + std::to_string(w.cols) + " M=" + std::to_string(M);
   // Op 20 ("big_matmul", >= 64Ki rows: the LM head) only to tell it apart in G4_CUDA_SKIP ablations.
   const char* op = w.rows >= 65536 ? "big_matmul" : "matmul";
-  if (const cuda::Q8Act pre = take_prepared(x, M, w); pre.q) {  // x's int8 form: the GEMV before wrote it
+  const cuda::Q8Act pre = take_prepared(x, M, w);  // x's int8 form, when the attention before wrote it
+  if (pre.q || (q8_rows(M, w) && pending_.y && x == pending_.resid)) {  // or: may take the deferred epilogue
     cuda::MatArgs a = mat_args(x_b, InputNorm{}, M, w);
     a.yt = yt;
     a.n = 1;
     a.w[0] = w;
     a.y[0] = y;
-    a.q8 = pre;
-    a.prepared = 1;
-    return launch(op, cuda::matmuls, a, M);
-  }
-  if (q8_rows(M, w)) {  // may take the deferred epilogue, and be held back for the op after it
-    cuda::MatArgs a = mat_args(x_b, InputNorm{}, M, w);
-    a.yt = yt;
-    a.n = 1;
-    a.w[0] = w;
-    a.y[0] = y;
-    if (pending_.y && x == pending_.resid) pending_.take_into(a, M, false);
-    if (hold_gemv(op, a, M, cuda::kPlain)) return;
+    if (pre.q) {
+      a.q8 = pre;
+      a.prepared = 1;
+      return launch(op, cuda::matmuls, a, M);
+    }
+    pending_.take_into(a, M, false);
     if (a.pre_y) return launch(op, cuda::matmuls, a, M);
   }
   if (M > 1 && blas_ && !q8_rows(M, w)) {
@@ -52,7 +47,7 @@ void CudaBackend::matmul_norm_add(const Buf& x_b, int M, const WeightView& W, co
     Backend::matmul_norm_add(x_b, M, W, y_b, resid_b, w, eps, P, lora);
     return;
   }
-  const cuda::Q8Act pre = take_prepared(x_b.data, M, dev(W));  // x's int8 form, when the GEMV before wrote it
+  const cuda::Q8Act pre = take_prepared(x_b.data, M, dev(W));  // x's int8 form, when the attention before wrote it
   // Batched decode on the few-row tensor-core kernel or cuBLAS (no fused epilogue): the norm_add
   // is left pending for the next op (the next input norm takes it: PendingPost).
   if (batched_rows(x_b, M, dev(W))) {
@@ -149,64 +144,17 @@ void CudaBackend::gate_up_gelu(const Buf& x_b, int M, const InputNorm& norm, con
   pending_.take_into(a, M, true);
   if (profile_) label_ = "gate_up_gelu " + std::to_string(G.rows) + "x" + std::to_string(G.cols) + " M=" + std::to_string(M);
   if (launch_blas("gate_up_gelu", a, M, a.table ? 2 : 1)) return;
-  if (a.q8.q && hold_gemv("gate_up_gelu", a, M, a.table ? cuda::kGeluGgml : cuda::kGelu)) return;
   launch("gate_up_gelu", cuda::gate_up_gelu, a, M);
 }
 
-bool CudaBackend::hold_gemv(const char* op, const cuda::MatArgs& a, int M, int act) {
-  if (!opt_.fuse_decode_ops || !q8_out_.q || !cuda::q8_out_fusable(a, M, act)) return false;
-  flush_held();  // one held back at a time (the callers launched any older one already)
-  gemv_.a = a;
-  gemv_.M = M;
-  gemv_.act = act;
-  gemv_.op = op;
-  gemv_.label = std::move(label_);
-  label_.clear();
-  return true;
-}
-
 cuda::Q8Act CudaBackend::take_prepared(const void* x, int M, const cuda::DevWeight& w) {
-  const bool reads = q8_rows(M, w) && cuda::q8_gemv_supports(w) && int64_t(M) * w.cols <= cuda::kQ8MaxValues;
-  if (attn_) {
-    const cuda::PendingAttention h = attn_;
-    attn_ = cuda::PendingAttention{};
-    const bool joins = reads && x == h.out && M == h.rows && w.cols == int64_t(h.H) * h.a.head_dim;
-    launch_attention(h, joins ? q8_out_ : cuda::Q8Act{});
-    return joins ? q8_out_ : cuda::Q8Act{};
-  }
-  if (!gemv_) return cuda::Q8Act{};
-  cuda::PendingGemv g = std::move(gemv_);
-  gemv_ = cuda::PendingGemv{};
-  const bool joins = reads && x == g.a.y[0] && M == g.M && w.cols == g.a.w[0].rows;
-  if (joins) {
-    g.a.q8_out = q8_out_;
-    // One counter per 32-row group and block row (q8_out_fusable: rows <= kQ8MaxCols, M <= 64).
-    const size_t n = size_t(cuda::kQ8MaxCols / 32) * size_t((kRowExactMaxRows + 7) / 8);
-    g.a.q8_out_counter = static_cast<unsigned*>(q8_out_counters_.get(mem_, n * sizeof(unsigned), dev_, true));
-  }
-  launch_gemv(std::move(g));
+  if (!attn_) return cuda::Q8Act{};
+  const cuda::PendingAttention h = attn_;
+  attn_ = cuda::PendingAttention{};
+  const bool joins = q8_rows(M, w) && cuda::q8_gemv_supports(w) && int64_t(M) * w.cols <= cuda::kQ8MaxValues &&
+                     x == h.out && M == h.rows && w.cols == int64_t(h.H) * h.a.head_dim;
+  launch_attention(h, joins ? q8_out_ : cuda::Q8Act{});
   return joins ? q8_out_ : cuda::Q8Act{};
-}
-
-bool CudaBackend::join_gelu_mul(const Buf& gate_b, const Buf& up_b, size_t n, const Buf& out_b, bool ggml) {
-  if (!gemv_.joins_gelu_mul(gate_b.data, n) || act_type({&up_b}) != gemv_.a.xt ||
-      act_type({&out_b}) != gemv_.a.yt) {
-    flush_held();
-    return false;
-  }
-  cuda::MatArgs a = gemv_.a;
-  const int act = ggml ? cuda::kGeluGgml : cuda::kGelu;
-  a.mul = up_b.data;
-  a.y[0] = out_b.data;
-  a.table = ggml ? tables_.gelu_table() : nullptr;
-  if (!cuda::q8_out_fusable(a, gemv_.M, act)) {
-    flush_held();
-    return false;
-  }
-  gemv_.a = a;
-  gemv_.act = act;
-  gemv_.op = "matmul_gelu_mul";
-  return true;
 }
 
 cuda::MatArgs CudaBackend::mat_args(const Buf& x, const InputNorm& norm, int M, const cuda::DevWeight& w) const {

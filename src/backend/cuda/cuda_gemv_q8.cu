@@ -377,34 +377,11 @@ struct Unit<WFormat::F32, B> : FloatUnit<WFormat::F32> {};
 constexpr int kQ8Warps = 4;  // warps per block
 constexpr int kQ8Cols = 8;   // prepared rows a block of a multi-row launch dots each weight row with
 
-// After every block of the launch stored its rows of y[0]: the last of the blocks sharing a
-// 32-row group of y (and this blockIdx.y's activation rows) writes the group in int8 form into
-// a.q8_out, read back from y as q8_prepare_kernel (no norm) reads its input, so the bits equal a
-// separate prepare launch's. A block of rpb rows (rpb divides 32) lies inside one group.
-__device__ void q8_out_epilogue(const MatArgs& a, int64_t rows, int64_t r0, int rpb, int m0, int nm) {
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  const int64_t g = r0 / 32;
-  unsigned* cnt = a.q8_out_counter + g * gridDim.y + blockIdx.y;
-  if (threadIdx.x == 0) last = atomicAdd(cnt, 1u) == unsigned(32 / rpb - 1);
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const bool bf = a.yt == DType::BF16;
-  const int c = int(32 * g) + lane;
-  for (int m = warp; m < nm; m += kQ8Warps)
-    q8_store_block(ld_cg(a.y[0], int64_t(m0 + m) * rows + c, bf), c, lane, q8_row(a.q8_out, m0 + m, rows));
-  if (threadIdx.x == 0) *cnt = 0u;
-}
-
 // y[i][m][r] = w[i][r] · x[m] for the a.n weights of the launch (blocks [first[i], first[i+1])
 // take weight i, kQ8Warps * 32 / lpr rows each) and the a.M prepared rows (blockIdx.y: rows
 // kCols·blockIdx.y onward, at most kCols of them, each weight unit loaded once for them all).
-// kAct != kPlain: gelu(w[0][r] · x) * (w2[r] · x), or * a.mul[m][r] when a.mul is set. a.resid
-// (a.M == 1 only): matmul_norm_add's epilogue by the last block (cuda_matmul_common.cuh).
-// a.q8_out: y[0] in int8 form too (q8_out_epilogue).
+// kAct != kPlain: gelu(w[0][r] · x) * (w2[r] · x). a.resid (a.M == 1 only): matmul_norm_add's
+// epilogue by the last block (cuda_matmul_common.cuh).
 // Row m's arithmetic (its units in the same lanes, summed in the same order, the same shuffle
 // tree) depends on lpr and the weights only: the same bits at any a.M and either kCols (the CUDA
 // op tests check it; batch-invariant decode rests on it).
@@ -415,15 +392,12 @@ __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_gemv_kernel(MatArgs a, Q8
   while (i + 1 < a.n && blockIdx.x >= a.first[i + 1]) ++i;
   const DevWeight& w = a.w[i];
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int rpb = kQ8Warps * (kWarp / lpr);
-  const int64_t r0 = int64_t(blockIdx.x - a.first[i]) * rpb;
+  const int64_t r0 = int64_t(blockIdx.x - a.first[i]) * kQ8Warps * (kWarp / lpr);
   const int64_t r = r0 + (int64_t(warp) * kWarp + lane) / lpr;
-  // The second dot (up) unless the activation multiplies by a given vector.
-  const bool dot2 = kAct != kPlain && a.mul == nullptr;
   if (threadIdx.x == 0 && blockIdx.y == 0 && r0 < w.rows) {  // this block's weight rows, while the kernels before it finish
-    const int64_t n = min(int64_t(rpb), w.rows - r0);
+    const int64_t n = min(int64_t(kQ8Warps * (kWarp / lpr)), w.rows - r0);
     prefetch_l2(w.data + r0 * w.row_bytes, size_t(n * w.row_bytes));
-    if (dot2) prefetch_l2(a.w2.data + r0 * a.w2.row_bytes, size_t(n * a.w2.row_bytes));
+    if constexpr (kAct != kPlain) prefetch_l2(a.w2.data + r0 * a.w2.row_bytes, size_t(n * a.w2.row_bytes));
   }
   pdl_enter_streaming();
   const int sub = lane % lpr;
@@ -432,9 +406,7 @@ __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_gemv_kernel(MatArgs a, Q8
   float acc[kCols], acc2[kCols];
 #pragma unroll
   for (int m = 0; m < kCols; ++m) acc[m] = acc2[m] = 0.f;
-  // The row's units with (kTwo) or without the second weight's dot.
-  auto dots = [&](auto two) {
-    constexpr bool kTwo = decltype(two)::value;
+  if (r < w.rows) {
     const uint8_t* row = w.data + r * w.row_bytes;
     const uint8_t* row2 = a.w2.data + r * a.w2.row_bytes;
 #pragma unroll(kCols == 1 ? 4 : 1)
@@ -444,16 +416,8 @@ __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_gemv_kernel(MatArgs a, Q8
         if (m >= nm) break;
         const Q8Act xm = kCols == 1 ? x : q8_row(x, m0 + m, w.cols);
         acc[m] += U::dot(row, w, r, u, xm);
-        if constexpr (kTwo) acc2[m] += U::dot(row2, a.w2, r, u, xm);
+        if constexpr (kAct != kPlain) acc2[m] += U::dot(row2, a.w2, r, u, xm);
       }
-    }
-  };
-  if (r < w.rows) {
-    if constexpr (kAct != kPlain) {
-      if (dot2) dots(std::true_type{});
-      else dots(std::false_type{});
-    } else {
-      dots(std::false_type{});
     }
   }
 #pragma unroll
@@ -463,17 +427,13 @@ __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_gemv_kernel(MatArgs a, Q8
       if constexpr (kAct != kPlain) acc2[m] += __shfl_xor_sync(0xffffffffu, acc2[m], o);
     }
     if (r < w.rows && sub == 0 && m < nm) {
-      const int64_t at = int64_t(m0 + m) * w.rows + r;
       float v = acc[m];
-      if constexpr (kAct != kPlain)
-        if (!dot2) acc2[m] = ldx(a.mul, at, a.xt == DType::BF16);
       if constexpr (kAct == kGelu) v = gelu_tanh_mul(acc[m], acc2[m]);
       if constexpr (kAct == kGeluGgml) v = gelu_ggml_mul(acc[m], acc2[m], a.table);
-      store_out(a.y[i], at, v, a.yt == DType::F32);
+      store_out(a.y[i], int64_t(m0 + m) * w.rows + r, v, a.yt == DType::F32);
     }
   }
   if (kCols == 1 && a.resid) residual_epilogue(a, a.y[0], a.w[0].rows);
-  if (a.q8_out.q) q8_out_epilogue(a, w.rows, r0, rpb, m0, nm);
 }
 
 // The routed experts (MoeMatArgs, cuda_moe.h): grid (row blocks, items); item i dots expert
@@ -642,14 +602,7 @@ bool q8_gemv_takes(const MatArgs& a, int act) {
   if (!a.q8.q) return false;
   for (int i = 0; i < a.n; ++i)
     if (!q8_gemv_supports(a.w[i]) || a.w[i].fmt != a.w[0].fmt || a.w[i].cols != a.w[0].cols) return false;
-  if (a.mul) return act != kPlain && a.n == 1;
   return act == kPlain || (q8_gemv_supports(a.w2) && a.w2.fmt == a.w[0].fmt && a.w2.bits == a.w[0].bits);
-}
-
-bool q8_out_fusable(const MatArgs& a, int M, int act) {
-  const int64_t rows = a.w[0].rows;
-  return q8_gemv_takes(a, act) && a.n == 1 && !a.resid && !a.prepared && rows % 32 == 0 && rows <= kQ8MaxCols &&
-         M >= 1 && int64_t(M) * rows <= kQ8MaxValues && int64_t(M) * a.w[0].cols <= kQ8MaxValues;
 }
 
 bool q8_prepare_fusable(const MatArgs& a, bool gelu) {
@@ -659,7 +612,7 @@ bool q8_prepare_fusable(const MatArgs& a, bool gelu) {
 bool q8_gemv(cudaStream_t s, const MatArgs& a, int M, int act) {
   if (!q8_gemv_takes(a, act) || M < 1 || int64_t(M) * a.w[0].cols > kQ8MaxValues) return false;
   if (M > 1 && a.resid && a.w[0].rows > kPostMax) return false;  // the last-block epilogue is for one row
-  if (a.prepared) {  // a.q8 holds x's int8 form already (an earlier launch's q8_out)
+  if (a.prepared) {  // a.q8 holds x's int8 form already (MatArgs::prepared)
   } else if (a.pre_y) {
     launch_kernel(post_add_prepare_kernel, unsigned(M), kPostThreads, 0, s, a.pre_y, a.pre_w, a.pre_eps, a.pre_scale,
                   const_cast<void*>(a.x), a.xt == DType::BF16, int(a.w[0].cols), a.norm_w, a.eps, a.q8);

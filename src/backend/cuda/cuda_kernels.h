@@ -117,18 +117,6 @@ struct MatArgs {
   // round it, in the same one-block kernel that then norms and quantizes x.
   const void* pre_y = nullptr;
   const float* pre_w = nullptr;
-  // int8 GEMVs only (q8_gemv_takes), each set by the backend when it fuses the op after a GEMV
-  // into it (cuda_pending.h PendingGemv):
-  // - mul (with kGelu / kGeluGgml, a.n == 1, no w2): y = gelu(x·w[0]ᵀ) * mul, mul[M, w[0].rows] of
-  //   type xt (gelu_mul by a vector after a matmul: the per-layer input's gate).
-  // - q8_out (a.n == 1, w[0].rows % 32 == 0): y[0]'s rows also written in int8 form into this
-  //   scratch, as q8_prepare without a norm would write them from the stored values (same bits),
-  //   by the last block of each 32-row group (q8_out_counter: zeros, one per group and blockIdx.y,
-  //   that the kernel leaves zero).
-  // - prepared: a.q8 already holds x's int8 form (an earlier launch's q8_out): no prepare launch.
-  const void* mul = nullptr;
-  Q8Act q8_out{};
-  unsigned* q8_out_counter = nullptr;
   unsigned first[4];
   int M;
   int n;
@@ -140,6 +128,9 @@ struct MatArgs {
   float post_eps;
   float pre_eps = 0.f;
   float pre_scale = 1.f;
+  // int8 GEMVs only: a.q8 already holds x's int8 form (the decode attention wrote it, or the
+  // launch before prepared the same rows: CudaBackend::take_prepared, norm_matmuls), so no
+  // prepare launch.
   int prepared = 0;
   DType xt;
   DType yt;
@@ -151,10 +142,6 @@ bool q8_post_deferrable(const DevWeight& w);
 // Whether a one-row launch of a (gelu: gate_up_gelu; else matmuls) runs on the int8 GEMVs with
 // its input row prepared by one block, so that a deferred epilogue may be fused into it (pre_y).
 bool q8_prepare_fusable(const MatArgs& a, bool gelu);
-// Whether a launch of a over M rows (act: Act) runs on the int8 GEMVs in
-// a form that can also write its output's int8 form (MatArgs::q8_out) or multiply by a vector
-// (MatArgs::mul, act != kPlain): one weight, no epilogue of its own, rows % 32 == 0.
-bool q8_out_fusable(const MatArgs& a, int M, int act);
 // resid[r][n] += rms_norm(y[r][n])·w for r < rows: a deferred epilogue launched on its own (one
 // block per row; a row's bits do not depend on rows).
 void post_norm_add(cudaStream_t s, const void* y, void* resid, DType t, int n, const float* w, float eps, int rows);

@@ -15,7 +15,6 @@
 #include "backend/cuda/cuda_matmul_common.cuh"
 #include "backend/cuda/cuda_launch.cuh"
 #include "backend/cuda/cuda_mma_small.h"
-#include "core/status.h"
 
 namespace g4::cuda {
 namespace {
@@ -228,9 +227,6 @@ void matmul_fmt(cudaStream_t s, const MatArgs& a, int M) {
   // Decode on int8 activations (bf16 mode): one row, or the rows of a row-exact launch (a.q8 set
   // by the backend for those only).
   if (a.q8.q && q8_gemv(s, a, M, kAct)) return;
-  // What only the int8 GEMVs do (the backend asks q8_out_fusable before it sets these; a
-  // prepared row needs nothing: the kernels below read x itself).
-  G4_CHECK(!a.mul && !a.q8_out.q && "cuda matmul: a fused int8 GEMV launch fell back");
   if (small_mma_applies(a, M)) {  // batched decode: bf16 tensor cores, the weights read once
     small_mma(s, a, M, kAct);
     return;

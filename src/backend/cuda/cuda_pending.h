@@ -4,8 +4,6 @@
 // or step end (CudaBackend::flush_pending), so every op sees memory exactly where plain order has
 // it.
 #pragma once
-#include <string>
-
 #include "backend/cuda/cuda_kernels.h"
 
 namespace g4::cuda {
@@ -67,33 +65,11 @@ struct PendingCombine {
   }
 };
 
-// An int8 GEMV launch of one weight (a plain matmul, or gate_up_gelu), held back so that the op
-// after it can join it (CudaBackend::matmul, gate_up_gelu; the int8 GEMVs of q8_out_fusable only):
-// - gelu_mul of its output by a vector (the per-layer input's gate, §2.9) becomes its store's
-//   activation (MatArgs::mul): one launch fewer, and the gate is rounded once instead of twice;
-// - a matmul that reads its output with no input norm (down after gate / up, the per-layer
-//   input's projection after the gate) makes it write that output's int8 form too
-//   (MatArgs::q8_out), and skips its own prepare launch (MatArgs::prepared): the same bits as
-//   the prepare, one launch fewer.
-// Launched as is before any other launch, host copy, sync or step end (flush_pending). A launch
-// that reads a prepared row is never held back (it would write the scratch it reads).
-struct PendingGemv {
-  MatArgs a{};
-  int M = 0;
-  int act = kPlain;
-  const char* op = nullptr;
-  std::string label;  // the profile's label
-
-  explicit operator bool() const { return M > 0; }
-  // Whether a gelu_mul of gate (n values) by a vector can join this launch.
-  bool joins_gelu_mul(const void* gate, size_t n) const {
-    return M > 0 && act == kPlain && !a.mul && a.n == 1 && gate == a.y[0] && n == size_t(M) * size_t(a.w[0].rows);
-  }
-};
-
-// A decode attention launch (cuda::attention over every row of the forward) held back the same
-// way: a matmul that reads its output with no input norm (the output projection) makes it write
-// that output's int8 form too (its q8_out argument) and skips its own prepare launch.
+// A decode attention launch (cuda::attention over every row of the forward, int8 decode path)
+// held back for the op after it: when that is a matmul of its output with no input norm (the
+// output projection), the attention also writes that output's int8 form (its q8_out argument)
+// and the matmul skips its own prepare launch (MatArgs::prepared; CudaBackend::take_prepared).
+// Launched as is before any other launch, host copy, sync or step end (flush_pending).
 struct PendingAttention {
   const void* q = nullptr;
   int H = 0;
