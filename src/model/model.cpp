@@ -91,12 +91,20 @@ const LoraApply* Model::lora(int l, LoraModule m) {
 }
 
 void Model::matmul_norm_add(const Buf& x, int M, const WeightView& W, const LoraApply* lora, const Buf& y_scratch,
-                            const float* norm_w, ActPrecision P, bool row_parallel) {
+                            const float* norm_w, ActPrecision P, bool row_parallel, const char* tap_proj, int l) {
   Backend& be = *be_;
   const Buf& resid = s_->x;
-  if (!(row_parallel && comm_)) return be.matmul_norm_add(x, M, W, y_scratch, resid, norm_w, cfg_.rms_eps, P, lora);
+  const size_t n = size_t(M) * size_t(W.rows);
+  if (!(row_parallel && comm_)) {
+    if (tap_ && tap_proj) {  // beside the fused op: the projection alone (y_scratch is the op's scratch)
+      be.linear(x, M, W, lora, P, y_scratch);
+      tap(tap_proj, l, y_scratch, n);
+    }
+    return be.matmul_norm_add(x, M, W, y_scratch, resid, norm_w, cfg_.rms_eps, P, lora);
+  }
   be.linear(x, M, W, lora, P, y_scratch);
-  all_reduce(y_scratch, size_t(M) * size_t(W.rows));
+  all_reduce(y_scratch, n);
+  if (tap_proj) tap(tap_proj, l, y_scratch, n);  // a collective beside the op would not match the other ranks'
   be.norm_add(resid, y_scratch, M, cfg_.hidden, norm_w, cfg_.rms_eps, P);
 }
 
@@ -443,15 +451,7 @@ void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, f
     tap("mlp_act", l, S.gate, RI);
     const LoraApply* ldown = lora(l, &LayerLora::down);
     if (!ls.moe) {  // down projection, post-norm and residual add
-      // The projection before the post-norm: beside the forward, or (tensor parallel) the reduced
-      // projection the split op leaves in S.f (a collective beside the forward would not match
-      // the other ranks').
-      if (tap_ && !comm_) {
-        be.linear(S.gate, R, lw.down, ldown, P, S.o);
-        tap("mlp_out", l, S.o, Rd);
-      }
-      matmul_norm_add(S.gate, R, lw.down, ldown, S.f, lw.post_ffw_ln.data, P, true);
-      if (tap_ && comm_) tap("mlp_out", l, S.f, Rd);
+      matmul_norm_add(S.gate, R, lw.down, ldown, S.f, lw.post_ffw_ln.data, P, true, "mlp_out", l);
     } else {
       be.linear(S.gate, R, lw.down, ldown, P, S.f);
       all_reduce(S.f, Rd);

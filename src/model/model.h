@@ -196,9 +196,12 @@ class Model {
   const LoraApply* lora(int l, LoraModule m);
   // The residual stream (scratch x) += rms_norm(x·Wᵀ + lora)·norm_w (Backend::matmul_norm_add);
   // y_scratch [M, W.rows]. row_parallel: W holds this rank's input columns (o_proj, down_proj):
-  // the projection is summed over the group before the norm.
+  // the projection is summed over the group before the norm. tap_proj (layer l): the tap that
+  // observes the projection before the norm (computed beside the op on one rank; under tensor
+  // parallelism the summed projection, read between the split op's parts).
   void matmul_norm_add(const Buf& x, int M, const WeightView& W, const LoraApply* lora, const Buf& y_scratch,
-                       const float* norm_w, ActPrecision P, bool row_parallel);
+                       const float* norm_w, ActPrecision P, bool row_parallel, const char* tap_proj = nullptr,
+                       int l = -1);
   // Tensor parallelism: y[0, n) summed over the group in place (nothing with one rank).
   void all_reduce(const Buf& y, size_t n);
   // Tensor parallelism: the ranks' vocabulary shards' logits [LR, own rows] (scratch lpart) into
