@@ -63,10 +63,11 @@ void CudaBackend::attention(const Buf& q_b, int H, const std::vector<AttnSeq>& s
   float* partial = splits > 1 ? static_cast<float*>(partial_.get(mem_, size_t(a.rows) * H * splits * (D + 2) * 4, dev_)) : nullptr;
   unsigned* counters = splits > 1 ? static_cast<unsigned*>(counters_.get(mem_, size_t(a.rows) * H * sizeof(unsigned), dev_, true)) : nullptr;
   const cuda::PendingAttention h{q, H, splits, a, scale, a.rows, partial, counters, out};
-  // Every row of the forward in this launch, on the int8 decode path: held back for the output
-  // projection, which may read its output's int8 form (take_prepared).
+  // Every row of the forward in this launch, on the int8 decode path (one row, or row-exact rows):
+  // held back for the output projection, which may read its output's int8 form (take_prepared).
   const int64_t cols = int64_t(H) * D;
-  if (opt_.fuse_decode_ops && q8_.q && q8_out_.q && batch.size() == seqs.size() && D % 32 == 0 &&
+  const bool int8_rows = a.rows == 1 || (opt_.row_exact && a.rows <= kRowExactMaxRows);
+  if (opt_.fuse_decode_ops && int8_rows && q8_.q && q8_out_.q && batch.size() == seqs.size() && D % 32 == 0 &&
       cols <= cuda::kQ8MaxCols && int64_t(a.rows) * cols <= cuda::kQ8MaxValues) {
     attn_ = h;
     return;
