@@ -66,12 +66,10 @@ using namespace cuda_args;  // NOLINT: the backend's own argument helpers
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const BackendOptions& opt) : opt_(opt), dev_(opt.device), mem_(dev_), tables_(mem_) {
-    // Row-exact (batch-invariant) steps run without graphs: with 48 batch-invariant streams one
-    // stream's tokens differed when its steps were replayed from graphs, while the same steps
-    // launched directly are exact (docs/cuda-notes.md, stops 39 and 41). G4_CUDA_GRAPH_DEBUG
-    // records them anyway (cuda_step.h).
-    const bool graphs = opt.graphs && (!opt.row_exact || cuda::graph_debug() > 0);
-    rec_ = std::make_unique<cuda::StepRecorder>(dev_.stream(), graphs);
+    // Row-exact (batch-invariant) steps are recorded as graphs too (docs/cuda-notes.md, stops 39,
+    // 41 and 47: the serve-level check that failed with them passes since graphs stopped being
+    // destroyed mid-run).
+    rec_ = std::make_unique<cuda::StepRecorder>(dev_.stream(), opt.graphs);
     seqs_ = std::make_unique<cuda::SeqTables>(*rec_, mem_, [this](const int32_t* host, size_t n, int32_t* d) {
       from_host(host, n, Buf(d, DType::I32, int64_t(n), dev_.id()));
     });

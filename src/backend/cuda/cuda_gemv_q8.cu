@@ -1,7 +1,6 @@
 // Decode GEMVs (M = 1) on int8 activations (cuda_q8.cuh): one launch prepares the activation row
 // (the input norm, when the matmul has one, then the int8 blocks), the next dots every weight row
-// with it. Each lane takes whole units of a row (64 values of a K-quant super-block, a 32-value
-// block of the 32-value formats, 8 floats of bf16 / f16 / f32 rows), loads the unit's bytes in as
+// with it. Each lane takes whole units of a row (cuda_q8_units.cuh), loads the unit's bytes in as
 // few wide loads as its alignment allows and reduces codes against x with dp4a; `lpr` lanes share
 // a row (a power of two: short rows give a warp several rows), and their partial sums meet by
 // shuffles. What a unit computes equals Σ dequant(w)[c] · x_q8[c] over its columns (the slow
@@ -21,11 +20,15 @@
 #include "backend/cuda/cuda_moe.h"
 #include "backend/cuda/cuda_q8.cuh"
 #include "backend/cuda/cuda_q8_store.cuh"
+#include "backend/cuda/cuda_q8_units.cuh"
 #include "backend/cuda/cuda_gemv_q8.h"
 #include "backend/cuda/cuda_launch.cuh"
 
 namespace g4::cuda {
 namespace {
+
+using q8units::Unit;
+using q8units::unit_dot;
 
 // ---- the activation row -------------------------------------------------------------------------
 
@@ -114,264 +117,6 @@ __global__ void __launch_bounds__(kPostThreads) post_add_prepare_kernel(const vo
   }
 }
 
-// ---- loads --------------------------------------------------------------------------------------
-
-// kWords little-endian words of the 4 kWords bytes at p (p 2-byte aligned: Q6_K, Q8_0, Q4_0 and
-// Q5_0 blocks), from kWords + 1 aligned words and funnel shifts. Reads up to 4 bytes past them
-// (within the block, or the upload's slack).
-template <int kWords>
-__device__ __forceinline__ void ld_a2(const uint8_t* p, uint32_t* w) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  const uint32_t* base = reinterpret_cast<const uint32_t*>(a & ~uintptr_t(3));
-  const uint32_t sh = uint32_t(a & 3) * 8;
-  uint32_t v[kWords + 1];
-#pragma unroll
-  for (int k = 0; k <= kWords; ++k) v[k] = __ldg(base + k);
-#pragma unroll
-  for (int k = 0; k < kWords; ++k) w[k] = __funnelshift_r(v[k], v[k + 1], sh);
-}
-__device__ __forceinline__ void ld_words16(const uint8_t* p, uint32_t* w) {  // p 16-byte aligned
-  const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
-  w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-}
-// The 32 int8 activations of block b as eight words.
-__device__ __forceinline__ void ld_x32(const Q8Act& x, int64_t b, uint32_t* w) {
-  ld_words16(reinterpret_cast<const uint8_t*>(x.q + 32 * b), w);
-  ld_words16(reinterpret_cast<const uint8_t*>(x.q + 32 * b + 16), w + 4);
-}
-// Bit i of the low 4 bits of t moved to bit 0 of byte i.
-__device__ __forceinline__ uint32_t spread4(uint32_t t) { return ((t & 15u) * 0x00204081u) & 0x01010101u; }
-
-// ---- one unit of a row, per format ---------------------------------------------------------------
-
-template <WFormat F, int kBits>
-struct Unit;  // kVals: values per unit; dot(row, w, r, u, x): the unit's share of the row's dot
-
-// Q4_K / Q5_K: unit j (0..3) of a super-block is its sub-block pair 2j, 2j + 1 (64 values).
-template <WFormat F>
-struct KUnit {
-  static constexpr int kVals = 64;
-  static constexpr bool q5 = F == WFormat::GgufQ5_K;
-  __device__ static float dot(const uint8_t* row, const DevWeight&, int64_t, int64_t u, const Q8Act& x) {
-    const int64_t sb = u >> 2;
-    const int j = int(u & 3);
-    const uint8_t* b = row + sb * (q5 ? 176 : 144);
-    const uint4 h = __ldg(reinterpret_cast<const uint4*>(b));  // d, dmin | 12 bytes of scales and mins
-    uint32_t c[8], xa[8], xb[8], qh[8];
-    ld_words16(b + (q5 ? 48 : 16) + 32 * j, c);
-    ld_words16(b + (q5 ? 48 : 16) + 32 * j + 16, c + 4);
-    if constexpr (q5) {
-      ld_words16(b + 16, qh);
-      ld_words16(b + 32, qh + 4);
-    }
-    const int64_t xb0 = sb * 8 + 2 * j;
-    ld_x32(x, xb0, xa);
-    ld_x32(x, xb0 + 1, xb);
-    int s0 = 0, s1 = 0;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      uint32_t lo = c[k] & 0x0F0F0F0Fu, hi = (c[k] >> 4) & 0x0F0F0F0Fu;
-      if constexpr (q5) {
-        lo |= ((qh[k] >> (2 * j)) & 0x01010101u) << 4;
-        hi |= ((qh[k] >> (2 * j + 1)) & 0x01010101u) << 4;
-      }
-      s0 = dp4a_us(lo, xa[k], s0);
-      s1 = dp4a_us(hi, xb[k], s1);
-    }
-    int sc0, m0, sc1, m1;
-    scale_min_k4_words(2 * j, h.y, h.z, h.w, &sc0, &m0);
-    scale_min_k4_words(2 * j + 1, h.y, h.z, h.w, &sc1, &m1);
-    const float d = __half2float(__ushort_as_half(uint16_t(h.x))), dmin = __half2float(__ushort_as_half(uint16_t(h.x >> 16)));
-    return d * (float(sc0) * x.d[xb0] * float(s0) + float(sc1) * x.d[xb0 + 1] * float(s1)) -
-           dmin * (float(m0) * x.s[xb0] + float(m1) * x.s[xb0 + 1]);
-  }
-};
-template <int B>
-struct Unit<WFormat::GgufQ4_K, B> : KUnit<WFormat::GgufQ4_K> {};
-template <int B>
-struct Unit<WFormat::GgufQ5_K, B> : KUnit<WFormat::GgufQ5_K> {};
-
-// Q6_K (210 bytes, 2-byte aligned): unit (h, t) = u & 3 covers ql[64h + 32t ..+32] (low nibbles:
-// values 128h + 32t + l, high nibbles: 128h + 64 + 32t + l) with the 2-bit highs of qh[32h ..+32]
-// (bits 2t and 2t + 4); int8 scales per 16 values; codes are q - 32.
-template <int B>
-struct Unit<WFormat::GgufQ6_K, B> {
-  static constexpr int kVals = 64;
-  __device__ static float dot(const uint8_t* row, const DevWeight&, int64_t, int64_t u, const Q8Act& x) {
-    const int64_t sb = u >> 2;
-    const int h = int(u >> 1) & 1, t = int(u & 1);
-    const uint8_t* b = row + sb * 210;
-    uint32_t ql[8], qh[8], xa[8], xb[8];
-    ld_a2<8>(b + 64 * h + 32 * t, ql);
-    ld_a2<8>(b + 128 + 32 * h, qh);
-    const int64_t xba = sb * 8 + 4 * h + t, xbb = xba + 2;
-    ld_x32(x, xba, xa);
-    ld_x32(x, xbb, xb);
-    int sa[2] = {0, 0}, sb2[2] = {0, 0}, xsa[2] = {0, 0}, xsb[2] = {0, 0};
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const uint32_t va = (ql[k] & 0x0F0F0F0Fu) | (((qh[k] >> (2 * t)) & 0x03030303u) << 4);
-      const uint32_t vb = ((ql[k] >> 4) & 0x0F0F0F0Fu) | (((qh[k] >> (2 * t + 4)) & 0x03030303u) << 4);
-      sa[k >> 2] = dp4a_us(va, xa[k], sa[k >> 2]);
-      sb2[k >> 2] = dp4a_us(vb, xb[k], sb2[k >> 2]);
-      xsa[k >> 2] = dp4a_ss(0x01010101u, xa[k], xsa[k >> 2]);
-      xsb[k >> 2] = dp4a_ss(0x01010101u, xb[k], xsb[k >> 2]);
-    }
-    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192 + 8 * h + 2 * t);
-    const float d = ld_half(b + 208);
-    const float ia = float(sc[0]) * float(sa[0] - 32 * xsa[0]) + float(sc[1]) * float(sa[1] - 32 * xsa[1]);
-    const float ib = float(sc[4]) * float(sb2[0] - 32 * xsb[0]) + float(sc[5]) * float(sb2[1] - 32 * xsb[1]);
-    return d * (x.d[xba] * ia + x.d[xbb] * ib);
-  }
-};
-
-// Q8_0 (34 bytes: f16 d, 32 int8), Q4_0 (18: d, 16 bytes of nibbles, q - 8), Q5_0 (22: d, 32 high
-// bits, 16 bytes of nibbles, q - 16): one block per unit.
-template <int B>
-struct Unit<WFormat::GgufQ8_0, B> {
-  static constexpr int kVals = 32;
-  __device__ static float dot(const uint8_t* row, const DevWeight&, int64_t, int64_t u, const Q8Act& x) {
-    const uint8_t* b = row + u * 34;
-    uint32_t q[8], xw[8];
-    ld_a2<8>(b + 2, q);
-    ld_x32(x, u, xw);
-    int s = 0;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) s = dp4a_ss(q[k], xw[k], s);
-    return ld_half(b) * x.d[u] * float(s);
-  }
-};
-template <int B>
-struct Unit<WFormat::GgufQ4_0, B> {
-  static constexpr int kVals = 32;
-  __device__ static float dot(const uint8_t* row, const DevWeight&, int64_t, int64_t u, const Q8Act& x) {
-    const uint8_t* b = row + u * 18;
-    uint32_t q[4], xw[8];
-    ld_a2<4>(b + 2, q);
-    ld_x32(x, u, xw);
-    int s = 0, sx = 0;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      s = dp4a_us(q[k] & 0x0F0F0F0Fu, xw[k], s);
-      s = dp4a_us((q[k] >> 4) & 0x0F0F0F0Fu, xw[k + 4], s);
-    }
-#pragma unroll
-    for (int k = 0; k < 8; ++k) sx = dp4a_ss(0x01010101u, xw[k], sx);
-    return ld_half(b) * x.d[u] * float(s - 8 * sx);
-  }
-};
-template <int B>
-struct Unit<WFormat::GgufQ5_0, B> {
-  static constexpr int kVals = 32;
-  __device__ static float dot(const uint8_t* row, const DevWeight&, int64_t, int64_t u, const Q8Act& x) {
-    const uint8_t* b = row + u * 22;
-    uint32_t q[4], xw[8];
-    ld_a2<4>(b + 6, q);
-    const uint32_t qh = uint32_t(reinterpret_cast<const uint16_t*>(b + 2)[0]) |
-                        (uint32_t(reinterpret_cast<const uint16_t*>(b + 2)[1]) << 16);
-    ld_x32(x, u, xw);
-    int s = 0, sx = 0;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const uint32_t lo = (q[k] & 0x0F0F0F0Fu) | (spread4(qh >> (4 * k)) << 4);
-      const uint32_t hi = ((q[k] >> 4) & 0x0F0F0F0Fu) | (spread4(qh >> (16 + 4 * k)) << 4);
-      s = dp4a_us(lo, xw[k], s);
-      s = dp4a_us(hi, xw[k + 4], s);
-    }
-#pragma unroll
-    for (int k = 0; k < 8; ++k) sx = dp4a_ss(0x01010101u, xw[k], sx);
-    return ld_half(b) * x.d[u] * float(s - 16 * sx);
-  }
-};
-
-// MLX affine, kBits per value: a unit is 32 values (4 kBits bytes, word aligned), inside one group
-// (group sizes are powers of two from 32); w = scale · q + bias, so the unit adds
-// scale · d · Σ q q_x + bias · s.
-template <int kBits>
-struct MlxUnit {
-  static constexpr int kVals = 32;
-  __device__ static float dot(const uint8_t* row, const DevWeight& w, int64_t r, int64_t u, const Q8Act& x) {
-    uint32_t xw[8];
-    ld_x32(x, u, xw);
-    int s = 0;
-    if constexpr (kBits == 4) {
-      uint32_t q[4];
-      ld_words16(row + 16 * u, q);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {  // word k: values 8k .. 8k + 7, low nibble first
-        const uint32_t xe = __byte_perm(xw[2 * k], xw[2 * k + 1], 0x6420), xo = __byte_perm(xw[2 * k], xw[2 * k + 1], 0x7531);
-        s = dp4a_us(q[k] & 0x0F0F0F0Fu, xe, s);
-        s = dp4a_us((q[k] >> 4) & 0x0F0F0F0Fu, xo, s);
-      }
-    } else if constexpr (kBits == 8) {
-      uint32_t q[8];
-      ld_words16(row + 32 * u, q);
-      ld_words16(row + 32 * u + 16, q + 4);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) s = dp4a_us(q[k], xw[k], s);
-    } else {
-      const uint32_t* p = reinterpret_cast<const uint32_t*>(row + 4 * kBits * u);
-      uint32_t words[kBits];
-#pragma unroll
-      for (int k = 0; k < kBits; ++k) words[k] = __ldg(p + k);
-      uint32_t packed[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {  // value i: stream bits [i kBits, (i + 1) kBits)
-        const int bit = i * kBits, wi = bit >> 5, sh = bit & 31;
-        uint32_t v = words[wi] >> sh;
-        if (sh + kBits > 32) v |= words[wi + 1] << (32 - sh);
-        packed[i >> 2] |= (v & ((1u << kBits) - 1u)) << (8 * (i & 3));
-      }
-#pragma unroll
-      for (int k = 0; k < 8; ++k) s = dp4a_us(packed[k], xw[k], s);
-    }
-    // Group of unit u in row r, by shifts (group sizes are powers of two, q8_gemv_supports): a
-    // 64-bit division here cost more than the unit's dots.
-    const int ushift = __ffs(w.group_size) - 6;  // log2(units per group)
-    const int64_t g = r * (w.cols >> (ushift + 5)) + (u >> ushift);
-    return ld_scale(w.scales, w.scale_dtype, g) * x.d[u] * float(s) + ld_scale(w.biases, w.scale_dtype, g) * x.s[u];
-  }
-};
-template <int B>
-struct Unit<WFormat::MlxAffine, B> : MlxUnit<B> {};
-
-// bf16 / f16 / f32 weights: 8 values per unit against the f32 row xf.
-template <WFormat F>
-struct FloatUnit {
-  static constexpr int kVals = 8;
-  __device__ static float dot(const uint8_t* row, const DevWeight&, int64_t, int64_t u, const Q8Act& x) {
-    const float4 x0 = __ldg(reinterpret_cast<const float4*>(x.xf + 8 * u));
-    const float4 x1 = __ldg(reinterpret_cast<const float4*>(x.xf + 8 * u + 4));
-    float wv[8];
-    if constexpr (F == WFormat::F32) {
-      const float4 a = __ldg(reinterpret_cast<const float4*>(row) + 2 * u), b = __ldg(reinterpret_cast<const float4*>(row) + 2 * u + 1);
-      wv[0] = a.x, wv[1] = a.y, wv[2] = a.z, wv[3] = a.w, wv[4] = b.x, wv[5] = b.y, wv[6] = b.z, wv[7] = b.w;
-    } else {
-      const uint4 q = __ldg(reinterpret_cast<const uint4*>(row) + u);
-      const uint32_t qw[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        if constexpr (F == WFormat::BF16) {
-          wv[2 * k] = __uint_as_float(qw[k] << 16);
-          wv[2 * k + 1] = __uint_as_float(qw[k] & 0xffff0000u);
-        } else {
-          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&qw[k]));
-          wv[2 * k] = f.x;
-          wv[2 * k + 1] = f.y;
-        }
-      }
-    }
-    return x0.x * wv[0] + x0.y * wv[1] + x0.z * wv[2] + x0.w * wv[3] + x1.x * wv[4] + x1.y * wv[5] + x1.z * wv[6] +
-           x1.w * wv[7];
-  }
-};
-template <int B>
-struct Unit<WFormat::BF16, B> : FloatUnit<WFormat::BF16> {};
-template <int B>
-struct Unit<WFormat::F16, B> : FloatUnit<WFormat::F16> {};
-template <int B>
-struct Unit<WFormat::F32, B> : FloatUnit<WFormat::F32> {};
-
 // ---- the GEMV ----------------------------------------------------------------------------------
 
 constexpr int kQ8Warps = 4;  // warps per block
@@ -379,11 +124,12 @@ constexpr int kQ8Cols = 8;   // prepared rows a block of a multi-row launch dots
 
 // y[i][m][r] = w[i][r] · x[m] for the a.n weights of the launch (blocks [first[i], first[i+1])
 // take weight i, kQ8Warps * 32 / lpr rows each) and the a.M prepared rows (blockIdx.y: rows
-// kCols·blockIdx.y onward, at most kCols of them, each weight unit loaded once for them all).
+// kCols·blockIdx.y onward, at most kCols of them, each weight unit loaded and unpacked once for
+// them all).
 // kAct != kPlain: gelu(w[0][r] · x) * (w2[r] · x). a.resid (a.M == 1 only): matmul_norm_add's
 // epilogue by the last block (cuda_matmul_common.cuh).
 // Row m's arithmetic (its units in the same lanes, summed in the same order, the same shuffle
-// tree) depends on lpr and the weights only: the same bits at any a.M and either kCols (the CUDA
+// tree) depends on lpr and the weights only: the same bits at any a.M and any kCols (the CUDA
 // op tests check it; batch-invariant decode rests on it).
 template <WFormat F, int kBits, int kAct, int kCols>
 __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_gemv_kernel(MatArgs a, Q8Act x, int lpr) {
@@ -409,14 +155,17 @@ __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_gemv_kernel(MatArgs a, Q8
   if (r < w.rows) {
     const uint8_t* row = w.data + r * w.row_bytes;
     const uint8_t* row2 = a.w2.data + r * a.w2.row_bytes;
-#pragma unroll(kCols == 1 ? 4 : 1)
+#pragma unroll(kCols == 1 ? 4 : kCols <= 4 ? 8 / kCols : 1)
     for (int64_t u = sub; u < nu; u += lpr) {
+      const typename U::W q = U::load(row, w, r, u);  // once for every prepared row
+      typename U::W q2;
+      if constexpr (kAct != kPlain) q2 = U::load(row2, a.w2, r, u);
 #pragma unroll
       for (int m = 0; m < kCols; ++m) {
         if (m >= nm) break;
         const Q8Act xm = kCols == 1 ? x : q8_row(x, m0 + m, w.cols);
-        acc[m] += U::dot(row, w, r, u, xm);
-        if constexpr (kAct != kPlain) acc2[m] += U::dot(row2, a.w2, r, u, xm);
+        acc[m] += U::dot(q, u, xm);
+        if constexpr (kAct != kPlain) acc2[m] += U::dot(q2, u, xm);
       }
     }
   }
@@ -453,12 +202,12 @@ __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_moe_kernel(MoeMatArgs a, 
   if (r < w.rows) {
     const uint8_t* row = w.data + r * w.row_bytes;
 #pragma unroll 2
-    for (int64_t u = sub; u < nu; u += lpr) acc += U::dot(row, w, r, u, x);
+    for (int64_t u = sub; u < nu; u += lpr) acc += unit_dot<U>(row, w, r, u, x);
     if constexpr (kAct != kPlain) {
       const DevWeight& w2 = a.w2[e];
       const uint8_t* row2 = w2.data + r * w2.row_bytes;
 #pragma unroll 2
-      for (int64_t u = sub; u < nu; u += lpr) acc2 += U::dot(row2, w2, r, u, x);
+      for (int64_t u = sub; u < nu; u += lpr) acc2 += unit_dot<U>(row2, w2, r, u, x);
     }
   }
   for (int o = lpr / 2; o > 0; o >>= 1) {
@@ -522,7 +271,11 @@ void gemv_launch(cudaStream_t s, MatArgs a, int M, int act, int lanes) {
   const bool post = a.resid && a.w[0].rows <= kPostMax;
   void* resid = a.resid;
   if (post) a.resid = nullptr;  // the post-norm kernel below (or a later prepare) instead of the last-block epilogue
+  // kCols fitted to M (a speculative verify forward is 2 to 8 rows): no idle accumulators, and
+  // deeper unrolling where fewer rows leave registers for it.
   if (M == 1) gemv_act<F, kBits, 1>(s, a, act, dim3(blocks), lpr);
+  else if (M == 2) gemv_act<F, kBits, 2>(s, a, act, dim3(blocks), lpr);
+  else if (M <= 4) gemv_act<F, kBits, 4>(s, a, act, dim3(blocks), lpr);
   else gemv_act<F, kBits, kQ8Cols>(s, a, act, dim3(blocks, unsigned(blocks_for(M, kQ8Cols))), lpr);
   if (post && !a.defer_post)
     post_norm_add(s, a.y[0], resid, a.xt, int(a.w[0].rows), a.post_w, a.post_eps, M);

@@ -23,8 +23,7 @@
 // At most kMaxGraphs (cuda_step.cu) graphs are recorded, and none is destroyed before the
 // recorder: past that, a step of a new key runs directly.
 // Debug switch (docs/cuda-notes.md): G4_CUDA_GRAPH_DEBUG=N holds up to N recorded graphs
-// (default 64), records the steps of a row-exact backend too (which records none by default),
-// and prints the counts to stderr when the recorder ends.
+// (default 64) and prints the counts to stderr when the recorder ends.
 #pragma once
 #include <cuda_runtime.h>
 
