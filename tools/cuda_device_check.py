@@ -34,6 +34,7 @@ Prints one line per check and a summary table last; exits 1 if any check fails.
 """
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -62,7 +63,12 @@ def main():
     a = ap.parse_args()
     b = Path(a.bin)
     rows, ok = [], True
-    t = subprocess.run([str(b / "test_backend")], capture_output=True, text=True)
+    # The tests that read fixtures (the CUDA model's row-exact test) find them beside the first one
+    # given; a skipped test fails the check.
+    env = dict(os.environ)
+    if a.fixtures:
+        env["G4_FIXTURE_DIR"] = str(Path(a.fixtures[0]).resolve().parent)
+    t = subprocess.run([str(b / "test_backend")], capture_output=True, text=True, env=env)
     print(t.stdout[-3000:])
     passed = t.returncode == 0 and "SKIPPED" not in t.stdout.split("[  PASSED  ]")[-1]
     rows.append(("test_backend", "ops vs reference", "pass" if passed else "FAIL"))
