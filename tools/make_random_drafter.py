@@ -9,16 +9,20 @@ Writes DIR/config.json (model_type gemma4_assistant; the decoder's last layer is
 the others sliding; --ordered: a centroid-routed head) and DIR/model.safetensors in HF's names, f32. Its proposals are noise: it is
 for exercising --draft-model end to end on a real target (the server tests run it on the starter
 model), where no trained drafter can be downloaded; mlx-vlm-checked drafters for the fixture
-targets come from tools/make_mtp_oracle.py. Needs only numpy and safetensors.
+targets come from tools/make_mtp_oracle.py. Needs only numpy (tools/safetensors_np.py writes the file),
+so it also runs on the lent GPU machine.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from safetensors_np import save_file  # noqa: E402
 
 
 def main() -> int:

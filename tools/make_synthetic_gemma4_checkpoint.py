@@ -24,7 +24,6 @@ many minutes); every tensor still differs from every other.
 """
 import argparse
 import json
-import struct
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import safetensors_np  # noqa: E402
 from make_synthetic_gemma4_gguf import HD_F, HD_S, VARIANTS, VOCAB, use_more_bits  # noqa: E402
 
 SHARD_BYTES = 4 << 30
@@ -223,15 +223,10 @@ def main() -> int:
     weight_map, total, done, shown = {}, sum(nb for s in shards for _, nb in s), 0, 0.0
     for si, shard in enumerate(shards):
         fname = "model.safetensors" if len(shards) == 1 else f"model-{si + 1:05d}-of-{len(shards):05d}.safetensors"
-        header, off = {"__metadata__": {"format": "mlx"}}, 0
-        for (name, dt, shape, _), nb in shard:
-            header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + nb]}
-            off += nb
+        for (name, _, _, _), _ in shard:
             weight_map[name] = fname
-        hj = json.dumps(header, separators=(",", ":")).encode()
-        hj += b" " * (-len(hj) % 8)
         with open(a.out / fname, "wb") as f:
-            f.write(struct.pack("<Q", len(hj)) + hj)
+            f.write(safetensors_np.header([(name, dt, shape, nb) for (name, dt, shape, _), nb in shard], {"format": "mlx"}))
             for (name, _, _, make), nb in shard:
                 data = np.ascontiguousarray(make()).view(np.uint8).reshape(-1)
                 assert data.size == nb, name

@@ -11,7 +11,9 @@
 // --states-out the post-projected states [states * drafts, backbone].
 // With --generate N: decoding of N tokens after ids through the engine with the drafter (greedy
 // unless --temperature; --without-drafter: the same run after the drafter is removed, for
-// comparisons); prints {"tokens": [...], "rounds": R, "drafted": D, "accepted": A}.
+// comparisons); prints {"tokens": [...], "rounds": R, "drafted": D, "accepted": A, "decode_s": S}, S the
+// seconds from the first token to the last (the decoding after the prompt's forward).
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <future>
@@ -43,17 +45,24 @@ int generate(Model& model, const std::vector<int32_t>& ids, int n, ActPrecision 
   spec.sampling = sp;
   std::vector<int32_t> out;
   std::promise<std::string> done;
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point first, last;  // the first token's event (the prompt's forward behind it) and the last's
   auto r = engine.submit(spec, [&](const TokenEvent& ev) {
-    if (ev.token >= 0) out.push_back(ev.token);
+    if (ev.token >= 0) {
+      last = Clock::now();
+      if (out.empty()) first = last;
+      out.push_back(ev.token);
+    }
     if (ev.done) done.set_value(ev.error);
   });
   if (!r) return fail("draft", r.message());
   const std::string e = done.get_future().get();
   if (!e.empty()) return fail("draft", e);
   const EngineStats st = engine.stats();
-  std::printf("{\"tokens\": %s, \"rounds\": %llu, \"drafted\": %llu, \"accepted\": %llu}\n", json_ids(out).c_str(),
-              static_cast<unsigned long long>(st.draft_rounds), static_cast<unsigned long long>(st.drafted_tokens),
-              static_cast<unsigned long long>(st.accepted_tokens));
+  std::printf("{\"tokens\": %s, \"rounds\": %llu, \"drafted\": %llu, \"accepted\": %llu, \"decode_s\": %.6f}\n",
+              json_ids(out).c_str(), static_cast<unsigned long long>(st.draft_rounds),
+              static_cast<unsigned long long>(st.drafted_tokens), static_cast<unsigned long long>(st.accepted_tokens),
+              std::chrono::duration<double>(last - first).count());
   return 0;
 }
 
