@@ -18,12 +18,7 @@
 # G4_BINS: the gemma4 binaries to serve with, one after another (A/B of two builds in one lease).
 # G4_SERVE_ARGS: extra `serve` flags (e.g. "--cuda-bf16-cache 16").
 # G4_PEER=0: ours only (no waiting for llama.cpp's build, no llama-batched-bench).
-set -u
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD/.devlibs:${LD_LIBRARY_PATH:-}
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+source bench/cuda_env.sh
 VARIANTS=${G4_VARIANTS:-e4b}
 CLIENTS=${G4_CLIENTS:-1,8,32,64}
 BINS=${G4_BINS:-build-cuda/bin/gemma4}

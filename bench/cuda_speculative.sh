@@ -19,13 +19,8 @@
 # build-cuda/bin/gemma4), .devlibs beside the tree (the host libraries it links) and .whl (the gguf
 # wheel):
 #   [G4_VARIANTS="e4b 31b"] [G4_REPEATS=3] [OUT=/tmp/out] bash bench/cuda_speculative.sh
-set -u
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+source bench/cuda_env.sh
 G4=${G4_BIN:-build-cuda/bin/gemma4}
-export LD_LIBRARY_PATH=$PWD/.devlibs:${LD_LIBRARY_PATH:-}
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null && export PYTHONPATH=/tmp/site
 VARIANTS=${G4_VARIANTS:-e4b}
 REPEATS=${G4_REPEATS:-3}
 for V in $VARIANTS; do

@@ -28,13 +28,8 @@
 # G4_BIN: the gemma4 binary (default build-cuda/bin/gemma4). Ours prefill in bench's default chunk
 # (2048 rows on cuda, as run and serve do); llama-bench in its default n_ubatch (512) unless
 # G4_LLAMA_UB sets -ub (2048: the same chunk on both sides).
-set -u
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+source bench/cuda_env.sh
 G4=${G4_BIN:-build-cuda/bin/gemma4}
-export LD_LIBRARY_PATH=$PWD/.devlibs:${LD_LIBRARY_PATH:-}
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 VARIANTS=${G4_VARIANTS:-e2b e4b 26b-a4b 31b}
 CONFIGS=${G4_CONFIGS:-bf16+int8 f32}
 PROMPTS=${G4_PROMPTS:-512}
