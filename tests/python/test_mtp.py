@@ -85,6 +85,7 @@ def test_speculative_greedy_matches_rounds(gemma4_bin, mtp_fixtures, target, dra
     assert j["tokens"] == z["greedy"].tolist()
     drafted, accepted = (int(x) for x in z["gen_rounds"].sum(axis=0))
     assert (j["rounds"], j["drafted"], j["accepted"]) == (len(z["gen_rounds"]), drafted, accepted)
+    assert 0 < j["decode_s"] < 60, j["decode_s"]  # first token to last (bench/cuda_speculative.sh reads it)
     plain = _run(gemma4_bin, "greedy", "--model", mtp_fixtures / target, "--ids", _ids(z["gen_prompt"]),
                  "--steps", n, "--dtype", "f32", "--backend", backend)
     assert json.loads(plain.stdout) == j["tokens"]
