@@ -6,7 +6,7 @@
 # fixture folders from `make fixtures`), .whl (the gguf wheel), .devpeer (llama.cpp's source). The
 # binaries travel stripped and xz-compressed (about 17 MB each) and are unpacked into build-cuda/bin.
 #
-#   [G4_SYNTH=e2b] bash bench/cuda_h200_session.sh [check] [bench] [kvbench] [profile] [hf] [llama]
+#   [G4_SYNTH=e2b] bash bench/cuda_h200_session.sh [check] [bench] [kvbench] [profile] [hf] [llama] [speculative]
 #
 # check:   tools/cuda_device_check.py (op tests + mlx-lm fixtures, greedy through recorded graphs)
 # bench:   gemma4 bench on a synthetic starter-geometry GGUF, CUDA graphs on and off (median of 5)
@@ -29,6 +29,8 @@
 #          each synthetic file, prompt 512, 128 decoded tokens, medians of 3 processes
 # gemma4:  Gemma 4 geometries (G4_VARIANTS="e2b e4b 26b-a4b 31b"): ours and llama-bench on each synthetic
 #          file (tools/make_synthetic_gemma4_gguf.py), prompt 512, 128 decoded tokens
+# speculative: bench/cuda_speculative.sh (G4_VARIANTS, default e4b): the verify forward at 1-8 rows,
+#          rounds with a random drafter, the break-even acceptance
 # peer:    starts building llama.cpp's llama-bench and llama-batched-bench with CUDA in the background
 #          (../shared/peer/llama_cuda_kit.sh, packed into .devpeer); the gemma4 step waits for it
 # formats: random-weight safetensors checkpoints (tools/make_synthetic_gemma4_checkpoint.py) in the
@@ -49,19 +51,13 @@
 #            strip /tmp/llcuda/bin/llama-bench && xz -c /tmp/llcuda/bin/llama-bench > .devllama/llama-bench.xz
 #            cp /lib/x86_64-linux-gnu/libgomp.so.1 .devllama/
 # Logs go to $OUT (or /tmp/out).
-set -u
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD/.devlibs:${LD_LIBRARY_PATH:-}
-export PYTHONUNBUFFERED=1
+source bench/cuda_env.sh
 B=build-cuda/bin
 # The model every step runs: G4_SYNTH=starter (default; the starter's geometry, Gemma 3) or a Gemma 4
 # variant of tools/make_synthetic_gemma4_gguf.py (e2b, e4b, 26b-a4b, 31b), random Q4_K_M-like weights.
 SYNTH=${G4_SYNTH:-starter}
 if [ "$SYNTH" = starter ]; then G=/tmp/synth.gguf; MAKE_G="tools/make_synthetic_gguf.py $G --vocab"
 else G=/tmp/synth-$SYNTH.gguf; MAKE_G="tools/make_synthetic_gemma4_gguf.py $G --variant $SYNTH"; fi
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader
 [ -f $G ] || python3 $MAKE_G 2>/dev/null || exit 1
 median_bench() {  # median decode / prefill of 5 processes; extra gemma4 bench options as args
@@ -171,6 +167,7 @@ PY
       ;;
     hf) timeout -s KILL 300 python3 bench/bench_cuda_vs_hf.py --bin $B/gemma4 --gguf $G --gen-tokens 128 2>&1 | tail -5 ;;
     peer) bash .devpeer/llama_cuda_kit.sh build .devpeer ;;
+    speculative) G4_BIN=$B/gemma4 bash bench/cuda_speculative.sh 2>&1 | tail -6 ;;
     formats)
       for VF in ${G4_FORMATS:-e2b:mlx4 e4b:mlx4 e4b:mlx8 e4b:bf16}; do
         V=${VF%%:*}; FM=${VF#*:}; D=/tmp/ck-$V-$FM; rm -rf $D
