@@ -20,6 +20,7 @@
 #include "backend/buffer.h"
 #include "core/dtype.h"
 #include "core/config.h"
+#include "quant/expert_stack.h"
 #include "quant/weight.h"
 
 namespace g4 {
@@ -220,14 +221,6 @@ struct BackendOptions {
   Collectives collectives = Collectives::Auto;
 };
 
-// The intermediate width of the routed experts this rank holds: the rows of the first gate view
-// with rows (Backend::moe_experts: 0-row views are other ranks' experts); 0 when it holds none.
-inline int64_t held_expert_width(const std::vector<WeightView>& gate) {
-  for (const WeightView& w : gate)
-    if (w.rows > 0) return w.rows;
-  return 0;
-}
-
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -241,6 +234,10 @@ class Backend {
   // and anything kept for it. Host backends hold nothing (the default). Only between forward
   // steps, once nothing will read the weight again (an unmounted LoRA adapter).
   virtual void release_weight(const WeightView& placed) { (void)placed; }
+  // place_weight for one projection of a layer's routed experts, as one tensor: a device backend
+  // copies the held experts into one allocation, back to back, and prepares what its MoE kernels
+  // index experts by. Host backends use the stack in place (the default).
+  virtual ExpertStack place_experts(const ExpertStack& s) { return s; }
   // Whether the ops implement activation precision P (all of them do F32).
   virtual bool supports_precision(ActPrecision P) const { return true; }
   // The dtype activation buffers (and unquantized KV caches) are stored in.
@@ -310,12 +307,11 @@ class Backend {
                            const Buf& idx, const Buf& weights) = 0;
   // MoE experts (mlx-lm SwitchGLU + combine): for each row r and each of its k experts e = idx[r,j],
   // y_j = down_e(gelu_tanh(gate_e x_r) * up_e x_r); out[r] = sum_j w[r,j] * y_j (in P).
-  // x [rows, d], out [rows, d]; gate/up/down hold one view per expert. An expert whose views have
-  // 0 rows is held by another rank (expert parallelism, parallel/tp_source.h): its slots add
-  // nothing, so out is this rank's part of the sum.
-  virtual void moe_experts(const Buf& x, int rows, int d, const Buf& idx, const Buf& w, int k,
-                           const std::vector<WeightView>& gate, const std::vector<WeightView>& up,
-                           const std::vector<WeightView>& down, ActPrecision P, const Buf& out) = 0;
+  // x [rows, d], out [rows, d]; gate/up [E, I, d] and down [E, d, I] as placed stacks. An expert
+  // the stacks do not hold is another rank's (expert parallelism, parallel/tp_source.h): its slots
+  // add nothing, so out is this rank's part of the sum.
+  virtual void moe_experts(const Buf& x, int rows, int d, const Buf& idx, const Buf& w, int k, const ExpertStack& gate,
+                           const ExpertStack& up, const ExpertStack& down, ActPrecision P, const Buf& out) = 0;
 
   // y[M, out] += every run's adapter delta of x [M, in] on its rows (lora null: nothing), as
   // mlx-lm's LoRALinear adds it: the two products in f32, the scaled sum rounded per P. Made of

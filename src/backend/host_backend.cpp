@@ -396,23 +396,22 @@ void HostBackend::router_topk(const Buf& scores_b, int rows, int E, int k, const
 }
 
 void HostBackend::moe_experts(const Buf& x_b, int rows, int d, const Buf& idx_b, const Buf& w_b, int k,
-                              const std::vector<WeightView>& gate, const std::vector<WeightView>& up,
-                              const std::vector<WeightView>& down, ActPrecision P, const Buf& out_b) {
+                              const ExpertStack& gate, const ExpertStack& up, const ExpertStack& down, ActPrecision P, const Buf& out_b) {
   const float *x = x_b.f32(), *w = w_b.f32();
   const int32_t* idx = idx_b.i32();
   float* out = out_b.f32();
-  const int64_t I = held_expert_width(gate);
+  const int64_t I = gate.rows();
   std::vector<float> g(I), u(I), y(d), acc(d);
   for (int r = 0; r < rows; ++r) {
     const float* xr = x + size_t(r) * d;
     std::fill(acc.begin(), acc.end(), 0.f);
     for (int j = 0; j < k; ++j) {
       const int e = idx[r * k + j];
-      if (gate[e].rows == 0) continue;  // another rank's expert
-      matmul(xr, 1, gate[e], P, g.data());
-      matmul(xr, 1, up[e], P, u.data());
+      if (!gate.holds(e)) continue;  // another rank's expert
+      matmul(xr, 1, gate.expert(e), P, g.data());
+      matmul(xr, 1, up.expert(e), P, u.data());
       gelu_mul(g.data(), u.data(), size_t(I), P, g.data());
-      matmul(g.data(), 1, down[e], P, y.data());
+      matmul(g.data(), 1, down.expert(e), P, y.data());
       const float wj = w[r * k + j];
       for (int i = 0; i < d; ++i) acc[i] += rnd(wj * y[i], P);
     }

@@ -65,8 +65,8 @@ class HostBackend : public Backend {
   void router_topk(const Buf& scores, int rows, int E, int k, const float* per_expert_scale, ActPrecision P,
                    const Buf& idx, const Buf& weights) override;
   void moe_experts(const Buf& x, int rows, int d, const Buf& idx, const Buf& w, int k,
-                   const std::vector<WeightView>& gate, const std::vector<WeightView>& up,
-                   const std::vector<WeightView>& down, ActPrecision P, const Buf& out) override;
+                   const ExpertStack& gate, const ExpertStack& up, const ExpertStack& down, ActPrecision P,
+                   const Buf& out) override;
 
  public:
   bool supports_image_blocks() const override { return true; }

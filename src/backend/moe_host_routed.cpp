@@ -4,10 +4,9 @@
 namespace g4 {
 
 Buf HostRoutedMoe::run(Backend& be, const Buf& x, int rows, int d, const Buf& idx, int k,
-                       const std::vector<WeightView>& gate, const std::vector<WeightView>& up,
-                       const std::vector<WeightView>& down, ActPrecision P) {
-  const int E = int(gate.size());
-  const int64_t I = held_expert_width(gate);  // other ranks' experts: 0-row views, their items 0
+                       const ExpertStack& gate, const ExpertStack& up, const ExpertStack& down, ActPrecision P) {
+  const int E = gate.count;
+  const int64_t I = gate.rows();  // other ranks' experts: their items 0
   std::vector<int32_t> hidx(size_t(rows) * size_t(k));
   be.to_host(idx, hidx.size(), hidx.data());
   // Each expert's (row, slot) items, and where its outputs land in ys_ (expert after expert).
@@ -39,17 +38,17 @@ Buf HostRoutedMoe::run(Backend& be, const Buf& x, int rows, int d, const Buf& id
   for (int e = 0; e < E; ++e) {
     const int m = int(by_expert[size_t(e)].size());
     if (!m) continue;
-    if (gate[size_t(e)].rows == 0) {  // another rank's expert: its part of the sum is 0
+    if (!gate.holds(e)) {  // another rank's expert: its part of the sum is 0
       const std::vector<float> zeros(size_t(m) * size_t(d), 0.f);
       be.from_host(zeros.data(), zeros.size(), ys_.at(int64_t(at) * d));
       at += size_t(m);
       continue;
     }
     const Buf xe = xs_.at(int64_t(at) * d);
-    be.matmul(xe, m, gate[size_t(e)], P, g_);
-    be.matmul(xe, m, up[size_t(e)], P, u_);
+    be.matmul(xe, m, gate.expert(e), P, g_);
+    be.matmul(xe, m, up.expert(e), P, u_);
     be.gelu_mul(g_, u_, size_t(m) * size_t(I), P, g_);
-    be.matmul(g_, m, down[size_t(e)], P, ys_.at(int64_t(at) * d));
+    be.matmul(g_, m, down.expert(e), P, ys_.at(int64_t(at) * d));
     at += size_t(m);
   }
   be.gather_rows(ys_, ids_.at(int64_t(n)), int(n), d, y_);  // back to (row, slot) order

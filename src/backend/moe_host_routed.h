@@ -14,8 +14,8 @@ class HostRoutedMoe {
   // y[(r, j)] = down_e(gelu_tanh(gate_e x_r) * up_e x_r) for e = idx[r, j], into a buffer of
   // [rows * k, d] in (row, slot) order, returned (valid until the next run or release). Syncs (the
   // routing is read back), so not inside a recorded step's graph.
-  Buf run(Backend& be, const Buf& x, int rows, int d, const Buf& idx, int k, const std::vector<WeightView>& gate,
-          const std::vector<WeightView>& up, const std::vector<WeightView>& down, ActPrecision P);
+  Buf run(Backend& be, const Buf& x, int rows, int d, const Buf& idx, int k, const ExpertStack& gate,
+          const ExpertStack& up, const ExpertStack& down, ActPrecision P);
   // Frees the scratch (before the backend goes).
   void release(Backend& be);
 

@@ -29,6 +29,19 @@ struct Loader {
     mw.weight_bytes += view_bytes(out);
     return {};
   }
+  // One projection of the routed experts, as one stack placed at once.
+  Status experts(const std::string& name, int E, int64_t rows, int64_t cols, ExpertStack& out) {
+    std::vector<WeightView> views(static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) {
+      auto r = src.stacked_matrix(name, e, E, rows, cols);
+      if (!r) return Error{r.message()};
+      views[size_t(e)] = r.value();
+      mw.weight_bytes += view_bytes(r.value());
+    }
+    G4_ASSIGN_OR_RETURN(ExpertStack s, stack_experts(views, name));
+    out = be.place_experts(s);
+    return {};
+  }
   DeviceVec upload(const std::vector<float>& v) {
     const Buf p = be.alloc_f32(v.size());  // norm weights stay f32 on every backend
     be.from_host(v.data(), v.size(), p);
@@ -109,20 +122,11 @@ Result<ModelWeights> load_weights(const ModelConfig& cfg, const WeightSource& sr
       if (!pes) return Error{pes.message()};
       lw.per_expert_scale_host = pes.value();
       lw.per_expert_scale = L.upload(pes.value());
-      lw.ex_gate.resize(size_t(E));
-      lw.ex_up.resize(size_t(E));
-      lw.ex_down.resize(size_t(E));
-      for (int e = 0; e < E; ++e) {
-        for (auto [name, rows, cols, vec] :
-             {std::tuple{"experts.switch_glu.gate_proj", I, d, &lw.ex_gate},
-              std::tuple{"experts.switch_glu.up_proj", I, d, &lw.ex_up},
-              std::tuple{"experts.switch_glu.down_proj", d, I, &lw.ex_down}}) {
-          auto r = src.stacked_matrix(p + name, e, E, rows, cols);
-          if (!r) return Error{r.message()};
-          (*vec)[size_t(e)] = be.place_weight(r.value());
-          mw.weight_bytes += view_bytes(r.value());
-        }
-      }
+      for (auto [name, rows, cols, stack] :
+           {std::tuple{"experts.switch_glu.gate_proj", I, d, &lw.ex_gate},
+            std::tuple{"experts.switch_glu.up_proj", I, d, &lw.ex_up},
+            std::tuple{"experts.switch_glu.down_proj", d, I, &lw.ex_down}})
+        G4_TRY(L.experts(p + name, E, rows, cols, *stack));
       G4_TRY(L.norm(p + "pre_feedforward_layernorm_2.weight", d, lw.pre_ffw_ln2));
       G4_TRY(L.norm(p + "post_feedforward_layernorm_1.weight", d, lw.post_ffw_ln1));
       G4_TRY(L.norm(p + "post_feedforward_layernorm_2.weight", d, lw.post_ffw_ln2));

@@ -29,7 +29,7 @@ struct LayerWeights {
   DeviceVec router_norm_w[2];  // folded scale·d^-0.5, indexed by ActPrecision (F32, BF16)
   std::vector<float> per_expert_scale_host;
   DeviceVec per_expert_scale;
-  std::vector<WeightView> ex_gate, ex_up, ex_down;
+  ExpertStack ex_gate, ex_up, ex_down;  // [E, I, d], [E, I, d], [E, d, I], placed
   DeviceVec pre_ffw_ln2, post_ffw_ln1, post_ffw_ln2;
   // Per-layer inputs (spec §2.2, §2.9)
   WeightView ple_gate, ple_proj;

@@ -316,17 +316,15 @@ void GradBackend::router_topk(const Buf& scores, int rows, int E, int k, const f
 }
 
 void GradBackend::moe_experts(const Buf& x, int rows, int d, const Buf& idx, const Buf& w, int k,
-                              const std::vector<WeightView>& gate, const std::vector<WeightView>& up,
-                              const std::vector<WeightView>& down, ActPrecision, const Buf& out) {
+                              const ExpertStack& gate, const ExpertStack& up, const ExpertStack& down, ActPrecision,
+                              const Buf& out) {
   const size_t nx = size_t(rows) * size_t(d), nk = size_t(rows) * size_t(k);
-  const std::vector<WeightView>* G = &gate;  // the model's, alive for its life
-  const std::vector<WeightView>* U = &up;
-  const std::vector<WeightView>* Dn = &down;
+  const ExpertStack G = gate, U = up, Dn = down;  // views of the model's weights, alive for its life
   Floats xs = floats(), ws = floats();
   auto is = std::make_shared<std::vector<int32_t>>();
   // The (row, slot) pairs routed to each expert, in row order.
   auto routed = [=](const int32_t* ix) {
-    std::vector<std::vector<int>> by(G->size());
+    std::vector<std::vector<int>> by(size_t(G.count));
     for (size_t i = 0; i < nk; ++i) by[size_t(ix[i])].push_back(int(i));
     return by;
   };
@@ -336,15 +334,15 @@ void GradBackend::moe_experts(const Buf& x, int rows, int d, const Buf& idx, con
   };
   auto expert_pass = [=](int e, const std::vector<int>& slots, const float* xp, Pass& p) {
     const int m = int(slots.size());
-    const int64_t I = (*G)[size_t(e)].rows;
+    const int64_t I = G.rows();
     p.X.resize(size_t(m) * d);
     for (int i = 0; i < m; ++i)
       std::memcpy(p.X.data() + size_t(i) * d, xp + size_t(slots[size_t(i)] / k) * d, size_t(d) * 4);
     p.g.resize(size_t(m) * I), p.u.resize(p.g.size()), p.h.resize(p.g.size()), p.y.resize(size_t(m) * d);
-    matmul_wt(p.X.data(), m, (*G)[size_t(e)], p.g.data());
-    matmul_wt(p.X.data(), m, (*U)[size_t(e)], p.u.data());
+    matmul_wt(p.X.data(), m, G.expert(e), p.g.data());
+    matmul_wt(p.X.data(), m, U.expert(e), p.u.data());
     gelu_mul_fwd(p.g.data(), p.u.data(), p.h.size(), p.h.data());
-    matmul_wt(p.h.data(), m, (*Dn)[size_t(e)], p.y.data());
+    matmul_wt(p.h.data(), m, Dn.expert(e), p.y.data());
   };
   exec({{region(x, nx), region(idx, nk), region(w, nk)}, {region(out, nx)},
         [=, this](bool keep) {
@@ -353,7 +351,7 @@ void GradBackend::moe_experts(const Buf& x, int rows, int d, const Buf& idx, con
           const auto by = routed(idx.i32());
           Pass p;
           for (size_t e = 0; e < by.size(); ++e) {
-            if (by[e].empty() || (*G)[e].rows == 0) continue;
+            if (by[e].empty() || !G.holds(int(e))) continue;
             expert_pass(int(e), by[e], x.f32(), p);
             for (size_t i = 0; i < by[e].size(); ++i) {
               const int slot = by[e][i];
@@ -371,7 +369,7 @@ void GradBackend::moe_experts(const Buf& x, int rows, int d, const Buf& idx, con
             const auto by = routed(is->data());
             Pass p;
             for (size_t e = 0; e < by.size(); ++e) {
-              if (by[e].empty() || (*G)[e].rows == 0) continue;
+              if (by[e].empty() || !G.holds(int(e))) continue;
               expert_pass(int(e), by[e], xs->data(), p);
               const int m = int(by[e].size());
               AlignedVector<float> dy(size_t(m) * d), dh(p.h.size(), 0.f), dg(p.h.size(), 0.f), du(p.h.size(), 0.f),
@@ -386,10 +384,10 @@ void GradBackend::moe_experts(const Buf& x, int rows, int d, const Buf& idx, con
                 }
                 if (dw) dw[slot] += dot;
               }
-              matmul_w_acc(dy.data(), m, (*Dn)[e], dh.data());
+              matmul_w_acc(dy.data(), m, Dn.expert(int(e)), dh.data());
               gelu_mul_bwd(p.g.data(), p.u.data(), dh.data(), dh.size(), dg.data(), du.data());
-              matmul_w_acc(dg.data(), m, (*G)[e], dX.data());
-              matmul_w_acc(du.data(), m, (*U)[e], dX.data());
+              matmul_w_acc(dg.data(), m, G.expert(int(e)), dX.data());
+              matmul_w_acc(du.data(), m, U.expert(int(e)), dX.data());
               for (int i = 0; dx && i < m; ++i)
                 add_into(dx + size_t(by[e][size_t(i)] / k) * d, dX.data() + size_t(i) * d, size_t(d));
             }

@@ -377,15 +377,12 @@ void check_moe(Backend& cu, Backend& ref, int rows, int E, int k, int d, int I) 
   EXPECT_EQ(ci, ri);
   EXPECT_LE(rel_err(down(cu, dw, rw.size()), rw), 1e-6);  // expf against std::exp
   std::vector<std::vector<float>> store;
-  std::vector<WeightView> g, u, dn, cg, cu_up, cdn;
-  for (int e = 0; e < E; ++e) {
-    for (auto [vec, rows_, cols_, dev] : {std::tuple{&g, I, d, &cg}, std::tuple{&u, I, d, &cu_up}, std::tuple{&dn, d, I, &cdn}}) {
-      store.push_back(randn(size_t(rows_) * cols_, uint32_t(100 + e * 3 + int(vec == &u) + 2 * int(vec == &dn)), 0.2f));
-      const WeightView w{WFormat::F32, rows_, cols_, reinterpret_cast<const uint8_t*>(store.back().data()),
-                         int64_t(cols_) * 4};
-      vec->push_back(w);
-      dev->push_back(cu.place_weight(w));
-    }
+  ExpertStack g, u, dn, cg, cu_up, cdn;
+  for (auto [stack, rows_, cols_, dev, seed] :
+       {std::tuple{&g, I, d, &cg, 100u}, std::tuple{&u, I, d, &cu_up, 101u}, std::tuple{&dn, d, I, &cdn, 102u}}) {
+    store.push_back(randn(size_t(E) * rows_ * cols_, seed, 0.2f));  // [E, rows, cols]
+    *stack = ExpertStack::of_matrix(f32_view(store.back().data(), int64_t(E) * rows_, cols_), E);
+    *dev = cu.place_experts(*stack);
   }
   const auto x = randn(size_t(rows) * d, 72);
   std::vector<float> want(size_t(rows) * d);

@@ -27,17 +27,10 @@ TEST(GradBackend, RoutedExpertsMatchFiniteDifferencesWhereRoutingHolds) {
   std::vector<float> scale(static_cast<size_t>(E)), c = randv(size_t(rows) * d, 1.f);
   for (int e = 0; e < E; ++e) scale[size_t(e)] = 0.5f + 0.2f * float(e);
   std::vector<std::vector<float>> mats;
-  for (int e = 0; e < E; ++e) {
-    mats.push_back(randv(size_t(I) * d, 0.4f));
-    mats.push_back(randv(size_t(I) * d, 0.4f));
-    mats.push_back(randv(size_t(d) * I, 0.4f));
-  }
-  std::vector<WeightView> gate, up, down;
-  for (int e = 0; e < E; ++e) {
-    gate.push_back(f32_view(mats[size_t(3 * e)].data(), I, d));
-    up.push_back(f32_view(mats[size_t(3 * e + 1)].data(), I, d));
-    down.push_back(f32_view(mats[size_t(3 * e + 2)].data(), d, I));
-  }
+  for (int p = 0; p < 3; ++p) mats.push_back(randv(size_t(E) * I * d, 0.4f));  // [E, I, d] / [E, d, I]
+  const ExpertStack gate = ExpertStack::of_matrix(f32_view(mats[0].data(), int64_t(E) * I, d), E),
+                    up = ExpertStack::of_matrix(f32_view(mats[1].data(), int64_t(E) * I, d), E),
+                    down = ExpertStack::of_matrix(f32_view(mats[2].data(), int64_t(E) * d, I), E);
   const WeightView Pw = f32_view(P.data(), d, d), Rw = f32_view(R.data(), E, d);
 
   GradBackend be;

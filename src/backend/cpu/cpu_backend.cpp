@@ -218,21 +218,21 @@ class CpuBackend final : public HostBackend {
   }
 
   void moe_experts(const Buf& x_b, int rows, int d, const Buf& idx_b, const Buf& w_b, int k,
-                   const std::vector<WeightView>& gate, const std::vector<WeightView>& up,
-                   const std::vector<WeightView>& down, ActPrecision P, const Buf& out_b) override {
+                   const ExpertStack& gate, const ExpertStack& up, const ExpertStack& down, ActPrecision P,
+                   const Buf& out_b) override {
     const float *x = x_b.f32(), *w = w_b.f32();
     const int32_t* idx = idx_b.i32();
     float* out = out_b.f32();
     // Group the (row, slot) pairs by expert so each expert's weights run as one M-row matmul.
-    const int E = int(gate.size());
-    const int64_t I = held_expert_width(gate);
+    const int E = gate.count;
+    const int64_t I = gate.rows();
     std::vector<std::vector<int>> by_expert(static_cast<size_t>(E));
     for (int i = 0; i < rows * k; ++i) by_expert[size_t(idx[i])].push_back(i);
     std::vector<float> y(size_t(rows) * k * d);
     std::vector<float> xs, g, u, ys;
     for (int e = 0; e < E; ++e) {
       const auto& items = by_expert[size_t(e)];
-      if (items.empty() || gate[e].rows == 0) continue;  // (another rank's expert: its y rows stay 0)
+      if (items.empty() || !gate.holds(e)) continue;  // (another rank's expert: its y rows stay 0)
       const int m = int(items.size());
       xs.resize(size_t(m) * d);
       for (int i = 0; i < m; ++i)
@@ -240,10 +240,10 @@ class CpuBackend final : public HostBackend {
       g.resize(size_t(m) * I);
       u.resize(size_t(m) * I);
       ys.resize(size_t(m) * d);
-      matmul(xs.data(), m, gate[e], P, g.data());
-      matmul(xs.data(), m, up[e], P, u.data());
+      matmul(xs.data(), m, gate.expert(e), P, g.data());
+      matmul(xs.data(), m, up.expert(e), P, u.data());
       gelu_mul(g.data(), u.data(), g.size(), P, g.data());
-      matmul(g.data(), m, down[e], P, ys.data());
+      matmul(g.data(), m, down.expert(e), P, ys.data());
       for (int i = 0; i < m; ++i) std::copy_n(ys.begin() + size_t(i) * d, d, y.begin() + size_t(items[i]) * d);
     }
     for (int r = 0; r < rows; ++r) {

@@ -28,6 +28,13 @@ void* DeviceAllocator::upload(const void* host, size_t bytes) {
   return d;
 }
 
+void* DeviceAllocator::upload_blocks(const void* host, size_t bytes, size_t stride, size_t n) {
+  if (stride == bytes || n <= 1) return upload(host, bytes * n);
+  void* d = alloc(bytes * n + 16);
+  if (bytes) G4_CUDA(cudaMemcpy2D(d, bytes, host, stride, bytes, n, cudaMemcpyHostToDevice));
+  return d;
+}
+
 void DeviceAllocator::free(void* p, bool deferred) {
   if (!p) return;
   {

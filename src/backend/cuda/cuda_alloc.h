@@ -24,6 +24,9 @@ class DeviceAllocator {
   // A copy of `bytes` host bytes, with 16 bytes of slack after them (the staged matmuls copy
   // whole 16-byte words, cuda_matmul.cu stage_rows).
   void* upload(const void* host, size_t bytes);
+  // n blocks of `bytes` host bytes that lie `stride` bytes apart, copied back to back (one upload
+  // of n * bytes, with the same slack).
+  void* upload_blocks(const void* host, size_t bytes, size_t stride, size_t n);
   // Frees p now, or at the next collect() when `deferred`. Unknown pointers are ignored.
   void free(void* p, bool deferred);
   // Frees the deferred pointers (call when no queued work can reach them).

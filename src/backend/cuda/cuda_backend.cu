@@ -14,6 +14,22 @@ WeightView CudaBackend::place_weight(const WeightView& w) {
   return d;
 }
 
+ExpertStack CudaBackend::place_experts(const ExpertStack& s) {
+  if (s.held == 0) return s;  // another rank holds them all
+  dev_.make_current();
+  ExpertStack d = s;
+  const size_t eb = size_t(s.expert_bytes()), sb = size_t(s.expert_scale_bytes()), n = size_t(s.held);
+  d.base.data = mem_.upload_blocks(s.base.data, eb, size_t(s.stride), n);
+  if (sb) {
+    d.base.scales = mem_.upload_blocks(s.base.scales, sb, size_t(s.scale_stride), n);
+    d.base.biases = mem_.upload_blocks(s.base.biases, sb, size_t(s.scale_stride), n);
+  }
+  d.stride = int64_t(eb);
+  d.scale_stride = int64_t(sb);
+  experts_.table(d);  // the MoE kernels' expert array, made here once
+  return d;
+}
+
 void CudaBackend::release_weight(const WeightView& w) {
   dev_.make_current();
   flush_pending();

@@ -115,6 +115,7 @@ class CudaBackend final : public Backend {
 
   WeightView place_weight(const WeightView& w) override;
   void release_weight(const WeightView& w) override;
+  ExpertStack place_experts(const ExpertStack& s) override;
 
   Buf alloc(DType t, size_t n) override {
     dev_.make_current();
@@ -257,8 +258,8 @@ class CudaBackend final : public Backend {
   void router_topk(const Buf& scores, int rows, int E, int k, const float* per_expert_scale, ActPrecision P,
                    const Buf& idx, const Buf& weights) override;
   void moe_experts(const Buf& x, int rows, int d, const Buf& idx, const Buf& w_b, int k,
-                   const std::vector<WeightView>& gate, const std::vector<WeightView>& up,
-                   const std::vector<WeightView>& down, ActPrecision P, const Buf& out_b) override;
+                   const ExpertStack& gate, const ExpertStack& up, const ExpertStack& down, ActPrecision P,
+                   const Buf& out_b) override;
   void sync() override;
   void begin_step() override;
   void end_step() override;
@@ -341,8 +342,8 @@ class CudaBackend final : public Backend {
   // items, then out = the router-weighted sum over each row's k items. Decode rows: the GEMVs;
   // more rows: grouped GEMMs where they apply. False, launching nothing, where neither does.
   bool moe_experts_on_device(const Buf& x, int rows, int d, const Buf& idx, const Buf& w_b, int k,
-                             const std::vector<WeightView>& gate, const std::vector<WeightView>& up,
-                             const std::vector<WeightView>& down, const Buf& out_b);
+                             const ExpertStack& gate, const ExpertStack& up, const ExpertStack& down,
+                             const Buf& out_b);
   // A matmul launch's arguments over M rows of input x into weights like w; the outputs are of
   // x's type. The int8 GEMVs' scratch is set where they take the launch (q8_rows).
   cuda::MatArgs mat_args(const Buf& x, const InputNorm& norm, int M, const cuda::DevWeight& w) const;

@@ -126,19 +126,11 @@ inline void record_positions(const AttnSeq& s) {
   }
 }
 
-// Whether every weight of ws has format f (and there is one).
-inline bool one_format(const std::vector<WeightView>& ws, WFormat f) {
-  for (const WeightView& w : ws)
-    if (w.fmt != f) return false;
-  return !ws.empty();
-}
-// Whether every expert's device rows start on 16-byte boundaries (its data and row_bytes).
-inline bool rows16(const std::vector<WeightView>& ws) {
-  for (const WeightView& w : ws) {
-    const cuda::DevWeight d = dev(w);
-    if ((reinterpret_cast<uintptr_t>(d.data) | uintptr_t(d.row_bytes)) & 15) return false;
-  }
-  return true;
+// Whether every held expert's device rows start on 16-byte boundaries (the data, row_bytes and
+// the stride between experts).
+inline bool rows16(const ExpertStack& s) {
+  const cuda::DevWeight d = dev(s.base);
+  return ((reinterpret_cast<uintptr_t>(d.data) | uintptr_t(d.row_bytes) | uintptr_t(s.stride)) & 15) == 0;
 }
 // Whether an input norm of M rows of `cols` fits the matmul kernels' shared memory (or there is none).
 inline bool norm_fits(const InputNorm& norm, int M, int64_t cols) {

@@ -127,10 +127,9 @@ void CudaBackend::router_topk(const Buf& scores, int rows, int E, int k, const f
 }
 
 void CudaBackend::moe_experts(const Buf& x, int rows, int d, const Buf& idx, const Buf& w_b, int k,
-                              const std::vector<WeightView>& gate, const std::vector<WeightView>& up,
-                              const std::vector<WeightView>& down, ActPrecision P, const Buf& out_b) {
-  if (one_format(gate, gate[0].fmt) && one_format(up, gate[0].fmt) && one_format(down, down[0].fmt) &&
-      moe_experts_on_device(x, rows, d, idx, w_b, k, gate, up, down, out_b))
+                              const ExpertStack& gate, const ExpertStack& up, const ExpertStack& down, ActPrecision P,
+                              const Buf& out_b) {
+  if (gate.fmt() == up.fmt() && moe_experts_on_device(x, rows, d, idx, w_b, k, gate, up, down, out_b))
     return;
   const Buf y = host_moe_.run(*this, x, rows, d, idx, k, gate, up, down, P);
   const void* yv = y.data;
@@ -141,10 +140,10 @@ void CudaBackend::moe_experts(const Buf& x, int rows, int d, const Buf& idx, con
 }
 
 bool CudaBackend::moe_experts_on_device(const Buf& x, int rows, int d, const Buf& idx, const Buf& w_b, int k,
-                                        const std::vector<WeightView>& gate, const std::vector<WeightView>& up,
-                                        const std::vector<WeightView>& down, const Buf& out_b) {
-  const int items = rows * k, E = int(gate.size());
-  const int64_t hidden = held_expert_width(gate);
+                                        const ExpertStack& gate, const ExpertStack& up, const ExpertStack& down,
+                                        const Buf& out_b) {
+  const int items = rows * k, E = gate.count;
+  const int64_t hidden = gate.rows();
   if (hidden == 0) return false;  // no expert held here: the host-routed path's zeros
   const DType t = act_type({&x, &out_b});
   void* h = moe_h_.get(mem_, size_t(items) * size_t(hidden) * dtype_size(t), dev_);
@@ -158,8 +157,8 @@ bool CudaBackend::moe_experts_on_device(const Buf& x, int rows, int d, const Buf
   a.w2 = experts_.table(up);
   a.idx = I(idx);
   a.y = h;
-  a.w0 = dev(cuda::ExpertTables::first_held(gate));
-  a.w20 = dev(cuda::ExpertTables::first_held(up));
+  a.w0 = dev(gate.base);
+  a.w20 = dev(up.base);
   a.q8 = decode ? q8_ : cuda::Q8Act{};
   cuda::MoeMatArgs b{};
   b.x = h;
@@ -168,11 +167,11 @@ bool CudaBackend::moe_experts_on_device(const Buf& x, int rows, int d, const Buf
   b.w = experts_.table(down);
   b.idx = I(idx);
   b.y = y;
-  b.w0 = dev(cuda::ExpertTables::first_held(down));
+  b.w0 = dev(down.base);
   b.q8 = a.q8;
   if (decode) {
-    launch("moe_gate_up", cuda::moe_matmul, a, items, k, hidden, gate[0].fmt, true);
-    launch("moe_down", cuda::moe_matmul, b, items, k, int64_t(d), down[0].fmt, false);
+    launch("moe_gate_up", cuda::moe_matmul, a, items, k, hidden, gate.fmt(), true);
+    launch("moe_down", cuda::moe_matmul, b, items, k, int64_t(d), down.fmt(), false);
   } else {
     if (!cuda::moe_grouped_applies(a, E, hidden) || !cuda::moe_grouped_applies(b, E, d)) return false;
     a.rows16 = rows16(gate) && rows16(up);  // the grouped kernels' Q4_K word loads (prefill only)
@@ -182,9 +181,9 @@ bool CudaBackend::moe_experts_on_device(const Buf& x, int rows, int d, const Buf
     const cuda::MoeGroups g{g0, g0 + slots, g0 + slots + blocks};
     launch("moe_group", cuda::moe_group, static_cast<const int32_t*>(I(idx)), items, E, g);
     if (profile_) label_ = "moe_gate_up grouped M=" + std::to_string(rows);
-    launch("moe_gate_up", cuda::moe_grouped_matmul, a, g, items, E, hidden, gate[0].fmt, true);
+    launch("moe_gate_up", cuda::moe_grouped_matmul, a, g, items, E, hidden, gate.fmt(), true);
     if (profile_) label_ = "moe_down grouped M=" + std::to_string(rows);
-    launch("moe_down", cuda::moe_grouped_matmul, b, g, items, E, int64_t(d), down[0].fmt, false);
+    launch("moe_down", cuda::moe_grouped_matmul, b, g, items, E, int64_t(d), down.fmt(), false);
   }
   // The combination is left pending: moe_exit takes it into its kernel (else the next launch
   // runs it first, flush_pending).

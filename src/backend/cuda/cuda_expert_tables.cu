@@ -8,20 +8,14 @@
 
 namespace g4::cuda {
 
-const WeightView& ExpertTables::first_held(const std::vector<WeightView>& experts) {
-  for (const WeightView& w : experts)
-    if (w.rows > 0) return w;
-  return experts[0];
-}
-
-const DevWeight* ExpertTables::table(const std::vector<WeightView>& experts) {
-  const WeightView& held = first_held(experts);
+const DevWeight* ExpertTables::table(const ExpertStack& experts) {
+  const WeightView& held = experts.base;
   const DevWeight*& t = tables_[held.data];
   if (t) return t;
   std::vector<DevWeight> h;
-  for (const WeightView& w : experts) {
-    if (w.rows > 0) {
-      h.push_back(cuda_args::dev(w));
+  for (int e = 0; e < experts.count; ++e) {
+    if (experts.holds(e)) {
+      h.push_back(cuda_args::dev(experts.expert(e)));
       continue;
     }
     WeightView z = held;  // another rank's expert: zeros of the held expert's shape and format

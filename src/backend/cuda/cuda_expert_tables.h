@@ -1,7 +1,8 @@
 // The device arrays of the routed experts' DevWeights (one per projection of a MoE layer) that the
-// device MoE kernels index by expert (cuda_moe.h MoeMatArgs::w), uploaded once per projection.
+// device MoE kernels index by expert (cuda_moe.h MoeMatArgs::w), made once per placed stack
+// (CudaBackend::place_experts).
 //
-// Expert parallelism (parallel/tp_source.h): another rank's expert is a 0-row view. Its slot gets
+// Expert parallelism (parallel/tp_source.h): another rank's expert is not held. Its slot gets
 // a zero expert shaped like the first held expert: all-zero bytes decode to 0 in every format (GGUF
 // blocks with zero scales, MLX affine with zero scales and biases, bf16 / f16 zeros), so the GEMVs
 // and grouped GEMMs compute exactly 0 for its items without a branch, reading one shared block of
@@ -10,6 +11,8 @@
 #include <cstddef>
 #include <unordered_map>
 #include <vector>
+
+#include "quant/expert_stack.h"
 
 #include "backend/cuda/cuda_alloc.h"
 #include "backend/cuda/cuda_dequant.cuh"
@@ -20,11 +23,9 @@ namespace g4::cuda {
 class ExpertTables {
  public:
   ExpertTables(DeviceAllocator& mem, const Device& dev) : mem_(mem), dev_(dev) {}
-  // The table of one projection's experts (placed weights, which live as long as the backend; keyed
-  // by the first held expert's device address).
-  const DevWeight* table(const std::vector<WeightView>& experts);
-  // The first expert with rows (this rank's, under expert parallelism), else the first.
-  static const WeightView& first_held(const std::vector<WeightView>& experts);
+  // The table of one projection's placed experts (which live as long as the backend; keyed by the
+  // first held expert's device address).
+  const DevWeight* table(const ExpertStack& experts);
 
  private:
   const void* zeros(size_t bytes);
