@@ -20,10 +20,14 @@ inline BackendOptions ranks_opt(int ranks) {
 
 constexpr int kDecodeSteps = 3;
 
-// max |got - ref| and max |ref|, and whether they meet the contract: within 1e-5 of max(1, max |ref|).
+// max |got - ref| and max |ref|, and whether they meet the contract: within 2e-5 of max(1, max |ref|).
+// The ranks' partial sums change only the f32 summation order. Without AMX the fixtures measure up to
+// 3.3e-6 of max |logit|; with the AMX prefill kernel (CPUs with AMX-BF16, matmul_amx_avx512.cpp:
+// tiles of 32 columns, x in three bf16 parts) up to 1.2e-5 (estyle-q4g64), as far as one rank with
+// AMX is from one rank without it (1.6e-5 of max |logit| on that fixture).
 struct Diff {
   float max_diff = 0, max_ref = 0;
-  bool within_contract() const { return max_diff <= 1e-5f * std::max(1.f, max_ref); }
+  bool within_contract() const { return max_diff <= 2e-5f * std::max(1.f, max_ref); }
 };
 inline Diff compare(const std::vector<float>& ref, const std::vector<float>& got) {
   Diff d;
