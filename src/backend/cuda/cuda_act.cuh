@@ -50,6 +50,10 @@ __device__ __forceinline__ float4 ld4x(const void* p, int64_t i, bool bf) {
 __device__ __forceinline__ float ldx(const void* p, int64_t i, bool bf) {
   return bf ? __bfloat162float(static_cast<const bf16*>(p)[i]) : static_cast<const float*>(p)[i];
 }
+// v as a store of it into an activation buffer (bf16 when bf, else f32) would read back.
+__device__ __forceinline__ float act_round(float v, bool bf) {
+  return bf ? __bfloat162float(__float2bfloat16_rn(v)) : v;
+}
 // A store of one value into an output whose type is known at run time only (the matmuls' y:
 // the activation type, or f32 for the logits).
 __device__ __forceinline__ void store_out(void* y, int64_t i, float v, bool f32) {

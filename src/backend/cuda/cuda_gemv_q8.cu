@@ -81,13 +81,19 @@ __global__ void __launch_bounds__(kPostThreads) post_add_prepare_kernel(const vo
   y = static_cast<const uint8_t*>(y) + row_off;
   resid = static_cast<uint8_t*>(resid) + row_off;
   if (o.q) o = q8_row(o, blockIdx.x, n);
-  float v[kPostPer], ss = 0.f;
+  // Every load first (y, the residual and both norm weights): one memory round trip, not one
+  // after each reduction.
+  float v[kPostPer], r[kPostPer], g[kPostPer], nw[kPostPer], ss = 0.f;
 #pragma unroll
   for (int k = 0; k < kPostPer; ++k) {
     const int c = threadIdx.x + k * kPostThreads;
     v[k] = c < n ? ldx(y, c, bf) : 0.f;
-    ss += v[k] * v[k];
+    r[k] = c < n ? ldx(resid, c, bf) : 0.f;
+    g[k] = c < n ? pw[c] : 0.f;
+    nw[k] = c < n && norm_w ? norm_w[c] : 1.f;
   }
+#pragma unroll
+  for (int k = 0; k < kPostPer; ++k) ss += v[k] * v[k];
   ss = block_sum(ss, red);
   const float inv = 1.0f / sqrtf(ss / float(n) + peps);
   float ss2 = 0.f;
@@ -95,9 +101,10 @@ __global__ void __launch_bounds__(kPostThreads) post_add_prepare_kernel(const vo
   for (int k = 0; k < kPostPer; ++k) {
     const int c = threadIdx.x + k * kPostThreads;
     if (c >= n) continue;
-    store_out(resid, c, ldx(resid, c, bf) + v[k] * inv * pw[c], !bf);
-    if (scale != 1.f) store_out(resid, c, ldx(resid, c, bf) * scale, !bf);
-    v[k] = ldx(resid, c, bf);  // the stored value, as the next kernel would read it
+    // Each value as stored (rounded to the activation type) is what the next kernel would read.
+    v[k] = act_round(r[k] + v[k] * inv * g[k], bf);
+    if (scale != 1.f) v[k] = act_round(v[k] * scale, bf);
+    store_out(resid, c, v[k], !bf);
     ss2 += v[k] * v[k];
   }
   if (!o.q) return;  // the post-norm alone
@@ -112,7 +119,7 @@ __global__ void __launch_bounds__(kPostThreads) post_add_prepare_kernel(const vo
     const int c = threadIdx.x + k * kPostThreads;
     if (c - lane >= n) break;  // the warp's block lies past the row (n % 32 == 0: all lanes agree)
     float x = v[k];
-    if (norm_w) x = __fmul_rn(__fmul_rn(x, inv2), norm_w[c]);
+    if (norm_w) x = __fmul_rn(__fmul_rn(x, inv2), nw[k]);
     q8_store_block(x, c, lane, o);
   }
 }
