@@ -6,7 +6,8 @@
 // sharing, MoE, the LM head).
 //
 // Models: G4_CUDA_ROW_EXACT_MODELS (paths separated by ':', e.g. the synthetic E4B and 26B-A4B
-// GGUFs of tools/make_synthetic_gemma4_gguf.py), else the mlx-lm fixtures of `make fixtures`.
+// GGUFs of tools/make_synthetic_gemma4_gguf.py), else the mlx-lm fixtures of `make fixtures`
+// (G4_FIXTURE_DIR overrides tests/fixtures/generated, as for the model tests).
 // Skips with a printed reason without a CUDA device or without a model.
 #include <gtest/gtest.h>
 
@@ -22,6 +23,7 @@
 #include "backend/backend.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
+#include "../model/model_test_util.h"
 
 namespace g4 {
 namespace {
@@ -36,7 +38,7 @@ std::vector<std::string> models() {
     return out;
   }
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(fs::path(G4_SOURCE_DIR) / "tests/fixtures/generated", ec))
+  for (const auto& e : fs::directory_iterator(test::fixture_root(), ec))
     if (fs::exists(e.path() / "config.json")) out.push_back(e.path().string());
   std::sort(out.begin(), out.end());
   return out;
