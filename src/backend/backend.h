@@ -199,6 +199,12 @@ struct BackendOptions {
   // a q/k/v launch of a second format reuses the first one's prepared rows) instead of each
   // preparing its own. Off: every matmul prepares its rows (`--cuda-fuse off`, for timing).
   bool fuse_decode_ops = true;
+  // CUDA with fuse_decode_ops: a one-row GEMV whose output feeds the next matmul (gate/up before
+  // down; the per-layer input's gate, with the gelu_mul after it folded into its epilogue) is
+  // held back so that it also writes that output's int8 rows (cuda_pending.h PendingGemv): two
+  // to three launches fewer per layer. Off by default until a lease measures it against the
+  // separate prepare launches (`--cuda-hold-gemv on`; docs/cuda-notes.md, stop 49).
+  bool hold_gemvs = false;
   // CUDA with bf16 activations and int8_dots: batch-invariant numerics (`--batch-invariant on`).
   // Every launch of up to 64 rows computes each row with the one-row arithmetic (the int8 GEMVs
   // over several prepared rows, per-row post-norms, attention splits and expert lanes chosen per
