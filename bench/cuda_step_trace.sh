@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# A decode step's kernels as they run inside its graph (Nsight Systems, graph nodes traced), on the
+# GPU machine: `gemma4 bench` on a synthetic Gemma 4 Q4_K_M file, traced, then summarized per kernel
+# by tools/cuda_step_trace.py (launches per step, median duration, the gap before each, the step's
+# span). Nsight Compute (bench/cuda_h200_session.sh ncu) times each kernel alone; this shows how
+# they overlap and wait in the replayed step.
+#
+# Run from the repository root with the CUDA build in build-cuda/bin, carried as for
+# bench/cuda_vs_llamacpp.sh (.devlibs, .whl):
+#
+#   [G4_VARIANTS="e4b"] [G4_ARGS="--cuda-hold-gemv on"] [G4_BIN=build-cuda/bin/gemma4] bash bench/cuda_step_trace.sh
+#
+# Prints each variant's summary; the reports and CSVs stay in $OUT.
+source bench/cuda_env.sh
+G4=${G4_BIN:-build-cuda/bin/gemma4}
+VARIANTS=${G4_VARIANTS:-e4b}
+NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+if [ -z "$NSYS" ]; then echo "cuda_step_trace: no nsys on this machine" >&2; exit 2; fi
+for V in $VARIANTS; do
+  [ -f /tmp/t-$V.gguf ] || python3 tools/make_synthetic_gemma4_gguf.py /tmp/t-$V.gguf --variant $V > /tmp/t-$V.log 2>&1 || exit 1
+  rep=$OUT/trace-$V
+  timeout 300 "$NSYS" profile -t cuda --cuda-graph-trace=node -f true -o "$rep" "$G4" bench --model /tmp/t-$V.gguf \
+    --backend cuda --dtype bf16 --prompt-tokens 64 --gen-tokens 12 --repeat 1 ${G4_ARGS:-} > "$rep.log" 2>&1 || { tail -5 "$rep.log"; exit 1; }
+  timeout 300 "$NSYS" stats -r cuda_gpu_trace -f csv -o "$rep" "$rep.nsys-rep" > /dev/null 2>&1
+  csv=$(ls "$rep"*cuda_gpu_trace*.csv 2>/dev/null | head -1)
+  [ -n "$csv" ] || { echo "cuda_step_trace: nsys stats wrote no CSV for $V" >&2; exit 1; }
+  echo "== $V ${G4_ARGS:-}"
+  python3 tools/cuda_step_trace.py "$csv"
+done

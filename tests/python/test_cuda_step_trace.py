@@ -1,0 +1,62 @@
+"""tools/cuda_step_trace.py on a small Nsight Systems kernel trace written here: steps cut at the
+embedding kernel, the decode steps (the most common kernel count) summarized per kernel with their
+launches, durations and the gaps between kernels (negative where programmatic dependent launch
+overlapped them)."""
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TOOL = REPO / "tools" / "cuda_step_trace.py"
+
+EMBED = "void g4::cuda::(anonymous namespace)::embed_kernel<(g4::WFormat)7, (bool)1, __nv_bfloat16>(g4::cuda::DevWeight, const int *, float, __nv_bfloat16 *)"
+GEMV = ("void g4::cuda::(anonymous namespace)::q8_gemv_kernel<(g4::WFormat)7, (int)0, (int)0, (int)1, (int)0>"
+        "(g4::cuda::MatArgs, g4::cuda::Q8Act, int)")
+NORM = "void g4::cuda::(anonymous namespace)::post_add_prepare_kernel(const void *, const float *, float, float, void *, bool, int, const float *, float, g4::cuda::Q8Act)"
+
+
+def write_trace(path: Path) -> None:
+    """A prefill step of 5 kernels, then three decode steps of 4: embed 2 us, GEMV 10 us, post-norm
+    5 us starting 1 us before the GEMV ends (PDL), GEMV 10 us after a 2 us gap."""
+    rows, t = [], 0
+    for _ in range(5):  # prefill
+        rows.append((t, 50_000, GEMV if rows else EMBED))
+        t += 60_000
+    for _ in range(3):
+        t += 300_000
+        rows.append((t, 2_000, EMBED))
+        rows.append((t + 3_000, 10_000, GEMV))
+        rows.append((t + 12_000, 5_000, NORM))
+        rows.append((t + 19_000, 10_000, GEMV))
+        t += 29_000
+    rows.append((t + 5_000, 1_000, "[CUDA memcpy Device-to-Host]"))
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Start (ns)", "Duration (ns)", "CorrId", "Name"])
+        for i, (s, d, n) in enumerate(rows):
+            w.writerow([s, d, i, n])
+
+
+def test_decode_steps_summarized(tmp_path):
+    trace = tmp_path / "trace_cuda_gpu_trace.csv"
+    write_trace(trace)
+    r = subprocess.run([sys.executable, str(TOOL), str(trace), "--steps", "3"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "4 steps; 3 summarized, 4 kernels each" in out
+    assert "step span us: 29.0 29.0 29.0" in out
+    assert "kernel time us: 27.0 27.0 27.0 | gaps us: 2.0 2.0 2.0" in out  # 1 - 1 + 2
+    lines = {l.split()[0]: l.split()[1:] for l in out.splitlines()[4:]}
+    gemv = lines["q8_gemv_kernel<F7,"]
+    assert gemv[-4:] == ["2.0", "10.00", "20.0", "1.50"]  # two a step, 10 us each, gaps 1 and 2 us
+    assert lines["post_add_prepare_kernel"] == ["1.0", "5.00", "5.0", "-1.00"]
+
+
+def test_empty_trace_is_an_error(tmp_path):
+    trace = tmp_path / "empty.csv"
+    trace.write_text("Start (ns),Duration (ns),CorrId,Name\n")
+    r = subprocess.run([sys.executable, str(TOOL), str(trace)], capture_output=True, text=True)
+    assert r.returncode == 1 and "no kernels" in r.stderr
