@@ -7,6 +7,7 @@
 
 #include "backend/cuda/cuda_act.cuh"
 #include "backend/cuda/cuda_dequant.cuh"
+#include "backend/cuda/cuda_head_norm.cuh"
 #include "backend/cuda/cuda_kernel_util.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.cuh"
@@ -177,37 +178,6 @@ __global__ void __launch_bounds__(256) moe_exit_kernel(T* x, const T* h1, const 
   }
 }
 
-// One head of x [head_dim] in place, by the whole block: RMSNorm with weight w (none when w is
-// null), then half-split RoPE at position `pos` (pairs with inv_freq 0 are only normalized); the
-// result is also written to `copy` when set (a KV-cache slot). Same rounding as rms_norm_kernel
-// followed by rope_kernel. sh: 32 floats of shared memory.
-template <class T>
-__device__ inline void norm_rope_head(T* v, int head_dim, const float* w, float eps, float pos,
-                                      const float* inv_freq, T* copy, float* sh) {
-  const int half = head_dim / 2;
-  const float inv = w ? inv_rms(v, head_dim, eps, sh) : 1.f;
-  for (int j = threadIdx.x; j < half; j += blockDim.x) {
-    float a = to_f(v[j]), b = to_f(v[j + half]);
-    if (w) {
-      a = a * inv * w[j];
-      b = b * inv * w[j + half];
-    }
-    if (inv_freq[j] != 0.f) {
-      float sn, cs;
-      sincosf(pos * inv_freq[j], &sn, &cs);
-      const float ra = a * cs - b * sn, rb = a * sn + b * cs;
-      a = ra;
-      b = rb;
-    }
-    v[j] = from_f<T>(a);
-    v[j + half] = from_f<T>(b);
-    if (copy) {
-      copy[j] = from_f<T>(a);
-      copy[j + half] = from_f<T>(b);
-    }
-  }
-}
-
 // Per-head RMSNorm (weight w) then RoPE, one block per (row, head).
 template <class T>
 __global__ void norm_rope_kernel(T* x, int heads, int head_dim, const float* w, float eps, Dyn pos0,
@@ -244,12 +214,7 @@ __global__ void attn_prep_kernel(AttnPrepArgs a) {
   const KvQuantArgs qa = sq.quant;
   norm_rope_head(k + row, D, a.k_norm_w, a.eps, pos, a.inv_freq, qa.bits ? static_cast<T*>(nullptr) : kc + at, sh);
   T* v = vv + row;
-  const float inv = a.v_norm ? inv_rms(v, D, a.eps, sh) : 1.f;
-  for (int i = threadIdx.x; i < D; i += blockDim.x) {
-    const T x = from_f<T>(a.v_norm ? to_f(v[i]) * inv : to_f(v[i]));
-    v[i] = x;
-    if (!qa.bits) vc[at + i] = x;
-  }
+  norm_v_head(v, D, a.v_norm, a.eps, qa.bits ? static_cast<T*>(nullptr) : vc + at, sh);
   if (qa.bits) {  // the normed, roped K head and the V head (in place above) into the cache's codes
     __shared__ uint8_t codes[512];
     __syncthreads();
