@@ -205,6 +205,11 @@ struct BackendOptions {
   // to three launches fewer per layer. Off by default until a lease measures it against the
   // separate prepare launches (`--cuda-hold-gemv on`; docs/cuda-notes.md, stop 49).
   bool hold_gemvs = false;
+  // CUDA: a decode step's attn_prep (q/k norms, RoPE, the KV-cache write) is done by the attention
+  // launch after it (one row per sequence, unquantized caches), the same bits, one launch fewer
+  // per layer. Off by default until a lease measures it (`--cuda-fold-prep on`; docs/cuda-notes.md,
+  // stop 49).
+  bool fold_attn_prep = false;
   // CUDA with bf16 activations and int8_dots: batch-invariant numerics (`--batch-invariant on`).
   // Every launch of up to 64 rows computes each row with the one-row arithmetic (the int8 GEMVs
   // over several prepared rows, per-row post-norms, attention splits and expert lanes chosen per

@@ -7,6 +7,7 @@
 
 #include "backend/cuda/cuda_act.cuh"
 #include "backend/cuda/cuda_dequant.cuh"
+#include "backend/cuda/cuda_head_norm.cuh"
 #include "backend/cuda/cuda_kernel_util.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.cuh"
@@ -24,11 +25,17 @@ namespace {
 // One split writes the normalized output; several write (acc[D], m, l) partials, and the last
 // block of each (row, head) to finish merges them. q8o.q set (head_dim % 32 == 0): the stored
 // output rows [rows, H * head_dim] in int8 form too (cuda_q8_store.cuh), for the matmul after.
+// prep.q set (attn_prep folded in: one row per sequence, its own position the last it sees, an
+// unquantized cache): q is prep.q before its norm and RoPE; each block norms and ropes its q head
+// into shared memory, and the blocks whose positions include the row's own also its K and V head
+// (prep.k, prep.v, when the layer has them), the first query head of each KV group writing them
+// into the cache slot; the row's own K/V are then read from shared memory (no block reads that
+// slot). 128 threads and norm_rope_head / norm_v_head as attn_prep_kernel runs them: the same bits.
 constexpr int kAttnWarps = 4;
 template <int kPer, bool kQuant, class T>
 __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* q, int H, AttnBatch a, float scale,
                                                                        float* partial, unsigned* counters, T* out,
-                                                                       Q8Act q8o) {
+                                                                       Q8Act q8o, AttnPrepArgs prep) {
   pdl_enter();
   __shared__ float sh_m[kAttnWarps], sh_l[kAttnWarps];
   __shared__ float sh_acc[kAttnWarps][kPer * kWarp];
@@ -48,6 +55,29 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* 
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t row = int64_t(a.n_kv_heads) * D;
   const T* qh = q + (int64_t(q_row) * H + h) * D;
+  __shared__ T s_q[kPer * kWarp], s_k[kPer * kWarp], s_v[kPer * kWarp];  // the folded attn_prep's heads
+  const bool own_kv = !kQuant && prep.q && prep.k && j0 <= n - 1 && n - 1 < j1;
+  if (!kQuant && prep.q) {
+    __shared__ float s_red[32];
+    const float fpos = float(pos) * prep.position_scale;
+    const T* qr = static_cast<const T*>(prep.q) + (int64_t(q_row) * H + h) * D;
+    const int64_t kv_row = (int64_t(q_row) * a.n_kv_heads + g) * D;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+      s_q[i] = qr[i];
+      if (own_kv) s_k[i] = static_cast<const T*>(prep.k)[kv_row + i], s_v[i] = static_cast<const T*>(prep.v)[kv_row + i];
+    }
+    __syncthreads();
+    norm_rope_head(s_q, D, prep.q_norm_w, prep.eps, fpos, prep.inv_freq, static_cast<T*>(nullptr), s_red);
+    if (own_kv) {
+      const bool writer = h % (H / a.n_kv_heads) == 0;
+      const int64_t at = (kv_slot(sq.table, sq.block_shift, capacity, window, pos) * a.n_kv_heads + g) * D;
+      norm_rope_head(s_k, D, prep.k_norm_w, prep.eps, fpos, prep.inv_freq,
+                     writer ? static_cast<T*>(sq.k) + at : static_cast<T*>(nullptr), s_red);
+      norm_v_head(s_v, D, prep.v_norm, prep.eps, writer ? static_cast<T*>(sq.v) + at : static_cast<T*>(nullptr), s_red);
+    }
+    __syncthreads();
+    qh = s_q;
+  }
   auto dim = [lane](int i) { return kQuant ? lane * kPer + i : lane + kWarp * i; };
   float qv[kPer], acc[kPer];
 #pragma unroll
@@ -72,8 +102,9 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* 
         kv_dequant_run<kPer>(qa.kq, qa.ks, qa.kb, qa, hr, D, lane * kPer, kk[b]);
         kv_dequant_run<kPer>(qa.vq, qa.vs, qa.vb, qa, hr, D, lane * kPer, vv[b]);
       } else {
-        const T* kr = kc + int64_t(slot) * row + int64_t(g) * D;
-        const T* vr = vc + int64_t(slot) * row + int64_t(g) * D;
+        const bool own = own_kv && p == pos;  // the row's own K/V, made above
+        const T* kr = own ? s_k : kc + int64_t(slot) * row + int64_t(g) * D;
+        const T* vr = own ? s_v : vc + int64_t(slot) * row + int64_t(g) * D;
 #pragma unroll
         for (int i = 0; i < kPer; ++i) {
           const int d = lane + kWarp * i;
@@ -183,11 +214,13 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* 
 
 template <int kPer, class T>
 void attention_launch(cudaStream_t s, const T* q, int H, const AttnBatch& a, float scale, int splits,
-                      float* partial, unsigned* counters, T* out, const Q8Act& q8o) {
+                      float* partial, unsigned* counters, T* out, const Q8Act& q8o, const AttnPrepArgs& prep) {
   const dim3 grid(unsigned(a.rows * H), unsigned(splits));
   if (a.quant_bits)
-    launch_kernel(attention_kernel<kPer, true, T>, grid, kAttnWarps * kWarp, 0, s, q, H, a, scale, partial, counters, out, q8o);
-  else launch_kernel(attention_kernel<kPer, false, T>, grid, kAttnWarps * kWarp, 0, s, q, H, a, scale, partial, counters, out, q8o);
+    launch_kernel(attention_kernel<kPer, true, T>, grid, kAttnWarps * kWarp, 0, s, q, H, a, scale, partial, counters, out, q8o,
+                  AttnPrepArgs{});
+  else launch_kernel(attention_kernel<kPer, false, T>, grid, kAttnWarps * kWarp, 0, s, q, H, a, scale, partial, counters, out, q8o,
+                     prep);
 }
 
 }  // namespace
@@ -199,18 +232,18 @@ int attention_splits(int n, int H, int max_visible) {
 }
 
 void attention(cudaStream_t s, const void* q_in, int H, const AttnBatch& a, float scale, int splits, float* partial,
-               unsigned* counters, void* out_in, Q8Act q8_out) {
+               unsigned* counters, void* out_in, Q8Act q8_out, AttnPrepArgs prep) {
   if (a.rows <= 0) return;
   const int per = (a.head_dim + kWarp - 1) / kWarp;  // dims per lane
   with_act(a.t, [&](auto tag) {
     using T = decltype(tag);
     const T* q = static_cast<const T*>(q_in);
     T* out = static_cast<T*>(out_in);
-    if (per <= 1) attention_launch<1>(s, q, H, a, scale, splits, partial, counters, out, q8_out);
-    else if (per <= 2) attention_launch<2>(s, q, H, a, scale, splits, partial, counters, out, q8_out);
-    else if (per <= 4) attention_launch<4>(s, q, H, a, scale, splits, partial, counters, out, q8_out);
-    else if (per <= 8) attention_launch<8>(s, q, H, a, scale, splits, partial, counters, out, q8_out);
-    else attention_launch<16>(s, q, H, a, scale, splits, partial, counters, out, q8_out);  // head_dim <= 512 (spec)
+    if (per <= 1) attention_launch<1>(s, q, H, a, scale, splits, partial, counters, out, q8_out, prep);
+    else if (per <= 2) attention_launch<2>(s, q, H, a, scale, splits, partial, counters, out, q8_out, prep);
+    else if (per <= 4) attention_launch<4>(s, q, H, a, scale, splits, partial, counters, out, q8_out, prep);
+    else if (per <= 8) attention_launch<8>(s, q, H, a, scale, splits, partial, counters, out, q8_out, prep);
+    else attention_launch<16>(s, q, H, a, scale, splits, partial, counters, out, q8_out, prep);  // head_dim <= 512 (spec)
   });
 }
 

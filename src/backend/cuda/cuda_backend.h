@@ -271,13 +271,14 @@ class CudaBackend final : public Backend {
   cuda::PendingCombine combine_;   // the device MoE path's combination (cuda_pending.h)
   cuda::PendingAttention attn_;    // a decode attention launch held back for the op after it
   cuda::PendingGemv gemv_;         // a decode GEMV launch held back for the ops after it
+  cuda::PendingAttnPrep prep_;     // a decode attn_prep launch held back for the attention after it
   static constexpr int kPdlMaxRows = 64;
   int step_rows_ = 0;  // rows of the step being logged (embed sets it)
   // The pending epilogues and the held-back launch that no op took, launched alone (before every
   // launch, host copy, sync and step end), oldest first: a held-back launch is always the newest
   // (nothing is left pending while one is held without launching it first).
   void flush_pending() {
-    if (!pending_ && !combine_ && !attn_ && !gemv_) return;
+    if (!pending_ && !combine_ && !attn_ && !gemv_ && !prep_) return;
     const cuda::PendingPost p = pending_;
     const cuda::PendingCombine c = combine_;
     pending_ = cuda::PendingPost{};
@@ -292,9 +293,14 @@ class CudaBackend final : public Backend {
     if (c) launch("moe_combine", cuda::moe_combine, c.y, c.w, c.rows, c.k, c.d, c.out, c.t);
     flush_held();
   }
-  // The held-back launch (attention or a GEMV: one at most), launched as it is, after the older
-  // pending epilogues.
+  // The held-back launch (attention, attn_prep or a GEMV: one at most), launched as it is, after
+  // the older pending epilogues.
   void flush_held() {
+    if (prep_) {
+      const cuda::PendingAttnPrep p = prep_;
+      prep_ = cuda::PendingAttnPrep{};
+      launch("attn_prep", cuda::attn_prep, p.a, p.rows);
+    }
     if (gemv_) {
       const cuda::PendingGemv g = gemv_;
       gemv_ = cuda::PendingGemv{};
@@ -318,7 +324,7 @@ class CudaBackend final : public Backend {
   // nothing done, the caller launches the op.
   bool fold_gelu_mul(const Buf& gate, const Buf& up, size_t n, const Buf& out, const uint16_t* table);
   void launch_attention(const cuda::PendingAttention& h, const cuda::Q8Act& q8) {
-    launch("attention", cuda::attention, h.q, h.H, h.a, h.scale, h.splits, h.partial, h.counters, h.out, q8);
+    launch("attention", cuda::attention, h.q, h.H, h.a, h.scale, h.splits, h.partial, h.counters, h.out, q8, h.prep);
   }
   // The op after a held-back launch (attention, or a GEMV) reads its output x (M rows) through
   // weight w with no input norm: launches it with its output's int8 form written into q8_out_,

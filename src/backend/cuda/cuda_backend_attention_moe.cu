@@ -5,6 +5,14 @@ namespace g4::cuda_impl {
 
 void CudaBackend::attention(const Buf& q_b, int H, const std::vector<AttnSeq>& seqs, float scale, ActPrecision P,
                             const Buf& out_b) {
+  // A held attn_prep of these rows is done by this launch when it takes every row on the decode
+  // kernel (checked below); otherwise it goes first.
+  cuda::PendingAttnPrep prep = prep_;
+  prep_ = cuda::PendingAttnPrep{};
+  if (prep && (prep.a.q != q_b.data || prep.a.H != H)) {
+    prep_ = prep;
+    prep = cuda::PendingAttnPrep{};
+  }
   flush_held();  // older than this op
   const void* q = q_b.data;
   void* out = out_b.data;
@@ -35,11 +43,19 @@ void CudaBackend::attention(const Buf& q_b, int H, const std::vector<AttnSeq>& s
       batch.push_back(sq);
       continue;
     }
+    if (prep) {  // not every row on the decode kernel: attn_prep's launch first, as held
+      launch("attn_prep", cuda::attn_prep, prep.a, prep.rows);
+      prep = cuda::PendingAttnPrep{};
+    }
     a.pos0 = rec_->dyn(sq.pos0);
     a.blocks = sq.blocks ? seqs_->blocks(sq.blocks, sq.n) : nullptr;
     launch("flash_attention", cuda::flash_attention, q, H, a, scale, out);
   }
   if (batch.empty()) return;
+  if (prep && (batch.size() != seqs.size() || batch[0].kv.quantized())) {
+    launch("attn_prep", cuda::attn_prep, prep.a, prep.rows);
+    prep = cuda::PendingAttnPrep{};
+  }
   const KvBuffer& kv0 = batch[0].kv;
   cuda::AttnBatch a{};
   a.tab = seqs_->table(batch);
@@ -62,7 +78,7 @@ void CudaBackend::attention(const Buf& q_b, int H, const std::vector<AttnSeq>& s
   const int D = a.head_dim;
   float* partial = splits > 1 ? static_cast<float*>(partial_.get(mem_, size_t(a.rows) * H * splits * (D + 2) * 4, dev_)) : nullptr;
   unsigned* counters = splits > 1 ? static_cast<unsigned*>(counters_.get(mem_, size_t(a.rows) * H * sizeof(unsigned), dev_, true)) : nullptr;
-  const cuda::PendingAttention h{q, H, splits, a, scale, a.rows, partial, counters, out};
+  const cuda::PendingAttention h{q, H, splits, a, scale, a.rows, partial, counters, out, prep.a};
   // Every row of the forward in this launch, on the int8 decode path (one row, or row-exact rows):
   // held back for the output projection, which may read its output's int8 form (take_prepared).
   const int64_t cols = int64_t(H) * D;
@@ -104,9 +120,18 @@ void CudaBackend::attn_prep(const Buf& q_b, int H, const Buf& k_b, const Buf& v_
   a.position_scale = t.position_scale;
   a.tab = seqs_->table(seqs);
   const int rows = cuda::batch_rows(seqs);
-  launch("attn_prep", cuda::attn_prep, a, rows);
   if (has_k)
     for (const AttnSeq& sq : seqs) record_positions(sq);
+  // Decode rows (one per sequence, unquantized caches, no image blocks): held for the attention
+  // launch to do (cuda_pending.h PendingAttnPrep).
+  bool fold = opt_.fold_attn_prep && rows == int(seqs.size()) && head_dim <= 512;
+  for (const AttnSeq& sq : seqs) fold = fold && sq.n == 1 && !sq.blocks && !sq.kv.quantized();
+  if (fold) {
+    flush_pending();  // older than the held launch
+    prep_ = cuda::PendingAttnPrep{a, rows};
+    return;
+  }
+  launch("attn_prep", cuda::attn_prep, a, rows);
 }
 
 void CudaBackend::router_topk(const Buf& scores, int rows, int E, int k, const float* per_expert_scale, ActPrecision P,

@@ -238,9 +238,13 @@ void kv_write(cudaStream_t s, const void* k, const void* v, int row0, int n, Dyn
 // (head_dim + 2) floats and `counters` a.rows * H zeros (the kernel leaves them zero again).
 // Prefill-sized sequences go to flash_attention (cuda_flash_attention.h) instead. q8_out set
 // (head_dim % 32 == 0, bf16 activations): out's rows [.., H * head_dim] are also written in int8
-// form (cuda_q8.cuh) for the matmul that reads them (MatArgs::prepared).
+// form (cuda_q8.cuh) for the matmul that reads them (MatArgs::prepared). prep.q set: attn_prep
+// folded in (q, k, v as attn_prep takes them, before their norms and RoPE; one row per sequence
+// whose own position is the last it sees, unquantized caches): the kernel does attn_prep's work for
+// its rows with attn_prep's bits, except that q, k and v stay as they were (the cache gets the
+// normed K/V); all-zero: q is ready.
 void attention(cudaStream_t s, const void* q, int H, const AttnBatch& a, float scale, int splits, float* partial,
-               unsigned* counters, void* out, Q8Act q8_out);
+               unsigned* counters, void* out, Q8Act q8_out, AttnPrepArgs prep);
 // The number of position ranges attention() should use for n rows of H heads when at most
 // max_visible positions are visible (a static bound, so a recorded step stays valid), at most
 // kAttnMaxSplits. A row's bits depend on the split count and its own visible positions only, so

@@ -82,8 +82,20 @@ struct PendingAttention {
   float* partial = nullptr;
   unsigned* counters = nullptr;
   void* out = nullptr;
+  AttnPrepArgs prep{};  // attn_prep folded into this launch (cuda::attention), or all zero
 
   explicit operator bool() const { return out != nullptr; }
+};
+
+// An attn_prep launch (BackendOptions::fold_attn_prep: decode rows, one per sequence, unquantized
+// caches, no image blocks) held back for the attention after it, which then does its work
+// (cuda::attention's prep argument) instead of a launch of its own.
+// Launched as is before any other launch, host copy, sync or step end (flush_pending).
+struct PendingAttnPrep {
+  AttnPrepArgs a{};
+  int rows = 0;
+
+  explicit operator bool() const { return rows > 0; }
 };
 
 // A decode GEMV launch on the int8 path (q8_out_fusable: gate_up_gelu, or a plain matmul of one
