@@ -296,11 +296,7 @@ class CudaBackend final : public Backend {
   // The held-back launch (attention, attn_prep or a GEMV: one at most), launched as it is, after
   // the older pending epilogues.
   void flush_held() {
-    if (prep_) {
-      const cuda::PendingAttnPrep p = prep_;
-      prep_ = cuda::PendingAttnPrep{};
-      launch("attn_prep", cuda::attn_prep, p.a, p.rows);
-    }
+    launch_prep(prep_);
     if (gemv_) {
       const cuda::PendingGemv g = gemv_;
       gemv_ = cuda::PendingGemv{};
@@ -310,6 +306,13 @@ class CudaBackend final : public Backend {
     const cuda::PendingAttention h = attn_;
     attn_ = cuda::PendingAttention{};
     launch_attention(h, cuda::Q8Act{});
+  }
+  // A held attn_prep (p), launched on its own and emptied; nothing when p is empty.
+  void launch_prep(cuda::PendingAttnPrep& p) {
+    if (!p) return;
+    const cuda::PendingAttnPrep run = p;
+    p = cuda::PendingAttnPrep{};
+    launch("attn_prep", cuda::attn_prep, run.a, run.rows);
   }
   void launch_gemv(const cuda::PendingGemv& g) {
     label_ = g.label;

@@ -7,12 +7,8 @@ void CudaBackend::attention(const Buf& q_b, int H, const std::vector<AttnSeq>& s
                             const Buf& out_b) {
   // A held attn_prep of these rows is done by this launch when it takes every row on the decode
   // kernel (checked below); otherwise it goes first.
-  cuda::PendingAttnPrep prep = prep_;
-  prep_ = cuda::PendingAttnPrep{};
-  if (prep && (prep.a.q != q_b.data || prep.a.H != H)) {
-    prep_ = prep;
-    prep = cuda::PendingAttnPrep{};
-  }
+  cuda::PendingAttnPrep prep;
+  if (prep_ && prep_.a.q == q_b.data && prep_.a.H == H) std::swap(prep, prep_);
   flush_held();  // older than this op
   const void* q = q_b.data;
   void* out = out_b.data;
@@ -43,19 +39,13 @@ void CudaBackend::attention(const Buf& q_b, int H, const std::vector<AttnSeq>& s
       batch.push_back(sq);
       continue;
     }
-    if (prep) {  // not every row on the decode kernel: attn_prep's launch first, as held
-      launch("attn_prep", cuda::attn_prep, prep.a, prep.rows);
-      prep = cuda::PendingAttnPrep{};
-    }
+    launch_prep(prep);  // not every row on the decode kernel: attn_prep's launch first, as held
     a.pos0 = rec_->dyn(sq.pos0);
     a.blocks = sq.blocks ? seqs_->blocks(sq.blocks, sq.n) : nullptr;
     launch("flash_attention", cuda::flash_attention, q, H, a, scale, out);
   }
   if (batch.empty()) return;
-  if (prep && (batch.size() != seqs.size() || batch[0].kv.quantized())) {
-    launch("attn_prep", cuda::attn_prep, prep.a, prep.rows);
-    prep = cuda::PendingAttnPrep{};
-  }
+  if (batch.size() != seqs.size() || batch[0].kv.quantized()) launch_prep(prep);
   const KvBuffer& kv0 = batch[0].kv;
   cuda::AttnBatch a{};
   a.tab = seqs_->table(batch);

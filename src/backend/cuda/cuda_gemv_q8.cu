@@ -398,7 +398,9 @@ bool q8_prepare_fusable(const MatArgs& a, bool gelu) {
   return q8_gemv_takes(a, gelu ? kGelu : kPlain) && a.w[0].cols <= kPostMax;
 }
 
-bool q8_gemv_applies(const MatArgs& a, int M, int act) {
+// Whether q8_gemv launches a over M rows (q8_gemv_takes, and the rows fit the scratch and the
+// epilogue), so that the launch's int8-only arguments (MatArgs::q8o, vec) take effect.
+static bool q8_gemv_applies(const MatArgs& a, int M, int act) {
   if (!q8_gemv_takes(a, act) || M < 1 || int64_t(M) * a.w[0].cols > kQ8MaxValues) return false;
   return !(M > 1 && a.resid && a.w[0].rows > kPostMax);  // the last-block epilogue is for one row
 }
