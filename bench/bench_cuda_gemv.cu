@@ -2,7 +2,7 @@
 // decode path takes, on Gemma 4's real decode shapes (E4B and 31B projections, the 262144-row tied
 // head), against the device's measured copy bandwidth.
 //
-//   build-cuda/bin/bench_cuda_gemv [--filter SUBSTR]... [--quick] [--lanes N]
+//   build-cuda/bin/bench_cuda_gemv [--filter SUBSTR]... [--quick] [--lanes N] [--rows M]
 //
 // Each case times the GEMV launch alone (the activation row prepared once before; the prepare
 // launch is also timed alone per width), then the two launches of a one-row matmul (prepare and
@@ -16,6 +16,9 @@
 // Weight bytes are random (the values do not change the work); correctness is the CUDA op tests'
 // job (tests/backend/cuda_q8_test.cpp), not this program's. --lanes N times the GEMV alone with N
 // lanes per weight row (4, 8, 16, 32) instead of the launch's rule.
+// --rows M (2..64: a speculative verify forward's rows) times the GEMV alone over M prepared rows,
+// the dp4a GEMV against the int8 MMA GEMV where it takes the format (cuda_gemv_mma.h), and checks
+// that the two give the same bits (exit status 1 if not: the MMA GEMV's contract).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -25,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cuda_gemv_mma.h"
 #include "backend/cuda/cuda_gemv_q8.h"
 #include "backend/cuda/cuda_launch.cuh"
 #include "backend/cuda/cuda_matmul_common.cuh"
@@ -172,15 +176,20 @@ double time_launches(cudaStream_t s, int launches, Fn&& enqueue) {
 int run(int argc, char** argv) {
   std::vector<std::string> filters;  // a case runs when its "shape format" name holds any of them
   bool quick = false;
-  int lanes = 0;
+  int lanes = 0, rows = 1;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) filters.push_back(argv[++i]);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--lanes") && i + 1 < argc) lanes = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--rows") && i + 1 < argc) rows = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--filter SUBSTR]... [--quick] [--lanes N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--filter SUBSTR]... [--quick] [--lanes N] [--rows M]\n", argv[0]);
       return 2;
     }
+  }
+  if (rows < 1 || rows > 64) {
+    std::fprintf(stderr, "--rows: expected 1 to 64, got %d\n", rows);
+    return 2;
   }
   if (lanes != 0 && lanes != 4 && lanes != 8 && lanes != 16 && lanes != 32) {
     std::fprintf(stderr, "--lanes: expected 4, 8, 16 or 32, got %d\n", lanes);
@@ -218,17 +227,24 @@ int run(int argc, char** argv) {
   void* q8base = nullptr;
   CK(cudaMalloc(&q8base, q8_scratch_bytes()));
   const Q8Act q8 = q8_act_in(q8base);
-  void* x = dev_random(size_t(kQ8MaxCols) * 2, 7);  // bf16 bit patterns: rewritten below
+  void* x = dev_random(size_t(kQ8MaxValues) * 2, 7);  // bf16 bit patterns: rewritten below
   {
-    std::vector<uint16_t> hx(static_cast<size_t>(kQ8MaxCols));
+    std::vector<uint16_t> hx(static_cast<size_t>(kQ8MaxValues));
     for (size_t i = 0; i < hx.size(); ++i) hx[i] = uint16_t(0x3f80 ^ (i * 37 & 0x807f));  // +-(1..2) values
     CK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
   }
-  void* y = nullptr;
-  CK(cudaMalloc(&y, size_t(262144) * 4 * 2));
+  const size_t y_bytes = size_t(262144) * 64 * 4;
+  void *y = nullptr, *y2 = nullptr;
+  CK(cudaMalloc(&y, y_bytes));
+  CK(cudaMalloc(&y2, y_bytes));
+  int mismatches = 0;
 
-  std::printf("%-24s %-10s %10s %10s %9s %7s %10s\n", "shape", "format", "MB read", "gemv us", "GB/s", "copy%",
-              "+prep us");
+  if (rows > 1)
+    std::printf("%d prepared rows: %-10s %10s %10s %9s %7s %10s\n", rows, "format", "MB read", "dp4a us", "GB/s", "copy%",
+                "mma us");
+  else
+    std::printf("%-24s %-10s %10s %10s %9s %7s %10s\n", "shape", "format", "MB read", "gemv us", "GB/s", "copy%",
+                "+prep us");
   for (int64_t cols : {int64_t(2560), int64_t(5376), int64_t(10240), int64_t(21504)}) {
     const double t = time_launches(s, 64, [&](int) { q8_prepare(s, x, DType::BF16, 1, cols, nullptr, 0.f, q8); });
     std::printf("%-24s %-10s %10s %10.2f\n", ("prepare " + std::to_string(cols)).c_str(), "bf16 row", "-", t * 1e6);
@@ -254,7 +270,11 @@ int run(int argc, char** argv) {
       std::vector<DevCopy> w{first};
       for (int i = 1; i < copies; ++i) w.push_back(make_copy(f, c.rows, c.cols, 1000 + 3 * i));
       const int launches = std::max(copies, head ? 6 : 24);
-      q8_prepare(s, x, DType::BF16, 1, c.cols, nullptr, 0.f, q8);  // the row the GEMV alone reads
+      if (int64_t(rows) * c.cols > kQ8MaxValues) {
+        free_copy(first);
+        continue;
+      }
+      q8_prepare(s, x, DType::BF16, rows, c.cols, nullptr, 0.f, q8);  // the rows the GEMV alone reads
       auto args = [&](int i) {
         MatArgs a{};
         a.x = x;
@@ -266,6 +286,43 @@ int run(int argc, char** argv) {
         a.yt = DType::BF16;
         return a;
       };
+      // --rows: the dp4a GEMV and the MMA GEMV over the prepared rows, timed, and their outputs compared.
+      auto report_rows = [&](const char* suffix, int act, size_t bytes, auto&& with_act) {
+        auto on = [&](int i, int mma, void* out) {
+          MatArgs a = with_act(i);
+          a.mma_rows = uint8_t(mma);
+          a.y[0] = out;
+          return a;
+        };
+        const double t = time_launches(s, launches, [&](int i) { q8_gemv_prepared(s, on(i, 0, y), rows, act, lanes); });
+        std::string mma = "-";
+        if (q8_mma_takes(on(0, 1, y2), rows, act)) {
+          const double tm = time_launches(s, launches, [&](int i) { q8_gemv_prepared(s, on(i, 1, y2), rows, act, lanes); });
+          const size_t n = size_t(rows) * size_t(c.rows);
+          std::vector<uint16_t> a(n), b(n);
+          q8_gemv_prepared(s, on(0, 0, y), rows, act, lanes);
+          q8_gemv_prepared(s, on(0, 1, y2), rows, act, lanes);
+          CK(cudaMemcpyAsync(a.data(), y, n * 2, cudaMemcpyDeviceToHost, s));
+          CK(cudaMemcpyAsync(b.data(), y2, n * 2, cudaMemcpyDeviceToHost, s));
+          CK(cudaStreamSynchronize(s));
+          size_t differ = 0;  // bf16 outputs; NaN (random scales) equals NaN
+          for (size_t k = 0; k < n; ++k) {
+            const bool nan_a = (a[k] & 0x7fff) > 0x7f80, nan_b = (b[k] & 0x7fff) > 0x7f80;
+            differ += a[k] != b[k] && !(nan_a && nan_b);
+          }
+          char buf[96];
+          std::snprintf(buf, sizeof buf, "%.2f%s", tm * 1e6, differ ? " BITS DIFFER" : "");
+          mma = buf;
+          if (differ) {
+            ++mismatches;
+            std::printf("  %zu of %zu outputs differ from the dp4a GEMV's\n", differ, n);
+          }
+        }
+        const double bw = double(bytes) / t;
+        std::printf("%-24s %-10s %10.2f %10.2f %9.0f %6.1f%% %10s\n", c.shape.c_str(), (f.name + suffix).c_str(),
+                    bytes / 1e6, t * 1e6, bw / 1e9, 100.0 * bw / copy_bw, mma.c_str());
+        std::fflush(stdout);
+      };
       // The GEMV alone, then the prepare launch and the GEMV; at the gate shapes also the fused
       // gate/up launch the decode step runs (two weights a lane, gelu(gate) * up: "+up" rows).
       auto report = [&](const char* suffix, int act, size_t bytes) {
@@ -274,6 +331,10 @@ int run(int argc, char** argv) {
           if (act != kPlain) a.w2 = w[size_t(i + 1) % w.size()].w;
           return a;
         };
+        if (rows > 1) {
+          report_rows(suffix, act, bytes, with_act);
+          return;
+        }
         const double t = time_launches(s, launches, [&](int i) { q8_gemv_prepared(s, with_act(i), 1, act, lanes); });
         const double t2 = time_launches(s, launches, [&](int i) { q8_gemv(s, with_act(i), 1, act); });
         const double bw = double(bytes) / t;
@@ -287,7 +348,8 @@ int run(int argc, char** argv) {
     }
   }
   CK(cudaStreamSynchronize(s));
-  return 0;
+  if (mismatches) std::printf("%d cases: the MMA GEMV's bits differ from the dp4a GEMV's\n", mismatches);
+  return mismatches ? 1 : 0;
 }
 
 }  // namespace

@@ -210,6 +210,10 @@ struct BackendOptions {
   // per layer. Off by default until a lease measures it (`--cuda-fold-prep on`; docs/cuda-notes.md,
   // stop 49).
   bool fold_attn_prep = false;
+  // CUDA with row_exact: the int8 GEMVs of 2 or more rows (a speculative verify forward) into
+  // Q4_K / Q5_K / Q6_K weights run on the int8 tensor cores (cuda_gemv_mma.h) with the one-row
+  // bits. Off by default until a lease measures it (`--cuda-int8-mma on`; docs/cuda-notes.md, stop 50).
+  bool int8_mma_rows = false;
   // CUDA with bf16 activations and int8_dots: batch-invariant numerics (`--batch-invariant on`).
   // Every launch of up to 64 rows computes each row with the one-row arithmetic (the int8 GEMVs
   // over several prepared rows, per-row post-norms, attention splits and expert lanes chosen per

@@ -142,6 +142,7 @@ Result<BackendOptions> backend_options_from_args(const Args& a) {
   G4_TRY(on_off("--cuda-fuse", o.fuse_decode_ops));
   G4_TRY(on_off("--cuda-hold-gemv", o.hold_gemvs));
   G4_TRY(on_off("--cuda-fold-prep", o.fold_attn_prep));
+  G4_TRY(on_off("--cuda-int8-mma", o.int8_mma_rows));
   G4_TRY(on_off("--cuda-profile", o.profile));
   G4_TRY(on_off("--cuda-timing", o.timing));
   G4_ASSIGN_OR_RETURN(o.device, int_flag(a, "--cuda-device", 0, 0, 63));

@@ -159,6 +159,9 @@ void add_load_options(VerbCli& cli) {
   cli.value("--cuda-fold-prep", "decode attention does attn_prep's work (q/k norms, RoPE, the KV write) itself, "
             "one launch fewer a layer (experimental: not yet timed on a GPU)", "off")
       ->type_name("on|off")->check(one_of({"on", "off"}));
+  cli.value("--cuda-int8-mma", "with --batch-invariant: verify-forward GEMVs of 2+ rows into K-quant weights on "
+            "the int8 tensor cores, the one-row bits (experimental: not yet timed on a GPU)", "off")
+      ->type_name("on|off")->check(one_of({"on", "off"}));
   cli.value("--cuda-profile", "time every op by events; per-op device times on stderr at exit", "off")
       ->type_name("on|off")->check(one_of({"on", "off"}));
   cli.value("--cuda-timing", "host and device time per forward step; medians on stderr at exit", "off")

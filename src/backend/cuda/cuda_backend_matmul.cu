@@ -37,8 +37,12 @@ void CudaBackend::matmul(const Buf& x_b, int M, const WeightView& W, ActPrecisio
     a.y[0] = y;
     if (launch_blas(op, a, M, 0)) return;
   }
-  const cuda::Q8Act q8 = q8_rows(M, w) ? q8_ : cuda::Q8Act{};
-  launch(op, cuda::matmul, x, xt, M, w, y, yt, q8);
+  cuda::MatArgs a = mat_args(x_b, InputNorm{}, M, w);
+  a.yt = yt;
+  a.n = 1;
+  a.w[0] = w;
+  a.y[0] = y;
+  launch(op, cuda::matmuls, a, M);
 }
 
 void CudaBackend::matmul_norm_add(const Buf& x_b, int M, const WeightView& W, const Buf& y_b, const Buf& resid_b,
@@ -196,7 +200,10 @@ cuda::MatArgs CudaBackend::mat_args(const Buf& x, const InputNorm& norm, int M, 
   a.yt = a.xt;
   a.norm_w = norm.w;
   a.eps = norm.eps;
-  if (q8_rows(M, w)) a.q8 = q8_;
+  if (q8_rows(M, w)) {
+    a.q8 = q8_;
+    a.mma_rows = opt_.int8_mma_rows ? 1 : 0;
+  }
   return a;
 }
 

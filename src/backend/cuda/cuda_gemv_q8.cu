@@ -21,6 +21,7 @@
 #include "backend/cuda/cuda_q8.cuh"
 #include "backend/cuda/cuda_q8_store.cuh"
 #include "backend/cuda/cuda_q8_units.cuh"
+#include "backend/cuda/cuda_gemv_mma.h"
 #include "backend/cuda/cuda_gemv_q8.h"
 #include "backend/cuda/cuda_launch.cuh"
 
@@ -186,8 +187,8 @@ __global__ void __launch_bounds__(kFusedWarps ? kFusedWarps * kWarp : kQ8Warps *
       for (int m = 0; m < kCols; ++m) {
         if (m >= nm) break;
         const Q8Act xm = kCols == 1 ? x : q8_row(x, m0 + m, w.cols);
-        acc[m] += U::dot(q, u, xm);
-        if constexpr (kAct != kPlain) acc2[m] += U::dot(q2, u, xm);
+        acc[m] = __fadd_rn(acc[m], U::dot(q, u, xm));  // as written: the MMA GEMV replays it
+        if constexpr (kAct != kPlain) acc2[m] = __fadd_rn(acc2[m], U::dot(q2, u, xm));
       }
     }
   }
@@ -292,27 +293,31 @@ void gemv_launch(cudaStream_t s, MatArgs a, int M, int act, int lanes) {
   int64_t rows = 0;
   for (int i = 0; i < a.n; ++i) rows += a.w[i].rows;
   const int lpr = lanes > 0 ? lanes : lanes_per_row(a.w[0].cols / unit_vals<F, kBits>(), rows, unit_vals<F, kBits>());
-  const bool fused = M == 1 && (a.q8o.q || a.vec);  // the held-back launch's epilogues (q8_out_fusable)
-  const int rows_per_block = fused ? 32 : kQ8Warps * (kWarp / lpr);
-  unsigned blocks = 0;
-  for (int i = 0; i < a.n; ++i) {
-    a.first[i] = blocks;
-    blocks += blocks_for(a.w[i].rows, rows_per_block);
-  }
-  a.first[a.n] = blocks;
-  a.M = M;
   a.norm_w = nullptr;  // applied by the prepare launch
   const bool post = a.resid && a.w[0].rows <= kPostMax;
   void* resid = a.resid;
   if (post) a.resid = nullptr;  // the post-norm kernel below (or a later prepare) instead of the last-block epilogue
-  // kCols fitted to M (a speculative verify forward is 2 to 8 rows): no idle accumulators, and
-  // deeper unrolling where fewer rows leave registers for it.
-  if (fused && lpr <= 16) gemv_act<F, kBits, 1, 16>(s, a, act, dim3(blocks), lpr);
-  else if (fused) gemv_act<F, kBits, 1, 32>(s, a, act, dim3(blocks), lpr);
-  else if (M == 1) gemv_act<F, kBits, 1>(s, a, act, dim3(blocks), lpr);
-  else if (M == 2) gemv_act<F, kBits, 2>(s, a, act, dim3(blocks), lpr);
-  else if (M <= 4) gemv_act<F, kBits, 4>(s, a, act, dim3(blocks), lpr);
-  else gemv_act<F, kBits, kQ8Cols>(s, a, act, dim3(blocks, unsigned(blocks_for(M, kQ8Cols))), lpr);
+  if (M > 1 && a.mma_rows && q8_mma_takes(a, M, act)) {
+    q8_mma_gemv(s, a, M, act, lpr);
+  } else {
+    const bool fused = M == 1 && (a.q8o.q || a.vec);  // the held-back launch's epilogues (q8_out_fusable)
+    const int rows_per_block = fused ? 32 : kQ8Warps * (kWarp / lpr);
+    unsigned blocks = 0;
+    for (int i = 0; i < a.n; ++i) {
+      a.first[i] = blocks;
+      blocks += blocks_for(a.w[i].rows, rows_per_block);
+    }
+    a.first[a.n] = blocks;
+    a.M = M;
+    // kCols fitted to M (a speculative verify forward is 2 to 8 rows): no idle accumulators, and
+    // deeper unrolling where fewer rows leave registers for it.
+    if (fused && lpr <= 16) gemv_act<F, kBits, 1, 16>(s, a, act, dim3(blocks), lpr);
+    else if (fused) gemv_act<F, kBits, 1, 32>(s, a, act, dim3(blocks), lpr);
+    else if (M == 1) gemv_act<F, kBits, 1>(s, a, act, dim3(blocks), lpr);
+    else if (M == 2) gemv_act<F, kBits, 2>(s, a, act, dim3(blocks), lpr);
+    else if (M <= 4) gemv_act<F, kBits, 4>(s, a, act, dim3(blocks), lpr);
+    else gemv_act<F, kBits, kQ8Cols>(s, a, act, dim3(blocks, unsigned(blocks_for(M, kQ8Cols))), lpr);
+  }
   if (post && !a.defer_post)
     post_norm_add(s, a.y[0], resid, a.xt, int(a.w[0].rows), a.post_w, a.post_eps, M);
 }

@@ -85,10 +85,6 @@ struct AttnBatch {
 // gelu(x·wᵀ) * (x·w2ᵀ), tanh form or ggml's table.
 enum Act { kPlain = 0, kGelu = 1, kGeluGgml = 2 };
 
-// y[M, w.rows] = x[M, w.cols] · Wᵀ: 32-value units per lane when w.cols % 32 == 0, else one
-// element at a time (tests compare both with the reference backend). x of type xt, y of type yt.
-// q8: the int8 decode scratch (MatArgs::q8), or all null.
-void matmul(cudaStream_t s, const void* x, DType xt, int M, const DevWeight& w, void* y, DType yt, Q8Act q8);
 // A matmul launch's arguments: y[i][M, w[i].rows] = xn · w[i]ᵀ for i < n (1..3 weights of one
 // format and width), xn = x, or x RMS-normalized with norm_w when that is set. M, first: set by
 // the launchers. x (and resid) of type xt; the y of type yt (xt, or F32 for the logits).
@@ -142,7 +138,10 @@ struct MatArgs {
   int prepared = 0;
   DType xt;
   DType yt;
-  uint8_t reserved[2] = {};
+  // int8 GEMVs of 2 or more prepared rows (a row-exact verify forward) in K-quant formats: on the
+  // tensor cores (cuda_gemv_mma.h), the same bits as the dp4a GEMV. 0: the dp4a GEMV.
+  uint8_t mma_rows = 0;
+  uint8_t reserved = 0;
 };
 // Whether a one-row matmul_norm_add into w runs on the int8 GEMVs with the separate post-norm
 // kernel (q8 scratch set), so that its epilogue may be deferred (MatArgs::defer_post).
@@ -168,7 +167,7 @@ void matmuls(cudaStream_t s, MatArgs a, int M);
 void gate_up_gelu(cudaStream_t s, MatArgs a, int M);
 // The device's SM count (the current device's, read once).
 int sm_count();
-// The tensor-core path (cuda_tc_matmul.cu) that matmul / matmuls / gate_up_gelu take for
+// The tensor-core path (cuda_tc_matmul.cu) that matmuls / gate_up_gelu take for
 // M >= kTcMinRows activation rows (prefill): the same products at f32 accuracy (3xTF32), without
 // the resid epilogue (callers split prefill's post-norm off). act: 0 plain, 1 gelu (MLX), 2 gelu
 // (ggml table). set_tensor_cores(false) (BackendOptions::tensor_cores, `--tensor-cores off`) turns

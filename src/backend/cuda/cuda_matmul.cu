@@ -247,19 +247,6 @@ void matmul_any(cudaStream_t s, const MatArgs& a, int M) {
 
 }  // namespace
 
-void matmul(cudaStream_t s, const void* x, DType xt, int M, const DevWeight& w, void* y, DType yt, Q8Act q8) {
-  MatArgs a{};
-  a.q8 = q8;
-  a.x = x;
-  a.xt = xt;
-  a.yt = yt;
-  a.n = 1;
-  a.w[0] = w;
-  a.y[0] = y;
-  a.w2 = w;
-  matmul_any<kPlain>(s, a, M);
-}
-
 void matmuls(cudaStream_t s, MatArgs a, int M) {
   a.w2 = a.w[0];
   matmul_any<kPlain>(s, a, M);

@@ -59,16 +59,28 @@ template <WFormat F>
 struct KQuantUnit {
   static constexpr int kVals = 64;
   static constexpr bool q5 = F == WFormat::GgufQ5_K;
-  struct W {
-    uint32_t lo[8], hi[8];  // codes of sub-blocks 2j and 2j + 1, a byte each
+  static constexpr int kBlockBytes = q5 ? 176 : 144;
+  struct Scales {  // of sub-blocks 2j and 2j + 1
     int sc0, m0, sc1, m1;
     float d, dmin;
   };
-  __device__ static W load(const uint8_t* row, const DevWeight&, int64_t, int64_t u) {
-    const int64_t sb = u >> 2;
+  struct W {
+    uint32_t lo[8], hi[8];  // codes of sub-blocks 2j and 2j + 1, a byte each
+    Scales k;
+  };
+  __device__ static Scales load_scales(const uint8_t* row, int64_t u) {
     const int j = int(u & 3);
-    const uint8_t* b = row + sb * (q5 ? 176 : 144);
-    const uint4 h = __ldg(reinterpret_cast<const uint4*>(b));  // d, dmin | 12 bytes of scales and mins
+    const uint4 h = __ldg(reinterpret_cast<const uint4*>(row + (u >> 2) * kBlockBytes));  // d, dmin | scales, mins
+    Scales k;
+    scale_min_k4_words(2 * j, h.y, h.z, h.w, &k.sc0, &k.m0);
+    scale_min_k4_words(2 * j + 1, h.y, h.z, h.w, &k.sc1, &k.m1);
+    k.d = __half2float(__ushort_as_half(uint16_t(h.x)));
+    k.dmin = __half2float(__ushort_as_half(uint16_t(h.x >> 16)));
+    return k;
+  }
+  __device__ static W load(const uint8_t* row, const DevWeight&, int64_t, int64_t u) {
+    const int j = int(u & 3);
+    const uint8_t* b = row + (u >> 2) * kBlockBytes;
     uint32_t c[8], qh[8];
     ld_words16(b + (q5 ? 48 : 16) + 32 * j, c);
     ld_words16(b + (q5 ? 48 : 16) + 32 * j + 16, c + 4);
@@ -86,11 +98,18 @@ struct KQuantUnit {
         q.hi[k] |= ((qh[k] >> (2 * j + 1)) & 0x01010101u) << 4;
       }
     }
-    scale_min_k4_words(2 * j, h.y, h.z, h.w, &q.sc0, &q.m0);
-    scale_min_k4_words(2 * j + 1, h.y, h.z, h.w, &q.sc1, &q.m1);
-    q.d = __half2float(__ushort_as_half(uint16_t(h.x)));
-    q.dmin = __half2float(__ushort_as_half(uint16_t(h.x >> 16)));
+    q.k = load_scales(row, u);
     return q;
+  }
+  // The unit's share from the integer sums s0, s1 of its sub-blocks' codes times x's int8 codes.
+  // Every operation rounds as written (no contraction): the int8 MMA GEMV (cuda_gemv_mma.cu) gets
+  // the same sums from the tensor cores and must get the same float.
+  __device__ static float combine(const Scales& k, int64_t u, const Q8Act& x, int s0, int s1) {
+    const int64_t xb0 = (u >> 2) * 8 + 2 * int(u & 3);
+    const float a = __fmul_rn(__fmul_rn(float(k.sc0), x.d[xb0]), float(s0));
+    const float b = __fmul_rn(__fmul_rn(float(k.sc1), x.d[xb0 + 1]), float(s1));
+    const float mins = __fadd_rn(__fmul_rn(float(k.m0), x.s[xb0]), __fmul_rn(float(k.m1), x.s[xb0 + 1]));
+    return __fsub_rn(__fmul_rn(k.d, __fadd_rn(a, b)), __fmul_rn(k.dmin, mins));
   }
   __device__ static float dot(const W& q, int64_t u, const Q8Act& x) {
     const int64_t xb0 = (u >> 2) * 8 + 2 * int(u & 3);
@@ -103,8 +122,7 @@ struct KQuantUnit {
       s0 = dp4a_us(q.lo[k], xa[k], s0);
       s1 = dp4a_us(q.hi[k], xb[k], s1);
     }
-    return q.d * (float(q.sc0) * x.d[xb0] * float(s0) + float(q.sc1) * x.d[xb0 + 1] * float(s1)) -
-           q.dmin * (float(q.m0) * x.s[xb0] + float(q.m1) * x.s[xb0 + 1]);
+    return combine(q.k, u, x, s0, s1);
   }
 };
 template <int B>
@@ -118,15 +136,28 @@ struct Unit<WFormat::GgufQ5_K, B> : KQuantUnit<WFormat::GgufQ5_K> {};
 template <int B>
 struct Unit<WFormat::GgufQ6_K, B> {
   static constexpr int kVals = 64;
-  struct W {
-    uint32_t va[8], vb[8];  // codes q (0..63) of the unit's two 32-value halves
-    int sc[4];              // the scales of va[0..3], va[4..7], vb[0..3], vb[4..7]
+  struct Scales {
+    int sc[4];  // of values 0-15 and 16-31 of each half (va, vb)
     float d;
   };
-  __device__ static W load(const uint8_t* row, const DevWeight&, int64_t, int64_t u) {
-    const int64_t sb = u >> 2;
+  struct W {
+    uint32_t va[8], vb[8];  // codes q (0..63) of the unit's two 32-value halves
+    Scales k;
+  };
+  // x's 32-value blocks of the unit's halves.
+  __device__ static int64_t x_block_a(int64_t u) { return (u >> 2) * 8 + 4 * (int(u >> 1) & 1) + int(u & 1); }
+  __device__ static Scales load_scales(const uint8_t* row, int64_t u) {
     const int h = int(u >> 1) & 1, t = int(u & 1);
-    const uint8_t* b = row + sb * 210;
+    const uint8_t* b = row + (u >> 2) * 210;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192 + 8 * h + 2 * t);
+    Scales k;
+    k.sc[0] = sc[0], k.sc[1] = sc[1], k.sc[2] = sc[4], k.sc[3] = sc[5];
+    k.d = ld_half(b + 208);
+    return k;
+  }
+  __device__ static W load(const uint8_t* row, const DevWeight&, int64_t, int64_t u) {
+    const int h = int(u >> 1) & 1, t = int(u & 1);
+    const uint8_t* b = row + (u >> 2) * 210;
     uint32_t ql[8], qh[8];
     ld_a2<8>(b + 64 * h + 32 * t, ql);
     ld_a2<8>(b + 128 + 32 * h, qh);
@@ -136,13 +167,19 @@ struct Unit<WFormat::GgufQ6_K, B> {
       q.va[k] = (ql[k] & 0x0F0F0F0Fu) | (((qh[k] >> (2 * t)) & 0x03030303u) << 4);
       q.vb[k] = ((ql[k] >> 4) & 0x0F0F0F0Fu) | (((qh[k] >> (2 * t + 4)) & 0x03030303u) << 4);
     }
-    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192 + 8 * h + 2 * t);
-    q.sc[0] = sc[0], q.sc[1] = sc[1], q.sc[2] = sc[4], q.sc[3] = sc[5];
-    q.d = ld_half(b + 208);
+    q.k = load_scales(row, u);
     return q;
   }
+  // The unit's share from i[g] = Σ (q - 32) · q_x over its four 16-value groups (va 0-15, va
+  // 16-31, vb 0-15, vb 16-31). Rounded as written, as KQuantUnit::combine.
+  __device__ static float combine(const Scales& k, int64_t u, const Q8Act& x, const int* i) {
+    const int64_t xba = x_block_a(u), xbb = xba + 2;
+    const float ia = __fadd_rn(__fmul_rn(float(k.sc[0]), float(i[0])), __fmul_rn(float(k.sc[1]), float(i[1])));
+    const float ib = __fadd_rn(__fmul_rn(float(k.sc[2]), float(i[2])), __fmul_rn(float(k.sc[3]), float(i[3])));
+    return __fmul_rn(k.d, __fadd_rn(__fmul_rn(x.d[xba], ia), __fmul_rn(x.d[xbb], ib)));
+  }
   __device__ static float dot(const W& q, int64_t u, const Q8Act& x) {
-    const int64_t xba = (u >> 2) * 8 + 4 * (int(u >> 1) & 1) + int(u & 1), xbb = xba + 2;
+    const int64_t xba = x_block_a(u), xbb = xba + 2;
     uint32_t xa[8], xb[8];
     ld_x32(x, xba, xa);
     ld_x32(x, xbb, xb);
@@ -154,9 +191,8 @@ struct Unit<WFormat::GgufQ6_K, B> {
       xsa[k >> 2] = dp4a_ss(0x01010101u, xa[k], xsa[k >> 2]);
       xsb[k >> 2] = dp4a_ss(0x01010101u, xb[k], xsb[k >> 2]);
     }
-    const float ia = float(q.sc[0]) * float(sa[0] - 32 * xsa[0]) + float(q.sc[1]) * float(sa[1] - 32 * xsa[1]);
-    const float ib = float(q.sc[2]) * float(sb2[0] - 32 * xsb[0]) + float(q.sc[3]) * float(sb2[1] - 32 * xsb[1]);
-    return q.d * (x.d[xba] * ia + x.d[xbb] * ib);
+    const int i[4] = {sa[0] - 32 * xsa[0], sa[1] - 32 * xsa[1], sb2[0] - 32 * xsb[0], sb2[1] - 32 * xsb[1]};
+    return combine(q.k, u, x, i);
   }
 };
 
