@@ -152,14 +152,13 @@ void CudaBackend::gate_up_gelu(const Buf& x_b, int M, const InputNorm& norm, con
 }
 
 void CudaBackend::launch_or_hold(const char* op, const cuda::MatArgs& a, int M, int act) {
+  cuda::PendingGemv g{a, M, act, op, std::move(label_)};
   if (opt_.fuse_decode_ops && opt_.hold_gemvs && q8_out_.q && a.q8.q != q8_out_.q && cuda::q8_out_fusable(a, M, act)) {
-    std::string label = std::move(label_);
     flush_pending();  // older than the held launch: nothing stays pending behind it
-    gemv_ = cuda::PendingGemv{a, M, act, op, std::move(label)};
+    gemv_ = std::move(g);
     return;
   }
-  if (act == cuda::kPlain) launch(op, cuda::matmuls, a, M);
-  else launch(op, cuda::gate_up_gelu, a, M);
+  launch_gemv(g);
 }
 
 bool CudaBackend::fold_gelu_mul(const Buf& gate, const Buf& up, size_t n, const Buf& out, const uint16_t* table) {
