@@ -34,23 +34,15 @@ std::unique_ptr<Backend> int8_backend(bool row_exact, bool fuse, std::string* wh
   return make_cuda_backend(why, opt);
 }
 
-struct Weight {
-  std::vector<uint8_t> bytes;
-  WeightView view;
-};
-Weight random_weight(WFormat f, int64_t rows, int64_t cols, std::mt19937& rng) {
-  Weight w{test::random_blocks(f, rows, cols, rng), {}};
-  w.view = WeightView{f, rows, cols, w.bytes.data(), gguf_row_bytes(f, cols)};
-  return w;
-}
 
 // gate/up with GELU (tanh form and ggml's table) from a normed row, then the down projection with
 // its post-norm and residual add: the down launch reads gate/up's int8 output rows.
 TEST(CudaHeldGemv, GateUpRowsForTheDownProjection) {
   const int64_t C = 512, I = 1024;
   std::mt19937 rng(120);
-  const Weight G = random_weight(WFormat::GgufQ4_K, I, C, rng), U = random_weight(WFormat::GgufQ4_K, I, C, rng),
-               D = random_weight(WFormat::GgufQ6_K, C, I, rng);
+  const test::GgufWeight G = test::random_gguf_weight(WFormat::GgufQ4_K, I, C, rng),
+                         U = test::random_gguf_weight(WFormat::GgufQ4_K, I, C, rng),
+                         D = test::random_gguf_weight(WFormat::GgufQ6_K, C, I, rng);
   const auto nw = randn(size_t(C), 121), pw = randn(size_t(C), 122);
   for (bool row_exact : {false, true})
     for (bool table : {false, true}) {
@@ -87,8 +79,9 @@ TEST(CudaHeldGemv, GateUpRowsForTheDownProjection) {
 TEST(CudaHeldGemv, PerLayerInputGateFoldsItsGelu) {
   const int64_t C = 512, F = 256, P = 256;  // residual, the down projection's input, per-layer width
   std::mt19937 rng(130);
-  const Weight D = random_weight(WFormat::GgufQ4_K, C, F, rng), Wg = random_weight(WFormat::GgufQ4_K, P, C, rng),
-               Wp = random_weight(WFormat::GgufQ6_K, C, P, rng);
+  const test::GgufWeight D = test::random_gguf_weight(WFormat::GgufQ4_K, C, F, rng),
+                         Wg = test::random_gguf_weight(WFormat::GgufQ4_K, P, C, rng),
+                         Wp = test::random_gguf_weight(WFormat::GgufQ6_K, C, P, rng);
   const auto pw1 = randn(size_t(C), 131), pw2 = randn(size_t(C), 132);
   for (bool row_exact : {false, true})
     for (bool table : {false, true}) {

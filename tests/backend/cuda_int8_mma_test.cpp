@@ -32,15 +32,6 @@ std::unique_ptr<Backend> mma_backend(bool mma, std::string* why) {
   return make_cuda_backend(why, opt);
 }
 
-struct Weight {
-  std::vector<uint8_t> bytes;
-  WeightView view;
-};
-Weight random_weight(WFormat f, int64_t rows, int64_t cols, std::mt19937& rng) {
-  Weight w{test::random_blocks(f, rows, cols, rng), {}};
-  w.view = WeightView{f, rows, cols, w.bytes.data(), gguf_row_bytes(f, cols)};
-  return w;
-}
 
 // One shape per lanes-per-row rule of the launch (lanes_per_row, cuda_gemv_q8.cu): few rows give
 // 32 lanes; 40 units a row over >= 4224 rows give 16; 4 units a row over >= 16896 rows give 4.
@@ -82,7 +73,8 @@ TEST(CudaInt8Mma, EveryRowHasItsOneRowBits) {
   std::mt19937 rng(510);
   for (const Shape& s : kShapes)
     for (WFormat f : {WFormat::GgufQ4_K, WFormat::GgufQ5_K, WFormat::GgufQ6_K}) {
-      const Weight W = random_weight(f, s.rows, s.cols, rng), W2 = random_weight(f, s.rows / 3 + 5, s.cols, rng);
+      const test::GgufWeight W = test::random_gguf_weight(f, s.rows, s.cols, rng),
+                             W2 = test::random_gguf_weight(f, s.rows / 3 + 5, s.cols, rng);
       const auto nw = randn(size_t(s.cols), 511);
       const WeightView dW = mma->place_weight(W.view), dW2 = mma->place_weight(W2.view);
       const WeightView pW = dp4a->place_weight(W.view), pW2 = dp4a->place_weight(W2.view);

@@ -10,6 +10,7 @@
 
 #include "core/dtype.h"
 #include "quant/gguf_quant.h"
+#include "quant/weight.h"
 
 namespace g4::test {
 
@@ -38,6 +39,18 @@ inline std::vector<uint8_t> random_blocks(WFormat f, int64_t rows, int64_t cols,
       std::memcpy(&data[size_t(i * bb + off)], &h, 2);
     }
   return data;
+}
+
+// A random GGUF weight (random_blocks) and its view; the view points into `bytes` (keep the
+// struct where it is while the view is used).
+struct GgufWeight {
+  std::vector<uint8_t> bytes;
+  WeightView view;
+};
+inline GgufWeight random_gguf_weight(WFormat f, int64_t rows, int64_t cols, std::mt19937& rng) {
+  GgufWeight w{random_blocks(f, rows, cols, rng), {}};
+  w.view = WeightView{f, rows, cols, w.bytes.data(), gguf_row_bytes(f, cols)};
+  return w;
 }
 
 inline std::vector<float> random_x(int64_t n, std::mt19937& rng) {

@@ -219,9 +219,7 @@ void mma_launch(cudaStream_t s, MatArgs a, int M, int act, int lpr) {
   a.M = M;
   const dim3 grid(blocks, blocks_for(M, kTileCols));
   const int threads = std::min(lpr, kMmaWarps) * kWarp;
-  if (act == kGelu) launch_kernel(q8_mma_kernel<F, kGelu>, grid, threads, 0, s, a, lpr);
-  else if (act == kGeluGgml) launch_kernel(q8_mma_kernel<F, kGeluGgml>, grid, threads, 0, s, a, lpr);
-  else launch_kernel(q8_mma_kernel<F, kPlain>, grid, threads, 0, s, a, lpr);
+  with_act(act, [&](auto A) { launch_kernel(q8_mma_kernel<F, decltype(A)::value>, grid, threads, 0, s, a, lpr); });
 }
 
 }  // namespace

@@ -281,9 +281,9 @@ int lanes_per_row(int64_t units, int64_t rows, int vals) {
 template <WFormat F, int kBits, int kCols, int kFusedWarps = 0>
 void gemv_act(cudaStream_t s, const MatArgs& a, int act, dim3 grid, int lpr) {
   const int threads = kFusedWarps ? lpr * kWarp : kQ8Warps * kWarp;  // fused: 32 rows a block
-  if (act == kGelu) launch_kernel(q8_gemv_kernel<F, kBits, kGelu, kCols, kFusedWarps>, grid, threads, 0, s, a, a.q8, lpr);
-  else if (act == kGeluGgml) launch_kernel(q8_gemv_kernel<F, kBits, kGeluGgml, kCols, kFusedWarps>, grid, threads, 0, s, a, a.q8, lpr);
-  else launch_kernel(q8_gemv_kernel<F, kBits, kPlain, kCols, kFusedWarps>, grid, threads, 0, s, a, a.q8, lpr);
+  with_act(act, [&](auto A) {
+    launch_kernel(q8_gemv_kernel<F, kBits, decltype(A)::value, kCols, kFusedWarps>, grid, threads, 0, s, a, a.q8, lpr);
+  });
 }
 
 // The GEMV launch over a.M prepared rows. lpr comes from the weights' shape alone, never from

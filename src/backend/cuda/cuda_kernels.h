@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_kv_quant.cuh"
@@ -84,6 +85,13 @@ struct AttnBatch {
 // The activation a matmul applies: kGelu / kGeluGgml with a second weight w2 (MatArgs),
 // gelu(x·wᵀ) * (x·w2ᵀ), tanh form or ggml's table.
 enum Act { kPlain = 0, kGelu = 1, kGeluGgml = 2 };
+// fn(std::integral_constant<int, act>{}): a kernel template's instance for a run-time Act.
+template <class Fn>
+void with_act(int act, Fn&& fn) {
+  if (act == kGelu) fn(std::integral_constant<int, kGelu>{});
+  else if (act == kGeluGgml) fn(std::integral_constant<int, kGeluGgml>{});
+  else fn(std::integral_constant<int, kPlain>{});
+}
 
 // A matmul launch's arguments: y[i][M, w[i].rows] = xn · w[i]ᵀ for i < n (1..3 weights of one
 // format and width), xn = x, or x RMS-normalized with norm_w when that is set. M, first: set by
