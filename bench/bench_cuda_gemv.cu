@@ -287,9 +287,9 @@ int run(int argc, char** argv) {
         return a;
       };
       // --rows: the dp4a GEMV and the MMA GEMV over the prepared rows, timed, and their outputs compared.
-      auto report_rows = [&](const char* suffix, int act, size_t bytes, auto&& with_act) {
+      auto report_rows = [&](const char* suffix, int act, size_t bytes, auto&& act_args) {
         auto on = [&](int i, int mma, void* out) {
-          MatArgs a = with_act(i);
+          MatArgs a = act_args(i);
           a.mma_rows = uint8_t(mma);
           a.y[0] = out;
           return a;
@@ -326,17 +326,17 @@ int run(int argc, char** argv) {
       // The GEMV alone, then the prepare launch and the GEMV; at the gate shapes also the fused
       // gate/up launch the decode step runs (two weights a lane, gelu(gate) * up: "+up" rows).
       auto report = [&](const char* suffix, int act, size_t bytes) {
-        auto with_act = [&](int i) {
+        auto act_args = [&](int i) {
           MatArgs a = args(i);
           if (act != kPlain) a.w2 = w[size_t(i + 1) % w.size()].w;
           return a;
         };
         if (rows > 1) {
-          report_rows(suffix, act, bytes, with_act);
+          report_rows(suffix, act, bytes, act_args);
           return;
         }
-        const double t = time_launches(s, launches, [&](int i) { q8_gemv_prepared(s, with_act(i), 1, act, lanes); });
-        const double t2 = time_launches(s, launches, [&](int i) { q8_gemv(s, with_act(i), 1, act); });
+        const double t = time_launches(s, launches, [&](int i) { q8_gemv_prepared(s, act_args(i), 1, act, lanes); });
+        const double t2 = time_launches(s, launches, [&](int i) { q8_gemv(s, act_args(i), 1, act); });
         const double bw = double(bytes) / t;
         std::printf("%-24s %-10s %10.2f %10.2f %9.0f %6.1f%% %10.2f\n", c.shape.c_str(), (f.name + suffix).c_str(),
                     bytes / 1e6, t * 1e6, bw / 1e9, 100.0 * bw / copy_bw, t2 * 1e6);

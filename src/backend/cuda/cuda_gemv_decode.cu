@@ -142,12 +142,7 @@ template <WFormat F, int kAct>
 void kquant_decode_launch(cudaStream_t s, MatArgs a) {
   a.split = kquant_split(a.w[0].cols);
   a.M = 1;
-  unsigned blocks = 0;
-  for (int i = 0; i < a.n; ++i) {
-    a.first[i] = blocks;
-    blocks += blocks_for(a.w[i].rows, kMatWarps / a.split);
-  }
-  a.first[a.n] = blocks;
+  const unsigned blocks = assign_row_blocks(a, kMatWarps / a.split);
   const size_t smem = a.norm_w ? size_t(a.w[0].cols) * 4 : 0;
   int per_sm = 0;
   cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kquant_decode_kernel<F, kAct>, kMatWarps * kWarp, smem);

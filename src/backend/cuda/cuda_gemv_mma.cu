@@ -210,12 +210,7 @@ __global__ void __launch_bounds__(kMmaWarps * kWarp) q8_mma_kernel(MatArgs a, in
 
 template <WFormat F>
 void mma_launch(cudaStream_t s, MatArgs a, int M, int act, int lpr) {
-  unsigned blocks = 0;
-  for (int i = 0; i < a.n; ++i) {
-    a.first[i] = blocks;
-    blocks += blocks_for(a.w[i].rows, kTileRows);
-  }
-  a.first[a.n] = blocks;
+  const unsigned blocks = assign_row_blocks(a, kTileRows);
   a.M = M;
   const dim3 grid(blocks, blocks_for(M, kTileCols));
   const int threads = std::min(lpr, kMmaWarps) * kWarp;

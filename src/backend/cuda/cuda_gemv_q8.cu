@@ -302,12 +302,7 @@ void gemv_launch(cudaStream_t s, MatArgs a, int M, int act, int lanes) {
   } else {
     const bool fused = M == 1 && (a.q8o.q || a.vec);  // the held-back launch's epilogues (q8_out_fusable)
     const int rows_per_block = fused ? 32 : kQ8Warps * (kWarp / lpr);
-    unsigned blocks = 0;
-    for (int i = 0; i < a.n; ++i) {
-      a.first[i] = blocks;
-      blocks += blocks_for(a.w[i].rows, rows_per_block);
-    }
-    a.first[a.n] = blocks;
+    const unsigned blocks = assign_row_blocks(a, rows_per_block);
     a.M = M;
     // kCols fitted to M (a speculative verify forward is 2 to 8 rows): no idle accumulators, and
     // deeper unrolling where fewer rows leave registers for it.

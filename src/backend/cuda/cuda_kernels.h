@@ -151,6 +151,17 @@ struct MatArgs {
   uint8_t mma_rows = 0;
   uint8_t reserved = 0;
 };
+// Splits a's weights into blocks of `rows_per_block` rows each: a.first[i] = weight i's first block,
+// a.first[a.n] = the launch's block count, which is returned.
+inline unsigned assign_row_blocks(MatArgs& a, int64_t rows_per_block) {
+  unsigned blocks = 0;
+  for (int i = 0; i < a.n; ++i) {
+    a.first[i] = blocks;
+    blocks += unsigned((a.w[i].rows + rows_per_block - 1) / rows_per_block);
+  }
+  a.first[a.n] = blocks;
+  return blocks;
+}
 // Whether a one-row matmul_norm_add into w runs on the int8 GEMVs with the separate post-norm
 // kernel (q8 scratch set), so that its epilogue may be deferred (MatArgs::defer_post).
 bool q8_post_deferrable(const DevWeight& w);

@@ -192,12 +192,7 @@ __global__ void __launch_bounds__(kThreads) tc_matmul_kernel(MatArgs a) {
 
 template <WFormat F, int kAct, int kBN, int kBK>
 void launch_tiles(cudaStream_t s, MatArgs a, int M) {
-  unsigned blocks = 0;
-  for (int i = 0; i < a.n; ++i) {
-    a.first[i] = blocks;
-    blocks += unsigned((a.w[i].rows + kBN - 1) / kBN);
-  }
-  a.first[a.n] = blocks;
+  const unsigned blocks = assign_row_blocks(a, kBN);
   a.M = M;
   const dim3 grid(blocks, unsigned((M + kBM - 1) / kBM));
   launch_kernel(tc_matmul_kernel<F, kAct, kBN, kBK>, grid, kThreads, 0, s, a);
