@@ -8,7 +8,7 @@
 # Run from the repository root with the CUDA build in build-cuda/bin, carried as for
 # bench/cuda_vs_llamacpp.sh (.devlibs, .whl):
 #
-#   [G4_VARIANTS="e4b"] [G4_ARGS="--cuda-hold-gemv on"] [G4_BIN=build-cuda/bin/gemma4] bash bench/cuda_step_trace.sh
+#   [G4_VARIANTS="e4b"] [G4_ARGS="--cuda-fold-prep on"] [G4_BIN=build-cuda/bin/gemma4] bash bench/cuda_step_trace.sh
 #
 # Prints each variant's summary; the reports and CSVs stay in $OUT.
 source bench/cuda_env.sh

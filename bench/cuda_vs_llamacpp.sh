@@ -25,8 +25,7 @@
 # nopdl (bf16+int8 with --cuda-pdl off: kernels launched without programmatic dependent launch),
 # copies (bf16+int8 keeping bf16 copies of the weights cuBLAS reads, as serve does by default),
 # nofuse (bf16+int8 with --cuda-fuse off: every decode matmul prepares its own int8 rows),
-# hold (bf16+int8 with --cuda-hold-gemv on: gate/up and the per-layer gate write the next matmul's int8 rows),
-# foldprep (bf16+int8 with --cuda-fold-prep on: the decode attention does attn_prep's work), both.
+# foldprep (bf16+int8 with --cuda-fold-prep on: the decode attention does attn_prep's work).
 # G4_BIN: the gemma4 binary (default build-cuda/bin/gemma4). Ours prefill in bench's default chunk
 # (2048 rows on cuda, as run and serve do); llama-bench in its default n_ubatch (512) unless
 # G4_LLAMA_UB sets -ub (2048: the same chunk on both sides).
@@ -67,8 +66,7 @@ for V in $VARIANTS; do
   for C in $CONFIGS; do
     case $C in f32) CA="--dtype f32";; bf16) CA="--dtype bf16 --int8-dots off";; nopdl) CA="--dtype bf16 --cuda-pdl off";;
       copies) CA="--dtype bf16 --cuda-bf16-cache 1024";; nofuse) CA="--dtype bf16 --cuda-fuse off";;
-      hold) CA="--dtype bf16 --cuda-hold-gemv on";; foldprep) CA="--dtype bf16 --cuda-fold-prep on";;
-      both) CA="--dtype bf16 --cuda-hold-gemv on --cuda-fold-prep on";;
+      foldprep) CA="--dtype bf16 --cuda-fold-prep on";;
       *) CA="--dtype bf16";; esac
     for P in $PROMPTS; do
       for i in 1 2 3; do

@@ -199,21 +199,15 @@ struct BackendOptions {
   // a q/k/v launch of a second format reuses the first one's prepared rows) instead of each
   // preparing its own. Off: every matmul prepares its rows (`--cuda-fuse off`, for timing).
   bool fuse_decode_ops = true;
-  // CUDA with fuse_decode_ops: a one-row GEMV whose output feeds the next matmul (gate/up before
-  // down; the per-layer input's gate, with the gelu_mul after it folded into its epilogue) is
-  // held back so that it also writes that output's int8 rows (cuda_pending.h PendingGemv): two
-  // to three launches fewer per layer. Off by default until a lease measures it against the
-  // separate prepare launches (`--cuda-hold-gemv on`; docs/cuda-notes.md, stop 49).
-  bool hold_gemvs = false;
   // CUDA: a decode step's attn_prep (q/k norms, RoPE, the KV-cache write) is done by the attention
   // launch after it (one row per sequence, unquantized caches), the same bits, one launch fewer
   // per layer. Off by default until a lease measures it (`--cuda-fold-prep on`; docs/cuda-notes.md,
   // stop 49).
   bool fold_attn_prep = false;
-  // CUDA with row_exact: the int8 GEMVs of 2 or more rows (a speculative verify forward) into
-  // Q4_K / Q5_K / Q6_K weights run on the int8 tensor cores (cuda_gemv_mma.h) with the one-row
-  // bits. Off by default until a lease measures it (`--cuda-int8-mma on`; docs/cuda-notes.md, stop 50).
-  bool int8_mma_rows = false;
+  // CUDA with row_exact: the int8 GEMVs of 5 or more rows (a speculative verify forward of 1 + 4
+  // or more tokens) into Q4_K / Q5_K / Q6_K weights run on the int8 tensor cores
+  // (cuda_gemv_mma.h) with the one-row bits; off: the dp4a GEMV (`--cuda-int8-mma off`, for timing).
+  bool int8_mma_rows = true;
   // CUDA with bf16 activations and int8_dots: batch-invariant numerics (`--batch-invariant on`).
   // Every launch of up to 64 rows computes each row with the one-row arithmetic (the int8 GEMVs
   // over several prepared rows, per-row post-norms, attention splits and expert lanes chosen per

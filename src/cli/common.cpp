@@ -140,7 +140,6 @@ Result<BackendOptions> backend_options_from_args(const Args& a) {
   G4_TRY(on_off("--int8-dots", o.int8_dots));
   G4_TRY(on_off("--cuda-pdl", o.pdl));
   G4_TRY(on_off("--cuda-fuse", o.fuse_decode_ops));
-  G4_TRY(on_off("--cuda-hold-gemv", o.hold_gemvs));
   G4_TRY(on_off("--cuda-fold-prep", o.fold_attn_prep));
   G4_TRY(on_off("--cuda-int8-mma", o.int8_mma_rows));
   G4_TRY(on_off("--cuda-profile", o.profile));

@@ -153,14 +153,11 @@ void add_load_options(VerbCli& cli) {
             "finishes", "on")->type_name("on|off")->check(one_of({"on", "off"}));
   cli.value("--cuda-fuse", "with --int8-dots: decode launches share their int8 activation rows (the output "
             "projection reads those the attention wrote; q/k/v of two formats prepare once)", "on")->type_name("on|off")->check(one_of({"on", "off"}));
-  cli.value("--cuda-hold-gemv", "with --cuda-fuse: gate/up and the per-layer gate write the int8 rows of the "
-            "matmul after them, gelu_mul folded in (experimental: not yet timed on a GPU)", "off")
-      ->type_name("on|off")->check(one_of({"on", "off"}));
   cli.value("--cuda-fold-prep", "decode attention does attn_prep's work (q/k norms, RoPE, the KV write) itself, "
-            "one launch fewer a layer (experimental: not yet timed on a GPU)", "off")
+            "one launch fewer a layer (experimental: measured slower so far)", "off")
       ->type_name("on|off")->check(one_of({"on", "off"}));
-  cli.value("--cuda-int8-mma", "with --batch-invariant: verify-forward GEMVs of 2+ rows into K-quant weights on "
-            "the int8 tensor cores, the one-row bits (experimental: not yet timed on a GPU)", "off")
+  cli.value("--cuda-int8-mma", "with --batch-invariant: verify-forward GEMVs of 5+ rows into K-quant weights on "
+            "the int8 tensor cores, the one-row bits", "on")
       ->type_name("on|off")->check(one_of({"on", "off"}));
   cli.value("--cuda-profile", "time every op by events; per-op device times on stderr at exit", "off")
       ->type_name("on|off")->check(one_of({"on", "off"}));

@@ -166,18 +166,16 @@ class CudaBackend final : public Backend {
   void attention(const Buf& q_b, int H, const std::vector<AttnSeq>& seqs, float scale, ActPrecision P,
                  const Buf& out_b) override;
   void gelu_mul(const Buf& gate_b, const Buf& up_b, size_t n, ActPrecision P, const Buf& out_b) override {
-    if (fold_gelu_mul(gate_b, up_b, n, out_b, nullptr)) return;
     const void *gate = gate_b.data, *up = up_b.data;
     void* out = out_b.data;
     const DType t = act_type({&gate_b, &up_b, &out_b});
     launch("gelu_mul", cuda::gelu_mul, gate, up, n, out, t);
   }
   void gelu_mul_ggml(const Buf& gate_b, const Buf& up_b, size_t n, const Buf& out_b) override {
-    const uint16_t* t = tables_.gelu_table();
-    if (fold_gelu_mul(gate_b, up_b, n, out_b, t)) return;
     const void *gate = gate_b.data, *up = up_b.data;
     void* out = out_b.data;
     const DType at = act_type({&gate_b, &up_b, &out_b});
+    const uint16_t* t = tables_.gelu_table();
     launch("gelu_mul_ggml", cuda::gelu_mul_ggml, gate, up, n, t, out, at);
   }
   void add(const Buf& a_b, const Buf& b_b, size_t n, ActPrecision P, const Buf& y_b) override {
@@ -270,7 +268,6 @@ class CudaBackend final : public Backend {
   cuda::PendingPost pending_;      // a matmul_norm_add's post-norm (cuda_pending.h)
   cuda::PendingCombine combine_;   // the device MoE path's combination (cuda_pending.h)
   cuda::PendingAttention attn_;    // a decode attention launch held back for the op after it
-  cuda::PendingGemv gemv_;         // a decode GEMV launch held back for the ops after it
   cuda::PendingAttnPrep prep_;     // a decode attn_prep launch held back for the attention after it
   static constexpr int kPdlMaxRows = 64;
   int step_rows_ = 0;  // rows of the step being logged (embed sets it)
@@ -278,7 +275,7 @@ class CudaBackend final : public Backend {
   // launch, host copy, sync and step end), oldest first: a held-back launch is always the newest
   // (nothing is left pending while one is held without launching it first).
   void flush_pending() {
-    if (!pending_ && !combine_ && !attn_ && !gemv_ && !prep_) return;
+    if (!pending_ && !combine_ && !attn_ && !prep_) return;
     const cuda::PendingPost p = pending_;
     const cuda::PendingCombine c = combine_;
     pending_ = cuda::PendingPost{};
@@ -293,15 +290,10 @@ class CudaBackend final : public Backend {
     if (c) launch("moe_combine", cuda::moe_combine, c.y, c.w, c.rows, c.k, c.d, c.out, c.t);
     flush_held();
   }
-  // The held-back launch (attention, attn_prep or a GEMV: one at most), launched as it is, after
-  // the older pending epilogues.
+  // The held-back launch (attention or attn_prep: one at most), launched as it is, after the
+  // older pending epilogues.
   void flush_held() {
     launch_prep(prep_);
-    if (gemv_) {
-      const cuda::PendingGemv g = gemv_;
-      gemv_ = cuda::PendingGemv{};
-      launch_gemv(g);
-    }
     if (!attn_) return;
     const cuda::PendingAttention h = attn_;
     attn_ = cuda::PendingAttention{};
@@ -314,25 +306,13 @@ class CudaBackend final : public Backend {
     p = cuda::PendingAttnPrep{};
     launch("attn_prep", cuda::attn_prep, run.a, run.rows);
   }
-  void launch_gemv(const cuda::PendingGemv& g) {
-    label_ = g.label;
-    if (g.act == cuda::kPlain) launch(g.op, cuda::matmuls, g.a, g.M);
-    else launch(g.op, cuda::gate_up_gelu, g.a, g.M);
-  }
-  // Launches a (act: Act) over M rows, or holds it back (gemv_) when it is a decode GEMV whose
-  // output the next op may read in int8 form (cuda::q8_out_fusable).
-  void launch_or_hold(const char* op, const cuda::MatArgs& a, int M, int act);
-  // gelu_mul(gate, up) into out, folded into the held-back GEMV's epilogue (MatArgs::vec) when
-  // that GEMV writes gate and out is gate (table: ggml's, or null for the tanh form). False:
-  // nothing done, the caller launches the op.
-  bool fold_gelu_mul(const Buf& gate, const Buf& up, size_t n, const Buf& out, const uint16_t* table);
   void launch_attention(const cuda::PendingAttention& h, const cuda::Q8Act& q8) {
     launch("attention", cuda::attention, h.q, h.H, h.a, h.scale, h.splits, h.partial, h.counters, h.out, q8, h.prep);
   }
-  // The op after a held-back launch (attention, or a GEMV) reads its output x (M rows) through
-  // weight w with no input norm: launches it with its output's int8 form written into q8_out_,
-  // and returns q8_out_ for the caller's launch (MatArgs::prepared); otherwise launches it as it
-  // is, before anything the caller decides, and returns an empty Q8Act.
+  // The op after a held-back attention launch reads its output x (M rows) through weight w with
+  // no input norm: launches it with its output's int8 form written into q8_out_, and returns
+  // q8_out_ for the caller's launch (MatArgs::prepared); otherwise launches it as it is, before
+  // anything the caller decides, and returns an empty Q8Act.
   cuda::Q8Act take_prepared(const void* x, int M, const cuda::DevWeight& w);
 
   // Runs fn(stream, args...) now, or logs it with its key when a step is being recorded. The key

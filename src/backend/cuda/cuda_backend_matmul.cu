@@ -24,10 +24,10 @@ void CudaBackend::matmul(const Buf& x_b, int M, const WeightView& W, ActPrecisio
     if (pre.q) {
       a.q8 = pre;
       a.prepared = 1;
-      return launch_or_hold(op, a, M, cuda::kPlain);
+      return launch(op, cuda::matmuls, a, M);
     }
     pending_.take_into(a, M, false);
-    if (a.pre_y) return launch_or_hold(op, a, M, cuda::kPlain);
+    if (a.pre_y) return launch(op, cuda::matmuls, a, M);
   }
   if (M > 1 && blas_ && !q8_rows(M, w)) {
     cuda::MatArgs a = mat_args(x_b, InputNorm{}, M, w);
@@ -148,46 +148,17 @@ void CudaBackend::gate_up_gelu(const Buf& x_b, int M, const InputNorm& norm, con
   pending_.take_into(a, M, true);
   if (profile_) label_ = "gate_up_gelu " + std::to_string(G.rows) + "x" + std::to_string(G.cols) + " M=" + std::to_string(M);
   if (launch_blas("gate_up_gelu", a, M, a.table ? 2 : 1)) return;
-  launch_or_hold("gate_up_gelu", a, M, a.table ? cuda::kGeluGgml : cuda::kGelu);
-}
-
-void CudaBackend::launch_or_hold(const char* op, const cuda::MatArgs& a, int M, int act) {
-  cuda::PendingGemv g{a, M, act, op, std::move(label_)};
-  if (opt_.fuse_decode_ops && opt_.hold_gemvs && q8_out_.q && a.q8.q != q8_out_.q && cuda::q8_out_fusable(a, M, act)) {
-    flush_pending();  // older than the held launch: nothing stays pending behind it
-    gemv_ = std::move(g);
-    return;
-  }
-  launch_gemv(g);
-}
-
-bool CudaBackend::fold_gelu_mul(const Buf& gate, const Buf& up, size_t n, const Buf& out, const uint16_t* table) {
-  cuda::MatArgs& a = gemv_.a;
-  if (!gemv_ || gemv_.act != cuda::kPlain || a.vec || a.y[0] != gate.data || out.data != gate.data ||
-      n != size_t(gemv_.M) * size_t(a.w[0].rows) || act_type({&gate, &up, &out}) != a.yt)
-    return false;
-  a.vec = up.data;
-  a.table = table;
-  return true;
+  launch("gate_up_gelu", cuda::gate_up_gelu, a, M);
 }
 
 cuda::Q8Act CudaBackend::take_prepared(const void* x, int M, const cuda::DevWeight& w) {
-  if (!gemv_ && !attn_) return cuda::Q8Act{};
+  if (!attn_) return cuda::Q8Act{};
   const std::string caller_label = std::move(label_);  // the caller's launch comes after the held one
-  const bool reads = q8_rows(M, w) && cuda::q8_gemv_supports(w) && int64_t(M) * w.cols <= cuda::kQ8MaxValues;
-  bool joins = false;
-  if (gemv_) {
-    cuda::PendingGemv g = gemv_;
-    gemv_ = cuda::PendingGemv{};
-    joins = reads && x == g.a.y[0] && M == g.M && w.cols == g.a.w[0].rows;
-    if (joins) g.a.q8o = q8_out_;
-    launch_gemv(g);
-  } else {
-    const cuda::PendingAttention h = attn_;
-    attn_ = cuda::PendingAttention{};
-    joins = reads && x == h.out && M == h.rows && w.cols == int64_t(h.H) * h.a.head_dim;
-    launch_attention(h, joins ? q8_out_ : cuda::Q8Act{});
-  }
+  const cuda::PendingAttention h = attn_;
+  attn_ = cuda::PendingAttention{};
+  const bool joins = q8_rows(M, w) && cuda::q8_gemv_supports(w) && int64_t(M) * w.cols <= cuda::kQ8MaxValues &&
+                     x == h.out && M == h.rows && w.cols == int64_t(h.H) * h.a.head_dim;
+  launch_attention(h, joins ? q8_out_ : cuda::Q8Act{});
   label_ = caller_label;
   return joins ? q8_out_ : cuda::Q8Act{};
 }

@@ -220,7 +220,7 @@ void mma_launch(cudaStream_t s, MatArgs a, int M, int act, int lpr) {
 }  // namespace
 
 bool q8_mma_takes(const MatArgs& a, int M, int act) {
-  if (M < 2 || a.resid || a.q8o.q || a.vec) return false;
+  if (M < kMmaMinRows || a.resid) return false;
   const WFormat f = a.w[0].fmt;
   if (f != WFormat::GgufQ4_K && f != WFormat::GgufQ5_K && f != WFormat::GgufQ6_K) return false;
   for (int i = 1; i < a.n; ++i)

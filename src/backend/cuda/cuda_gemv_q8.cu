@@ -130,41 +130,26 @@ __global__ void __launch_bounds__(kPostThreads) post_add_prepare_kernel(const vo
 constexpr int kQ8Warps = 4;  // warps per block
 constexpr int kQ8Cols = 8;   // prepared rows a block of a multi-row launch dots each weight row with
 
-// gelu_mul (cuda_elementwise.cu) of output v of y[0] at index i with a.vec[i], from v as stored.
-__device__ __forceinline__ float vec_gelu(const MatArgs& a, float v, int64_t i) {
-  const bool bf = a.yt == DType::BF16;
-  const float g = act_round(v, bf), u = ldx(a.vec, i, bf);
-  return a.table ? gelu_ggml_mul(g, u, a.table) : gelu_tanh_mul(g, u);
-}
-
 // y[i][m][r] = w[i][r] · x[m] for the a.n weights of the launch (blocks [first[i], first[i+1])
 // take weight i, kQ8Warps * 32 / lpr rows each) and the a.M prepared rows (blockIdx.y: rows
 // kCols·blockIdx.y onward, at most kCols of them, each weight unit loaded and unpacked once for
 // them all).
 // kAct != kPlain: gelu(w[0][r] · x) * (w2[r] · x). a.resid (a.M == 1 only): matmul_norm_add's
 // epilogue by the last block (cuda_matmul_common.cuh).
-// kFusedWarps (16 or 32: the most warps a block has; one weight, one row, w.rows % 32 == 0;
-// q8_out_fusable): blocks of lpr warps, 32 rows each, for the epilogues of a held-back launch
-// (cuda_pending.h PendingGemv): a.vec (kPlain: MatArgs::vec) and a.q8o (the block's 32 outputs as
-// stored, quantized as one int8 block by its first warp). Compiled apart, so that the plain
-// launches keep their registers (occupancy); blocks of up to 16 warps keep up to 128 registers.
 // Row m's arithmetic (its units in the same lanes, summed in the same order, the same shuffle
-// tree) depends on lpr and the weights only: the same bits at any a.M and any kCols, fused or
-// not (the CUDA op tests check it; batch-invariant decode rests on it).
-template <WFormat F, int kBits, int kAct, int kCols, int kFusedWarps = 0>
-__global__ void __launch_bounds__(kFusedWarps ? kFusedWarps * kWarp : kQ8Warps * kWarp) q8_gemv_kernel(MatArgs a, Q8Act x, int lpr) {
+// tree) depends on lpr and the weights only: the same bits at any a.M and any kCols (the CUDA op
+// tests check it; batch-invariant decode and the MMA GEMV, cuda_gemv_mma.cu, rest on it).
+template <WFormat F, int kBits, int kAct, int kCols>
+__global__ void __launch_bounds__(kQ8Warps * kWarp) q8_gemv_kernel(MatArgs a, Q8Act x, int lpr) {
   using U = Unit<F, kBits>;
-  constexpr bool kFused = kFusedWarps > 0;
-  static_assert(!kFused || kCols == 1, "fused epilogues are for one row");
-  const int warps = kFused ? int(blockDim.x) / kWarp : kQ8Warps;
   int i = 0;
   while (i + 1 < a.n && blockIdx.x >= a.first[i + 1]) ++i;
   const DevWeight& w = a.w[i];
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int64_t r0 = int64_t(blockIdx.x - a.first[i]) * warps * (kWarp / lpr);
+  const int64_t r0 = int64_t(blockIdx.x - a.first[i]) * kQ8Warps * (kWarp / lpr);
   const int64_t r = r0 + (int64_t(warp) * kWarp + lane) / lpr;
   if (threadIdx.x == 0 && blockIdx.y == 0 && r0 < w.rows) {  // this block's weight rows, while the kernels before it finish
-    const int64_t n = min(int64_t(warps * (kWarp / lpr)), w.rows - r0);
+    const int64_t n = min(int64_t(kQ8Warps * (kWarp / lpr)), w.rows - r0);
     prefetch_l2(w.data + r0 * w.row_bytes, size_t(n * w.row_bytes));
     if constexpr (kAct != kPlain) prefetch_l2(a.w2.data + r0 * a.w2.row_bytes, size_t(n * a.w2.row_bytes));
   }
@@ -192,7 +177,6 @@ __global__ void __launch_bounds__(kFusedWarps ? kFusedWarps * kWarp : kQ8Warps *
       }
     }
   }
-  __shared__ float stored[kFused ? 32 : 1];  // kFused: the block's outputs as stored
 #pragma unroll
   for (int m = 0; m < kCols; ++m) {
     for (int o = lpr / 2; o > 0; o >>= 1) {
@@ -200,22 +184,13 @@ __global__ void __launch_bounds__(kFusedWarps ? kFusedWarps * kWarp : kQ8Warps *
       if constexpr (kAct != kPlain) acc2[m] += __shfl_xor_sync(0xffffffffu, acc2[m], o);
     }
     if (r < w.rows && sub == 0 && m < nm) {
-      const int64_t at = int64_t(m0 + m) * w.rows + r;
       float v = acc[m];
       if constexpr (kAct == kGelu) v = gelu_tanh_mul(acc[m], acc2[m]);
       if constexpr (kAct == kGeluGgml) v = gelu_ggml_mul(acc[m], acc2[m], a.table);
-      if constexpr (kFused && kAct == kPlain)
-        if (a.vec) v = vec_gelu(a, v, at);
-      store_out(a.y[i], at, v, a.yt == DType::F32);
-      if constexpr (kFused) stored[r - r0] = act_round(v, a.yt == DType::BF16);
+      store_out(a.y[i], int64_t(m0 + m) * w.rows + r, v, a.yt == DType::F32);
     }
   }
   if (kCols == 1 && a.resid) residual_epilogue(a, a.y[0], a.w[0].rows);
-  if constexpr (kFused) {
-    if (!a.q8o.q) return;
-    __syncthreads();
-    if (warp == 0) q8_store_block(stored[lane], int(r0) + lane, lane, a.q8o);
-  }
 }
 
 // The routed experts (MoeMatArgs, cuda_moe.h): grid (row blocks, items); item i dots expert
@@ -278,11 +253,10 @@ int lanes_per_row(int64_t units, int64_t rows, int vals) {
   return lpr;
 }
 
-template <WFormat F, int kBits, int kCols, int kFusedWarps = 0>
+template <WFormat F, int kBits, int kCols>
 void gemv_act(cudaStream_t s, const MatArgs& a, int act, dim3 grid, int lpr) {
-  const int threads = kFusedWarps ? lpr * kWarp : kQ8Warps * kWarp;  // fused: 32 rows a block
   with_act(act, [&](auto A) {
-    launch_kernel(q8_gemv_kernel<F, kBits, decltype(A)::value, kCols, kFusedWarps>, grid, threads, 0, s, a, a.q8, lpr);
+    launch_kernel(q8_gemv_kernel<F, kBits, decltype(A)::value, kCols>, grid, kQ8Warps * kWarp, 0, s, a, a.q8, lpr);
   });
 }
 
@@ -300,15 +274,11 @@ void gemv_launch(cudaStream_t s, MatArgs a, int M, int act, int lanes) {
   if (M > 1 && a.mma_rows && q8_mma_takes(a, M, act)) {
     q8_mma_gemv(s, a, M, act, lpr);
   } else {
-    const bool fused = M == 1 && (a.q8o.q || a.vec);  // the held-back launch's epilogues (q8_out_fusable)
-    const int rows_per_block = fused ? 32 : kQ8Warps * (kWarp / lpr);
-    const unsigned blocks = assign_row_blocks(a, rows_per_block);
+    const unsigned blocks = assign_row_blocks(a, kQ8Warps * (kWarp / lpr));
     a.M = M;
     // kCols fitted to M (a speculative verify forward is 2 to 8 rows): no idle accumulators, and
     // deeper unrolling where fewer rows leave registers for it.
-    if (fused && lpr <= 16) gemv_act<F, kBits, 1, 16>(s, a, act, dim3(blocks), lpr);
-    else if (fused) gemv_act<F, kBits, 1, 32>(s, a, act, dim3(blocks), lpr);
-    else if (M == 1) gemv_act<F, kBits, 1>(s, a, act, dim3(blocks), lpr);
+    if (M == 1) gemv_act<F, kBits, 1>(s, a, act, dim3(blocks), lpr);
     else if (M == 2) gemv_act<F, kBits, 2>(s, a, act, dim3(blocks), lpr);
     else if (M <= 4) gemv_act<F, kBits, 4>(s, a, act, dim3(blocks), lpr);
     else gemv_act<F, kBits, kQ8Cols>(s, a, act, dim3(blocks, unsigned(blocks_for(M, kQ8Cols))), lpr);
@@ -399,15 +369,10 @@ bool q8_prepare_fusable(const MatArgs& a, bool gelu) {
 }
 
 // Whether q8_gemv launches a over M rows (q8_gemv_takes, and the rows fit the scratch and the
-// epilogue), so that the launch's int8-only arguments (MatArgs::q8o, vec) take effect.
+// epilogue).
 static bool q8_gemv_applies(const MatArgs& a, int M, int act) {
   if (!q8_gemv_takes(a, act) || M < 1 || int64_t(M) * a.w[0].cols > kQ8MaxValues) return false;
   return !(M > 1 && a.resid && a.w[0].rows > kPostMax);  // the last-block epilogue is for one row
-}
-
-bool q8_out_fusable(const MatArgs& a, int M, int act) {
-  const int64_t rows = a.w[0].rows;
-  return M == 1 && q8_gemv_applies(a, M, act) && a.n == 1 && !a.resid && rows % 32 == 0 && rows <= kQ8MaxCols;
 }
 
 bool q8_gemv(cudaStream_t s, const MatArgs& a, int M, int act) {

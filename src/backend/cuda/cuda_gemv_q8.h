@@ -23,8 +23,5 @@ void q8_gemv_prepared(cudaStream_t s, const MatArgs& a, int M, int act, int lane
 // Whether the int8 GEMVs take every weight of a (act: Act), so that q8_gemv prepares a's rows
 // into a.q8 (the backend's later launches of the same rows may then skip theirs: MatArgs::prepared).
 bool q8_gemv_takes(const MatArgs& a, int act);
-// Whether a's launch over M rows may take the fused epilogues (MatArgs::q8o, vec): one row into one
-// weight of whole 32-row groups, no residual epilogue.
-bool q8_out_fusable(const MatArgs& a, int M, int act);
 
 }  // namespace g4::cuda

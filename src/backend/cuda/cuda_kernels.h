@@ -121,14 +121,6 @@ struct MatArgs {
   // round it, in the same one-block kernel that then norms and quantizes x.
   const void* pre_y = nullptr;
   const float* pre_w = nullptr;
-  // The int8 GEMVs' fused epilogues, for one row into one weight with no residual epilogue
-  // (q8_out_fusable; a held-back launch, cuda_pending.h PendingGemv):
-  // - q8o.q set: y[0] is also written in int8 form into q8o (cuda_q8.cuh), the bits q8_prepare
-  //   makes of y[0] as stored, for the GEMV after this one;
-  // - vec set (kPlain only): y[0] = gelu_mul(y, vec) as the elementwise op computes it from y as
-  //   stored (ggml's table when `table` is set, else the tanh form; vec of y's type, w[0].rows).
-  Q8Act q8o{};
-  const void* vec = nullptr;
   unsigned first[4];
   int M;
   int n;

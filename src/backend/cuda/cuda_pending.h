@@ -4,8 +4,6 @@
 // or step end (CudaBackend::flush_pending), so every op sees memory exactly where plain order has
 // it.
 #pragma once
-#include <string>
-
 #include "backend/cuda/cuda_kernels.h"
 
 namespace g4::cuda {
@@ -96,24 +94,6 @@ struct PendingAttnPrep {
   int rows = 0;
 
   explicit operator bool() const { return rows > 0; }
-};
-
-// A decode GEMV launch on the int8 path (q8_out_fusable: gate_up_gelu, or a plain matmul of one
-// weight) held back for the ops after it:
-// - a gelu_mul of its output in place (the per-layer input's gate) joins its epilogue
-//   (MatArgs::vec);
-// - when the next op is a matmul of its output with no input norm (the down projection, the
-//   per-layer input's projection), the launch also writes its output's int8 form (MatArgs::q8o)
-//   and that matmul skips its own prepare launch (CudaBackend::take_prepared).
-// Launched as is before any other launch, host copy, sync or step end (flush_pending).
-struct PendingGemv {
-  MatArgs a{};
-  int M = 0;
-  int act = kPlain;
-  const char* op = nullptr;  // the launch's name (G4_CUDA_SKIP, the step key)
-  std::string label;         // its profile label
-
-  explicit operator bool() const { return M > 0; }
 };
 
 }  // namespace g4::cuda
