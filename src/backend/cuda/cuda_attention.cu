@@ -31,9 +31,9 @@ namespace {
 // (prep.k, prep.v, when the layer has them), the first query head of each KV group writing them
 // into the cache slot; the row's own K/V are then read from shared memory (no block reads that
 // slot). 128 threads and norm_rope_head / norm_v_head as attn_prep_kernel runs them: the same bits.
-// kFold: the instance that runs with prep.q set; the others never touch shared K/V, so their cache
-// reads stay plain global loads (a pointer that may be shared or global makes every load generic:
-// +23 % of a decode step at a 512-token context, stop 51).
+// kFold: the instance that runs with prep.q set. The others compile without the fold's prologue and
+// its per-position choice of K/V source: carrying them cost +23 % of a decode step at a 512-token
+// context (stop 51).
 constexpr int kAttnWarps = 4;
 template <int kPer, bool kQuant, bool kFold, class T>
 __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* q, int H, AttnBatch a, float scale,
@@ -93,6 +93,16 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* 
   // so every load of the iteration is in flight at once (one memory latency per iteration).
   constexpr int kBatch = kPer <= 8 ? 4 : 2;
   float m = -INFINITY, l = 0.f;
+  // This lane's values of one position's K and V rows (from the cache, or the folded row's own
+  // from shared memory).
+  auto load_kv = [&](const T* kr, const T* vr, float* kk, float* vv) {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int d = lane + kWarp * i;
+      kk[i] = d < D ? to_f(kr[d]) : 0.f;
+      vv[i] = d < D ? to_f(vr[d]) : 0.f;
+    }
+  };
   for (int j = j0 + warp; j < j1; j += kAttnWarps * kBatch) {
     float kk[kBatch][kPer], vv[kBatch][kPer];
 #pragma unroll
@@ -105,21 +115,9 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* 
         kv_dequant_run<kPer>(qa.kq, qa.ks, qa.kb, qa, hr, D, lane * kPer, kk[b]);
         kv_dequant_run<kPer>(qa.vq, qa.vs, qa.vb, qa, hr, D, lane * kPer, vv[b]);
       } else if (kFold && own_kv && p == pos) {  // the row's own K/V, made above (whole warps)
-#pragma unroll
-        for (int i = 0; i < kPer; ++i) {
-          const int d = lane + kWarp * i;
-          kk[b][i] = d < D ? to_f(s_k[d]) : 0.f;
-          vv[b][i] = d < D ? to_f(s_v[d]) : 0.f;
-        }
+        load_kv(s_k, s_v, kk[b], vv[b]);
       } else {
-        const T* kr = kc + int64_t(slot) * row + int64_t(g) * D;
-        const T* vr = vc + int64_t(slot) * row + int64_t(g) * D;
-#pragma unroll
-        for (int i = 0; i < kPer; ++i) {
-          const int d = lane + kWarp * i;
-          kk[b][i] = d < D ? to_f(kr[d]) : 0.f;
-          vv[b][i] = d < D ? to_f(vr[d]) : 0.f;
-        }
+        load_kv(kc + int64_t(slot) * row + int64_t(g) * D, vc + int64_t(slot) * row + int64_t(g) * D, kk[b], vv[b]);
       }
     }
     float sc[kBatch], mn = m;
@@ -225,15 +223,12 @@ template <int kPer, class T>
 void attention_launch(cudaStream_t s, const T* q, int H, const AttnBatch& a, float scale, int splits,
                       float* partial, unsigned* counters, T* out, const Q8Act& q8o, const AttnPrepArgs& prep) {
   const dim3 grid(unsigned(a.rows * H), unsigned(splits));
-  if (a.quant_bits)
-    launch_kernel(attention_kernel<kPer, true, false, T>, grid, kAttnWarps * kWarp, 0, s, q, H, a, scale, partial, counters, out,
-                  q8o, AttnPrepArgs{});
-  else if (prep.q)
-    launch_kernel(attention_kernel<kPer, false, true, T>, grid, kAttnWarps * kWarp, 0, s, q, H, a, scale, partial, counters, out,
-                  q8o, prep);
-  else
-    launch_kernel(attention_kernel<kPer, false, false, T>, grid, kAttnWarps * kWarp, 0, s, q, H, a, scale, partial, counters, out,
-                  q8o, AttnPrepArgs{});
+  auto go = [&](auto kernel, const AttnPrepArgs& p) {
+    launch_kernel(kernel, grid, kAttnWarps * kWarp, 0, s, q, H, a, scale, partial, counters, out, q8o, p);
+  };
+  if (a.quant_bits) go(attention_kernel<kPer, true, false, T>, AttnPrepArgs{});
+  else if (prep.q) go(attention_kernel<kPer, false, true, T>, prep);
+  else go(attention_kernel<kPer, false, false, T>, AttnPrepArgs{});
 }
 
 }  // namespace
