@@ -196,7 +196,8 @@ struct BackendOptions {
   bool pdl = true;
   // CUDA with int8_dots: launches of one decode step share their int8 activation rows (the
   // output projection reads the rows the attention launch wrote, cuda_pending.h PendingAttention;
-  // a q/k/v launch of a second format reuses the first one's prepared rows) instead of each
+  // the per-layer input's projection those its gelu_mul wrote, PendingGeluMul; a q/k/v launch of
+  // a second format reuses the first one's prepared rows) instead of each
   // preparing its own. Off: every matmul prepares its rows (`--cuda-fuse off`, for timing).
   bool fuse_decode_ops = true;
   // CUDA: a decode step's attn_prep (q/k norms, RoPE, the KV-cache write) is done by the attention

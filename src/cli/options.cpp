@@ -152,7 +152,8 @@ void add_load_options(VerbCli& cli) {
   cli.value("--cuda-pdl", "programmatic dependent launch: a kernel is scheduled while the one before it "
             "finishes", "on")->type_name("on|off")->check(one_of({"on", "off"}));
   cli.value("--cuda-fuse", "with --int8-dots: decode launches share their int8 activation rows (the output "
-            "projection reads those the attention wrote; q/k/v of two formats prepare once)", "on")->type_name("on|off")->check(one_of({"on", "off"}));
+            "projection reads those the attention wrote, the per-layer input's projection those its gelu_mul wrote; "
+            "q/k/v of two formats prepare once)", "on")->type_name("on|off")->check(one_of({"on", "off"}));
   cli.value("--cuda-fold-prep", "decode attention does attn_prep's work (q/k norms, RoPE, the KV write) itself, "
             "one launch fewer a layer (experimental: measured slower so far)", "off")
       ->type_name("on|off")->check(one_of({"on", "off"}));

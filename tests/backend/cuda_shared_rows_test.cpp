@@ -1,7 +1,8 @@
 // Decode launches sharing their int8 activation rows on the CUDA backend (BackendOptions::
 // fuse_decode_ops): a q/k/v launch of a second format reads the rows the first one prepared, and
 // the output projection reads the int8 rows the held-back attention launch wrote
-// (cuda_pending.h PendingAttention). Either gives the bits of each launch preparing its own rows.
+// (cuda_pending.h PendingAttention), and the per-layer input's projection those of the held-back
+// gelu_mul (PendingGeluMul). Each gives the bits of each launch preparing its own rows.
 // Skips, printing why, without CUDA or a GPU (CI).
 #include <gtest/gtest.h>
 
@@ -115,6 +116,55 @@ TEST(CudaSharedRows, AttentionRowsForTheOutputProjection) {
     for (const Buf& p : {kc, vc, q}) cu->free(p);
   }
   cu->release_weight(dW);
+}
+
+// gelu(gate) * up, both forms (the tanh form and ggml's table), held back for the matmul of its
+// output, which reads the int8 form the gelu_mul launch wrote: the same bits as the ops apart (a
+// sync between them launches the held op alone), for a plain matmul and matmul_norm_add (the
+// per-layer input's projection), one row and three row-exact rows.
+TEST(CudaSharedRows, GeluMulRowsForTheNextMatmul) {
+  const int64_t C = 256, O = 160;
+  std::mt19937 rng(102);
+  auto wb = test::random_blocks(WFormat::GgufQ4_K, O, C, rng);
+  const WeightView W{WFormat::GgufQ4_K, O, C, wb.data(), int64_t(gguf_row_bytes(WFormat::GgufQ4_K, C))};
+  const auto pw = randn(size_t(O), 103);
+  for (bool row_exact : {false, true}) {
+    std::string why;
+    std::unique_ptr<Backend> cu = test::cuda_int8_backend(row_exact, &why);
+    if (!cu) {
+      std::printf("SKIP: cuda backend unavailable: %s\n", why.c_str());
+      GTEST_SKIP() << "no CUDA";
+    }
+    const int M = row_exact ? 3 : 1;
+    const WeightView dW = cu->place_weight(W);
+    const Buf gate = test::upload_act(*cu, bf16_rounded(randn(size_t(M * C), 104, 2.f))),
+              up = test::upload_act(*cu, bf16_rounded(randn(size_t(M * C), 105))), dpw = test::upload(*cu, pw);
+    const auto resid0 = bf16_rounded(randn(size_t(M * O), 106));
+    for (bool ggml : {false, true}) {
+      for (bool norm_add : {false, true}) {
+        std::vector<float> y[2], g[2], r[2];
+        for (int apart = 0; apart < 2; ++apart) {
+          Buf h = cu->alloc_act(size_t(M * C)), out = cu->alloc_act(size_t(M * O)), resid = test::upload_act(*cu, resid0);
+          if (ggml) cu->gelu_mul_ggml(gate, up, size_t(M * C), h);
+          else cu->gelu_mul(gate, up, size_t(M * C), ActPrecision::BF16, h);
+          if (apart) cu->sync();
+          if (norm_add) cu->matmul_norm_add(h, M, dW, out, resid, dpw.f32(), 1e-6f, ActPrecision::BF16);
+          else cu->matmul(h, M, dW, ActPrecision::BF16, out);
+          y[apart] = test::download(*cu, out, size_t(M * O));
+          g[apart] = test::download(*cu, h, size_t(M * C));
+          r[apart] = test::download(*cu, resid, size_t(M * O));
+          for (const Buf& p : {h, out, resid}) cu->free(p);
+        }
+        const std::string what = std::string(ggml ? "ggml table" : "tanh form") + (norm_add ? ", matmul_norm_add" : ", matmul") +
+                                 (row_exact ? ", 3 row-exact rows" : ", one row");
+        EXPECT_EQ(g[0], g[1]) << what << ": gelu_mul's output";
+        EXPECT_EQ(y[0], y[1]) << what << ": the projection of the held gelu_mul's int8 rows";
+        EXPECT_EQ(r[0], r[1]) << what << ": the residual";
+      }
+    }
+    for (const Buf& p : {gate, up, dpw}) cu->free(p);
+    cu->release_weight(dW);
+  }
 }
 
 }  // namespace

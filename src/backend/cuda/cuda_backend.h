@@ -169,6 +169,7 @@ class CudaBackend final : public Backend {
     const void *gate = gate_b.data, *up = up_b.data;
     void* out = out_b.data;
     const DType t = act_type({&gate_b, &up_b, &out_b});
+    if (hold_gelu_mul(cuda::PendingGeluMul{gate, up, n, nullptr, out, t})) return;
     launch("gelu_mul", cuda::gelu_mul, gate, up, n, out, t);
   }
   void gelu_mul_ggml(const Buf& gate_b, const Buf& up_b, size_t n, const Buf& out_b) override {
@@ -176,6 +177,7 @@ class CudaBackend final : public Backend {
     void* out = out_b.data;
     const DType at = act_type({&gate_b, &up_b, &out_b});
     const uint16_t* t = tables_.gelu_table();
+    if (hold_gelu_mul(cuda::PendingGeluMul{gate, up, n, t, out, at})) return;
     launch("gelu_mul_ggml", cuda::gelu_mul_ggml, gate, up, n, t, out, at);
   }
   void add(const Buf& a_b, const Buf& b_b, size_t n, ActPrecision P, const Buf& y_b) override {
@@ -269,13 +271,14 @@ class CudaBackend final : public Backend {
   cuda::PendingCombine combine_;   // the device MoE path's combination (cuda_pending.h)
   cuda::PendingAttention attn_;    // a decode attention launch held back for the op after it
   cuda::PendingAttnPrep prep_;     // a decode attn_prep launch held back for the attention after it
+  cuda::PendingGeluMul gelu_;      // a decode-sized gelu_mul held back for the GEMV after it
   static constexpr int kPdlMaxRows = 64;
   int step_rows_ = 0;  // rows of the step being logged (embed sets it)
   // The pending epilogues and the held-back launch that no op took, launched alone (before every
   // launch, host copy, sync and step end), oldest first: a held-back launch is always the newest
   // (nothing is left pending while one is held without launching it first).
   void flush_pending() {
-    if (!pending_ && !combine_ && !attn_ && !prep_) return;
+    if (!pending_ && !combine_ && !attn_ && !prep_ && !gelu_) return;
     const cuda::PendingPost p = pending_;
     const cuda::PendingCombine c = combine_;
     pending_ = cuda::PendingPost{};
@@ -290,10 +293,11 @@ class CudaBackend final : public Backend {
     if (c) launch("moe_combine", cuda::moe_combine, c.y, c.w, c.rows, c.k, c.d, c.out, c.t);
     flush_held();
   }
-  // The held-back launch (attention or attn_prep: one at most), launched as it is, after the
-  // older pending epilogues.
+  // The held-back launch (attention, attn_prep or gelu_mul: one at most), launched as it is, after
+  // the older pending epilogues.
   void flush_held() {
     launch_prep(prep_);
+    launch_gelu_mul(cuda::Q8Act{});
     if (!attn_) return;
     const cuda::PendingAttention h = attn_;
     attn_ = cuda::PendingAttention{};
@@ -306,13 +310,33 @@ class CudaBackend final : public Backend {
     p = cuda::PendingAttnPrep{};
     launch("attn_prep", cuda::attn_prep, run.a, run.rows);
   }
+  // Holds g (decode sizes on the int8 path: what an int8 GEMV's prepare could take) after the
+  // older pending epilogues; false when it is to be launched now.
+  bool hold_gelu_mul(const cuda::PendingGeluMul& g) {
+    if (!opt_.fuse_decode_ops || !q8_.q || !q8_out_.q || g.n == 0 || g.n % 32 != 0 ||
+        g.n > size_t(cuda::kQ8MaxValues))
+      return false;
+    flush_pending();  // older than the held launch
+    gelu_ = g;
+    return true;
+  }
+  // The held gelu_mul, emptied: with q8.q set also writing its output's int8 form there (rows of
+  // `cols` values); nothing when none is held.
+  void launch_gelu_mul(const cuda::Q8Act& q8, int cols = 0) {
+    if (!gelu_) return;
+    const cuda::PendingGeluMul g = gelu_;
+    gelu_ = cuda::PendingGeluMul{};
+    if (q8.q) launch("gelu_mul_prepare", cuda::gelu_mul_q8, g.gate, g.up, g.n, g.table, g.out, g.t, cols, q8);
+    else if (g.table) launch("gelu_mul_ggml", cuda::gelu_mul_ggml, g.gate, g.up, g.n, g.table, g.out, g.t);
+    else launch("gelu_mul", cuda::gelu_mul, g.gate, g.up, g.n, g.out, g.t);
+  }
   void launch_attention(const cuda::PendingAttention& h, const cuda::Q8Act& q8) {
     launch("attention", cuda::attention, h.q, h.H, h.a, h.scale, h.splits, h.partial, h.counters, h.out, q8, h.prep);
   }
-  // The op after a held-back attention launch reads its output x (M rows) through weight w with
-  // no input norm: launches it with its output's int8 form written into q8_out_, and returns
-  // q8_out_ for the caller's launch (MatArgs::prepared); otherwise launches it as it is, before
-  // anything the caller decides, and returns an empty Q8Act.
+  // The op after a held-back attention or gelu_mul launch reads its output x (M rows) through
+  // weight w with no input norm: launches it with its output's int8 form written into q8_out_,
+  // and returns q8_out_ for the caller's launch (MatArgs::prepared); otherwise launches it as it
+  // is, before anything the caller decides, and returns an empty Q8Act.
   cuda::Q8Act take_prepared(const void* x, int M, const cuda::DevWeight& w);
 
   // Runs fn(stream, args...) now, or logs it with its key when a step is being recorded. The key

@@ -14,7 +14,7 @@ void CudaBackend::matmul(const Buf& x_b, int M, const WeightView& W, ActPrecisio
   if (profile_) label_ = "matmul " + std::to_string(w.rows) + "x" + std::to_string(w.cols) + " M=" + std::to_string(M);
   // Op 20 ("big_matmul", >= 64Ki rows: the LM head) only to tell it apart in G4_CUDA_SKIP ablations.
   const char* op = w.rows >= 65536 ? "big_matmul" : "matmul";
-  const cuda::Q8Act pre = take_prepared(x, M, w);  // x's int8 form, when the attention before wrote it
+  const cuda::Q8Act pre = take_prepared(x, M, w);  // x's int8 form, when the attention or gelu_mul before wrote it
   if (pre.q || (q8_rows(M, w) && pending_.y && x == pending_.resid)) {  // or: may take the deferred epilogue
     cuda::MatArgs a = mat_args(x_b, InputNorm{}, M, w);
     a.yt = yt;
@@ -51,7 +51,7 @@ void CudaBackend::matmul_norm_add(const Buf& x_b, int M, const WeightView& W, co
     Backend::matmul_norm_add(x_b, M, W, y_b, resid_b, w, eps, P, lora);
     return;
   }
-  const cuda::Q8Act pre = take_prepared(x_b.data, M, dev(W));  // x's int8 form, when the attention before wrote it
+  const cuda::Q8Act pre = take_prepared(x_b.data, M, dev(W));  // x's int8 form, when the attention or gelu_mul before wrote it
   // Batched decode on the few-row tensor-core kernel or cuBLAS (no fused epilogue): the norm_add
   // is left pending for the next op (the next input norm takes it: PendingPost).
   if (batched_rows(x_b, M, dev(W))) {
@@ -152,13 +152,19 @@ void CudaBackend::gate_up_gelu(const Buf& x_b, int M, const InputNorm& norm, con
 }
 
 cuda::Q8Act CudaBackend::take_prepared(const void* x, int M, const cuda::DevWeight& w) {
-  if (!attn_) return cuda::Q8Act{};
+  if (!attn_ && !gelu_) return cuda::Q8Act{};
   const std::string caller_label = std::move(label_);  // the caller's launch comes after the held one
-  const cuda::PendingAttention h = attn_;
-  attn_ = cuda::PendingAttention{};
-  const bool joins = q8_rows(M, w) && cuda::q8_gemv_supports(w) && int64_t(M) * w.cols <= cuda::kQ8MaxValues &&
-                     x == h.out && M == h.rows && w.cols == int64_t(h.H) * h.a.head_dim;
-  launch_attention(h, joins ? q8_out_ : cuda::Q8Act{});
+  const bool int8 = q8_rows(M, w) && cuda::q8_gemv_supports(w) && int64_t(M) * w.cols <= cuda::kQ8MaxValues;
+  bool joins = false;
+  if (attn_) {
+    const cuda::PendingAttention h = attn_;
+    attn_ = cuda::PendingAttention{};
+    joins = int8 && x == h.out && M == h.rows && w.cols == int64_t(h.H) * h.a.head_dim;
+    launch_attention(h, joins ? q8_out_ : cuda::Q8Act{});
+  } else {
+    joins = int8 && x == gelu_.out && gelu_.n == size_t(M) * size_t(w.cols) && w.cols % 32 == 0;
+    launch_gelu_mul(joins ? q8_out_ : cuda::Q8Act{}, int(w.cols));
+  }
   label_ = caller_label;
   return joins ? q8_out_ : cuda::Q8Act{};
 }

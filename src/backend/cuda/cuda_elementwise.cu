@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_kernel_util.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.cuh"
+#include "backend/cuda/cuda_q8_store.cuh"
 
 namespace g4::cuda {
 namespace {
@@ -51,6 +52,25 @@ __global__ void gelu_mul_ggml_kernel(const T* gate, const T* up, int64_t n, cons
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   out[i] = from_f<T>(gelu_ggml_mul(to_f(gate[i]), to_f(up[i]), table));
+}
+
+// gelu_mul (table null: the tanh form) or gelu_mul_ggml (the table's form) over rows of `cols`
+// values (cols % 32 == 0), a warp per 32-value block, each value stored in T and then, as stored,
+// written into the int8 form o (cuda_q8_store.cuh): the bits of the elementwise launch followed by
+// q8_prepare without a norm, in one launch.
+constexpr int kGeluQ8Warps = 8;
+template <class T>
+__global__ void __launch_bounds__(kGeluQ8Warps * kWarp) gelu_mul_q8_kernel(const T* gate, const T* up, int64_t n,
+                                                                          const uint16_t* table, T* out, int cols,
+                                                                          Q8Act o) {
+  pdl_enter();
+  const int lane = threadIdx.x % kWarp;
+  const int64_t c = (int64_t(blockIdx.x) * kGeluQ8Warps + threadIdx.x / kWarp) * 32 + lane;
+  if (c - lane >= n) return;  // the warp's block lies past the end (n % 32 == 0: all lanes agree)
+  const float g = to_f(gate[c]), u = to_f(up[c]);
+  const T y = from_f<T>(table ? gelu_ggml_mul(g, u, table) : gelu_tanh_mul(g, u));
+  out[c] = y;
+  q8_store_block(to_f(y), int(c % cols), lane, q8_row(o, c / cols, cols));
 }
 
 template <class T>
@@ -117,6 +137,15 @@ void gelu_mul_ggml(cudaStream_t s, const void* gate, const void* up, size_t n, c
   if (n)
     G4_ELEMENTWISE(gelu_mul_ggml_kernel, static_cast<const T*>(gate), static_cast<const T*>(up), int64_t(n), table,
                    static_cast<T*>(out));
+}
+void gelu_mul_q8(cudaStream_t s, const void* gate, const void* up, size_t n, const uint16_t* table, void* out, DType t,
+                 int cols, Q8Act o) {
+  if (!n) return;
+  with_act(t, [&](auto tag) {
+    using T = decltype(tag);
+    launch_kernel(gelu_mul_q8_kernel<T>, blocks_for(int64_t(n) / 32, kGeluQ8Warps), kGeluQ8Warps * kWarp, 0, s,
+                  static_cast<const T*>(gate), static_cast<const T*>(up), int64_t(n), table, static_cast<T*>(out), cols, o);
+  });
 }
 void add(cudaStream_t s, const void* a, const void* b, size_t n, void* y, DType t) {
   if (n) G4_ELEMENTWISE(add_kernel, static_cast<const T*>(a), static_cast<const T*>(b), int64_t(n), static_cast<T*>(y));

@@ -271,6 +271,11 @@ void top_k(cudaStream_t s, const float* x, int rows, int n, int k, float* vals, 
 void gelu_mul(cudaStream_t s, const void* gate, const void* up, size_t n, void* out, DType t);
 void gelu_mul_ggml(cudaStream_t s, const void* gate, const void* up, size_t n, const uint16_t* table, void* out,
                    DType t);
+// gelu_mul (table null) or gelu_mul_ggml over n = rows x cols values (cols % 32 == 0), also writing
+// the output's int8 form into o for the int8 GEMV after it (its prepare launch skipped): the bits
+// of the elementwise launch and q8_prepare (no norm) one after the other.
+void gelu_mul_q8(cudaStream_t s, const void* gate, const void* up, size_t n, const uint16_t* table, void* out, DType t,
+                 int cols, Q8Act o);
 void add(cudaStream_t s, const void* a, const void* b, size_t n, void* y, DType t);
 void scale(cudaStream_t s, const void* a, float f, size_t n, void* y, DType t);
 void softcap(cudaStream_t s, void* x, size_t n, float cap, DType t);

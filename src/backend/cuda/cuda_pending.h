@@ -85,6 +85,22 @@ struct PendingAttention {
   explicit operator bool() const { return out != nullptr; }
 };
 
+// A gelu_mul (or its ggml-table form: table set) held back for the op after it: when that is an
+// int8 GEMV of its output with no input norm (the per-layer input's projection after its gate),
+// the launch also writes the output's int8 form (cuda::gelu_mul_q8 into q8_out) and the GEMV skips
+// its prepare launch (MatArgs::prepared; CudaBackend::take_prepared).
+// Launched as is before any other launch, host copy, sync or step end (flush_pending).
+struct PendingGeluMul {
+  const void* gate = nullptr;
+  const void* up = nullptr;
+  size_t n = 0;
+  const uint16_t* table = nullptr;
+  void* out = nullptr;
+  DType t = DType::F32;
+
+  explicit operator bool() const { return out != nullptr; }
+};
+
 // An attn_prep launch (BackendOptions::fold_attn_prep: decode rows, one per sequence, unquantized
 // caches, no image blocks) held back for the attention after it, which then does its work
 // (cuda::attention's prep argument) instead of a launch of its own.
