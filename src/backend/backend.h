@@ -188,6 +188,10 @@ struct BackendOptions {
   // CUDA with cuBLAS: the fewest rows a launch whose weights all have bf16 copies (or are bf16)
   // runs on cuBLAS rather than the few-row kernel (cuda_mma_small.h). 0: kBlasCachedMinRows.
   int blas_cached_min_rows = 0;
+  // CUDA: the fewest cache positions one block of a decode attention launch takes (the split of a
+  // row's positions over blocks, merged by the last; cuda::attention_splits). 0: the built-in 32.
+  // Row-exact launches always split kAttnMaxSplits ways.
+  int attn_split_positions = 0;
   // CUDA with bf16 activations: decode matmuls (one row) dot the activation row quantized to int8
   // blocks of 32 (llama.cpp's q8_1 form, dp4a) instead of in f32. The f32 path never does.
   bool int8_dots = true;

@@ -166,6 +166,7 @@ Result<BackendOptions> backend_options_from_args(const Args& a) {
   else if (how != "auto") return err("--collectives: expected auto, nccl or host, got '%s'", how.c_str());
   G4_ASSIGN_OR_RETURN(o.bf16_weight_cache_gib, int_flag(a, "--cuda-bf16-cache", 0, 0, 1024));
   G4_ASSIGN_OR_RETURN(o.blas_cached_min_rows, int_flag(a, "--cuda-blas-cached-rows", 0, 0, 33));
+  G4_ASSIGN_OR_RETURN(o.attn_split_positions, int_flag(a, "--cuda-attn-split", 0, 0, 65536));
   const std::string dt = a.get("--dtype");
   if (!dt.empty() && dt != "f32" && dt != "bf16") return err("--dtype: expected f32 or bf16, got '%s'", dt.c_str());
   // Device backends store activations in bf16 unless --dtype f32 asks for the exact path (the

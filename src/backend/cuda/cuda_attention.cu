@@ -233,9 +233,10 @@ void attention_launch(cudaStream_t s, const T* q, int H, const AttnBatch& a, flo
 
 }  // namespace
 
-int attention_splits(int n, int H, int max_visible) {
+int attention_splits(int n, int H, int max_visible, int positions) {
   if (n * H >= 128) return 1;  // enough blocks already
-  const int s = (max_visible + 31) / 32;
+  const int per = positions > 0 ? positions : kAttnSplitPositions;
+  const int s = (max_visible + per - 1) / per;
   return s < 1 ? 1 : (s > kAttnMaxSplits ? kAttnMaxSplits : s);
 }
 
