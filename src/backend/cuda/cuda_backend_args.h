@@ -64,10 +64,8 @@ void add_key(cuda::StepRecorder& rec, const T& v) {
 }
 inline uint64_t name_key(std::string_view op) { return std::hash<std::string_view>{}(op); }
 
-// A device-to-device copy as a launcher (copy_bytes).
-inline void copy_device(cudaStream_t s, const void* src, size_t bytes, void* dst) {
-  G4_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
-}
+// A device-to-device copy as a launcher (Backend::copy_bytes): a kernel (cuda::copy_bytes says why).
+inline void copy_device(cudaStream_t s, const void* src, size_t bytes, void* dst) { cuda::copy_bytes(s, src, bytes, dst); }
 
 // A buffer that must be f32 (logits, router weights, top-k outputs).
 inline float* F(const Buf& b) {

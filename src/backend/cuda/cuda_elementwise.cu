@@ -2,6 +2,7 @@
 // column copies): one thread per element or 32-value unit, T from the buffers' dtype.
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "backend/cuda/cuda_act.cuh"
@@ -73,6 +74,19 @@ __global__ void __launch_bounds__(kGeluQ8Warps * kWarp) gelu_mul_q8_kernel(const
   q8_store_block(to_f(y), int(c % cols), lane, q8_row(o, c / cols, cols));
 }
 
+// 16 bytes a thread where both ends are 16-byte aligned, else a byte; a grid-stride loop.
+__global__ void copy_bytes_kernel(const uint8_t* src, size_t n, uint8_t* dst) {
+  pdl_enter();
+  const size_t stride = size_t(gridDim.x) * blockDim.x, i0 = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  size_t done = 0;
+  if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) == 0) {
+    done = n / 16 * 16;
+    for (size_t i = i0; i < n / 16; i += stride)
+      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+  }
+  for (size_t i = done + i0; i < n; i += stride) dst[i] = src[i];
+}
+
 template <class T>
 __global__ void add_kernel(const T* a, const T* b, int64_t n, T* y) {
   pdl_enter();
@@ -137,6 +151,11 @@ void gelu_mul_ggml(cudaStream_t s, const void* gate, const void* up, size_t n, c
   if (n)
     G4_ELEMENTWISE(gelu_mul_ggml_kernel, static_cast<const T*>(gate), static_cast<const T*>(up), int64_t(n), table,
                    static_cast<T*>(out));
+}
+void copy_bytes(cudaStream_t s, const void* src, size_t n, void* dst) {
+  if (!n) return;
+  const unsigned blocks = std::min(blocks_for(int64_t(n / 16 + 1), 256), 1024u);
+  launch_kernel(copy_bytes_kernel, blocks, 256, 0, s, static_cast<const uint8_t*>(src), n, static_cast<uint8_t*>(dst));
 }
 void gelu_mul_q8(cudaStream_t s, const void* gate, const void* up, size_t n, const uint16_t* table, void* out, DType t,
                  int cols, Q8Act o) {

@@ -270,6 +270,10 @@ void argmax(cudaStream_t s, const float* x, int rows, int n, unsigned long long*
 // Backend::top_k: per row of x [rows, n], the k (<= 1024, <= n) largest values (ties: lowest
 // indices) into vals / idx [rows, k], unordered, and lse [rows]. One block per row.
 void top_k(cudaStream_t s, const float* x, int rows, int n, int k, float* vals, int32_t* idx, float* lse);
+// dst[0, n) = src[0, n) on the device (no overlap), as a kernel: a recorded step's graph then holds
+// no memcpy node, whose memory the driver keeps a reference to (a graph replayed after its copy's
+// buffer was freed and another allocated at the same address faulted in cuGraphLaunch).
+void copy_bytes(cudaStream_t s, const void* src, size_t n, void* dst);
 void gelu_mul(cudaStream_t s, const void* gate, const void* up, size_t n, void* out, DType t);
 void gelu_mul_ggml(cudaStream_t s, const void* gate, const void* up, size_t n, const uint16_t* table, void* out,
                    DType t);

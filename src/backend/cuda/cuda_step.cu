@@ -41,6 +41,7 @@ StepRecorder::StepRecorder(cudaStream_t stream, bool graphs)
   check(cudaMallocHost(&dyn_host_, kDynBytes), "cudaMallocHost(scalars)");
   check(cudaMalloc(&dyn_dev_, kDynBytes), "cudaMalloc(scalars)");
   check(cudaMallocHost(&stage_, kStageBytes), "cudaMallocHost(staging)");
+  check(cudaMalloc(&stage_dev_, kStageBytes), "cudaMalloc(staging)");
 }
 
 StepRecorder::~StepRecorder() {
@@ -52,6 +53,7 @@ StepRecorder::~StepRecorder() {
   cudaFreeHost(dyn_host_);
   cudaFree(dyn_dev_);
   cudaFreeHost(stage_);
+  cudaFree(stage_dev_);
 }
 
 void StepRecorder::reset() {
@@ -104,13 +106,19 @@ bool StepRecorder::stage_copy(const void* src, size_t n, void* dst) {
   for (uint64_t w : {uint64_t(0x57A6E000ull), uint64_t(reinterpret_cast<uintptr_t>(dst)), uint64_t(at - stage_),
                      uint64_t(n)})
     key(w);
-  add([=](cudaStream_t s) { check(cudaMemcpyAsync(dst, at, n, cudaMemcpyHostToDevice, s), "staged copy"); });
+  const uint8_t* from = stage_dev_ + (at - stage_);
+  add([=](cudaStream_t s) {
+    copy_bytes(s, from, n, dst);
+    check(cudaGetLastError(), "staged copy");
+  });
   return true;
 }
 
 void StepRecorder::run_direct() {
   if (dyn_used_ > 0)
     check(cudaMemcpyAsync(dyn_dev_, dyn_host_, dyn_used_, cudaMemcpyHostToDevice, stream_), "scalar copy");
+  if (stage_used_ > 0)
+    check(cudaMemcpyAsync(stage_dev_, stage_, stage_used_, cudaMemcpyHostToDevice, stream_), "staging copy");
   for (auto& op : ops_) op(stream_);
 }
 

@@ -9,8 +9,10 @@
 // pinned host area that is copied to the device as the step's first node, so kernels read them
 // through device pointers and a graph recorded at one position (or for other sequences of the same
 // shape) replays at any other.
-// Host data for from_host is staged in pinned memory at offsets fixed by the op order, so the
-// graph's copy nodes read the step's own data. end() then:
+// Host data for from_host is staged in pinned memory at offsets fixed by the op order, copied to
+// a device mirror by the step's second node, and from there to each destination by a kernel
+// (cuda::copy_bytes) at the op's place: a graph's only copy nodes are those two, between buffers
+// the recorder owns, so no graph keeps a reference to memory freed while it lives. end() then:
 //   - replays the graph recorded for this key (the common decode case), or
 //   - captures the closures into a new graph when this key was seen before (a one-off
 //     step, e.g. a prefill, is never captured) and there is room for one, or
@@ -98,6 +100,7 @@ class StepRecorder {
   uint8_t* dyn_dev_ = nullptr;
   size_t dyn_used_ = 0;
   uint8_t* stage_ = nullptr;
+  uint8_t* stage_dev_ = nullptr;
   size_t stage_used_ = 0;
   std::unordered_map<uint64_t, int> seen_;  // key hash -> steps seen (capture on the 2nd)
   std::list<Graph> graphs_;                 // most recently used first (found sooner)
