@@ -8,17 +8,33 @@
 # Run from the repository root with the CUDA build in build-cuda/bin, carried as for
 # bench/cuda_vs_llamacpp.sh (.devlibs, .whl):
 #
-#   [G4_VARIANTS="e4b"] [G4_ARGS="--cuda-fold-prep on"] [G4_BIN=build-cuda/bin/gemma4] bash bench/cuda_step_trace.sh
+#   [G4_VARIANTS="e4b"] [G4_ARGS="--cuda-fold-prep on"] [G4_BIN=build-cuda/bin/gemma4] [G4_CUPTI_DIR=DIR] bash bench/cuda_step_trace.sh
 #
+# Without nsys (the lent machines' image has none), G4_CUPTI_DIR names the folder that
+# tools/cupti_trace/build.sh made (libg4_cupti_trace.so and libcupti.so.13, carried): the same
+# run traced by CUPTI's kernel records instead, written in the columns the summarizer reads.
 # Prints each variant's summary; the reports and CSVs stay in $OUT.
 source bench/cuda_env.sh
 G4=${G4_BIN:-build-cuda/bin/gemma4}
 VARIANTS=${G4_VARIANTS:-e4b}
 NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
-if [ -z "$NSYS" ]; then echo "cuda_step_trace: no nsys on this machine" >&2; exit 2; fi
+CUPTI=${G4_CUPTI_DIR:-}
+if [ -z "$NSYS" ] && [ ! -f "$CUPTI/libg4_cupti_trace.so" ]; then
+  echo "cuda_step_trace: no nsys on this machine, and G4_CUPTI_DIR holds no libg4_cupti_trace.so" >&2
+  exit 2
+fi
 for V in $VARIANTS; do
   [ -f /tmp/t-$V.gguf ] || python3 tools/make_synthetic_gemma4_gguf.py /tmp/t-$V.gguf --variant $V > /tmp/t-$V.log 2>&1 || exit 1
   rep=$OUT/trace-$V
+  if [ -z "$NSYS" ]; then
+    G4_CUPTI_TRACE=$rep.csv LD_PRELOAD=$(realpath "$CUPTI")/libg4_cupti_trace.so timeout 300 "$G4" bench \
+      --model /tmp/t-$V.gguf --backend cuda --dtype bf16 --prompt-tokens 64 --gen-tokens 12 --repeat 1 ${G4_ARGS:-} \
+      > "$rep.log" 2>&1 || { tail -5 "$rep.log"; exit 1; }
+    [ -s "$rep.csv" ] || { echo "cuda_step_trace: the CUPTI trace wrote no CSV for $V" >&2; tail -5 "$rep.log"; exit 1; }
+    echo "== $V ${G4_ARGS:-} (CUPTI)"
+    python3 tools/cuda_step_trace.py "$rep.csv"
+    continue
+  fi
   timeout 300 "$NSYS" profile -t cuda --cuda-graph-trace=node -f true -o "$rep" "$G4" bench --model /tmp/t-$V.gguf \
     --backend cuda --dtype bf16 --prompt-tokens 64 --gen-tokens 12 --repeat 1 ${G4_ARGS:-} > "$rep.log" 2>&1 || { tail -5 "$rep.log"; exit 1; }
   timeout 300 "$NSYS" stats -r cuda_gpu_trace -f csv -o "$rep" "$rep.nsys-rep" > /dev/null 2>&1

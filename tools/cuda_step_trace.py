@@ -4,8 +4,9 @@
 Input: the CSV that `nsys stats -r cuda_gpu_trace -f csv` writes for a run of `gemma4 bench`
 profiled with `nsys profile -t cuda --cuda-graph-trace=node` (graph replays traced kernel by
 kernel, so the times are those of the kernels inside the step's graph, with programmatic dependent
-launch overlapping them, not of each kernel alone as Nsight Compute measures). bench/cuda_step_trace.sh
-runs all three on the GPU machine.
+launch overlapping them, not of each kernel alone as Nsight Compute measures), or the CSV that
+tools/cupti_trace's LD_PRELOAD library writes in the same columns on machines without nsys.
+bench/cuda_step_trace.sh runs all of it on the GPU machine.
 
 Steps are cut where a kernel whose name matches --step-start begins (the token embedding opens
 every forward). The last --steps steps with the most common kernel count (the decode steps) are

@@ -55,6 +55,23 @@ def test_decode_steps_summarized(tmp_path):
     assert lines["post_add_prepare_kernel"] == ["1.0", "5.00", "5.0", "-1.00"]
 
 
+def test_cupti_trace_form_reads_the_same(tmp_path):
+    """tools/cupti_trace (LD_PRELOAD, for machines without nsys) writes three columns, the name
+    quoted with quotes doubled: the same summary as the nsys CSV of the same kernels."""
+    nsys = tmp_path / "nsys.csv"
+    write_trace(nsys)
+    cupti = tmp_path / "cupti.csv"
+    with nsys.open(newline="") as f, cupti.open("w") as out:
+        out.write("Start (ns),Duration (ns),Name\n")
+        for r in csv.DictReader(f):
+            if not r["Name"].startswith("[CUDA"):  # CUPTI's kernel records only
+                out.write('%s,%s,"%s"\n' % (r["Start (ns)"], r["Duration (ns)"], r["Name"].replace('"', '""')))
+    runs = [subprocess.run([sys.executable, str(TOOL), str(t), "--steps", "3"], capture_output=True, text=True)
+            for t in (nsys, cupti)]
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    assert runs[0].stdout.splitlines()[1:] == runs[1].stdout.splitlines()[1:]
+
+
 def test_empty_trace_is_an_error(tmp_path):
     trace = tmp_path / "empty.csv"
     trace.write_text("Start (ns),Duration (ns),CorrId,Name\n")
