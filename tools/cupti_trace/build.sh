@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Builds tools/cupti_trace/g4_cupti_trace.cpp into OUT_DIR/libg4_cupti_trace.so (`make cupti-trace`:
-# build-cupti/), with CUPTI's
-# headers and library from the pinned nvidia-cuda-cupti wheel (CUDA 13.0, as the CUDA build),
-# and copies libcupti.so.13 beside it: carry OUT_DIR to the GPU machine and run
-# bench/cuda_step_trace.sh with G4_CUPTI_DIR=OUT_DIR where the machine has no nsys.
+# build-cupti/), with CUPTI's headers and library from the pinned nvidia-cuda-cupti wheel (CUDA
+# 13.0, as the CUDA build), and copies libcupti.so.13 beside it: carry OUT_DIR to the GPU machine
+# and run bench/cuda_step_trace.sh with G4_CUPTI_DIR=OUT_DIR where the machine has no nsys.
 #
 #   bash tools/cupti_trace/build.sh [OUT_DIR (default build-cupti)]
 set -euo pipefail
