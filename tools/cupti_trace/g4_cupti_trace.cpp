@@ -5,31 +5,24 @@
 //
 //   G4_CUPTI_TRACE=trace.csv LD_PRELOAD=libg4_cupti_trace.so gemma4 bench ...
 //
-// writes, when the program exits, one row per kernel in the columns `nsys stats -r cuda_gpu_trace
-// -f csv` uses ("Start (ns)", "Duration (ns)", "Name": the demangled name), sorted by start, so
-// tools/cuda_step_trace.py reads either. Build: tools/cupti_trace/build.sh (CUPTI from the pinned
-// nvidia-cuda-cupti wheel). Written by hand: CUPTI is NVIDIA's only interface to these records.
+// writes one row per kernel in the columns `nsys stats -r cuda_gpu_trace -f csv` uses ("Start
+// (ns)", "Duration (ns)", "Name": the demangled name), so tools/cuda_step_trace.py reads either.
+// Build: tools/cupti_trace/build.sh (CUPTI from the pinned nvidia-cuda-cupti wheel). Written by
+// hand: CUPTI is NVIDIA's only interface to these records.
 #include <cupti.h>
 #include <cxxabi.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
-#include <vector>
 
 namespace {
 
-struct Kernel {
-  uint64_t start, end;
-  std::string name;
-};
-
 std::mutex mu;
-std::vector<Kernel> kernels;
-const char* out_path = nullptr;
+FILE* out = nullptr;  // the CSV, rows appended as CUPTI hands buffers back
+size_t written = 0;
 constexpr size_t kBufferBytes = size_t(8) << 20;
 
 void check(CUptiResult r, const char* what) {
@@ -53,50 +46,50 @@ void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_recor
   *max_records = 0;  // as many as fit
 }
 
+// CUPTI hands a buffer back when it is full, at a flush, or when its context is destroyed (the
+// program's CUDA teardown at exit comes before this library's atexit handler): its kernel
+// records go to the file at once, in the order they come (the summarizer sorts them by start).
 void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
   CUpti_Activity* rec = nullptr;
-  std::vector<Kernel> got;
-  while (cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
+  std::lock_guard<std::mutex> lock(mu);
+  while (out && cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
     if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && rec->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
     if (k->start == 0 && k->end == 0) continue;  // no timestamps collected
-    got.push_back({k->start, k->end, demangle(k->name)});
+    std::string q;  // CSV: the name quoted, quotes doubled
+    for (char c : demangle(k->name)) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+    std::fprintf(out, "%llu,%llu,\"%s\"\n", static_cast<unsigned long long>(k->start),
+                 static_cast<unsigned long long>(k->end - k->start), q.c_str());
+    ++written;
   }
   std::free(buffer);
-  std::lock_guard<std::mutex> lock(mu);
-  kernels.insert(kernels.end(), got.begin(), got.end());
 }
 
-void write_trace() {
+void finish() {
   check(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
   std::lock_guard<std::mutex> lock(mu);
-  std::sort(kernels.begin(), kernels.end(), [](const Kernel& a, const Kernel& b) { return a.start < b.start; });
-  FILE* f = std::fopen(out_path, "w");
-  if (!f) {
-    std::fprintf(stderr, "g4_cupti_trace: cannot write %s\n", out_path);
-    return;
-  }
-  std::fprintf(f, "Start (ns),Duration (ns),Name\n");
-  for (const Kernel& k : kernels) {
-    std::string q;  // CSV: the name quoted, quotes doubled
-    for (char c : k.name) q += c == '"' ? std::string("\"\"") : std::string(1, c);
-    std::fprintf(f, "%llu,%llu,\"%s\"\n", static_cast<unsigned long long>(k.start),
-                 static_cast<unsigned long long>(k.end - k.start), q.c_str());
-  }
-  std::fclose(f);
-  std::fprintf(stderr, "g4_cupti_trace: %zu kernels written to %s\n", kernels.size(), out_path);
+  if (!out) return;
+  std::fclose(out);
+  out = nullptr;
+  std::fprintf(stderr, "g4_cupti_trace: %zu kernels written\n", written);
 }
 
-// Before main (and before the program's first CUDA call): enable the kernel records.
+// Before main (and before the program's first CUDA call): the file opened, kernel records enabled.
 __attribute__((constructor)) void start() {
-  out_path = std::getenv("G4_CUPTI_TRACE");
-  if (!out_path || !*out_path) {
+  const char* path = std::getenv("G4_CUPTI_TRACE");
+  if (!path || !*path) {
     std::fprintf(stderr, "g4_cupti_trace: G4_CUPTI_TRACE (the CSV to write) is not set; not tracing\n");
     return;
   }
+  out = std::fopen(path, "w");
+  if (!out) {
+    std::fprintf(stderr, "g4_cupti_trace: cannot write %s; not tracing\n", path);
+    return;
+  }
+  std::fprintf(out, "Start (ns),Duration (ns),Name\n");
   check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks");
   check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable(CONCURRENT_KERNEL)");
-  std::atexit(write_trace);
+  std::atexit(finish);
 }
 
 }  // namespace
