@@ -168,17 +168,14 @@ class CudaBackend final : public Backend {
   void gelu_mul(const Buf& gate_b, const Buf& up_b, size_t n, ActPrecision P, const Buf& out_b) override {
     const void *gate = gate_b.data, *up = up_b.data;
     void* out = out_b.data;
-    const DType t = act_type({&gate_b, &up_b, &out_b});
-    if (hold_gelu_mul(cuda::PendingGeluMul{gate, up, n, nullptr, out, t})) return;
-    launch("gelu_mul", cuda::gelu_mul, gate, up, n, out, t);
+    const cuda::PendingGeluMul g{gate, up, n, nullptr, out, act_type({&gate_b, &up_b, &out_b})};
+    if (!hold_gelu_mul(g)) run_gelu_mul(g, cuda::Q8Act{}, 0);
   }
   void gelu_mul_ggml(const Buf& gate_b, const Buf& up_b, size_t n, const Buf& out_b) override {
     const void *gate = gate_b.data, *up = up_b.data;
     void* out = out_b.data;
-    const DType at = act_type({&gate_b, &up_b, &out_b});
-    const uint16_t* t = tables_.gelu_table();
-    if (hold_gelu_mul(cuda::PendingGeluMul{gate, up, n, t, out, at})) return;
-    launch("gelu_mul_ggml", cuda::gelu_mul_ggml, gate, up, n, t, out, at);
+    const cuda::PendingGeluMul g{gate, up, n, tables_.gelu_table(), out, act_type({&gate_b, &up_b, &out_b})};
+    if (!hold_gelu_mul(g)) run_gelu_mul(g, cuda::Q8Act{}, 0);
   }
   void add(const Buf& a_b, const Buf& b_b, size_t n, ActPrecision P, const Buf& y_b) override {
     const void *a = a_b.data, *b = b_b.data;
@@ -326,6 +323,11 @@ class CudaBackend final : public Backend {
     if (!gelu_) return;
     const cuda::PendingGeluMul g = gelu_;
     gelu_ = cuda::PendingGeluMul{};
+    run_gelu_mul(g, q8, cols);
+  }
+  // g's launch: gelu_mul, its ggml-table form (g.table), or with q8.q set the form that also writes
+  // the output's int8 form (rows of `cols` values).
+  void run_gelu_mul(const cuda::PendingGeluMul& g, const cuda::Q8Act& q8, int cols) {
     if (q8.q) launch("gelu_mul_prepare", cuda::gelu_mul_q8, g.gate, g.up, g.n, g.table, g.out, g.t, cols, q8);
     else if (g.table) launch("gelu_mul_ggml", cuda::gelu_mul_ggml, g.gate, g.up, g.n, g.table, g.out, g.t);
     else launch("gelu_mul", cuda::gelu_mul, g.gate, g.up, g.n, g.out, g.t);
