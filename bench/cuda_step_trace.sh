@@ -27,7 +27,8 @@ for V in $VARIANTS; do
   [ -f /tmp/t-$V.gguf ] || python3 tools/make_synthetic_gemma4_gguf.py /tmp/t-$V.gguf --variant $V > /tmp/t-$V.log 2>&1 || exit 1
   rep=$OUT/trace-$V
   if [ -z "$NSYS" ]; then
-    G4_CUPTI_TRACE=$rep.csv LD_PRELOAD=$(realpath "$CUPTI")/libg4_cupti_trace.so timeout 300 "$G4" bench \
+    rm -f "$rep.csv"  # the library loads into gemma4 alone (not into timeout), and writes once it has records
+    timeout 300 env G4_CUPTI_TRACE=$rep.csv LD_PRELOAD=$(realpath "$CUPTI")/libg4_cupti_trace.so "$G4" bench \
       --model /tmp/t-$V.gguf --backend cuda --dtype bf16 --prompt-tokens 64 --gen-tokens 12 --repeat 1 ${G4_ARGS:-} \
       > "$rep.log" 2>&1 || { tail -5 "$rep.log"; exit 1; }
     [ -s "$rep.csv" ] || { echo "cuda_step_trace: the CUPTI trace wrote no CSV for $V" >&2; tail -5 "$rep.log"; exit 1; }

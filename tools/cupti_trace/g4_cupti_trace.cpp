@@ -11,6 +11,7 @@
 // hand: CUPTI is NVIDIA's only interface to these records.
 #include <cupti.h>
 #include <cxxabi.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -21,7 +22,8 @@
 namespace {
 
 std::mutex mu;
-FILE* out = nullptr;  // the CSV, rows appended as CUPTI hands buffers back
+const char* path = nullptr;  // G4_CUPTI_TRACE
+FILE* out = nullptr;         // the CSV, opened at the first kernel record (see start())
 size_t written = 0;
 constexpr size_t kBufferBytes = size_t(8) << 20;
 
@@ -52,16 +54,26 @@ void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_recor
 void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
   CUpti_Activity* rec = nullptr;
   std::lock_guard<std::mutex> lock(mu);
-  while (out && cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
+  while (path && cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
     if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && rec->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
     if (k->start == 0 && k->end == 0) continue;  // no timestamps collected
+    if (!out) {
+      out = std::fopen(path, "w");
+      if (!out) {
+        std::fprintf(stderr, "g4_cupti_trace: cannot write %s; not tracing\n", path);
+        path = nullptr;
+        break;
+      }
+      std::fprintf(out, "Start (ns),Duration (ns),Name\n");
+    }
     std::string q;  // CSV: the name quoted, quotes doubled
     for (char c : demangle(k->name)) q += c == '"' ? std::string("\"\"") : std::string(1, c);
     std::fprintf(out, "%llu,%llu,\"%s\"\n", static_cast<unsigned long long>(k->start),
                  static_cast<unsigned long long>(k->end - k->start), q.c_str());
     ++written;
   }
+  if (out) std::fflush(out);
   std::free(buffer);
 }
 
@@ -69,24 +81,23 @@ void finish() {
   check(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
   std::lock_guard<std::mutex> lock(mu);
   if (!out) return;
-  std::fclose(out);
+  const long bytes = std::ftell(out);
+  const int failed = std::fclose(out);
   out = nullptr;
-  std::fprintf(stderr, "g4_cupti_trace: %zu kernels written\n", written);
+  std::fprintf(stderr, "g4_cupti_trace: %zu kernels written to %s (process %d, %ld bytes%s)\n", written, path,
+               int(getpid()), bytes, failed ? ", closing it failed" : "");
 }
 
-// Before main (and before the program's first CUDA call): the file opened, kernel records enabled.
+// Before main (and before the program's first CUDA call): kernel records enabled. The file is
+// opened (and truncated) only when the first kernel record arrives, so that a process that runs no
+// kernel (a wrapper such as `timeout` that LD_PRELOAD also reaches) leaves it alone.
 __attribute__((constructor)) void start() {
-  const char* path = std::getenv("G4_CUPTI_TRACE");
+  path = std::getenv("G4_CUPTI_TRACE");
   if (!path || !*path) {
     std::fprintf(stderr, "g4_cupti_trace: G4_CUPTI_TRACE (the CSV to write) is not set; not tracing\n");
+    path = nullptr;
     return;
   }
-  out = std::fopen(path, "w");
-  if (!out) {
-    std::fprintf(stderr, "g4_cupti_trace: cannot write %s; not tracing\n", path);
-    return;
-  }
-  std::fprintf(out, "Start (ns),Duration (ns),Name\n");
   check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks");
   check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable(CONCURRENT_KERNEL)");
   std::atexit(finish);
