@@ -8,12 +8,15 @@ launch overlapping them, not of each kernel alone as Nsight Compute measures), o
 tools/cupti_trace's LD_PRELOAD library writes in the same columns on machines without nsys.
 bench/cuda_step_trace.sh runs all of it on the GPU machine.
 
-Steps are cut where a kernel whose name matches --step-start begins (the token embedding opens
-every forward). The last --steps steps with the most common kernel count (the decode steps) are
+Steps are cut after each kernel whose name matches --step-end (greedy sampling's argmax closes
+every step of `gemma4 bench`), or, in a trace without one, where a kernel matching --step-start
+begins (the token embedding opens every forward). The last --steps steps with the most common kernel count (the decode steps) are
 summarized: per kernel name, its launches per step, median duration, time per step, and the median
 gap from the end of the kernel before it to its start (negative: it started before that kernel
-ended, as PDL allows); then the step's span from first start to last end, the sum of kernel times
-and the sum of gaps.
+ended, as PDL allows), and its time on the step's path (how far its end moves past the ends before
+it: a kernel launched early waits inside its own duration, so durations overlap and add up to more
+than the step; the path times add up to the step's span); then the step's span from first start to
+last end, the sum of kernel times and the sum of gaps. Kernels are listed by path time.
 """
 import argparse
 import collections
@@ -51,15 +54,33 @@ def short_name(name):
 
 
 def split_steps(rows, start_pattern):
+    """Steps cut before each kernel matching start_pattern, except one right after another match
+    (E2B / E4B open a step with two embeddings: the tokens' and the per-layer inputs')."""
     starts = re.compile(start_pattern)
-    steps, cur = [], []
+    steps, cur, prev_starts = [], [], False
     for r in rows:
-        if starts.search(r[2]) and cur:
+        is_start = bool(starts.search(r[2]))
+        if is_start and cur and not prev_starts:
             steps.append(cur)
             cur = []
+        prev_starts = is_start
         cur.append(r)
     if cur:
         steps.append(cur)
+    return steps
+
+
+def split_steps_at_end(rows, end_pattern):
+    """Steps cut after each kernel matching end_pattern (the token's sampling, which closes every
+    step): what a step launches before its embedding (the staged tables' copy) stays in it, and
+    the host's time between two graph replays falls between steps, not inside one."""
+    ends = re.compile(end_pattern)
+    steps, cur = [], []
+    for r in rows:
+        cur.append(r)
+        if ends.search(r[2]):
+            steps.append(cur)
+            cur = []
     return steps
 
 
@@ -67,20 +88,24 @@ def summarize(steps, keep):
     counts = collections.Counter(len(s) for s in steps)
     common = counts.most_common(1)[0][0]
     chosen = [s for s in steps if len(s) == common][-keep:]
-    per = collections.defaultdict(lambda: {"d": [], "g": [], "n": 0})
+    per = collections.defaultdict(lambda: {"d": [], "g": [], "p": [], "n": 0})
     spans, sums, gaps = [], [], []
     for s in chosen:
-        spans.append((s[-1][0] + s[-1][1] - s[0][0]) / 1e3)
+        spans.append((max(t + d for t, d, _ in s) - s[0][0]) / 1e3)
         sums.append(sum(d for _, d, _ in s) / 1e3)
         g_total, prev_end = 0.0, None
         for t, d, n in s:
             k = per[short_name(n)]
             k["d"].append(d / 1e3)
             k["n"] += 1
+            # The step's path: how far this kernel moves the latest end (a kernel launched early
+            # under PDL waits inside its duration; what it adds to the step is its end past the
+            # ends before it). These sum to the step's span.
+            k["p"].append(max(0, t + d - (prev_end if prev_end is not None else t)) / 1e3)
             if prev_end is not None:
                 k["g"].append((t - prev_end) / 1e3)
                 g_total += (t - prev_end) / 1e3
-            prev_end = max(prev_end or 0, t + d)
+            prev_end = max(prev_end if prev_end is not None else 0, t + d)
         gaps.append(g_total)
     return common, chosen, per, spans, sums, gaps
 
@@ -88,6 +113,8 @@ def summarize(steps, keep):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("csv", help="nsys stats -r cuda_gpu_trace -f csv output")
+    ap.add_argument("--step-end", default="argmax_kernel",
+                    help="regex of the kernel that closes a step (greedy sampling); where none matches, --step-start")
     ap.add_argument("--step-start", default="embed_kernel", help="regex of the kernel that opens a step")
     ap.add_argument("--steps", type=int, default=4, help="decode steps summarized (the last ones)")
     args = ap.parse_args(argv)
@@ -95,17 +122,22 @@ def main(argv=None):
     if not rows:
         print(f"{args.csv}: no kernels in the trace", file=sys.stderr)
         return 1
-    steps = split_steps(rows, args.step_start)
+    ends = re.compile(args.step_end)
+    if any(ends.search(r[2]) for r in rows):
+        steps = split_steps_at_end(rows, args.step_end)
+    else:
+        steps = split_steps(rows, args.step_start)
     common, chosen, per, spans, sums, gaps = summarize(steps, args.steps)
     n = len(chosen)
     print(f"{len(steps)} steps; {n} summarized, {common} kernels each")
     print("step span us: " + " ".join(f"{x:.1f}" for x in spans))
     print("kernel time us: " + " ".join(f"{x:.1f}" for x in sums) +
           " | gaps us: " + " ".join(f"{x:.1f}" for x in gaps))
-    print(f"{'kernel':90s} {'n/step':>6s} {'med us':>7s} {'us/step':>8s} {'med gap':>8s}")
-    for name, k in sorted(per.items(), key=lambda kv: -sum(kv[1]["d"])):
+    print(f"{'kernel':90s} {'n/step':>6s} {'med us':>7s} {'us/step':>8s} {'med gap':>8s} {'path us/step':>12s}")
+    for name, k in sorted(per.items(), key=lambda kv: -sum(kv[1]["p"])):
         gap = statistics.median(k["g"]) if k["g"] else 0.0
-        print(f"{name:90s} {k['n'] / n:6.1f} {statistics.median(k['d']):7.2f} {sum(k['d']) / n:8.1f} {gap:8.2f}")
+        print(f"{name:90s} {k['n'] / n:6.1f} {statistics.median(k['d']):7.2f} {sum(k['d']) / n:8.1f} {gap:8.2f}"
+              f" {sum(k['p']) / n:12.1f}")
     return 0
 
 

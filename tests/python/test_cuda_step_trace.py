@@ -51,8 +51,29 @@ def test_decode_steps_summarized(tmp_path):
     assert "kernel time us: 27.0 27.0 27.0 | gaps us: 2.0 2.0 2.0" in out  # 1 - 1 + 2
     lines = {l.split()[0]: l.split()[1:] for l in out.splitlines()[4:]}
     gemv = lines["q8_gemv_kernel<F7,"]
-    assert gemv[-4:] == ["2.0", "10.00", "20.0", "1.50"]  # two a step, 10 us each, gaps 1 and 2 us
-    assert lines["post_add_prepare_kernel"] == ["1.0", "5.00", "5.0", "-1.00"]
+    # Two a step, 10 us each, gaps 1 and 2 us; on the step's path 13 - 2 and 29 - 17 us.
+    assert gemv[-5:] == ["2.0", "10.00", "20.0", "1.50", "23.0"]
+    # Started 1 us before the GEMV ended (PDL): 5 us long, 4 us of it on the path.
+    assert lines["post_add_prepare_kernel"] == ["1.0", "5.00", "5.0", "-1.00", "4.0"]
+    assert out.splitlines()[4].startswith("q8_gemv_kernel")  # listed by path time
+
+
+def test_two_embeddings_open_one_step(tmp_path):
+    """E2B / E4B open a step with two embedding kernels (the tokens', the per-layer inputs'):
+    the second does not cut a step of its own."""
+    trace = tmp_path / "trace.csv"
+    write_trace(trace)
+    rows = list(csv.DictReader(trace.open(newline="")))
+    with trace.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Start (ns)", "Duration (ns)", "CorrId", "Name"])
+        for r in rows:
+            w.writerow([r["Start (ns)"], r["Duration (ns)"], r["CorrId"], r["Name"]])
+            if r["Name"] == EMBED:  # a second embedding right after the first
+                w.writerow([int(r["Start (ns)"]) + 1_000, 1_000, r["CorrId"], EMBED.replace("(g4::WFormat)7", "(g4::WFormat)9")])
+    r = subprocess.run([sys.executable, str(TOOL), str(trace), "--steps", "3"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "4 steps; 3 summarized, 5 kernels each" in r.stdout
 
 
 def test_cupti_trace_form_reads_the_same(tmp_path):
@@ -77,3 +98,24 @@ def test_empty_trace_is_an_error(tmp_path):
     trace.write_text("Start (ns),Duration (ns),CorrId,Name\n")
     r = subprocess.run([sys.executable, str(TOOL), str(trace)], capture_output=True, text=True)
     assert r.returncode == 1 and "no kernels" in r.stderr
+
+
+def test_steps_cut_after_the_sampling_kernel(tmp_path):
+    """With an argmax closing each step, a step holds the copy launched before its embedding, and
+    the host's gap between two replays is not part of any step's span."""
+    copy = "g4::cuda::(anonymous namespace)::copy_bytes_kernel(const unsigned char *, unsigned long, unsigned char *)"
+    argmax = "g4::cuda::(anonymous namespace)::argmax_kernel(const float *, int, unsigned long long *, unsigned int *, int *)"
+    rows, t = [], 0
+    for _ in range(3):
+        t += 500_000  # the host between replays
+        rows += [(t, 1_000, copy), (t + 1_000, 2_000, EMBED), (t + 3_000, 10_000, GEMV), (t + 13_000, 1_000, argmax)]
+        t += 14_000
+    trace = tmp_path / "trace.csv"
+    with trace.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Start (ns)", "Duration (ns)", "Name"])
+        w.writerows(rows)
+    r = subprocess.run([sys.executable, str(TOOL), str(trace), "--steps", "2"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "3 steps; 2 summarized, 4 kernels each" in r.stdout
+    assert "step span us: 14.0 14.0" in r.stdout
