@@ -15,7 +15,8 @@
 #   [G4_FILES="mlx4 mlx8 bf16w"] bash bench/cuda_vs_llamacpp.sh
 #
 # G4_PROMPTS: the prompt lengths (default 512): each row times the prefill of that prompt and the 128
-# tokens decoded after it; llama-bench times its decode after an empty context.
+# tokens decoded after it; llama-bench times its decode after an empty context, and for prompts over
+# 512 also at that depth (-d P), which the row's ratio then uses.
 # G4_FILES: also each variant's geometry as random-weight safetensors checkpoints
 # (tools/make_synthetic_gemma4_checkpoint.py: mlx4, mlx8 = MLX affine 4 / 8 bits, group 64; bf16w =
 # plain bf16), timed as ours with bf16 activations (rows "variant:file", each with its own floor;
@@ -92,6 +93,10 @@ CUDA_LIBS=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/lib 2>/dev/null | tr '\n
 for V in $VARIANTS; do
   [ -n "$LB" ] && LD_LIBRARY_PATH=$CUDA_LIBS$LD_LIBRARY_PATH timeout -s KILL 200 $LB -m /tmp/t-$V.gguf -p ${PROMPTS// /,} -n 128 \
     -ngl 99 -fa 0,1 ${G4_LLAMA_UB:+-ub $G4_LLAMA_UB} -r 3 -o jsonl 2>>$OUT/llama.err | sed "s/^/llama $V /" >> $R
+  for P in $PROMPTS; do  # decode after a long prompt: llama-bench's decode at that depth too (-d)
+    [ -n "$LB" ] && [ "$P" -gt 512 ] && LD_LIBRARY_PATH=$CUDA_LIBS$LD_LIBRARY_PATH timeout -s KILL 300 $LB -m /tmp/t-$V.gguf \
+      -p 0 -n 128 -d $P -ngl 99 -fa 0,1 -r 3 -o jsonl 2>>$OUT/llama.err | sed "s/^/llama $V /" >> $R
+  done
   echo "$V llama done"
 done
 python3 - "$R" <<'PY'
@@ -106,16 +111,20 @@ for line in open(sys.argv[1]):
     elif p[0] == "llama" and len(p) >= 3:
         r = json.loads(line.split(" ", 2)[2]); n = r["n_prompt"] or 0
         # The median of llama-bench's repetitions: its first often carries a one-off cost (seen: 9.9k
-        # tok/s beside 15.5k twice at E2B prefill 512), which its mean (avg_ts) would keep.
-        llama[(p[1], n, int(r.get("flash_attn", 0)))] = st.median(r["samples_ts"]) if r.get("samples_ts") else r["avg_ts"]
+        # tok/s beside 15.5k twice at E2B prefill 512), which its mean (avg_ts) would keep. Keyed by
+        # (variant, prompt, depth, fa): a decode row has prompt 0, at depth 0 or at -d P.
+        key = (p[1], n, r.get("n_depth") or 0, int(r.get("flash_attn", 0)))
+        llama[key] = st.median(r["samples_ts"]) if r.get("samples_ts") else r["avg_ts"]
 print("| variant | config | prompt | floor tok/s | ours decode | llama.cpp decode fa0 / fa1 | decode ratio | ours prefill | llama.cpp prefill fa0 / fa1 | prefill ratio |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 for (v, c, n), rs in ours.items():
     pf, dc = st.median(x[0] for x in rs), st.median(x[1] for x in rs)
     fl = 4.3e12 / floor[v] if v in floor else float("nan")
     # A safetensors row ("V:F") is not a file llama.cpp reads: no peer figures beside it.
-    lt = [llama.get((v, 0, f)) for f in (0, 1)] if ":" not in v else [None, None]
-    lp = [llama.get((v, n, f)) for f in (0, 1)] if ":" not in v else [None, None]
+    # The peer's decode at our prompt's depth where it was run (prompts over 512), else after an empty context.
+    d = n if any(k[:3] == (v, 0, n) for k in llama) else 0
+    lt = [llama.get((v, 0, d, f)) for f in (0, 1)] if ":" not in v else [None, None]
+    lp = [llama.get((v, n, 0, f)) for f in (0, 1)] if ":" not in v else [None, None]
     best_t = max([x for x in lt if x] or [float("nan")]); best_p = max([x for x in lp if x] or [float("nan")])
     f = lambda x: "%.0f" % x if x else "-"
     ratio = lambda a, b: "-" if b != b else f"{a / b:.2f}x"  # nan: no peer figure
