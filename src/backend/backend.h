@@ -210,8 +210,9 @@ struct BackendOptions {
   // stop 49).
   bool fold_attn_prep = false;
   // CUDA with row_exact: the int8 GEMVs of 5 or more rows (a speculative verify forward of 1 + 4
-  // or more tokens) into Q4_K / Q5_K / Q6_K weights run on the int8 tensor cores
-  // (cuda_gemv_mma.h) with the one-row bits; off: the dp4a GEMV (`--cuda-int8-mma off`, for timing).
+  // or more tokens) into Q4_K / Q5_K / Q6_K weights, and of 4 rows into large Q4_K / Q5_K weights,
+  // run on the int8 tensor cores (cuda_gemv_mma.h's rule) with the one-row bits; off: the dp4a
+  // GEMV (`--cuda-int8-mma off`, for timing).
   bool int8_mma_rows = true;
   // CUDA with bf16 activations and int8_dots: batch-invariant numerics (`--batch-invariant on`).
   // Every launch of up to 64 rows computes each row with the one-row arithmetic (the int8 GEMVs

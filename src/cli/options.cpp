@@ -160,8 +160,8 @@ void add_load_options(VerbCli& cli) {
   cli.value("--cuda-fold-prep", "decode attention does attn_prep's work (q/k norms, RoPE, the KV write) itself, "
             "one launch fewer a layer (experimental: measured slower so far)", "off")
       ->type_name("on|off")->check(one_of({"on", "off"}));
-  cli.value("--cuda-int8-mma", "with --batch-invariant: verify-forward GEMVs of 5+ rows into K-quant weights on "
-            "the int8 tensor cores, the one-row bits", "on")
+  cli.value("--cuda-int8-mma", "with --batch-invariant: verify-forward GEMVs of 5+ rows into K-quant weights (4 rows "
+            "into large Q4_K / Q5_K ones) on the int8 tensor cores, the one-row bits", "on")
       ->type_name("on|off")->check(one_of({"on", "off"}));
   cli.value("--cuda-profile", "time every op by events; per-op device times on stderr at exit", "off")
       ->type_name("on|off")->check(one_of({"on", "off"}));

@@ -34,12 +34,18 @@ std::unique_ptr<Backend> mma_backend(bool mma, std::string* why) {
 
 
 // One shape per lanes-per-row rule of the launch (lanes_per_row, cuda_gemv_q8.cu): few rows give
-// 32 lanes; 40 units a row over >= 4224 rows give 16; 4 units a row over >= 16896 rows give 4.
+// 32 lanes; 40 units a row over >= 4224 rows give 16; 4 units a row over >= 16896 rows give 4. The
+// last shape is large enough (cuda_gemv_mma.h, kMmaLargeValues) for the MMA GEMV to take 4 rows
+// of Q4_K / Q5_K; its row counts are fewer, to keep the test short.
 struct Shape {
   int64_t rows, cols;
   const char* lanes;
+  std::vector<int> row_counts;
 };
-constexpr Shape kShapes[] = {{300, 512, "32 lanes"}, {4232, 2560, "16 lanes"}, {16904, 256, "4 lanes"}};
+const Shape kShapes[] = {{300, 512, "32 lanes", {4, 5, 8, 9, 17, 33}},
+                         {4232, 2560, "16 lanes", {4, 5, 8, 9, 17, 33}},
+                         {16904, 256, "4 lanes", {4, 5, 8, 9, 17, 33}},
+                         {4232, 4096, "32 lanes, MMA from 4 rows", {4, 8}}};
 
 // ops: 0 matmul (f32 out), 1 matmul (bf16 out), 2 norm_matmuls (W and a third of its rows), 3-4
 // gate_up_gelu (tanh, ggml). The outputs of M rows, concatenated.
@@ -79,7 +85,7 @@ TEST(CudaInt8Mma, EveryRowHasItsOneRowBits) {
       const WeightView dW = mma->place_weight(W.view), dW2 = mma->place_weight(W2.view);
       const WeightView pW = dp4a->place_weight(W.view), pW2 = dp4a->place_weight(W2.view);
       Buf dnw = test::upload(*mma, nw), pnw = test::upload(*dp4a, nw);
-      for (int M : {5, 8, 9, 17, 33})
+      for (int M : s.row_counts)
         for (int op = 0; op < 5; ++op) {
           const std::string what = std::string(wformat_name(f)) + " " + std::to_string(s.rows) + "x" +
                                    std::to_string(s.cols) + " (" + s.lanes + ") " + ops[op] + " M=" + std::to_string(M);

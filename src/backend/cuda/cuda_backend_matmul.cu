@@ -1,6 +1,7 @@
 // CudaBackend (cuda_backend.h): the matmul family (matmul, the fused norm / epilogue forms, gate / up)
 // and the plans that pick a launch for them (int8 GEMVs, the few-row tensor-core kernel, cuBLAS).
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_gemv_mma.h"
 #include "backend/cuda/cuda_gemv_q8.h"
 
 namespace g4::cuda_impl {
@@ -178,7 +179,7 @@ cuda::MatArgs CudaBackend::mat_args(const Buf& x, const InputNorm& norm, int M, 
   a.eps = norm.eps;
   if (q8_rows(M, w)) {
     a.q8 = q8_;
-    a.mma_rows = opt_.int8_mma_rows ? 1 : 0;
+    a.mma_rows = opt_.int8_mma_rows ? cuda::kMmaByRule : 0;
   }
   return a;
 }

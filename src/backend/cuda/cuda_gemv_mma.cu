@@ -219,13 +219,22 @@ void mma_launch(cudaStream_t s, MatArgs a, int M, int act, int lpr) {
 
 }  // namespace
 
-bool q8_mma_takes(const MatArgs& a, int M, int act) {
-  if (M < kMmaMinRows || a.resid) return false;
+bool q8_mma_handles(const MatArgs& a, int act) {
+  if (a.resid) return false;
   const WFormat f = a.w[0].fmt;
   if (f != WFormat::GgufQ4_K && f != WFormat::GgufQ5_K && f != WFormat::GgufQ6_K) return false;
   for (int i = 1; i < a.n; ++i)
     if (a.w[i].fmt != f) return false;
   return act == kPlain || a.w2.fmt == f;
+}
+
+bool q8_mma_takes(const MatArgs& a, int M, int act) {
+  if (M < 2 || !a.mma_rows || !q8_mma_handles(a, act)) return false;
+  if (a.mma_rows == kMmaWherePossible || M >= kMmaMinRows) return true;
+  if (M < kMmaLargeMinRows || a.w[0].fmt == WFormat::GgufQ6_K) return false;
+  int64_t values = 0;  // the largest weight of the launch
+  for (int i = 0; i < a.n; ++i) values = std::max(values, a.w[i].rows * a.w[i].cols);
+  return values >= kMmaLargeValues && (act == kPlain || values < kMmaLargeGeluValues);
 }
 
 void q8_mma_gemv(cudaStream_t s, const MatArgs& a, int M, int act, int lpr) {

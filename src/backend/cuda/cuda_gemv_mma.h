@@ -9,13 +9,25 @@
 
 namespace g4::cuda {
 
-// The fewest prepared rows the MMA GEMV takes. Measured per kernel at the E4B shapes (H100 / H200,
-// docs/cuda-notes.md stop 51): at 2 rows the dp4a GEMV is faster everywhere, at 4 it is mixed
-// (MMA faster only for Q4_K / Q5_K gate, up and down), at 8 the MMA GEMV is 1.3-3x faster for
-// every shape and format; the dp4a GEMV takes 5 to 8 rows in one 8-row pass, which costs as 8.
+// MatArgs::mma_rows: 0 the dp4a GEMV always; kMmaByRule as q8_mma_takes decides; kMmaWherePossible
+// every launch of 2 or more rows the kernel handles (bench_cuda_gemv times both kernels at any M).
+constexpr uint8_t kMmaByRule = 1, kMmaWherePossible = 2;
+// The rule, from per-kernel times (bench_cuda_gemv --rows M; docs/cuda-notes.md stops 51 and 53):
+// at 2 rows the dp4a GEMV is faster everywhere. At 4 rows (H100, E4B and 31B shapes) the MMA GEMV
+// is faster for Q4_K / Q5_K weights of kMmaLargeValues values or more (E4B gate 26.7 -> 14.8 us,
+// down 28.5 -> 27.6; 31B q 35.2 -> 24.5, o 41.7 -> 32.6, down 107.8 -> 81.9) and slower for Q6_K
+// and for the smaller E4B q / k / v; the fused gate+up launch gains at E4B's 26M values a weight
+// (27.9 -> 24.4 us) and loses at 31B's 116M (102.3 -> 119.4), so 4-row gelu launches take it below
+// kMmaLargeGeluValues only. At 8 rows it is 1.3-3x faster for every E4B shape and format, and the
+// dp4a GEMV takes 5 to 8 rows in one 8-row pass, which costs as 8: kMmaMinRows rows and up take it.
 constexpr int kMmaMinRows = 5;
-// Whether the MMA GEMV takes a over M rows (act: Act): M >= kMmaMinRows, every weight (and w2)
-// Q4_K, Q5_K or Q6_K alike, no residual epilogue (MatArgs::resid).
+constexpr int kMmaLargeMinRows = 4;
+constexpr int64_t kMmaLargeValues = int64_t(16) << 20;
+constexpr int64_t kMmaLargeGeluValues = int64_t(64) << 20;
+// Whether the MMA kernel handles a (act: Act): every weight (and w2) Q4_K, Q5_K or Q6_K alike, no
+// residual epilogue (MatArgs::resid).
+bool q8_mma_handles(const MatArgs& a, int act);
+// Whether the launch of a over M rows takes the MMA GEMV (a.mma_rows, the rule above).
 bool q8_mma_takes(const MatArgs& a, int M, int act);
 // y[i][m] = w[i] · x[m] for m < M over the rows prepared in a.q8 (q8_mma_takes), each as the dp4a
 // GEMV at lpr lanes a row computes it. One launch.

@@ -139,7 +139,8 @@ struct MatArgs {
   DType xt;
   DType yt;
   // int8 GEMVs of 2 or more prepared rows (a row-exact verify forward) in K-quant formats: on the
-  // tensor cores (cuda_gemv_mma.h), the same bits as the dp4a GEMV. 0: the dp4a GEMV.
+  // tensor cores (cuda_gemv_mma.h: kMmaByRule, kMmaWherePossible), the same bits as the dp4a GEMV.
+  // 0: the dp4a GEMV.
   uint8_t mma_rows = 0;
   uint8_t reserved = 0;
 };
