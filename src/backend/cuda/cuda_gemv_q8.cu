@@ -41,6 +41,9 @@ using q8units::unit_dot;
 constexpr int kPrepWarps = 8;
 __global__ void __launch_bounds__(kPrepWarps * kWarp) q8_prepare_kernel(const void* x, bool bf, int cols,
                                                                         const float* norm_w, float eps, Q8Act o) {
+  const int lane = threadIdx.x % kWarp, b = blockIdx.x * kPrepWarps + threadIdx.x / kWarp;
+  const int c = 32 * b + lane;
+  const float nw = norm_w && b < cols / 32 ? norm_w[c] : 1.f;  // before the wait: never written during a step
   pdl_enter();
   __shared__ float red[32];
   x = static_cast<const uint8_t*>(x) + int64_t(blockIdx.y) * cols * (bf ? 2 : 4);
@@ -55,11 +58,9 @@ __global__ void __launch_bounds__(kPrepWarps * kWarp) q8_prepare_kernel(const vo
     ss = block_sum(ss, red);
     inv = 1.0f / sqrtf(ss / float(cols) + eps);
   }
-  const int lane = threadIdx.x % kWarp, b = blockIdx.x * kPrepWarps + threadIdx.x / kWarp;
   if (b >= cols / 32) return;
-  const int c = 32 * b + lane;
   float v = ldx(x, c, bf);
-  if (norm_w) v = __fmul_rn(__fmul_rn(v, inv), norm_w[c]);
+  if (norm_w) v = __fmul_rn(__fmul_rn(v, inv), nw);
   q8_store_block(v, c, lane, o);
 }
 
@@ -76,22 +77,27 @@ __global__ void __launch_bounds__(kPostThreads) post_add_prepare_kernel(const vo
                                                                         float scale, void* resid, bool bf,
                                                                         int n, const float* norm_w, float eps,
                                                                         Q8Act o) {
+  // The norm weights (never written during a step) are loaded before the wait, while the kernel
+  // before this one finishes; then y and the residual: one memory round trip after the wait, not
+  // one after each reduction.
+  float v[kPostPer], r[kPostPer], g[kPostPer], nw[kPostPer], ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < kPostPer; ++k) {
+    const int c = threadIdx.x + k * kPostThreads;
+    g[k] = c < n ? pw[c] : 0.f;
+    nw[k] = c < n && norm_w ? norm_w[c] : 1.f;
+  }
   pdl_enter();
   __shared__ float red[32];
   const int64_t row_off = int64_t(blockIdx.x) * n * (bf ? 2 : 4);
   y = static_cast<const uint8_t*>(y) + row_off;
   resid = static_cast<uint8_t*>(resid) + row_off;
   if (o.q) o = q8_row(o, blockIdx.x, n);
-  // Every load first (y, the residual and both norm weights): one memory round trip, not one
-  // after each reduction.
-  float v[kPostPer], r[kPostPer], g[kPostPer], nw[kPostPer], ss = 0.f;
 #pragma unroll
   for (int k = 0; k < kPostPer; ++k) {
     const int c = threadIdx.x + k * kPostThreads;
     v[k] = c < n ? ldx(y, c, bf) : 0.f;
     r[k] = c < n ? ldx(resid, c, bf) : 0.f;
-    g[k] = c < n ? pw[c] : 0.f;
-    nw[k] = c < n && norm_w ? norm_w[c] : 1.f;
   }
 #pragma unroll
   for (int k = 0; k < kPostPer; ++k) ss += v[k] * v[k];

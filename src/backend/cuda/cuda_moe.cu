@@ -30,8 +30,13 @@ __global__ void moe_combine_kernel(const T* y, const float* w, int k, int d, T* 
 constexpr int kRouterPer = 8;
 __global__ void router_topk_kernel(const void* scores, bool bf, int rows, int E, int k, const float* per_expert_scale,
                                    int32_t* idx, float* w) {
-  pdl_enter();
   const int row = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  // The scales of this lane's experts, before the wait (weights are never written during a step):
+  // the chosen experts' scales then come by shuffle, not by loads after the choice.
+  float scale[kRouterPer];
+#pragma unroll
+  for (int j = 0; j < kRouterPer; ++j) scale[j] = lane + kWarp * j < E ? per_expert_scale[lane + kWarp * j] : 0.f;
+  pdl_enter();
   if (row >= rows) return;
   float v[kRouterPer];
 #pragma unroll
@@ -41,7 +46,7 @@ __global__ void router_topk_kernel(const void* scores, bool bf, int rows, int E,
     v[j] = isnan(x) ? -INFINITY : x;
   }
   unsigned taken = 0;  // bit j: this lane's expert lane + 32 j is chosen
-  float sum = 0.f, first = 0.f;
+  float sum = 0.f, first = 0.f, mine = 0.f, my_scale = 0.f;  // lane r: round r's exp and its expert's scale
   for (int r = 0; r < k; ++r) {
     float bv = -INFINITY;
     int bi = -1;
@@ -59,16 +64,15 @@ __global__ void router_topk_kernel(const void* scores, bool bf, int rows, int E,
     if (r == 0) first = bv;  // the largest: the softmax's max
     const float e = expf(bv - first);
     sum += e;
-    if (lane == 0) {
-      idx[int64_t(row) * k + r] = bi;
-      w[int64_t(row) * k + r] = e;  // normalized below
-    }
+    float sc = 0.f;  // expert bi's scale, from the lane that holds it
+#pragma unroll
+    for (int j = 0; j < kRouterPer; ++j)
+      if (j == bi / kWarp) sc = scale[j];
+    sc = __shfl_sync(0xffffffffu, sc, bi % kWarp);
+    if (lane == r) mine = e, my_scale = sc;
+    if (lane == 0) idx[int64_t(row) * k + r] = bi;
   }
-  __syncwarp();
-  if (lane < k) {
-    const int64_t at = int64_t(row) * k + lane;
-    w[at] = w[at] / sum * per_expert_scale[idx[at]];
-  }
+  if (lane < k) w[int64_t(row) * k + lane] = mine / sum * my_scale;
 }
 
 // Routed expert GEMVs: grid (row blocks, items); warp w of block b computes output row

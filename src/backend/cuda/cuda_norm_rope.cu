@@ -58,6 +58,17 @@ __device__ inline void load_row(const T* row, int dim, T (&v)[kPer]) {
   for (int j = 0; j < kPer; ++j)
     if (threadIdx.x + 256 * j < dim) v[j] = row[threadIdx.x + 256 * j];
 }
+// A norm weight's elements i = thread + 256 j (1 where w is null), into registers: the kernels
+// below load them before their PDL wait (weights are never written during a step), so that their
+// memory latency overlaps the kernel before instead of following a reduction.
+template <int kPer>
+__device__ inline void load_weights(const float* w, int dim, float (&v)[kPer]) {
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + 256 * j;
+    v[j] = w && i < dim ? w[i] : 1.f;
+  }
+}
 // rms_inv of a row held by load_row (the sum in inv_rms's order: the same bits).
 template <class T, int kPer>
 __device__ inline float row_rms_inv(const T (&v)[kPer], int dim, float eps, float* sh) {
@@ -76,23 +87,17 @@ __device__ inline float row_rms_inv(const T (&v)[kPer], int dim, float eps, floa
 template <class T, int kPer>
 __global__ void __launch_bounds__(256) norm_add_norm_kernel(T* x, const T* o, int dim, const float* w, float eps,
                                                             float s, const float* w2, float eps2, T* xn) {
+  float wv[kPer], w2v[kPer];
+  load_weights(w, dim, wv);
+  load_weights(w2, dim, w2v);
   pdl_enter();
   __shared__ float sh[32];
   const T* orow = o + int64_t(blockIdx.x) * dim;
   T* xr = x + int64_t(blockIdx.x) * dim;
   T* yr = xn + int64_t(blockIdx.x) * dim;
   T ov[kPer], xv[kPer];
-  float wv[kPer], w2v[kPer];
   load_row(orow, dim, ov);
   load_row(static_cast<const T*>(xr), dim, xv);
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int i = threadIdx.x + 256 * j;
-    if (i < dim) {
-      wv[j] = w[i];
-      w2v[j] = w2 ? w2[i] : 1.f;
-    }
-  }
   const float inv = row_rms_inv(ov, dim, eps, sh);
   float ss = 0.f;
 #pragma unroll
@@ -118,6 +123,10 @@ template <class T, int kPer>
 __global__ void __launch_bounds__(256) moe_norms_kernel(const T* f, const T* x, int dim, const float* w_f,
                                                         const float* w_r, const float* w_x, float eps, T* h1, T* xr,
                                                         T* xn) {
+  float wf[kPer], wr[kPer], wx[kPer];
+  load_weights(w_f, dim, wf);
+  load_weights(w_r, dim, wr);
+  load_weights(w_x, dim, wx);
   pdl_enter();
   __shared__ float sh[32];
   const int64_t off = int64_t(blockIdx.x) * dim;
@@ -129,9 +138,9 @@ __global__ void __launch_bounds__(256) moe_norms_kernel(const T* f, const T* x, 
   for (int j = 0; j < kPer; ++j) {
     const int i = threadIdx.x + 256 * j;
     if (i >= dim) continue;
-    h1[off + i] = rms_normed(fv[j], inv_f, w_f != nullptr, w_f ? w_f[i] : 1.f);
-    xr[off + i] = rms_normed(xv[j], inv_x, w_r != nullptr, w_r ? w_r[i] : 1.f);
-    xn[off + i] = rms_normed(xv[j], inv_x, w_x != nullptr, w_x ? w_x[i] : 1.f);
+    h1[off + i] = rms_normed(fv[j], inv_f, w_f != nullptr, wf[j]);
+    xr[off + i] = rms_normed(xv[j], inv_x, w_r != nullptr, wr[j]);
+    xn[off + i] = rms_normed(xv[j], inv_x, w_x != nullptr, wx[j]);
   }
 }
 
@@ -142,6 +151,9 @@ template <class T, int kPer>
 __global__ void __launch_bounds__(256) moe_exit_kernel(T* x, const T* h1, const T* h2, const T* y, const float* cw,
                                                        int k, int dim, const float* w2, const float* w, float eps,
                                                        float s) {
+  float w2v[kPer], wv[kPer];
+  load_weights(w2, dim, w2v);
+  load_weights(w, dim, wv);
   pdl_enter();
   __shared__ float sh[32];
   const int64_t off = int64_t(blockIdx.x) * dim;
@@ -164,7 +176,7 @@ __global__ void __launch_bounds__(256) moe_exit_kernel(T* x, const T* h1, const 
   for (int j = 0; j < kPer; ++j) {
     const int i = threadIdx.x + 256 * j;
     if (i >= dim) continue;
-    const T hn = rms_normed(hv[j], inv2, w2 != nullptr, w2 ? w2[i] : 1.f);  // rms_norm_kernel's rounding
+    const T hn = rms_normed(hv[j], inv2, w2 != nullptr, w2v[j]);  // rms_norm_kernel's rounding
     fv[j] = from_f<T>(to_f(fv[j]) + to_f(hn));                            // add_kernel's
   }
   const float inv = row_rms_inv(fv, dim, eps, sh);
@@ -172,7 +184,7 @@ __global__ void __launch_bounds__(256) moe_exit_kernel(T* x, const T* h1, const 
   for (int j = 0; j < kPer; ++j) {
     const int i = threadIdx.x + 256 * j;
     if (i >= dim) continue;
-    T v = norm_added(xv[j], fv[j], inv, w[i]);  // norm_add_kernel's
+    T v = norm_added(xv[j], fv[j], inv, wv[j]);  // norm_add_kernel's
     if (s != 1.f) v = from_f<T>(to_f(v) * s);   // scale_kernel's
     x[off + i] = v;
   }
@@ -195,9 +207,14 @@ __global__ void norm_rope_kernel(T* x, int heads, int head_dim, const float* w, 
 // with value head g (unweighted RMSNorm when v_norm), into the cache slot of the row's position.
 template <class T>
 __global__ void attn_prep_kernel(AttnPrepArgs a) {
+  const int heads = a.H + a.Hk, lr = blockIdx.x / heads, h = blockIdx.x % heads, D = a.head_dim;
+  if (threadIdx.x == 0) {  // the head's norm weight and RoPE frequencies into L2 before the wait (never written during a step)
+    const float* w = h < a.H ? a.q_norm_w : a.k_norm_w;
+    if (w) prefetch_l2(w, size_t(D) * 4);
+    prefetch_l2(a.inv_freq, size_t(D / 2) * 4);
+  }
   pdl_enter();
   __shared__ float sh[32];
-  const int heads = a.H + a.Hk, lr = blockIdx.x / heads, h = blockIdx.x % heads, D = a.head_dim;
   const SeqKv& sq = a.tab.seqs[a.tab.row_seq[lr]];
   const int t = lr - sq.first, r = sq.row0 + t, p = sq.pos0 + t;
   const float pos = float(p) * a.position_scale;
