@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(256) moe_norms_kernel(const T* f, const T* x, 
 
 // moe_exit: one block of 256 threads per row; the row's h2, h1 and x read once. With y (the
 // routed experts' outputs [rows, k, dim] and their weights cw [rows, k]), h2 is their combination,
-// computed here (moe_combined, as moe_combine_kernel computes it) instead of read.
+// computed here (moe_combined_row: as moe_combine_kernel computes it) instead of read.
 template <class T, int kPer>
 __global__ void __launch_bounds__(256) moe_exit_kernel(T* x, const T* h1, const T* h2, const T* y, const float* cw,
                                                        int k, int dim, const float* w2, const float* w, float eps,
@@ -159,13 +159,10 @@ __global__ void __launch_bounds__(256) moe_exit_kernel(T* x, const T* h1, const 
   const int64_t off = int64_t(blockIdx.x) * dim;
   T hv[kPer], fv[kPer], xv[kPer];
   if (y) {
-    const int r = blockIdx.x;
+    float acc[kPer];
+    moe_combined_row<kPer, 256>(y, cw, blockIdx.x, k, dim, acc);
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = threadIdx.x + 256 * j;
-      if (i >= dim) continue;
-      hv[j] = from_f<T>(moe_combined(y, cw, r, k, dim, i));
-    }
+    for (int j = 0; j < kPer; ++j) hv[j] = from_f<T>(acc[j]);
   } else {
     load_row(h2 + off, dim, hv);
   }
