@@ -4,7 +4,9 @@
 // the previous kernel's tail instead of idling the GPU.
 //
 // Contract: every __global__ function launched through launch_kernel calls pdl_enter() or
-// pdl_enter_streaming() before it touches memory that earlier work writes or reads.
+// pdl_enter_streaming() before it touches memory that earlier kernels write or read. Before it a
+// kernel may read only what no kernel of a step writes: weights (the short kernels load their norm
+// weights and scales there; GEMVs prefetch their rows into L2).
 //   - pdl_wait (griddepcontrol.wait) returns once the preceding grid has completed and its writes
 //     are visible. Since that grid itself waited for its predecessor, every launch still sees all
 //     work queued before it, as in plain stream order.
