@@ -18,8 +18,10 @@ constexpr uint8_t kMmaByRule = 1, kMmaWherePossible = 2;
 // down 28.5 -> 27.6; 31B q 35.2 -> 24.5, o 41.7 -> 32.6, down 107.8 -> 81.9) and slower for Q6_K
 // and for the smaller E4B q / k / v; the fused gate+up launch gains at E4B's 26M values a weight
 // (27.9 -> 24.4 us) and loses at 31B's 116M (102.3 -> 119.4), so 4-row gelu launches take it below
-// kMmaLargeGeluValues only. At 8 rows it is 1.3-3x faster for every E4B shape and format, and the
-// dp4a GEMV takes 5 to 8 rows in one 8-row pass, which costs as 8: kMmaMinRows rows and up take it.
+// kMmaLargeGeluValues only. At 8 rows it is 1.1-3x faster for every E4B and 31B shape and format
+// (31B Q4_K gate+up 175.3 -> 125.4 us) but one, 31B's Q6_K gate+up (184.9 -> 209.0; Q4_K_M files
+// keep gate and up in Q4_K), and the dp4a GEMV takes 5 to 8 rows in one 8-row pass, which costs as
+// 8: kMmaMinRows rows and up take it.
 constexpr int kMmaMinRows = 5;
 constexpr int kMmaLargeMinRows = 4;
 constexpr int64_t kMmaLargeValues = int64_t(16) << 20;

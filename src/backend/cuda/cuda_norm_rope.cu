@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(256) moe_exit_kernel(T* x, const T* h1, const 
     const int i = threadIdx.x + 256 * j;
     if (i >= dim) continue;
     const T hn = rms_normed(hv[j], inv2, w2 != nullptr, w2v[j]);  // rms_norm_kernel's rounding
-    fv[j] = from_f<T>(to_f(fv[j]) + to_f(hn));                            // add_kernel's
+    fv[j] = from_f<T>(to_f(fv[j]) + to_f(hn));                     // add_kernel's
   }
   const float inv = row_rms_inv(fv, dim, eps, sh);
 #pragma unroll
