@@ -8,7 +8,11 @@
 # Run from the repository root with the CUDA build in build-cuda/bin, carried as for
 # bench/cuda_vs_llamacpp.sh (.devlibs, .whl):
 #
-#   [G4_VARIANTS="e4b"] [G4_ARGS="--cuda-fold-prep on"] [G4_BIN=build-cuda/bin/gemma4] [G4_CUPTI_DIR=DIR] bash bench/cuda_step_trace.sh
+#   [G4_VARIANTS="e4b"] [G4_ARGS="--cuda-fold-prep on"] [G4_BIN=build-cuda/bin/gemma4] [G4_CUPTI_DIR=DIR]
+#   [G4_TRACE_ARGS="--timeline 40"] bash bench/cuda_step_trace.sh
+#
+# G4_ARGS go to gemma4 bench, G4_TRACE_ARGS to tools/cuda_step_trace.py (--timeline N: a step's
+# first N kernels in order, e.g. its first layer).
 #
 # Without nsys (the lent machines' image has none), G4_CUPTI_DIR names the folder that
 # tools/cupti_trace/build.sh made (libg4_cupti_trace.so and libcupti.so.13, carried): the same
@@ -33,7 +37,7 @@ for V in $VARIANTS; do
       > "$rep.log" 2>&1 || { tail -5 "$rep.log"; exit 1; }
     [ -s "$rep.csv" ] || { echo "cuda_step_trace: the CUPTI trace wrote no CSV for $V" >&2; tail -5 "$rep.log"; exit 1; }
     echo "== $V ${G4_ARGS:-} (CUPTI)"
-    python3 tools/cuda_step_trace.py "$rep.csv"
+    python3 tools/cuda_step_trace.py ${G4_TRACE_ARGS:-} "$rep.csv"
     continue
   fi
   timeout 300 "$NSYS" profile -t cuda --cuda-graph-trace=node -f true -o "$rep" "$G4" bench --model /tmp/t-$V.gguf \
@@ -42,5 +46,5 @@ for V in $VARIANTS; do
   csv=$(ls "$rep"*cuda_gpu_trace*.csv 2>/dev/null | head -1)
   [ -n "$csv" ] || { echo "cuda_step_trace: nsys stats wrote no CSV for $V" >&2; exit 1; }
   echo "== $V ${G4_ARGS:-}"
-  python3 tools/cuda_step_trace.py "$csv"
+  python3 tools/cuda_step_trace.py ${G4_TRACE_ARGS:-} "$csv"
 done

@@ -117,6 +117,8 @@ def main(argv=None):
                     help="regex of the kernel that closes a step (greedy sampling); where none matches, --step-start")
     ap.add_argument("--step-start", default="embed_kernel", help="regex of the kernel that opens a step")
     ap.add_argument("--steps", type=int, default=4, help="decode steps summarized (the last ones)")
+    ap.add_argument("--timeline", type=int, default=0, metavar="N",
+                    help="also the last summarized step's first N kernels in order: start, end, path time")
     args = ap.parse_args(argv)
     rows = read_kernels(args.csv)
     if not rows:
@@ -138,7 +140,20 @@ def main(argv=None):
         gap = statistics.median(k["g"]) if k["g"] else 0.0
         print(f"{name:90s} {k['n'] / n:6.1f} {statistics.median(k['d']):7.2f} {sum(k['d']) / n:8.1f} {gap:8.2f}"
               f" {sum(k['p']) / n:12.1f}")
+    if args.timeline > 0:
+        print_timeline(chosen[-1], args.timeline)
     return 0
+
+
+def print_timeline(step, count):
+    """A step's first `count` kernels in launch order, times from the step's first start (us): how
+    one layer's kernels follow and overlap each other."""
+    t0, prev_end = step[0][0], None
+    print(f"{'start us':>9s} {'end us':>9s} {'path us':>8s}  kernel")
+    for t, d, name in step[:count]:
+        path = max(0, t + d - (prev_end if prev_end is not None else t))
+        print(f"{(t - t0) / 1e3:9.2f} {(t + d - t0) / 1e3:9.2f} {path / 1e3:8.2f}  {short_name(name)}")
+        prev_end = max(prev_end if prev_end is not None else 0, t + d)
 
 
 if __name__ == "__main__":

@@ -119,3 +119,17 @@ def test_steps_cut_after_the_sampling_kernel(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "3 steps; 2 summarized, 4 kernels each" in r.stdout
     assert "step span us: 14.0 14.0" in r.stdout
+
+
+def test_timeline_lists_a_step_in_order(tmp_path):
+    """--timeline N: the last summarized step's first N kernels with start, end and path time."""
+    trace = tmp_path / "trace.csv"
+    write_trace(trace)
+    r = subprocess.run([sys.executable, str(TOOL), str(trace), "--steps", "3", "--timeline", "3"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    tail = r.stdout.splitlines()[-4:]
+    assert tail[0].split() == ["start", "us", "end", "us", "path", "us", "kernel"]
+    assert [l.split()[:3] for l in tail[1:]] == [["0.00", "2.00", "2.00"], ["3.00", "13.00", "11.00"],
+                                                ["12.00", "17.00", "4.00"]]
+    assert tail[3].split()[3] == "post_add_prepare_kernel"
