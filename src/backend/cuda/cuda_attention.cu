@@ -39,11 +39,13 @@ template <int kPer, bool kQuant, bool kFold, class T>
 __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* q, int H, AttnBatch a, float scale,
                                                                        float* partial, unsigned* counters, T* out,
                                                                        Q8Act q8o, AttnPrepArgs prep) {
+  // The sequence table is written by the step's first copy node (or a synchronous upload), never
+  // by a kernel: its entry is read before the wait, its two dependent loads off the step's path.
+  const int lr = blockIdx.x / H, h = blockIdx.x % H, split = blockIdx.y, S = gridDim.y;
+  const SeqKv sq = a.tab.seqs[a.tab.row_seq[lr]];
   pdl_enter();
   __shared__ float sh_m[kAttnWarps], sh_l[kAttnWarps];
   __shared__ float sh_acc[kAttnWarps][kPer * kWarp];
-  const int lr = blockIdx.x / H, h = blockIdx.x % H, split = blockIdx.y, S = gridDim.y;
-  const SeqKv& sq = a.tab.seqs[a.tab.row_seq[lr]];
   const int t = lr - sq.first, q_row = sq.row0 + t, capacity = sq.capacity, window = sq.window;
   const int pos = sq.pos0 + t, D = a.head_dim, g = h / (H / a.n_kv_heads);
   const KvQuantArgs qa = sq.quant;

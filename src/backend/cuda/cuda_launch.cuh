@@ -6,7 +6,9 @@
 // Contract: every __global__ function launched through launch_kernel calls pdl_enter() or
 // pdl_enter_streaming() before it touches memory that earlier kernels write or read. Before it a
 // kernel may read only what no kernel of a step writes: weights (the short kernels load their norm
-// weights and scales there; GEMVs prefetch their rows into L2).
+// weights and scales there; GEMVs prefetch their rows into L2), and the step's sequence tables
+// (SeqTable: written by the step's first copy node or a synchronous upload; attention and attn_prep
+// read their entry there). Not the image blocks a table points to: a copy kernel may stage them.
 //   - pdl_wait (griddepcontrol.wait) returns once the preceding grid has completed and its writes
 //     are visible. Since that grid itself waited for its predecessor, every launch still sees all
 //     work queued before it, as in plain stream order.

@@ -210,9 +210,9 @@ __global__ void attn_prep_kernel(AttnPrepArgs a) {
     if (w) prefetch_l2(w, size_t(D) * 4);
     prefetch_l2(a.inv_freq, size_t(D / 2) * 4);
   }
+  const SeqKv sq = a.tab.seqs[a.tab.row_seq[lr]];  // before the wait: never written by a kernel (cuda_attention.cu)
   pdl_enter();
   __shared__ float sh[32];
-  const SeqKv& sq = a.tab.seqs[a.tab.row_seq[lr]];
   const int t = lr - sq.first, r = sq.row0 + t, p = sq.pos0 + t;
   const float pos = float(p) * a.position_scale;
   T* const q = static_cast<T*>(a.q);
