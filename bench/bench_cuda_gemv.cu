@@ -285,6 +285,7 @@ int run(int argc, char** argv) {
         a.q8 = q8;
         a.xt = DType::BF16;
         a.yt = DType::BF16;
+        a.l2_prefetch_max_kib = uint32_t(l2 / 1024);  // a launch alone: the whole L2 (CudaBackend::plan_l2_prefetch)
         return a;
       };
       // --rows: the dp4a GEMV and the MMA GEMV over the prepared rows, timed, and their outputs compared.

@@ -25,10 +25,14 @@ void CudaBackend::matmul(const Buf& x_b, int M, const WeightView& W, ActPrecisio
     if (pre.q) {
       a.q8 = pre;
       a.prepared = 1;
+      plan_l2_prefetch(a);
       return launch(op, cuda::matmuls, a, M);
     }
     pending_.take_into(a, M, false);
-    if (a.pre_y) return launch(op, cuda::matmuls, a, M);
+    if (a.pre_y) {
+      plan_l2_prefetch(a);
+      return launch(op, cuda::matmuls, a, M);
+    }
   }
   if (M > 1 && blas_ && !q8_rows(M, w)) {
     cuda::MatArgs a = mat_args(x_b, InputNorm{}, M, w);
@@ -43,6 +47,7 @@ void CudaBackend::matmul(const Buf& x_b, int M, const WeightView& W, ActPrecisio
   a.n = 1;
   a.w[0] = w;
   a.y[0] = y;
+  plan_l2_prefetch(a);
   launch(op, cuda::matmuls, a, M);
 }
 
@@ -84,6 +89,7 @@ void CudaBackend::matmul_norm_add(const Buf& x_b, int M, const WeightView& W, co
     a.q8 = pre;
     a.prepared = 1;
   }
+  plan_l2_prefetch(a);
   launch("matmul_norm_add", cuda::matmuls, a, M);
   if (defer) pending_ = cuda::PendingPost{y_scratch, x_resid, a.xt, int(W.rows), w, eps, M, 1.f, true};
 }
@@ -148,6 +154,7 @@ void CudaBackend::gate_up_gelu(const Buf& x_b, int M, const InputNorm& norm, con
   a.table = ggml_table ? tables_.gelu_table() : nullptr;
   pending_.take_into(a, M, true);
   if (profile_) label_ = "gate_up_gelu " + std::to_string(G.rows) + "x" + std::to_string(G.cols) + " M=" + std::to_string(M);
+  plan_l2_prefetch(a);
   if (launch_blas("gate_up_gelu", a, M, a.table ? 2 : 1)) return;
   launch("gate_up_gelu", cuda::gate_up_gelu, a, M);
 }
@@ -209,8 +216,15 @@ void CudaBackend::launch_matmuls(cuda::MatArgs a, int M) {
   pending_.take_into(a, M, false);
   if (profile_) label_ = "matmuls x" + std::to_string(a.n) + " " + std::to_string(a.w[0].rows) + "x" +
                          std::to_string(a.w[0].cols) + " M=" + std::to_string(M);
+  plan_l2_prefetch(a);
   if (launch_blas("norm_matmuls", a, M, 0)) return;
   launch("norm_matmuls", cuda::matmuls, a, M);
+}
+
+void CudaBackend::plan_l2_prefetch(cuda::MatArgs& a) {
+  const int64_t room = int64_t(dev_.l2_bytes()) - streamed_bytes_;
+  a.l2_prefetch_max_kib = room > 0 ? uint32_t(room / 1024) : 0u;
+  streamed_bytes_ = cuda::weight_bytes(a);
 }
 
 bool CudaBackend::launch_blas(const char* op, const cuda::MatArgs& a, int M, int act) {

@@ -72,6 +72,11 @@ __global__ void __launch_bounds__(kPrepWarps * kWarp) q8_prepare_kernel(const vo
 // row is then normed with norm_w (when set) and cut into int8 blocks as q8_prepare_kernel does
 // (n % 32 == 0; thread t holds values t + 1024 k, so each warp's lanes hold whole 32-value
 // blocks). A row's arithmetic is the same whatever the grid's row count.
+// The 1024 threads (at ~58 registers: a whole SM's register file) also gate the next launch: the
+// block becomes resident only once an SM has drained, at the tail of the GEMV before it, and only
+// then releases the next GEMV, whose blocks prefetch their rows into L2 a few microseconds before
+// they need them. A 256-thread block with the same bits was resident at once and slowed decode
+// steps by 5-11 % (docs/cuda-notes.md, stop 54).
 constexpr int kPostThreads = 1024, kPostPer = 8, kPostMax = kPostThreads * kPostPer;
 __global__ void __launch_bounds__(kPostThreads) post_add_prepare_kernel(const void* y, const float* pw, float peps,
                                                                         float scale, void* resid, bool bf,
@@ -154,7 +159,7 @@ __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_gemv_kernel(MatArgs a, Q8
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t r0 = int64_t(blockIdx.x - a.first[i]) * kQ8Warps * (kWarp / lpr);
   const int64_t r = r0 + (int64_t(warp) * kWarp + lane) / lpr;
-  if (threadIdx.x == 0 && blockIdx.y == 0 && r0 < w.rows) {  // this block's weight rows, while the kernels before it finish
+  if (a.l2_prefetch && threadIdx.x == 0 && blockIdx.y == 0 && r0 < w.rows) {  // this block's weight rows, while the kernels before it finish
     const int64_t n = min(int64_t(kQ8Warps * (kWarp / lpr)), w.rows - r0);
     prefetch_l2(w.data + r0 * w.row_bytes, size_t(n * w.row_bytes));
     if constexpr (kAct != kPlain) prefetch_l2(a.w2.data + r0 * a.w2.row_bytes, size_t(n * a.w2.row_bytes));
@@ -272,6 +277,7 @@ template <WFormat F, int kBits>
 void gemv_launch(cudaStream_t s, MatArgs a, int M, int act, int lanes) {
   int64_t rows = 0;
   for (int i = 0; i < a.n; ++i) rows += a.w[i].rows;
+  a.l2_prefetch = weight_bytes(a) <= int64_t(a.l2_prefetch_max_kib) * 1024 ? 1 : 0;
   const int lpr = lanes > 0 ? lanes : lanes_per_row(a.w[0].cols / unit_vals<F, kBits>(), rows, unit_vals<F, kBits>());
   a.norm_w = nullptr;  // applied by the prepare launch
   const bool post = a.resid && a.w[0].rows <= kPostMax;
