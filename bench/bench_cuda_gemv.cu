@@ -285,7 +285,6 @@ int run(int argc, char** argv) {
         a.q8 = q8;
         a.xt = DType::BF16;
         a.yt = DType::BF16;
-        a.l2_prefetch_max_kib = uint32_t(l2 / 1024);  // a launch alone: the whole L2 (CudaBackend::plan_l2_prefetch)
         return a;
       };
       // --rows: the dp4a GEMV and the MMA GEMV over the prepared rows, timed, and their outputs compared.
@@ -333,6 +332,7 @@ int run(int argc, char** argv) {
         auto act_args = [&](int i) {
           MatArgs a = args(i);
           if (act != kPlain) a.w2 = w[size_t(i + 1) % w.size()].w;
+          a.l2_prefetch = weight_bytes(a) <= int64_t(l2) ? 1 : 0;  // a launch alone (CudaBackend::plan_l2_prefetch)
           return a;
         };
         if (rows > 1) {

@@ -84,6 +84,18 @@ def split_steps_at_end(rows, end_pattern):
     return steps
 
 
+def on_path(step):
+    """Each kernel of a step as (start, duration, name, path, gap), in ns. path: how far it moves the
+    latest end of the kernels before it (a kernel launched early under PDL waits inside its
+    duration; what it adds to the step is its end past the ends before it); these sum to the
+    step's span. gap: its start less that latest end (None for the first)."""
+    prev_end = None
+    for t, d, name in step:
+        yield t, d, name, max(0, t + d - (prev_end if prev_end is not None else t)), \
+            (t - prev_end if prev_end is not None else None)
+        prev_end = max(prev_end if prev_end is not None else 0, t + d)
+
+
 def summarize(steps, keep):
     counts = collections.Counter(len(s) for s in steps)
     common = counts.most_common(1)[0][0]
@@ -93,19 +105,15 @@ def summarize(steps, keep):
     for s in chosen:
         spans.append((max(t + d for t, d, _ in s) - s[0][0]) / 1e3)
         sums.append(sum(d for _, d, _ in s) / 1e3)
-        g_total, prev_end = 0.0, None
-        for t, d, n in s:
+        g_total = 0.0
+        for t, d, n, path, gap in on_path(s):
             k = per[short_name(n)]
             k["d"].append(d / 1e3)
             k["n"] += 1
-            # The step's path: how far this kernel moves the latest end (a kernel launched early
-            # under PDL waits inside its duration; what it adds to the step is its end past the
-            # ends before it). These sum to the step's span.
-            k["p"].append(max(0, t + d - (prev_end if prev_end is not None else t)) / 1e3)
-            if prev_end is not None:
-                k["g"].append((t - prev_end) / 1e3)
-                g_total += (t - prev_end) / 1e3
-            prev_end = max(prev_end if prev_end is not None else 0, t + d)
+            k["p"].append(path / 1e3)
+            if gap is not None:
+                k["g"].append(gap / 1e3)
+                g_total += gap / 1e3
         gaps.append(g_total)
     return common, chosen, per, spans, sums, gaps
 
@@ -148,12 +156,10 @@ def main(argv=None):
 def print_timeline(step, count):
     """A step's first `count` kernels in launch order, times from the step's first start (us): how
     one layer's kernels follow and overlap each other."""
-    t0, prev_end = step[0][0], None
+    t0 = step[0][0]
     print(f"{'start us':>9s} {'end us':>9s} {'path us':>8s}  kernel")
-    for t, d, name in step[:count]:
-        path = max(0, t + d - (prev_end if prev_end is not None else t))
+    for t, d, name, path, _ in on_path(step[:count]):
         print(f"{(t - t0) / 1e3:9.2f} {(t + d - t0) / 1e3:9.2f} {path / 1e3:8.2f}  {short_name(name)}")
-        prev_end = max(prev_end if prev_end is not None else 0, t + d)
 
 
 if __name__ == "__main__":

@@ -391,8 +391,9 @@ class CudaBackend final : public Backend {
   // norm.scratch the same way.
   cuda::MatArgs normed_args(const Buf& x, int M, const InputNorm& norm, const WeightView& W, ActPrecision P);
   void launch_matmuls(cuda::MatArgs a, int M);
-  // Sets a's L2 prefetch room (MatArgs::l2_prefetch_max_kib) from the matmul launched before it,
-  // and records a's weights as the launch now streaming. Called right before each matmul launch.
+  // Whether a's blocks prefetch their weights into L2 (MatArgs::l2_prefetch), from the matmul
+  // launched before it; records a's weights as the launch now streaming. Called right before each
+  // matmul launch.
   void plan_l2_prefetch(cuda::MatArgs& a);
   // Whether a launch of M rows into weight w takes the int8 GEMVs: one row (where w is not taken
   // they fall back by themselves), or, with BackendOptions::row_exact, up to kRowExactMaxRows rows

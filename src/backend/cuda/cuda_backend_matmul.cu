@@ -222,9 +222,9 @@ void CudaBackend::launch_matmuls(cuda::MatArgs a, int M) {
 }
 
 void CudaBackend::plan_l2_prefetch(cuda::MatArgs& a) {
-  const int64_t room = int64_t(dev_.l2_bytes()) - streamed_bytes_;
-  a.l2_prefetch_max_kib = room > 0 ? uint32_t(room / 1024) : 0u;
-  streamed_bytes_ = cuda::weight_bytes(a);
+  const int64_t bytes = cuda::weight_bytes(a);
+  a.l2_prefetch = bytes + streamed_bytes_ <= int64_t(dev_.l2_bytes()) ? 1 : 0;
+  streamed_bytes_ = bytes;
 }
 
 bool CudaBackend::launch_blas(const char* op, const cuda::MatArgs& a, int M, int act) {

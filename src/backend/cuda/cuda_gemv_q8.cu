@@ -277,7 +277,6 @@ template <WFormat F, int kBits>
 void gemv_launch(cudaStream_t s, MatArgs a, int M, int act, int lanes) {
   int64_t rows = 0;
   for (int i = 0; i < a.n; ++i) rows += a.w[i].rows;
-  a.l2_prefetch = weight_bytes(a) <= int64_t(a.l2_prefetch_max_kib) * 1024 ? 1 : 0;
   const int lpr = lanes > 0 ? lanes : lanes_per_row(a.w[0].cols / unit_vals<F, kBits>(), rows, unit_vals<F, kBits>());
   a.norm_w = nullptr;  // applied by the prepare launch
   const bool post = a.resid && a.w[0].rows <= kPostMax;

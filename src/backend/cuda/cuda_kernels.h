@@ -142,16 +142,13 @@ struct MatArgs {
   // tensor cores (cuda_gemv_mma.h: kMmaByRule, kMmaWherePossible), the same bits as the dp4a GEMV.
   // 0: the dp4a GEMV.
   uint8_t mma_rows = 0;
-  // int8 GEMVs: 1 when the launch's blocks ask L2 for their weight rows before the PDL wait (set
-  // by the launch: its weights fit l2_prefetch_max_kib).
+  // int8 GEMVs: 1 when the launch's blocks ask L2 for their weight rows before the PDL wait. The
+  // backend sets it where the weights fit the L2 less those of the matmul launched before, which
+  // still streams while this launch's blocks become resident (CudaBackend::plan_l2_prefetch).
+  // Past that, the early prefetch evicts rows of both launches before they are read, and DRAM
+  // reads them twice (31B Q4_K_M: a decode step 4.8 % slower prefetching every launch;
+  // docs/cuda-notes.md, stop 54).
   uint8_t l2_prefetch = 0;
-  // The L2 room (KiB) this launch may prefetch its weights into before its PDL wait: the device's
-  // L2 less the weights of the matmul launched before it, which still streams while this launch's
-  // blocks become resident (CudaBackend::plan_l2_prefetch); 0: no prefetch. Past it, the early
-  // prefetch evicts rows of both launches before they are read, and DRAM reads them twice (31B
-  // Q4_K_M: a decode step 4.8 % slower prefetching every launch; docs/cuda-notes.md, stop 54).
-  uint32_t l2_prefetch_max_kib = 0;
-  uint32_t reserved = 0;
 };
 // The weight bytes a launch of a reads: its a.n weights and (gate_up_gelu) w2.
 inline int64_t weight_bytes(const MatArgs& a) {
