@@ -2,7 +2,7 @@
 // decode path takes, on Gemma 4's real decode shapes (E4B and 31B projections, the 262144-row tied
 // head), against the device's measured copy bandwidth.
 //
-//   build-cuda/bin/bench_cuda_gemv [--filter SUBSTR]... [--quick] [--lanes N] [--rows M]
+//   build-cuda/bin/bench_cuda_gemv [--filter SUBSTR]... [--quick] [--lanes N] [--rows M] [--stage]
 //
 // Each case times the GEMV launch alone (the activation row prepared once before; the prepare
 // launch is also timed alone per width), then the two launches of a one-row matmul (prepare and
@@ -20,6 +20,9 @@
 // the dp4a GEMV against the int8 MMA GEMV wherever it handles the format (cuda_gemv_mma.h; "*"
 // marks the launches the backend's rule gives it), and checks
 // that the two give the same bits (exit status 1 if not: the MMA GEMV's contract).
+// --stage (one row) also times the GEMV with its blocks' rows staged in shared memory
+// (MatArgs::row_fetch kFetchShared; "-" where a block's rows exceed kStageMaxBytes) and checks
+// that it gives the same bits (exit status 1 if not).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -178,13 +181,15 @@ int run(int argc, char** argv) {
   std::vector<std::string> filters;  // a case runs when its "shape format" name holds any of them
   bool quick = false;
   int lanes = 0, rows = 1;
+  bool stage = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) filters.push_back(argv[++i]);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--lanes") && i + 1 < argc) lanes = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--rows") && i + 1 < argc) rows = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--stage")) stage = true;
     else {
-      std::fprintf(stderr, "usage: %s [--filter SUBSTR]... [--quick] [--lanes N] [--rows M]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--filter SUBSTR]... [--quick] [--lanes N] [--rows M] [--stage]\n", argv[0]);
       return 2;
     }
   }
@@ -244,8 +249,8 @@ int run(int argc, char** argv) {
     std::printf("%d prepared rows: %-10s %10s %10s %9s %7s %10s\n", rows, "format", "MB read", "dp4a us", "GB/s", "copy%",
                 "mma us");
   else
-    std::printf("%-24s %-10s %10s %10s %9s %7s %10s\n", "shape", "format", "MB read", "gemv us", "GB/s", "copy%",
-                "+prep us");
+    std::printf("%-24s %-10s %10s %10s %9s %7s %10s%s\n", "shape", "format", "MB read", "gemv us", "GB/s", "copy%",
+                "+prep us", stage ? "  staged us  copy%" : "");
   for (int64_t cols : {int64_t(2560), int64_t(5376), int64_t(10240), int64_t(21504)}) {
     const double t = time_launches(s, 64, [&](int) { q8_prepare(s, x, DType::BF16, 1, cols, nullptr, 0.f, q8); });
     std::printf("%-24s %-10s %10s %10.2f\n", ("prepare " + std::to_string(cols)).c_str(), "bf16 row", "-", t * 1e6);
@@ -326,13 +331,37 @@ int run(int argc, char** argv) {
                     bytes / 1e6, t * 1e6, bw / 1e9, 100.0 * bw / copy_bw, mma.c_str());
         std::fflush(stdout);
       };
+      // --stage: the staged GEMV's time and share of copy bandwidth, its output compared bit for bit
+      // with the unstaged launch's ("-" where its blocks' rows do not fit the stage).
+      auto time_staged = [&](int act, auto&& staged_args, auto&& plain_args) -> std::string {
+        if (q8_stage_bytes_for(staged_args(0), act, lanes) > kStageMaxBytes) return "          -";
+        const double t = time_launches(s, launches, [&](int i) { q8_gemv_prepared(s, staged_args(i), 1, act, lanes); });
+        const size_t n = size_t(c.rows);
+        std::vector<uint16_t> a(n), b(n);
+        MatArgs pa = plain_args(0), sa = staged_args(0);
+        pa.y[0] = y;
+        sa.y[0] = y2;
+        q8_gemv_prepared(s, pa, 1, act, lanes);
+        q8_gemv_prepared(s, sa, 1, act, lanes);
+        CK(cudaMemcpyAsync(a.data(), y, n * 2, cudaMemcpyDeviceToHost, s));
+        CK(cudaMemcpyAsync(b.data(), y2, n * 2, cudaMemcpyDeviceToHost, s));
+        CK(cudaStreamSynchronize(s));
+        size_t differ = 0;  // bf16 outputs; NaN (random scales) equals NaN
+        for (size_t k = 0; k < n; ++k)
+          differ += a[k] != b[k] && !((a[k] & 0x7fff) > 0x7f80 && (b[k] & 0x7fff) > 0x7f80);
+        const double bw = double(weight_bytes(sa)) / t;
+        char buf[96];
+        std::snprintf(buf, sizeof buf, " %10.2f %6.1f%%%s", t * 1e6, 100.0 * bw / copy_bw, differ ? " BITS DIFFER" : "");
+        if (differ) ++mismatches;
+        return buf;
+      };
       // The GEMV alone, then the prepare launch and the GEMV; at the gate shapes also the fused
       // gate/up launch the decode step runs (two weights a lane, gelu(gate) * up: "+up" rows).
       auto report = [&](const char* suffix, int act, size_t bytes) {
         auto act_args = [&](int i) {
           MatArgs a = args(i);
           if (act != kPlain) a.w2 = w[size_t(i + 1) % w.size()].w;
-          a.l2_prefetch = weight_bytes(a) <= int64_t(l2) ? 1 : 0;  // a launch alone (CudaBackend::plan_l2_prefetch)
+          a.row_fetch = weight_bytes(a) <= int64_t(l2) ? kFetchL2 : 0;  // a launch alone (CudaBackend::plan_row_fetch)
           return a;
         };
         if (rows > 1) {
@@ -342,8 +371,14 @@ int run(int argc, char** argv) {
         const double t = time_launches(s, launches, [&](int i) { q8_gemv_prepared(s, act_args(i), 1, act, lanes); });
         const double t2 = time_launches(s, launches, [&](int i) { q8_gemv(s, act_args(i), 1, act); });
         const double bw = double(bytes) / t;
-        std::printf("%-24s %-10s %10.2f %10.2f %9.0f %6.1f%% %10.2f\n", c.shape.c_str(), (f.name + suffix).c_str(),
-                    bytes / 1e6, t * 1e6, bw / 1e9, 100.0 * bw / copy_bw, t2 * 1e6);
+        std::string staged;
+        if (stage) staged = time_staged(act, [&](int i) {
+          MatArgs a = act_args(i);
+          a.row_fetch |= kFetchShared;
+          return a;
+        }, act_args);
+        std::printf("%-24s %-10s %10.2f %10.2f %9.0f %6.1f%% %10.2f%s\n", c.shape.c_str(), (f.name + suffix).c_str(),
+                    bytes / 1e6, t * 1e6, bw / 1e9, 100.0 * bw / copy_bw, t2 * 1e6, staged.c_str());
         std::fflush(stdout);
       };
       report("", kPlain, first.bytes);
@@ -352,7 +387,7 @@ int run(int argc, char** argv) {
     }
   }
   CK(cudaStreamSynchronize(s));
-  if (mismatches) std::printf("%d cases: the MMA GEMV's bits differ from the dp4a GEMV's\n", mismatches);
+  if (mismatches) std::printf("%d cases: the MMA or staged GEMV's bits differ from the dp4a GEMV's\n", mismatches);
   return mismatches ? 1 : 0;
 }
 

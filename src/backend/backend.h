@@ -214,6 +214,13 @@ struct BackendOptions {
   // run on the int8 tensor cores (cuda_gemv_mma.h's rule) with the one-row bits; off: the dp4a
   // GEMV (`--cuda-int8-mma off`, for timing).
   bool int8_mma_rows = true;
+  // CUDA int8 decode GEMVs: how a launch's blocks fetch their weight rows before the PDL wait
+  // (`--cuda-row-fetch l2|shared|none`). L2: ask L2 for them where they fit beside the matmul
+  // launched before. Shared: one-row GEMVs copy each block's rows into shared memory with the
+  // tensor memory accelerator and read them there (cuda_stage_rows.cuh); L2 elsewhere. None: read
+  // them when used. The same bits whichever.
+  enum class RowFetch { L2, Shared, None };
+  RowFetch row_fetch = RowFetch::L2;
   // CUDA with bf16 activations and int8_dots: batch-invariant numerics (`--batch-invariant on`).
   // Every launch of up to 64 rows computes each row with the one-row arithmetic (the int8 GEMVs
   // over several prepared rows, per-row post-norms, attention splits and expert lanes chosen per

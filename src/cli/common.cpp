@@ -160,6 +160,10 @@ Result<BackendOptions> backend_options_from_args(const Args& a) {
     }
     if (!a.has("--tensor-parallel")) o.tensor_parallel = int(o.devices.size());
   }
+  const std::string fetch = a.get("--cuda-row-fetch", "l2");
+  if (fetch == "shared") o.row_fetch = BackendOptions::RowFetch::Shared;
+  else if (fetch == "none") o.row_fetch = BackendOptions::RowFetch::None;
+  else if (fetch != "l2") return err("--cuda-row-fetch: expected l2, shared or none, got '%s'", fetch.c_str());
   const std::string how = a.get("--collectives", "auto");
   if (how == "nccl") o.collectives = BackendOptions::Collectives::Nccl;
   else if (how == "host") o.collectives = BackendOptions::Collectives::Host;

@@ -391,10 +391,10 @@ class CudaBackend final : public Backend {
   // norm.scratch the same way.
   cuda::MatArgs normed_args(const Buf& x, int M, const InputNorm& norm, const WeightView& W, ActPrecision P);
   void launch_matmuls(cuda::MatArgs a, int M);
-  // Whether a's blocks prefetch their weights into L2 (MatArgs::l2_prefetch), from the matmul
-  // launched before it; records a's weights as the launch now streaming. Called right before each
-  // matmul launch.
-  void plan_l2_prefetch(cuda::MatArgs& a);
+  // How a's blocks fetch their weight rows (MatArgs::row_fetch), from BackendOptions::row_fetch
+  // and the matmul launched before it; records a's weights as the launch now streaming. Called
+  // right before each matmul launch.
+  void plan_row_fetch(cuda::MatArgs& a);
   // Whether a launch of M rows into weight w takes the int8 GEMVs: one row (where w is not taken
   // they fall back by themselves), or, with BackendOptions::row_exact, up to kRowExactMaxRows rows
   // into a weight they take, each row computed as if alone.
@@ -440,7 +440,7 @@ class CudaBackend final : public Backend {
   size_t argmax_rows_ = 0;
   cuda::Q8Act q8_{};  // the int8 decode scratch (bf16 activations with int8_dots), or all null
   cuda::Q8Act q8_out_{};  // the int8 form a held-back attention writes of its output
-  int64_t streamed_bytes_ = 0;  // the weights of the last matmul launch (plan_l2_prefetch)
+  int64_t streamed_bytes_ = 0;  // the weights of the last matmul launch (plan_row_fetch)
   std::unique_ptr<cuda::Blas> blas_;  // prefill GEMMs on cuBLAS (bf16 activations), or null
   float* bounce_ = nullptr;
   size_t bounce_n_ = 0;

@@ -25,12 +25,12 @@ void CudaBackend::matmul(const Buf& x_b, int M, const WeightView& W, ActPrecisio
     if (pre.q) {
       a.q8 = pre;
       a.prepared = 1;
-      plan_l2_prefetch(a);
+      plan_row_fetch(a);
       return launch(op, cuda::matmuls, a, M);
     }
     pending_.take_into(a, M, false);
     if (a.pre_y) {
-      plan_l2_prefetch(a);
+      plan_row_fetch(a);
       return launch(op, cuda::matmuls, a, M);
     }
   }
@@ -47,7 +47,7 @@ void CudaBackend::matmul(const Buf& x_b, int M, const WeightView& W, ActPrecisio
   a.n = 1;
   a.w[0] = w;
   a.y[0] = y;
-  plan_l2_prefetch(a);
+  plan_row_fetch(a);
   launch(op, cuda::matmuls, a, M);
 }
 
@@ -89,7 +89,7 @@ void CudaBackend::matmul_norm_add(const Buf& x_b, int M, const WeightView& W, co
     a.q8 = pre;
     a.prepared = 1;
   }
-  plan_l2_prefetch(a);
+  plan_row_fetch(a);
   launch("matmul_norm_add", cuda::matmuls, a, M);
   if (defer) pending_ = cuda::PendingPost{y_scratch, x_resid, a.xt, int(W.rows), w, eps, M, 1.f, true};
 }
@@ -154,7 +154,7 @@ void CudaBackend::gate_up_gelu(const Buf& x_b, int M, const InputNorm& norm, con
   a.table = ggml_table ? tables_.gelu_table() : nullptr;
   pending_.take_into(a, M, true);
   if (profile_) label_ = "gate_up_gelu " + std::to_string(G.rows) + "x" + std::to_string(G.cols) + " M=" + std::to_string(M);
-  plan_l2_prefetch(a);
+  plan_row_fetch(a);
   if (launch_blas("gate_up_gelu", a, M, a.table ? 2 : 1)) return;
   launch("gate_up_gelu", cuda::gate_up_gelu, a, M);
 }
@@ -216,14 +216,19 @@ void CudaBackend::launch_matmuls(cuda::MatArgs a, int M) {
   pending_.take_into(a, M, false);
   if (profile_) label_ = "matmuls x" + std::to_string(a.n) + " " + std::to_string(a.w[0].rows) + "x" +
                          std::to_string(a.w[0].cols) + " M=" + std::to_string(M);
-  plan_l2_prefetch(a);
+  plan_row_fetch(a);
   if (launch_blas("norm_matmuls", a, M, 0)) return;
   launch("norm_matmuls", cuda::matmuls, a, M);
 }
 
-void CudaBackend::plan_l2_prefetch(cuda::MatArgs& a) {
+void CudaBackend::plan_row_fetch(cuda::MatArgs& a) {
   const int64_t bytes = cuda::weight_bytes(a);
-  a.l2_prefetch = bytes + streamed_bytes_ <= int64_t(dev_.l2_bytes()) ? 1 : 0;
+  using RF = BackendOptions::RowFetch;
+  const bool fits = bytes + streamed_bytes_ <= int64_t(dev_.l2_bytes());
+  const bool can_stage = dev_.smem_optin() >= cuda::kStageMaxBytes;
+  a.row_fetch = 0;
+  if (opt_.row_fetch != RF::None && fits) a.row_fetch |= cuda::kFetchL2;
+  if (can_stage && opt_.row_fetch == RF::Shared) a.row_fetch |= cuda::kFetchShared;
   streamed_bytes_ = bytes;
 }
 

@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kMmaWarps * kWarp) q8_mma_kernel(MatArgs a, in
   while (i + 1 < a.n && blockIdx.x >= a.first[i + 1]) ++i;
   const DevWeight& w = a.w[i];
   const int64_t r0 = int64_t(blockIdx.x - a.first[i]) * kTileRows;
-  if (a.l2_prefetch && threadIdx.x == 0 && blockIdx.y == 0) {  // this block's weight rows, while the kernels before it finish
+  if ((a.row_fetch & kFetchL2) && threadIdx.x == 0 && blockIdx.y == 0) {  // this block's weight rows, while the kernels before it finish
     const int64_t n = min(int64_t(kTileRows), w.rows - r0);
     prefetch_l2(w.data + r0 * w.row_bytes, size_t(n * w.row_bytes));
     if constexpr (kAct != kPlain) prefetch_l2(a.w2.data + r0 * a.w2.row_bytes, size_t(n * a.w2.row_bytes));

@@ -8,10 +8,12 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
 #include "backend/cuda/cuda_act.cuh"
+#include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_kernel_util.cuh"
 #include "backend/cuda/cuda_kernels.h"
@@ -21,6 +23,7 @@
 #include "backend/cuda/cuda_q8.cuh"
 #include "backend/cuda/cuda_q8_store.cuh"
 #include "backend/cuda/cuda_q8_units.cuh"
+#include "backend/cuda/cuda_stage_rows.cuh"
 #include "backend/cuda/cuda_gemv_mma.h"
 #include "backend/cuda/cuda_gemv_q8.h"
 #include "backend/cuda/cuda_launch.cuh"
@@ -28,6 +31,7 @@
 namespace g4::cuda {
 namespace {
 
+using q8units::Mem;
 using q8units::Unit;
 using q8units::unit_dot;
 
@@ -150,7 +154,9 @@ constexpr int kQ8Cols = 8;   // prepared rows a block of a multi-row launch dots
 // Row m's arithmetic (its units in the same lanes, summed in the same order, the same shuffle
 // tree) depends on lpr and the weights only: the same bits at any a.M and any kCols (the CUDA op
 // tests check it; batch-invariant decode and the MMA GEMV, cuda_gemv_mma.cu, rest on it).
-template <WFormat F, int kBits, int kAct, int kCols>
+// S == Mem::Shared (kCols == 1): the block's rows are first copied into dynamic shared memory
+// (cuda_stage_rows.cuh; q8_stage_bytes of it), the same arithmetic on the copy.
+template <WFormat F, int kBits, int kAct, int kCols, Mem S = Mem::Global>
 __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_gemv_kernel(MatArgs a, Q8Act x, int lpr) {
   using U = Unit<F, kBits>;
   int i = 0;
@@ -159,12 +165,24 @@ __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_gemv_kernel(MatArgs a, Q8
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t r0 = int64_t(blockIdx.x - a.first[i]) * kQ8Warps * (kWarp / lpr);
   const int64_t r = r0 + (int64_t(warp) * kWarp + lane) / lpr;
-  if (a.l2_prefetch && threadIdx.x == 0 && blockIdx.y == 0 && r0 < w.rows) {  // this block's weight rows, while the kernels before it finish
-    const int64_t n = min(int64_t(kQ8Warps * (kWarp / lpr)), w.rows - r0);
-    prefetch_l2(w.data + r0 * w.row_bytes, size_t(n * w.row_bytes));
-    if constexpr (kAct != kPlain) prefetch_l2(a.w2.data + r0 * a.w2.row_bytes, size_t(n * a.w2.row_bytes));
+  const int64_t n_rows = max(int64_t(0), min(int64_t(kQ8Warps * (kWarp / lpr)), w.rows - r0));
+  // Row r's bytes: block_rows + (r - r0) · row_bytes (global memory, or the stage).
+  const uint8_t* block_rows = w.data + r0 * w.row_bytes;
+  const uint8_t* block_rows2 = a.w2.data + r0 * a.w2.row_bytes;
+  [[maybe_unused]] __shared__ uint64_t stage_bar;
+  if constexpr (S == Mem::Shared) {  // this block's weight rows, while the kernels before it finish
+    extern __shared__ __align__(16) uint8_t stage[];
+    RowSpan spans[2] = {row_span(block_rows, size_t(n_rows * w.row_bytes)),
+                        row_span(block_rows2, kAct != kPlain ? size_t(n_rows * a.w2.row_bytes) : 0)};
+    stage_rows(spans, 2, stage, &stage_bar);
+    block_rows = stage + spans[0].offset;
+    block_rows2 = stage + spans[1].offset;
+  } else if ((a.row_fetch & kFetchL2) && threadIdx.x == 0 && blockIdx.y == 0 && n_rows > 0) {
+    prefetch_l2(block_rows, size_t(n_rows * w.row_bytes));
+    if constexpr (kAct != kPlain) prefetch_l2(block_rows2, size_t(n_rows * a.w2.row_bytes));
   }
   pdl_enter_streaming();
+  if constexpr (S == Mem::Shared) stage_wait(&stage_bar);
   const int sub = lane % lpr;
   const int64_t nu = w.cols / U::kVals;
   const int m0 = int(blockIdx.y) * kCols, nm = min(kCols, a.M - m0);
@@ -172,13 +190,13 @@ __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_gemv_kernel(MatArgs a, Q8
 #pragma unroll
   for (int m = 0; m < kCols; ++m) acc[m] = acc2[m] = 0.f;
   if (r < w.rows) {
-    const uint8_t* row = w.data + r * w.row_bytes;
-    const uint8_t* row2 = a.w2.data + r * a.w2.row_bytes;
+    const uint8_t* row = block_rows + (r - r0) * w.row_bytes;
+    const uint8_t* row2 = block_rows2 + (r - r0) * a.w2.row_bytes;
 #pragma unroll(kCols == 1 ? 4 : kCols <= 4 ? 8 / kCols : 1)
     for (int64_t u = sub; u < nu; u += lpr) {
-      const typename U::W q = U::load(row, w, r, u);  // once for every prepared row
+      const typename U::W q = U::template load<S>(row, w, r, u);  // once for every prepared row
       typename U::W q2;
-      if constexpr (kAct != kPlain) q2 = U::load(row2, a.w2, r, u);
+      if constexpr (kAct != kPlain) q2 = U::template load<S>(row2, a.w2, r, u);
 #pragma unroll
       for (int m = 0; m < kCols; ++m) {
         if (m >= nm) break;
@@ -271,13 +289,42 @@ void gemv_act(cudaStream_t s, const MatArgs& a, int act, dim3 grid, int lpr) {
   });
 }
 
+// Shared memory a one-row GEMV block of lpr lanes a row stages its rows in: its weight's rows (the
+// launch's widest) and, with an activation, w2's beside them.
+size_t q8_stage_bytes(const MatArgs& a, int act, int lpr) {
+  const int64_t rows = kQ8Warps * (kWarp / lpr);
+  int64_t n0 = 0;
+  for (int i = 0; i < a.n; ++i) n0 = std::max(n0, rows * a.w[i].row_bytes);
+  return stage_bytes(size_t(n0), act != kPlain ? size_t(rows * a.w2.row_bytes) : 0);
+}
+
+// The one-row GEMV over rows staged in `stage` bytes of shared memory (kFetchShared).
+template <WFormat F, int kBits, int kAct>
+void gemv_staged(cudaStream_t s, const MatArgs& a, unsigned blocks, int lpr, size_t stage) {
+  const auto kernel = q8_gemv_kernel<F, kBits, kAct, 1, Mem::Shared>;
+  static std::atomic<uint64_t> opted_in{0};  // devices this kernel may take kStageMaxBytes on
+  int dev = 0;
+  G4_CUDA(cudaGetDevice(&dev));
+  if (stage > 48 * 1024 && !(opted_in.load() >> dev & 1)) {
+    G4_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStageMaxBytes)));
+    opted_in.fetch_or(uint64_t(1) << dev);
+  }
+  launch_kernel(kernel, dim3(blocks), kQ8Warps * kWarp, stage, s, a, a.q8, lpr);
+}
+
 // The GEMV launch over a.M prepared rows. lpr comes from the weights' shape alone, never from
 // a.M, so that a row's bits do not depend on the rows beside it.
+// The lanes a row of a's GEMV launch takes: `lanes`, or (0) lanes_per_row's rule.
 template <WFormat F, int kBits>
-void gemv_launch(cudaStream_t s, MatArgs a, int M, int act, int lanes) {
+int gemv_lanes(const MatArgs& a, int lanes) {
   int64_t rows = 0;
   for (int i = 0; i < a.n; ++i) rows += a.w[i].rows;
-  const int lpr = lanes > 0 ? lanes : lanes_per_row(a.w[0].cols / unit_vals<F, kBits>(), rows, unit_vals<F, kBits>());
+  return lanes > 0 ? lanes : lanes_per_row(a.w[0].cols / unit_vals<F, kBits>(), rows, unit_vals<F, kBits>());
+}
+
+template <WFormat F, int kBits>
+void gemv_launch(cudaStream_t s, MatArgs a, int M, int act, int lanes) {
+  const int lpr = gemv_lanes<F, kBits>(a, lanes);
   a.norm_w = nullptr;  // applied by the prepare launch
   const bool post = a.resid && a.w[0].rows <= kPostMax;
   void* resid = a.resid;
@@ -287,9 +334,12 @@ void gemv_launch(cudaStream_t s, MatArgs a, int M, int act, int lanes) {
   } else {
     const unsigned blocks = assign_row_blocks(a, kQ8Warps * (kWarp / lpr));
     a.M = M;
+    const size_t stage = M == 1 && (a.row_fetch & kFetchShared) ? q8_stage_bytes(a, act, lpr) : 0;
     // kCols fitted to M (a speculative verify forward is 2 to 8 rows): no idle accumulators, and
     // deeper unrolling where fewer rows leave registers for it.
-    if (M == 1) gemv_act<F, kBits, 1>(s, a, act, dim3(blocks), lpr);
+    if (stage > 0 && stage <= kStageMaxBytes)
+      with_act(act, [&](auto A) { gemv_staged<F, kBits, decltype(A)::value>(s, a, blocks, lpr, stage); });
+    else if (M == 1) gemv_act<F, kBits, 1>(s, a, act, dim3(blocks), lpr);
     else if (M == 2) gemv_act<F, kBits, 2>(s, a, act, dim3(blocks), lpr);
     else if (M <= 4) gemv_act<F, kBits, 4>(s, a, act, dim3(blocks), lpr);
     else gemv_act<F, kBits, kQ8Cols>(s, a, act, dim3(blocks, unsigned(blocks_for(M, kQ8Cols))), lpr);
@@ -416,6 +466,15 @@ void q8_gemv_prepared(cudaStream_t s, const MatArgs& a, int M, int act, int lane
       }
     }
   });
+}
+
+size_t q8_stage_bytes_for(const MatArgs& a, int act, int lanes) {
+  size_t bytes = 0;
+  with_format(a.w[0].fmt, [&](auto f) {
+    constexpr WFormat F = decltype(f)::value;
+    with_bits<F>(a.w[0].bits, [&](auto b) { bytes = q8_stage_bytes(a, act, gemv_lanes<F, decltype(b)::value>(a, lanes)); });
+  });
+  return bytes;
 }
 
 bool q8_moe_matmul(cudaStream_t s, const MoeMatArgs& a, int items, int per_token, int64_t rows, bool gelu) {

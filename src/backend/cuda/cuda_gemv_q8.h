@@ -12,6 +12,11 @@
 
 namespace g4::cuda {
 
+// The most shared memory a block of a one-row GEMV stages its weight rows in (MatArgs::row_fetch's
+// kFetchShared; launches whose blocks need more read their rows from global memory): two blocks
+// an SM on sm_90. The device must let a block opt in to this much (Device::smem_optin).
+constexpr size_t kStageMaxBytes = 100 * 1024;
+
 // o = the int8 form of rows x [rows, cols] of type xt (cols % 32 == 0), each row normed with
 // norm_w (eps) first when norm_w is set. One launch.
 void q8_prepare(cudaStream_t s, const void* x, DType xt, int rows, int64_t cols, const float* norm_w, float eps,
@@ -20,6 +25,9 @@ void q8_prepare(cudaStream_t s, const void* x, DType xt, int rows, int64_t cols,
 // q8_gemv_supports every weight; act: Act, cuda_kernels.h).
 // lanes: the lanes that share a weight row (4, 8, 16 or 32), for measuring; 0: the launch's rule.
 void q8_gemv_prepared(cudaStream_t s, const MatArgs& a, int M, int act, int lanes = 0);
+// The shared memory a block of a's one-row GEMV launch would stage its rows in (kFetchShared;
+// lanes as q8_gemv_prepared takes them): a launch stages where this is at most kStageMaxBytes.
+size_t q8_stage_bytes_for(const MatArgs& a, int act, int lanes = 0);
 // Whether the int8 GEMVs take every weight of a (act: Act), so that q8_gemv prepares a's rows
 // into a.q8 (the backend's later launches of the same rows may then skip theirs: MatArgs::prepared).
 bool q8_gemv_takes(const MatArgs& a, int act);

@@ -142,14 +142,16 @@ struct MatArgs {
   // tensor cores (cuda_gemv_mma.h: kMmaByRule, kMmaWherePossible), the same bits as the dp4a GEMV.
   // 0: the dp4a GEMV.
   uint8_t mma_rows = 0;
-  // int8 GEMVs: 1 when the launch's blocks ask L2 for their weight rows before the PDL wait. The
-  // backend sets it where the weights fit the L2 less those of the matmul launched before, which
-  // still streams while this launch's blocks become resident (CudaBackend::plan_l2_prefetch).
-  // Past that, the early prefetch evicts rows of both launches before they are read, and DRAM
-  // reads them twice (31B Q4_K_M: a decode step 4.8 % slower prefetching every launch;
-  // docs/cuda-notes.md, stop 54).
-  uint8_t l2_prefetch = 0;
+  // int8 GEMVs: how the launch's blocks fetch their weight rows before the PDL wait (RowFetch
+  // bits; CudaBackend::plan_row_fetch). kFetchL2: ask L2 for them, set where the weights fit the
+  // L2 less those of the matmul launched before, which still streams while this launch's blocks
+  // become resident; past that the early prefetch evicts rows of both launches before they are
+  // read, and DRAM reads them twice (31B Q4_K_M: a decode step 4.8 % slower prefetching every
+  // launch; docs/cuda-notes.md, stop 54). kFetchShared: a one-row GEMV copies each block's rows
+  // into shared memory (cuda_stage_rows.cuh) where they fit kStageMaxBytes, then reads them there.
+  uint8_t row_fetch = 0;
 };
+enum RowFetch : uint8_t { kFetchL2 = 1, kFetchShared = 2 };
 // The weight bytes a launch of a reads: its a.n weights and (gate_up_gelu) w2.
 inline int64_t weight_bytes(const MatArgs& a) {
   int64_t bytes = a.w2.rows * a.w2.row_bytes;

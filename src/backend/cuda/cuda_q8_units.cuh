@@ -9,6 +9,8 @@
 // A multi-row GEMV loads a unit once and dots it with each of its rows; unit_dot does both for
 // one row. dot(load(...)) is the same arithmetic for any number of rows (batch-invariant decode
 // rests on it: the CUDA row-exact op tests check it bit for bit).
+// load<Mem::Shared> reads the row's bytes from a copy in shared memory (a GEMV that stages its
+// block's rows there, cuda_stage_rows.cuh); the copy keeps each byte's address modulo 16.
 #pragma once
 #include <cuda_fp16.h>
 
@@ -23,22 +25,32 @@ namespace g4::cuda::q8units {
 
 // ---- loads --------------------------------------------------------------------------------------
 
+// Where a unit's row bytes are read from: global memory through the read-only cache, or a copy in
+// shared memory (plain loads: the pointer derives from the kernel's shared array).
+enum class Mem { Global, Shared };
+template <Mem S, class T>
+__device__ __forceinline__ T ld_row(const T* p) {
+  if constexpr (S == Mem::Global) return __ldg(p);
+  else return *p;
+}
+
 // kWords little-endian words of the 4 kWords bytes at p (p 2-byte aligned: Q6_K, Q8_0, Q4_0 and
 // Q5_0 blocks), from kWords + 1 aligned words and funnel shifts. Reads up to 4 bytes past them
 // (within the block, or the upload's slack).
-template <int kWords>
+template <int kWords, Mem S = Mem::Global>
 __device__ __forceinline__ void ld_a2(const uint8_t* p, uint32_t* w) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   const uint32_t* base = reinterpret_cast<const uint32_t*>(a & ~uintptr_t(3));
   const uint32_t sh = uint32_t(a & 3) * 8;
   uint32_t v[kWords + 1];
 #pragma unroll
-  for (int k = 0; k <= kWords; ++k) v[k] = __ldg(base + k);
+  for (int k = 0; k <= kWords; ++k) v[k] = ld_row<S>(base + k);
 #pragma unroll
   for (int k = 0; k < kWords; ++k) w[k] = __funnelshift_r(v[k], v[k + 1], sh);
 }
+template <Mem S = Mem::Global>
 __device__ __forceinline__ void ld_words16(const uint8_t* p, uint32_t* w) {  // p 16-byte aligned
-  const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+  const uint4 v = ld_row<S>(reinterpret_cast<const uint4*>(p));
   w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
 }
 // The 32 int8 activations of block b as eight words.
@@ -68,9 +80,10 @@ struct KQuantUnit {
     uint32_t lo[8], hi[8];  // codes of sub-blocks 2j and 2j + 1, a byte each
     Scales k;
   };
+  template <Mem S = Mem::Global>
   __device__ static Scales load_scales(const uint8_t* row, int64_t u) {
     const int j = int(u & 3);
-    const uint4 h = __ldg(reinterpret_cast<const uint4*>(row + (u >> 2) * kBlockBytes));  // d, dmin | scales, mins
+    const uint4 h = ld_row<S>(reinterpret_cast<const uint4*>(row + (u >> 2) * kBlockBytes));  // d, dmin | scales, mins
     Scales k;
     scale_min_k4_words(2 * j, h.y, h.z, h.w, &k.sc0, &k.m0);
     scale_min_k4_words(2 * j + 1, h.y, h.z, h.w, &k.sc1, &k.m1);
@@ -78,15 +91,16 @@ struct KQuantUnit {
     k.dmin = __half2float(__ushort_as_half(uint16_t(h.x >> 16)));
     return k;
   }
+  template <Mem S = Mem::Global>
   __device__ static W load(const uint8_t* row, const DevWeight&, int64_t, int64_t u) {
     const int j = int(u & 3);
     const uint8_t* b = row + (u >> 2) * kBlockBytes;
     uint32_t c[8], qh[8];
-    ld_words16(b + (q5 ? 48 : 16) + 32 * j, c);
-    ld_words16(b + (q5 ? 48 : 16) + 32 * j + 16, c + 4);
+    ld_words16<S>(b + (q5 ? 48 : 16) + 32 * j, c);
+    ld_words16<S>(b + (q5 ? 48 : 16) + 32 * j + 16, c + 4);
     if constexpr (q5) {
-      ld_words16(b + 16, qh);
-      ld_words16(b + 32, qh + 4);
+      ld_words16<S>(b + 16, qh);
+      ld_words16<S>(b + 32, qh + 4);
     }
     W q;
 #pragma unroll
@@ -98,7 +112,7 @@ struct KQuantUnit {
         q.hi[k] |= ((qh[k] >> (2 * j + 1)) & 0x01010101u) << 4;
       }
     }
-    q.k = load_scales(row, u);
+    q.k = load_scales<S>(row, u);
     return q;
   }
   // The unit's share from the integer sums s0, s1 of its sub-blocks' codes times x's int8 codes.
@@ -146,6 +160,7 @@ struct Unit<WFormat::GgufQ6_K, B> {
   };
   // x's 32-value blocks of the unit's halves.
   __device__ static int64_t x_block_a(int64_t u) { return (u >> 2) * 8 + 4 * (int(u >> 1) & 1) + int(u & 1); }
+  template <Mem S = Mem::Global>
   __device__ static Scales load_scales(const uint8_t* row, int64_t u) {
     const int h = int(u >> 1) & 1, t = int(u & 1);
     const uint8_t* b = row + (u >> 2) * 210;
@@ -155,19 +170,20 @@ struct Unit<WFormat::GgufQ6_K, B> {
     k.d = ld_half(b + 208);
     return k;
   }
+  template <Mem S = Mem::Global>
   __device__ static W load(const uint8_t* row, const DevWeight&, int64_t, int64_t u) {
     const int h = int(u >> 1) & 1, t = int(u & 1);
     const uint8_t* b = row + (u >> 2) * 210;
     uint32_t ql[8], qh[8];
-    ld_a2<8>(b + 64 * h + 32 * t, ql);
-    ld_a2<8>(b + 128 + 32 * h, qh);
+    ld_a2<8, S>(b + 64 * h + 32 * t, ql);
+    ld_a2<8, S>(b + 128 + 32 * h, qh);
     W q;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       q.va[k] = (ql[k] & 0x0F0F0F0Fu) | (((qh[k] >> (2 * t)) & 0x03030303u) << 4);
       q.vb[k] = ((ql[k] >> 4) & 0x0F0F0F0Fu) | (((qh[k] >> (2 * t + 4)) & 0x03030303u) << 4);
     }
-    q.k = load_scales(row, u);
+    q.k = load_scales<S>(row, u);
     return q;
   }
   // The unit's share from i[g] = Σ (q - 32) · q_x over its four 16-value groups (va 0-15, va
@@ -206,10 +222,11 @@ template <int B>
 struct Unit<WFormat::GgufQ8_0, B> {
   static constexpr int kVals = 32;
   using W = Words8;
+  template <Mem S = Mem::Global>
   __device__ static W load(const uint8_t* row, const DevWeight&, int64_t, int64_t u) {
     const uint8_t* b = row + u * 34;
     W q;
-    ld_a2<8>(b + 2, q.q);
+    ld_a2<8, S>(b + 2, q.q);
     q.d = ld_half(b);
     return q;
   }
@@ -242,10 +259,11 @@ template <int B>
 struct Unit<WFormat::GgufQ4_0, B> {
   static constexpr int kVals = 32;
   using W = Words8;
+  template <Mem S = Mem::Global>
   __device__ static W load(const uint8_t* row, const DevWeight&, int64_t, int64_t u) {
     const uint8_t* b = row + u * 18;
     uint32_t c[4];
-    ld_a2<4>(b + 2, c);
+    ld_a2<4, S>(b + 2, c);
     W q;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -261,10 +279,11 @@ template <int B>
 struct Unit<WFormat::GgufQ5_0, B> {
   static constexpr int kVals = 32;
   using W = Words8;
+  template <Mem S = Mem::Global>
   __device__ static W load(const uint8_t* row, const DevWeight&, int64_t, int64_t u) {
     const uint8_t* b = row + u * 22;
     uint32_t c[4];
-    ld_a2<4>(b + 6, c);
+    ld_a2<4, S>(b + 6, c);
     const uint32_t qh = uint32_t(reinterpret_cast<const uint16_t*>(b + 2)[0]) |
                         (uint32_t(reinterpret_cast<const uint16_t*>(b + 2)[1]) << 16);
     W q;
@@ -290,24 +309,25 @@ struct MlxUnit {
                     // (the activations are permuted to match); other widths: values in order
     float scale, bias;
   };
+  template <Mem S = Mem::Global>
   __device__ static W load(const uint8_t* row, const DevWeight& w, int64_t r, int64_t u) {
     W q;
     if constexpr (kBits == 4) {
       uint32_t c[4];
-      ld_words16(row + 16 * u, c);
+      ld_words16<S>(row + 16 * u, c);
 #pragma unroll
       for (int k = 0; k < 4; ++k) {  // word k: values 8k .. 8k + 7, low nibble first
         q.q[2 * k] = c[k] & 0x0F0F0F0Fu;
         q.q[2 * k + 1] = (c[k] >> 4) & 0x0F0F0F0Fu;
       }
     } else if constexpr (kBits == 8) {
-      ld_words16(row + 32 * u, q.q);
-      ld_words16(row + 32 * u + 16, q.q + 4);
+      ld_words16<S>(row + 32 * u, q.q);
+      ld_words16<S>(row + 32 * u + 16, q.q + 4);
     } else {
       const uint32_t* p = reinterpret_cast<const uint32_t*>(row + 4 * kBits * u);
       uint32_t words[kBits];
 #pragma unroll
-      for (int k = 0; k < kBits; ++k) words[k] = __ldg(p + k);
+      for (int k = 0; k < kBits; ++k) words[k] = ld_row<S>(p + k);
 #pragma unroll
       for (int k = 0; k < 8; ++k) q.q[k] = 0;
 #pragma unroll
@@ -354,14 +374,16 @@ struct FloatUnit {
   struct W {
     float v[8];
   };
+  template <Mem S = Mem::Global>
   __device__ static W load(const uint8_t* row, const DevWeight&, int64_t, int64_t u) {
     W q;
     float* wv = q.v;
     if constexpr (F == WFormat::F32) {
-      const float4 a = __ldg(reinterpret_cast<const float4*>(row) + 2 * u), b = __ldg(reinterpret_cast<const float4*>(row) + 2 * u + 1);
+      const float4 a = ld_row<S>(reinterpret_cast<const float4*>(row) + 2 * u);
+      const float4 b = ld_row<S>(reinterpret_cast<const float4*>(row) + 2 * u + 1);
       wv[0] = a.x, wv[1] = a.y, wv[2] = a.z, wv[3] = a.w, wv[4] = b.x, wv[5] = b.y, wv[6] = b.z, wv[7] = b.w;
     } else {
-      const uint4 c = __ldg(reinterpret_cast<const uint4*>(row) + u);
+      const uint4 c = ld_row<S>(reinterpret_cast<const uint4*>(row) + u);
       const uint32_t qw[4] = {c.x, c.y, c.z, c.w};
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
