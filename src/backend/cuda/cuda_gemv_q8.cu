@@ -165,21 +165,22 @@ __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_gemv_kernel(MatArgs a, Q8
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t r0 = int64_t(blockIdx.x - a.first[i]) * kQ8Warps * (kWarp / lpr);
   const int64_t r = r0 + (int64_t(warp) * kWarp + lane) / lpr;
-  const int64_t n_rows = max(int64_t(0), min(int64_t(kQ8Warps * (kWarp / lpr)), w.rows - r0));
-  // Row r's bytes: block_rows + (r - r0) · row_bytes (global memory, or the stage).
-  const uint8_t* block_rows = w.data + r0 * w.row_bytes;
-  const uint8_t* block_rows2 = a.w2.data + r0 * a.w2.row_bytes;
+  // With S == Mem::Shared, row r0's bytes at staged (w2's at staged2), the block's rows after it.
+  [[maybe_unused]] const uint8_t *staged = nullptr, *staged2 = nullptr;
   [[maybe_unused]] __shared__ uint64_t stage_bar;
   if constexpr (S == Mem::Shared) {  // this block's weight rows, while the kernels before it finish
     extern __shared__ __align__(16) uint8_t stage[];
-    RowSpan spans[2] = {row_span(block_rows, size_t(n_rows * w.row_bytes)),
-                        row_span(block_rows2, kAct != kPlain ? size_t(n_rows * a.w2.row_bytes) : 0)};
+    const int64_t n = max(int64_t(0), min(int64_t(kQ8Warps * (kWarp / lpr)), w.rows - r0));
+    RowSpan spans[2] = {row_span(w.data + r0 * w.row_bytes, size_t(n * w.row_bytes)),
+                        row_span(a.w2.data + r0 * a.w2.row_bytes, kAct != kPlain ? size_t(n * a.w2.row_bytes) : 0)};
     stage_rows(spans, 2, stage, &stage_bar);
-    block_rows = stage + spans[0].offset;
-    block_rows2 = stage + spans[1].offset;
-  } else if ((a.row_fetch & kFetchL2) && threadIdx.x == 0 && blockIdx.y == 0 && n_rows > 0) {
-    prefetch_l2(block_rows, size_t(n_rows * w.row_bytes));
-    if constexpr (kAct != kPlain) prefetch_l2(block_rows2, size_t(n_rows * a.w2.row_bytes));
+    staged = stage + spans[0].offset;
+    staged2 = stage + spans[1].offset;
+  } else if ((a.row_fetch & kFetchL2) && threadIdx.x == 0 && blockIdx.y == 0 && r0 < w.rows) {
+    // this block's weight rows into L2, while the kernels before it finish
+    const int64_t n = min(int64_t(kQ8Warps * (kWarp / lpr)), w.rows - r0);
+    prefetch_l2(w.data + r0 * w.row_bytes, size_t(n * w.row_bytes));
+    if constexpr (kAct != kPlain) prefetch_l2(a.w2.data + r0 * a.w2.row_bytes, size_t(n * a.w2.row_bytes));
   }
   pdl_enter_streaming();
   if constexpr (S == Mem::Shared) stage_wait(&stage_bar);
@@ -190,8 +191,8 @@ __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_gemv_kernel(MatArgs a, Q8
 #pragma unroll
   for (int m = 0; m < kCols; ++m) acc[m] = acc2[m] = 0.f;
   if (r < w.rows) {
-    const uint8_t* row = block_rows + (r - r0) * w.row_bytes;
-    const uint8_t* row2 = block_rows2 + (r - r0) * a.w2.row_bytes;
+    const uint8_t* row = S == Mem::Shared ? staged + (r - r0) * w.row_bytes : w.data + r * w.row_bytes;
+    const uint8_t* row2 = S == Mem::Shared ? staged2 + (r - r0) * a.w2.row_bytes : a.w2.data + r * a.w2.row_bytes;
 #pragma unroll(kCols == 1 ? 4 : kCols <= 4 ? 8 / kCols : 1)
     for (int64_t u = sub; u < nu; u += lpr) {
       const typename U::W q = U::template load<S>(row, w, r, u);  // once for every prepared row
