@@ -162,6 +162,18 @@ double time_graph(cudaGraphExec_t g, cudaStream_t s) {
   return double(t[t.size() / 2]) * 1e-3;
 }
 
+// How many of the n bf16 outputs at y and y2 differ (after the work queued on s), NaN equal to NaN
+// (random scales make some).
+size_t differing_bf16(cudaStream_t s, const void* y, const void* y2, size_t n) {
+  std::vector<uint16_t> a(n), b(n);
+  CK(cudaMemcpyAsync(a.data(), y, n * 2, cudaMemcpyDeviceToHost, s));
+  CK(cudaMemcpyAsync(b.data(), y2, n * 2, cudaMemcpyDeviceToHost, s));
+  CK(cudaStreamSynchronize(s));
+  size_t differ = 0;
+  for (size_t k = 0; k < n; ++k) differ += a[k] != b[k] && !((a[k] & 0x7fff) > 0x7f80 && (b[k] & 0x7fff) > 0x7f80);
+  return differ;
+}
+
 // Captures `launches` calls of enqueue(i) on s into a graph, times it: seconds per call.
 template <class Fn>
 double time_launches(cudaStream_t s, int launches, Fn&& enqueue) {
@@ -306,17 +318,9 @@ int run(int argc, char** argv) {
           const int K = kMmaWherePossible;
           const double tm = time_launches(s, launches, [&](int i) { q8_gemv_prepared(s, on(i, K, y2), rows, act, lanes); });
           const size_t n = size_t(rows) * size_t(c.rows);
-          std::vector<uint16_t> a(n), b(n);
           q8_gemv_prepared(s, on(0, 0, y), rows, act, lanes);
           q8_gemv_prepared(s, on(0, K, y2), rows, act, lanes);
-          CK(cudaMemcpyAsync(a.data(), y, n * 2, cudaMemcpyDeviceToHost, s));
-          CK(cudaMemcpyAsync(b.data(), y2, n * 2, cudaMemcpyDeviceToHost, s));
-          CK(cudaStreamSynchronize(s));
-          size_t differ = 0;  // bf16 outputs; NaN (random scales) equals NaN
-          for (size_t k = 0; k < n; ++k) {
-            const bool nan_a = (a[k] & 0x7fff) > 0x7f80, nan_b = (b[k] & 0x7fff) > 0x7f80;
-            differ += a[k] != b[k] && !(nan_a && nan_b);
-          }
+          const size_t differ = differing_bf16(s, y, y2, n);
           char buf[96];
           const bool rule = q8_mma_takes(on(0, kMmaByRule, y2), rows, act);  // "*": the backend takes it
           std::snprintf(buf, sizeof buf, "%.2f%s%s", tm * 1e6, rule ? "*" : "", differ ? " BITS DIFFER" : "");
@@ -337,18 +341,12 @@ int run(int argc, char** argv) {
         if (q8_stage_bytes_for(staged_args(0), act, lanes) > kStageMaxBytes) return "          -";
         const double t = time_launches(s, launches, [&](int i) { q8_gemv_prepared(s, staged_args(i), 1, act, lanes); });
         const size_t n = size_t(c.rows);
-        std::vector<uint16_t> a(n), b(n);
         MatArgs pa = plain_args(0), sa = staged_args(0);
         pa.y[0] = y;
         sa.y[0] = y2;
         q8_gemv_prepared(s, pa, 1, act, lanes);
         q8_gemv_prepared(s, sa, 1, act, lanes);
-        CK(cudaMemcpyAsync(a.data(), y, n * 2, cudaMemcpyDeviceToHost, s));
-        CK(cudaMemcpyAsync(b.data(), y2, n * 2, cudaMemcpyDeviceToHost, s));
-        CK(cudaStreamSynchronize(s));
-        size_t differ = 0;  // bf16 outputs; NaN (random scales) equals NaN
-        for (size_t k = 0; k < n; ++k)
-          differ += a[k] != b[k] && !((a[k] & 0x7fff) > 0x7f80 && (b[k] & 0x7fff) > 0x7f80);
+        const size_t differ = differing_bf16(s, y, y2, n);
         const double bw = double(weight_bytes(sa)) / t;
         char buf[96];
         std::snprintf(buf, sizeof buf, " %10.2f %6.1f%%%s", t * 1e6, 100.0 * bw / copy_bw, differ ? " BITS DIFFER" : "");
