@@ -15,7 +15,7 @@ constexpr size_t kDynBytes = size_t(2) << 20;   // scalars and tables per step
 constexpr size_t kStageBytes = size_t(9) << 20;
 // Recorded graphs held; past it a step of a new key runs directly. None is destroyed while the
 // recorder lives: destroying executable graphs recorded with PDL launches made the driver fault in
-// a later cuGraphLaunch (docs/cuda-notes.md, stop 41). Decode keys are few (a row bucket each,
+// a later cuGraphLaunch (docs/cuda-log/stops-40-49.md, stop 41). Decode keys are few (a row bucket each,
 // Model::set_decode_padding); the rest is room for prefill shapes that recur.
 constexpr size_t kMaxGraphs = 64;
 constexpr size_t kMaxSeen = 4096;             // remembered one-off keys before forgetting
