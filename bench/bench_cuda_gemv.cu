@@ -2,7 +2,7 @@
 // decode path takes, on Gemma 4's real decode shapes (E4B and 31B projections, the 262144-row tied
 // head), against the device's measured copy bandwidth.
 //
-//   build-cuda/bin/bench_cuda_gemv [--filter SUBSTR]... [--quick] [--lanes N] [--rows M] [--stage]
+//   build-cuda/bin/bench_cuda_gemv [--filter SUBSTR]... [--quick] [--lanes N] [--rows M] [--stage] [--ahead]
 //
 // Each case times the GEMV launch alone (the activation row prepared once before; the prepare
 // launch is also timed alone per width), then the two launches of a one-row matmul (prepare and
@@ -22,7 +22,8 @@
 // that the two give the same bits (exit status 1 if not: the MMA GEMV's contract).
 // --stage (one row) also times the GEMV with its blocks' rows staged in shared memory
 // (MatArgs::row_fetch kFetchShared; "-" where a block's rows exceed kStageMaxBytes) and checks
-// that it gives the same bits (exit status 1 if not).
+// that it gives the same bits (exit status 1 if not). --ahead (one row) likewise times the GEMV
+// whose lanes fetch their next unit before dotting the current one (kFetchAhead).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -193,15 +194,17 @@ int run(int argc, char** argv) {
   std::vector<std::string> filters;  // a case runs when its "shape format" name holds any of them
   bool quick = false;
   int lanes = 0, rows = 1;
-  bool stage = false;
+  bool stage = false, ahead = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) filters.push_back(argv[++i]);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--lanes") && i + 1 < argc) lanes = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--rows") && i + 1 < argc) rows = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--stage")) stage = true;
+    else if (!std::strcmp(argv[i], "--ahead")) ahead = true;
     else {
-      std::fprintf(stderr, "usage: %s [--filter SUBSTR]... [--quick] [--lanes N] [--rows M] [--stage]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--filter SUBSTR]... [--quick] [--lanes N] [--rows M] [--stage] [--ahead]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -262,7 +265,7 @@ int run(int argc, char** argv) {
                 "mma us");
   else
     std::printf("%-24s %-10s %10s %10s %9s %7s %10s%s\n", "shape", "format", "MB read", "gemv us", "GB/s", "copy%",
-                "+prep us", stage ? "  staged us  copy%" : "");
+                "+prep us", (std::string(stage ? "  staged us  copy%" : "") + (ahead ? "   ahead us  copy%" : "")).c_str());
   for (int64_t cols : {int64_t(2560), int64_t(5376), int64_t(10240), int64_t(21504)}) {
     const double t = time_launches(s, 64, [&](int) { q8_prepare(s, x, DType::BF16, 1, cols, nullptr, 0.f, q8); });
     std::printf("%-24s %-10s %10s %10.2f\n", ("prepare " + std::to_string(cols)).c_str(), "bf16 row", "-", t * 1e6);
@@ -335,10 +338,16 @@ int run(int argc, char** argv) {
                     bytes / 1e6, t * 1e6, bw / 1e9, 100.0 * bw / copy_bw, mma.c_str());
         std::fflush(stdout);
       };
-      // --stage: the staged GEMV's time and share of copy bandwidth, its output compared bit for bit
-      // with the unstaged launch's ("-" where its blocks' rows do not fit the stage).
-      auto time_staged = [&](int act, auto&& staged_args, auto&& plain_args) -> std::string {
-        if (q8_stage_bytes_for(staged_args(0), act, lanes) > kStageMaxBytes) return "          -";
+      // --stage / --ahead: the GEMV's time and share of copy bandwidth with the fetch bit `bit`, its
+      // output compared bit for bit with the plain launch's ("-" where a staged block's rows do not
+      // fit the stage).
+      auto time_fetch = [&](int act, uint8_t bit, auto&& plain_args) -> std::string {
+        auto staged_args = [&](int i) {
+          MatArgs a = plain_args(i);
+          a.row_fetch |= bit;
+          return a;
+        };
+        if (bit == kFetchShared && q8_stage_bytes_for(staged_args(0), act, lanes) > kStageMaxBytes) return "          -";
         const double t = time_launches(s, launches, [&](int i) { q8_gemv_prepared(s, staged_args(i), 1, act, lanes); });
         const size_t n = size_t(c.rows);
         MatArgs pa = plain_args(0), sa = staged_args(0);
@@ -369,14 +378,11 @@ int run(int argc, char** argv) {
         const double t = time_launches(s, launches, [&](int i) { q8_gemv_prepared(s, act_args(i), 1, act, lanes); });
         const double t2 = time_launches(s, launches, [&](int i) { q8_gemv(s, act_args(i), 1, act); });
         const double bw = double(bytes) / t;
-        std::string staged;
-        if (stage) staged = time_staged(act, [&](int i) {
-          MatArgs a = act_args(i);
-          a.row_fetch |= kFetchShared;
-          return a;
-        }, act_args);
+        std::string fetched;
+        if (stage) fetched = time_fetch(act, kFetchShared, act_args);
+        if (ahead) fetched += time_fetch(act, kFetchAhead, act_args);
         std::printf("%-24s %-10s %10.2f %10.2f %9.0f %6.1f%% %10.2f%s\n", c.shape.c_str(), (f.name + suffix).c_str(),
-                    bytes / 1e6, t * 1e6, bw / 1e9, 100.0 * bw / copy_bw, t2 * 1e6, staged.c_str());
+                    bytes / 1e6, t * 1e6, bw / 1e9, 100.0 * bw / copy_bw, t2 * 1e6, fetched.c_str());
         std::fflush(stdout);
       };
       report("", kPlain, first.bytes);
@@ -385,7 +391,7 @@ int run(int argc, char** argv) {
     }
   }
   CK(cudaStreamSynchronize(s));
-  if (mismatches) std::printf("%d cases: the MMA or staged GEMV's bits differ from the dp4a GEMV's\n", mismatches);
+  if (mismatches) std::printf("%d cases: the MMA, staged or fetch-ahead GEMV's bits differ from the dp4a GEMV's\n", mismatches);
   return mismatches ? 1 : 0;
 }
 

@@ -218,9 +218,16 @@ struct BackendOptions {
   // (`--cuda-row-fetch l2|shared|none`). L2: ask L2 for them where they fit beside the matmul
   // launched before. Shared: one-row GEMVs copy each block's rows into shared memory with the
   // tensor memory accelerator and read them there (cuda_stage_rows.cuh); L2 elsewhere. None: read
-  // them when used. The same bits whichever.
-  enum class RowFetch { L2, Shared, None };
+  // them when used. Auto: L2, and Q6_K launches whose blocks stage at most kStageAutoBytes
+  // (cuda_gemv_q8.h) stage them, where staging measured faster. The same bits whichever.
+  enum class RowFetch { L2, Shared, None, Auto };
   RowFetch row_fetch = RowFetch::L2;
+  // CUDA int8 decode GEMVs of one row (rows read from global memory): each lane asks for its next
+  // weight unit's bytes before it dots the current one, so a unit's load latency hides behind the
+  // previous unit's arithmetic, where that pays (plain launches of rows of 4096 values or more,
+  // every format but Q6_K: cuda_gemv_q8.cu's ahead_pays; `--cuda-gemv-ahead on|off`). The same
+  // bits either way.
+  bool gemv_ahead = true;
   // CUDA with bf16 activations and int8_dots: batch-invariant numerics (`--batch-invariant on`).
   // Every launch of up to 64 rows computes each row with the one-row arithmetic (the int8 GEMVs
   // over several prepared rows, per-row post-norms, attention splits and expert lanes chosen per

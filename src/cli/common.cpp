@@ -142,6 +142,7 @@ Result<BackendOptions> backend_options_from_args(const Args& a) {
   G4_TRY(on_off("--cuda-fuse", o.fuse_decode_ops));
   G4_TRY(on_off("--cuda-fold-prep", o.fold_attn_prep));
   G4_TRY(on_off("--cuda-int8-mma", o.int8_mma_rows));
+  G4_TRY(on_off("--cuda-gemv-ahead", o.gemv_ahead));
   G4_TRY(on_off("--cuda-profile", o.profile));
   G4_TRY(on_off("--cuda-timing", o.timing));
   G4_ASSIGN_OR_RETURN(o.device, int_flag(a, "--cuda-device", 0, 0, 63));
@@ -163,7 +164,8 @@ Result<BackendOptions> backend_options_from_args(const Args& a) {
   const std::string fetch = a.get("--cuda-row-fetch", "l2");
   if (fetch == "shared") o.row_fetch = BackendOptions::RowFetch::Shared;
   else if (fetch == "none") o.row_fetch = BackendOptions::RowFetch::None;
-  else if (fetch != "l2") return err("--cuda-row-fetch: expected l2, shared or none, got '%s'", fetch.c_str());
+  else if (fetch == "auto") o.row_fetch = BackendOptions::RowFetch::Auto;
+  else if (fetch != "l2") return err("--cuda-row-fetch: expected l2, shared, none or auto, got '%s'", fetch.c_str());
   const std::string how = a.get("--collectives", "auto");
   if (how == "nccl") o.collectives = BackendOptions::Collectives::Nccl;
   else if (how == "host") o.collectives = BackendOptions::Collectives::Host;

@@ -1,6 +1,7 @@
 // One-row int8 GEMVs whose blocks stage their weight rows in shared memory
-// (BackendOptions::row_fetch Shared, cuda_stage_rows.cuh) against a backend whose GEMVs read them
-// from global memory (the default, L2): the same bits for every weight format, on odd row counts
+// (BackendOptions::row_fetch Shared, cuda_stage_rows.cuh), and those whose lanes fetch their next
+// unit ahead (BackendOptions::gemv_ahead), against a backend whose GEMVs read each unit from global
+// memory when they dot it (L2, ahead off): the same bits for every weight format, on odd row counts
 // (a last block of fewer rows), 2-byte aligned Q6_K rows, the q/k/v launch of mixed MLX bits, the
 // fused gate/up with GELU and the residual epilogue. Skips, printing why, without CUDA or a GPU (CI).
 #include <gtest/gtest.h>
@@ -17,6 +18,7 @@
 #include "backend/backend.h"
 #include "backend_test_util.h"
 #include "core/dtype.h"
+#include "moe_test_experts.h"
 
 namespace g4 {
 namespace {
@@ -25,31 +27,38 @@ using test::randn;
 
 using Outputs = std::vector<std::vector<float>>;
 
-// A bf16 + int8-dots CUDA backend with the given row fetch; null (with *why) without CUDA.
-std::unique_ptr<Backend> cuda_backend(BackendOptions::RowFetch fetch, std::string* why) {
+// A bf16 + int8-dots CUDA backend with the given row fetch and unit fetch; null (with *why)
+// without CUDA.
+std::unique_ptr<Backend> cuda_backend(BackendOptions::RowFetch fetch, bool ahead, std::string* why) {
   BackendOptions opt;
   opt.activations = DType::BF16;
   opt.int8_dots = true;
   opt.row_fetch = fetch;
+  opt.gemv_ahead = ahead;
   return make_cuda_backend(why, opt);
 }
 
 // Whether a CUDA backend can be made here; prints why not.
 bool have_cuda() {
   std::string why;
-  if (cuda_backend(BackendOptions::RowFetch::L2, &why)) return true;
+  if (cuda_backend(BackendOptions::RowFetch::L2, false, &why)) return true;
   std::printf("SKIP: cuda backend unavailable: %s\n", why.c_str());
   return false;
 }
 
-// run's outputs staged and unstaged, compared bit for bit (EXPECT_EQ on floats: bf16 values
-// widened, so equal floats are equal bits, NaN aside: random weights give none here).
+// run's outputs plain, staged and fetched ahead, compared bit for bit (EXPECT_EQ on floats: bf16
+// values widened, so equal floats are equal bits, NaN aside: random weights give none here).
 void expect_same_bits(const std::string& what, const std::function<Outputs(Backend&)>& run) {
   std::string why;
-  const Outputs plain = run(*cuda_backend(BackendOptions::RowFetch::L2, &why));
-  const Outputs staged = run(*cuda_backend(BackendOptions::RowFetch::Shared, &why));
+  const Outputs plain = run(*cuda_backend(BackendOptions::RowFetch::L2, false, &why));
+  const Outputs staged = run(*cuda_backend(BackendOptions::RowFetch::Shared, false, &why));
+  const Outputs ahead = run(*cuda_backend(BackendOptions::RowFetch::L2, true, &why));
   ASSERT_EQ(staged.size(), plain.size()) << what;
-  for (size_t i = 0; i < plain.size(); ++i) EXPECT_EQ(staged[i], plain[i]) << what << ", output " << i;
+  ASSERT_EQ(ahead.size(), plain.size()) << what;
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ(staged[i], plain[i]) << what << ", staged, output " << i;
+    EXPECT_EQ(ahead[i], plain[i]) << what << ", ahead, output " << i;
+  }
 }
 
 // y = x·Wᵀ for one row, in f32 and in bf16.
@@ -134,6 +143,33 @@ TEST(CudaStagedRows, FusedDecodeOps) {
     for (const Buf& p : {dnw, dpw, dx, dxn, yq, yk, yv, dh, dr, dys}) cu.free(p);
     return out;
   });
+}
+
+// Decode-sized routed experts (the int8 expert GEMV, cuda_gemv_q8.cu's q8_moe_kernel): its lanes
+// fetching ahead give the plain loop's bits, for every GGUF format and MLX mixed precision.
+TEST(CudaStagedRows, RoutedExpertsDecode) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA";
+  const int rows = 3, E = 8, k = 2, d = 512;
+  const auto x = bf16_rounded(randn(size_t(rows) * d, 60));
+  const std::vector<int32_t> idx = {0, 5, 3, 5, 7, 1};  // rows x k, distinct within a row
+  const std::vector<float> wts = {0.7f, 0.3f, 0.55f, 0.45f, 0.9f, 0.1f};
+  for (auto [mixed, fmt] : {std::pair{false, WFormat::GgufQ4_K}, {true, WFormat::GgufQ4_K}, {false, WFormat::GgufQ5_K},
+                            {false, WFormat::GgufQ6_K}, {false, WFormat::GgufQ8_0}, {false, WFormat::GgufQ5_0},
+                            {false, WFormat::GgufQ4_0}}) {
+    const std::string what = mixed ? "MLX 3/6/5-bit experts" : std::string(wformat_name(fmt)) + " experts";
+    expect_same_bits(what, [&](Backend& cu) {
+      std::mt19937 rng(61);  // the same weights on every backend
+      const test::TestExperts ex = test::make_test_experts(cu, E, 256, d, mixed, 62, rng, fmt);
+      Buf dx = test::upload_act(cu, x), dout = cu.alloc_act(size_t(rows) * d);
+      Buf di = cu.alloc_i32(idx.size()), dw = cu.alloc_f32(wts.size());
+      cu.from_host(idx.data(), idx.size(), di);
+      cu.from_host(wts.data(), wts.size(), dw);
+      cu.moe_experts(dx, rows, d, di, dw, k, ex.dev_gate, ex.dev_up, ex.dev_down, ActPrecision::BF16, dout);
+      Outputs out = {test::download(cu, dout, size_t(rows) * d)};
+      for (const Buf& p : {dx, dout, di, dw}) cu.free(p);
+      return out;
+    });
+  }
 }
 
 }  // namespace

@@ -175,6 +175,7 @@ bool CudaBackend::moe_experts_on_device(const Buf& x, int rows, int d, const Buf
   a.w0 = dev(gate.base);
   a.w20 = dev(up.base);
   a.q8 = decode ? q8_ : cuda::Q8Act{};
+  a.ahead = opt_.gemv_ahead;
   cuda::MoeMatArgs b{};
   b.x = h;
   b.xt = t;
@@ -184,6 +185,7 @@ bool CudaBackend::moe_experts_on_device(const Buf& x, int rows, int d, const Buf
   b.y = y;
   b.w0 = dev(down.base);
   b.q8 = a.q8;
+  b.ahead = a.ahead;
   if (decode) {
     launch("moe_gate_up", cuda::moe_matmul, a, items, k, hidden, gate.fmt(), true);
     launch("moe_down", cuda::moe_matmul, b, items, k, int64_t(d), down.fmt(), false);

@@ -226,9 +226,14 @@ void CudaBackend::plan_row_fetch(cuda::MatArgs& a) {
   using RF = BackendOptions::RowFetch;
   const bool fits = bytes + streamed_bytes_ <= int64_t(dev_.l2_bytes());
   const bool can_stage = dev_.smem_optin() >= cuda::kStageMaxBytes;
+  // Auto stages Q6_K rows where a block's stage is small (its 2-byte aligned units read faster from
+  // shared memory than through L1; a large stage leaves too few blocks an SM).
+  const bool q6_stage = opt_.row_fetch == RF::Auto && a.w[0].fmt == WFormat::GgufQ6_K &&
+                        cuda::q8_stage_bytes_for(a, a.w2.data ? cuda::kGelu : cuda::kPlain) <= cuda::kStageAutoBytes;
   a.row_fetch = 0;
   if (opt_.row_fetch != RF::None && fits) a.row_fetch |= cuda::kFetchL2;
-  if (can_stage && opt_.row_fetch == RF::Shared) a.row_fetch |= cuda::kFetchShared;
+  if (can_stage && (opt_.row_fetch == RF::Shared || q6_stage)) a.row_fetch |= cuda::kFetchShared;
+  if (opt_.gemv_ahead) a.row_fetch |= cuda::kFetchAhead;
   streamed_bytes_ = bytes;
 }
 

@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "quant/weight.h"
@@ -53,12 +54,21 @@ __host__ __device__ inline uint32_t ld_u32(const uint8_t* p) {
   return uint32_t(p[0]) | (uint32_t(p[1]) << 8) | (uint32_t(p[2]) << 16) | (uint32_t(p[3]) << 24);
 }
 
+// Scale i of an f32, f16 or bf16 array, in two steps for a caller that loads ahead: its bits as
+// loaded (ld_scale_bits), then the float they encode (scale_from_bits).
+__host__ __device__ inline uint32_t ld_scale_bits(const void* base, DType t, int64_t i) {
+  if (t == DType::F32) return static_cast<const uint32_t*>(base)[i];
+  return static_cast<const uint16_t*>(base)[i];
+}
+__host__ __device__ inline float scale_from_bits(uint32_t bits, DType t) {
+  if (t == DType::F16) return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+  if (t != DType::F32) bits <<= 16;  // bf16: the high half of an f32
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
 __host__ __device__ inline float ld_scale(const void* base, DType t, int64_t i) {
-  switch (t) {
-    case DType::F32: return static_cast<const float*>(base)[i];
-    case DType::F16: return __half2float(static_cast<const __half*>(base)[i]);
-    default: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
-  }
+  return scale_from_bits(ld_scale_bits(base, t, i), t);
 }
 
 // ggml get_scale_min_k4.

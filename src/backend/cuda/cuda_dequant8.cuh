@@ -47,15 +47,6 @@ __host__ __device__ inline void k4_scale_min(int j, uint32_t y, uint32_t z, uint
     *m = int((w >> 4) | ((z >> 6) << 4));
   }
 }
-__device__ inline uint32_t ld_scale_bits(const void* base, DType t, int64_t i) {
-  if (t == DType::F32) return static_cast<const uint32_t*>(base)[i];
-  return static_cast<const uint16_t*>(base)[i];
-}
-__device__ inline float scale_from_bits(uint32_t v, DType t) {
-  if (t == DType::F32) return __uint_as_float(v);
-  if (t == DType::F16) return __half2float(__ushort_as_half(uint16_t(v)));
-  return __uint_as_float(v << 16);
-}
 __device__ inline float half_bits(uint32_t v) { return __half2float(__ushort_as_half(uint16_t(v & 0xFFFFu))); }
 
 // Values 8p .. 8p + 7 (p < 4) of row r's 32-value unit u: a quarter of dequant32's unit, each

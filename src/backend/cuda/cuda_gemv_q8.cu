@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kPrepWarps * kWarp) q8_prepare_kernel(const vo
 // block becomes resident only once an SM has drained, at the tail of the GEMV before it, and only
 // then releases the next GEMV, whose blocks prefetch their rows into L2 a few microseconds before
 // they need them. A 256-thread block with the same bits was resident at once and slowed decode
-// steps by 5-11 % (docs/cuda-notes.md, stop 54).
+// steps by 5-11 % (docs/cuda-log/stops-50-56.md, stop 54).
 constexpr int kPostThreads = 1024, kPostPer = 8, kPostMax = kPostThreads * kPostPer;
 __global__ void __launch_bounds__(kPostThreads) post_add_prepare_kernel(const void* y, const float* pw, float peps,
                                                                         float scale, void* resid, bool bf,
@@ -142,6 +142,43 @@ __global__ void __launch_bounds__(kPostThreads) post_add_prepare_kernel(const vo
 
 // ---- the GEMV ----------------------------------------------------------------------------------
 
+// acc += Σ dot(unit u of row r, x) over the lane's units u = sub, sub + lpr, .. < nu, in that
+// order, each unit's bytes asked for one round ahead: the lane's next unit is in flight while it
+// dots the current one. The sum is the plain loops': the same bits. kRounded: each add rounded as
+// written (__fadd_rn, q8_gemv_kernel's loop); else a plain += that may fuse with the unit's last
+// multiply, as q8_moe_kernel's loop does.
+template <class U, bool kRounded>
+__device__ __forceinline__ void dot_units_ahead(const uint8_t* row, const DevWeight& w, int64_t r, int sub, int lpr,
+                                                int64_t nu, const Q8Act& x, float& acc) {
+  using UF = q8units::UnitFetch<U>;
+  int64_t u = sub;
+  typename UF::Raw cur;
+  if (u < nu) cur = UF::template fetch<Mem::Global>(row, w, r, u);
+#pragma unroll 2
+  for (; u < nu; u += lpr) {
+    // The last round fetches its own unit again (an L1 hit): no branch for the compiler to sink
+    // the next unit's loads behind the current unit's arithmetic.
+    const typename UF::Raw next = UF::template fetch<Mem::Global>(row, w, r, u + lpr < nu ? u + lpr : u);
+    if constexpr (kRounded) acc = __fadd_rn(acc, U::dot(UF::unpack(cur, w, u), u, x));
+    else acc += U::dot(UF::unpack(cur, w, u), u, x);
+    cur = next;
+  }
+}
+
+// Whether fetching ahead pays for a one-row launch of format F over rows of `cols` values
+// (BackendOptions::gemv_ahead asks for it): plain launches of every format but Q6_K, on rows of at
+// least kAheadMinCols. Measured per kernel (H100, stop 56, bench_cuda_gemv --ahead): it pays on
+// long rows (31B down Q4_K 39.3 -> 31.3 us, 31B q / o Q4_K 16.4 -> 14.6, E4B down mlx4g64 11.4 ->
+// 9.8) and loses on Q6_K, whose unit takes 24 loads (the E4B head 215 -> 247 us), and on the fused
+// gate/up, whose two pipelines take 96 registers (31B Q4_K 49.4 -> 55.3 us). In the decode step
+// with every plain non-Q6_K launch ahead: 31B -4.8 %, E4B even, E2B +0.8 %, 26B-A4B +1.5 % (their
+// rows of 1536-2816 values, a unit or two a lane): hence the row length.
+constexpr int64_t kAheadMinCols = 4096;
+template <WFormat F>
+constexpr bool ahead_pays() {
+  return F != WFormat::GgufQ6_K;
+}
+
 constexpr int kQ8Warps = 4;  // warps per block
 constexpr int kQ8Cols = 8;   // prepared rows a block of a multi-row launch dots each weight row with
 
@@ -156,8 +193,11 @@ constexpr int kQ8Cols = 8;   // prepared rows a block of a multi-row launch dots
 // tests check it; batch-invariant decode and the MMA GEMV, cuda_gemv_mma.cu, rest on it).
 // S == Mem::Shared (kCols == 1): the block's rows are first copied into dynamic shared memory
 // (cuda_stage_rows.cuh; q8_stage_bytes of it), the same arithmetic on the copy.
-template <WFormat F, int kBits, int kAct, int kCols, Mem S = Mem::Global>
+// kAhead (one plain row from global memory): each lane asks for its next unit before it dots the
+// current one (dot_units_ahead).
+template <WFormat F, int kBits, int kAct, int kCols, Mem S = Mem::Global, bool kAhead = false>
 __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_gemv_kernel(MatArgs a, Q8Act x, int lpr) {
+  static_assert(!kAhead || (kCols == 1 && S == Mem::Global && kAct == kPlain), "kAhead: one plain row, global memory");
   using U = Unit<F, kBits>;
   int i = 0;
   while (i + 1 < a.n && blockIdx.x >= a.first[i + 1]) ++i;
@@ -190,7 +230,9 @@ __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_gemv_kernel(MatArgs a, Q8
   float acc[kCols], acc2[kCols];
 #pragma unroll
   for (int m = 0; m < kCols; ++m) acc[m] = acc2[m] = 0.f;
-  if (r < w.rows) {
+  if (r < w.rows && kAhead) {
+    dot_units_ahead<U, true>(w.data + r * w.row_bytes, w, r, sub, lpr, nu, x, acc[0]);
+  } else if (r < w.rows) {
     const uint8_t* row = S == Mem::Shared ? staged + (r - r0) * w.row_bytes : w.data + r * w.row_bytes;
     const uint8_t* row2 = S == Mem::Shared ? staged2 + (r - r0) * a.w2.row_bytes : a.w2.data + r * a.w2.row_bytes;
 #pragma unroll(kCols == 1 ? 4 : kCols <= 4 ? 8 / kCols : 1)
@@ -224,9 +266,12 @@ __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_gemv_kernel(MatArgs a, Q8
 }
 
 // The routed experts (MoeMatArgs, cuda_moe.h): grid (row blocks, items); item i dots expert
-// e = idx[i]'s rows with prepared x row i / x_div. kAct: kPlain or kGelu (tanh form).
-template <WFormat F, int kBits, int kAct>
+// e = idx[i]'s rows with prepared x row i / x_div. kAct: kPlain or kGelu (tanh form). kAhead
+// (a.ahead, plain launches where ahead_pays): each lane fetches its next unit before it dots the
+// current one (dot_units_ahead).
+template <WFormat F, int kBits, int kAct, bool kAhead = false>
 __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_moe_kernel(MoeMatArgs a, int lpr) {
+  static_assert(!kAhead || kAct == kPlain, "kAhead: plain launches");
   pdl_enter_streaming();
   using U = Unit<F, kBits>;
   const int item = blockIdx.y, e = a.idx[item];
@@ -237,7 +282,9 @@ __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_moe_kernel(MoeMatArgs a, 
   const int64_t nu = w.cols / U::kVals;
   const Q8Act x = q8_row(a.q8, item / a.x_div, w.cols);
   float acc = 0.f, acc2 = 0.f;
-  if (r < w.rows) {
+  if (r < w.rows && kAhead) {
+    dot_units_ahead<U, false>(w.data + r * w.row_bytes, w, r, sub, lpr, nu, x, acc);
+  } else if (r < w.rows) {
     const uint8_t* row = w.data + r * w.row_bytes;
 #pragma unroll 2
     for (int64_t u = sub; u < nu; u += lpr) acc += unit_dot<U>(row, w, r, u, x);
@@ -290,6 +337,18 @@ void gemv_act(cudaStream_t s, const MatArgs& a, int act, dim3 grid, int lpr) {
   });
 }
 
+// The one-row GEMV from global memory: fetching ahead where a asks for it (kFetchAhead) and it
+// pays (ahead_pays, kAheadMinCols), else the plain loop.
+template <WFormat F, int kBits>
+void gemv_one_row(cudaStream_t s, const MatArgs& a, int act, unsigned blocks, int lpr) {
+  if constexpr (ahead_pays<F>()) {
+    if (act == kPlain && (a.row_fetch & kFetchAhead) && a.w[0].cols >= kAheadMinCols)
+      return launch_kernel(q8_gemv_kernel<F, kBits, kPlain, 1, Mem::Global, true>, dim3(blocks), kQ8Warps * kWarp, 0, s,
+                           a, a.q8, lpr);
+  }
+  gemv_act<F, kBits, 1>(s, a, act, dim3(blocks), lpr);
+}
+
 // Shared memory a one-row GEMV block of lpr lanes a row stages its rows in: its weight's rows (the
 // launch's widest) and, with an activation, w2's beside them.
 size_t q8_stage_bytes(const MatArgs& a, int act, int lpr) {
@@ -340,7 +399,7 @@ void gemv_launch(cudaStream_t s, MatArgs a, int M, int act, int lanes) {
     // deeper unrolling where fewer rows leave registers for it.
     if (stage > 0 && stage <= kStageMaxBytes)
       with_act(act, [&](auto A) { gemv_staged<F, kBits, decltype(A)::value>(s, a, blocks, lpr, stage); });
-    else if (M == 1) gemv_act<F, kBits, 1>(s, a, act, dim3(blocks), lpr);
+    else if (M == 1) gemv_one_row<F, kBits>(s, a, act, blocks, lpr);
     else if (M == 2) gemv_act<F, kBits, 2>(s, a, act, dim3(blocks), lpr);
     else if (M <= 4) gemv_act<F, kBits, 4>(s, a, act, dim3(blocks), lpr);
     else gemv_act<F, kBits, kQ8Cols>(s, a, act, dim3(blocks, unsigned(blocks_for(M, kQ8Cols))), lpr);
@@ -354,8 +413,11 @@ void moe_launch(cudaStream_t s, const MoeMatArgs& a, int items, int per_token, i
   // Lanes per row from one token's items, so that a token's bits do not depend on the tokens beside it.
   const int lpr = lanes_per_row(a.w0.cols / unit_vals<F, kBits>(), rows * per_token, unit_vals<F, kBits>());
   const dim3 grid(blocks_for(rows, kQ8Warps * (kWarp / lpr)), unsigned(items));
-  if (act == kGelu) launch_kernel(q8_moe_kernel<F, kBits, kGelu>, grid, kQ8Warps * kWarp, 0, s, a, lpr);
-  else launch_kernel(q8_moe_kernel<F, kBits, kPlain>, grid, kQ8Warps * kWarp, 0, s, a, lpr);
+  auto go = [&](auto kernel) { launch_kernel(kernel, grid, kQ8Warps * kWarp, 0, s, a, lpr); };
+  if constexpr (ahead_pays<F>()) {
+    if (a.ahead && act == kPlain && a.w0.cols >= kAheadMinCols) return go(q8_moe_kernel<F, kBits, kPlain, true>);
+  }
+  act == kGelu ? go(q8_moe_kernel<F, kBits, kGelu>) : go(q8_moe_kernel<F, kBits, kPlain>);
 }
 
 // Calls launch(integral_constant<int, kBits>) with the MLX bits of F (0 for other formats).

@@ -16,6 +16,10 @@ namespace g4::cuda {
 // kFetchShared; launches whose blocks need more read their rows from global memory): two blocks
 // an SM on sm_90. The device must let a block opt in to this much (Device::smem_optin).
 constexpr size_t kStageMaxBytes = 100 * 1024;
+// The most a Q6_K block stages under BackendOptions::RowFetch::Auto. Staged Q6_K measured faster
+// up to 35 KiB a block (E4B down 33.6 KiB: 20.1 -> 11.5 us; the 262144-row head 16.8 KiB: 222 ->
+// 190) and slower at 70 KiB (31B down: 48.6 -> 57.2), on an H100 (stop 55).
+constexpr size_t kStageAutoBytes = 48 * 1024;
 
 // o = the int8 form of rows x [rows, cols] of type xt (cols % 32 == 0), each row normed with
 // norm_w (eps) first when norm_w is set. One launch.

@@ -149,9 +149,11 @@ struct MatArgs {
   // read, and DRAM reads them twice (31B Q4_K_M: a decode step 4.8 % slower prefetching every
   // launch; docs/cuda-notes.md, stop 54). kFetchShared: a one-row GEMV copies each block's rows
   // into shared memory (cuda_stage_rows.cuh) where they fit kStageMaxBytes, then reads them there.
+  // kFetchAhead: a one-row GEMV reading global memory has each lane fetch its next unit before
+  // it dots the current one (q8_gemv_kernel's kAhead).
   uint8_t row_fetch = 0;
 };
-enum RowFetch : uint8_t { kFetchL2 = 1, kFetchShared = 2 };
+enum RowFetch : uint8_t { kFetchL2 = 1, kFetchShared = 2, kFetchAhead = 4 };
 // The weight bytes a launch of a reads: its a.n weights and (gate_up_gelu) w2.
 inline int64_t weight_bytes(const MatArgs& a) {
   int64_t bytes = a.w2.rows * a.w2.row_bytes;

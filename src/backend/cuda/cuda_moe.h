@@ -32,7 +32,8 @@ struct MoeMatArgs {
   int x_div;
   DType xt;
   uint8_t rows16 = 0;  // 1: every expert's data and row_bytes (w and w2) are multiples of 16 bytes
-  uint8_t reserved[2] = {};
+  uint8_t ahead = 0;   // 1: the int8 GEMV's lanes fetch their next unit ahead (BackendOptions::gemv_ahead)
+  uint8_t reserved[1] = {};
 };
 // per_token: the items of one token (top k); an item's bits depend on it, not on items.
 void moe_matmul(cudaStream_t s, const MoeMatArgs& a, int items, int per_token, int64_t rows, WFormat fmt, bool gelu);

@@ -6,6 +6,8 @@
 //   W load(row, w, r, u)       unit u of row r (bytes at `row`) loaded and unpacked: its codes as
 //                              words ready for dp4a, its scales as numbers;
 //   float dot(q, u, x)         the unit's share of the row's dot with the prepared row x (Q8Act).
+// K-quant and MLX units also split load in two (UnitFetch, at the end): fetch(row, w, r, u) only
+// issues the loads (a Raw), unpack(raw, w, u) does the arithmetic; load is unpack(fetch(..)).
 // A multi-row GEMV loads a unit once and dots it with each of its rows; unit_dot does both for
 // one row. dot(load(...)) is the same arithmetic for any number of rows (batch-invariant decode
 // rests on it: the CUDA row-exact op tests check it bit for bit).
@@ -15,6 +17,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_kernels.h"
@@ -36,17 +39,25 @@ __device__ __forceinline__ T ld_row(const T* p) {
 
 // kWords little-endian words of the 4 kWords bytes at p (p 2-byte aligned: Q6_K, Q8_0, Q4_0 and
 // Q5_0 blocks), from kWords + 1 aligned words and funnel shifts. Reads up to 4 bytes past them
-// (within the block, or the upload's slack).
+// (within the block, or the upload's slack). In two steps for a lane that fetches ahead:
+// ld_a2_raw loads the aligned words and returns the shift, a2_words shifts them.
 template <int kWords, Mem S = Mem::Global>
-__device__ __forceinline__ void ld_a2(const uint8_t* p, uint32_t* w) {
+__device__ __forceinline__ uint32_t ld_a2_raw(const uint8_t* p, uint32_t* v) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   const uint32_t* base = reinterpret_cast<const uint32_t*>(a & ~uintptr_t(3));
-  const uint32_t sh = uint32_t(a & 3) * 8;
-  uint32_t v[kWords + 1];
 #pragma unroll
   for (int k = 0; k <= kWords; ++k) v[k] = ld_row<S>(base + k);
+  return uint32_t(a & 3) * 8;
+}
+template <int kWords>
+__device__ __forceinline__ void a2_words(const uint32_t* v, uint32_t sh, uint32_t* w) {
 #pragma unroll
   for (int k = 0; k < kWords; ++k) w[k] = __funnelshift_r(v[k], v[k + 1], sh);
+}
+template <int kWords, Mem S = Mem::Global>
+__device__ __forceinline__ void ld_a2(const uint8_t* p, uint32_t* w) {
+  uint32_t v[kWords + 1];
+  a2_words<kWords>(v, ld_a2_raw<kWords, S>(p, v), w);
 }
 template <Mem S = Mem::Global>
 __device__ __forceinline__ void ld_words16(const uint8_t* p, uint32_t* w) {  // p 16-byte aligned
@@ -80,10 +91,14 @@ struct KQuantUnit {
     uint32_t lo[8], hi[8];  // codes of sub-blocks 2j and 2j + 1, a byte each
     Scales k;
   };
-  template <Mem S = Mem::Global>
-  __device__ static Scales load_scales(const uint8_t* row, int64_t u) {
+  // The unit's bytes as loaded: the super-block's header (d, dmin | scales, mins), the codes of
+  // sub-blocks 2j, 2j + 1 (and Q5_K's high bits).
+  struct Raw {
+    uint4 h;
+    uint32_t c[8], qh[q5 ? 8 : 1];
+  };
+  __device__ static Scales scales_of(const uint4& h, int64_t u) {
     const int j = int(u & 3);
-    const uint4 h = ld_row<S>(reinterpret_cast<const uint4*>(row + (u >> 2) * kBlockBytes));  // d, dmin | scales, mins
     Scales k;
     scale_min_k4_words(2 * j, h.y, h.z, h.w, &k.sc0, &k.m0);
     scale_min_k4_words(2 * j + 1, h.y, h.z, h.w, &k.sc1, &k.m1);
@@ -92,28 +107,41 @@ struct KQuantUnit {
     return k;
   }
   template <Mem S = Mem::Global>
-  __device__ static W load(const uint8_t* row, const DevWeight&, int64_t, int64_t u) {
+  __device__ static Scales load_scales(const uint8_t* row, int64_t u) {
+    return scales_of(ld_row<S>(reinterpret_cast<const uint4*>(row + (u >> 2) * kBlockBytes)), u);
+  }
+  template <Mem S = Mem::Global>
+  __device__ static Raw fetch(const uint8_t* row, const DevWeight&, int64_t, int64_t u) {
     const int j = int(u & 3);
     const uint8_t* b = row + (u >> 2) * kBlockBytes;
-    uint32_t c[8], qh[8];
-    ld_words16<S>(b + (q5 ? 48 : 16) + 32 * j, c);
-    ld_words16<S>(b + (q5 ? 48 : 16) + 32 * j + 16, c + 4);
+    Raw q;
+    ld_words16<S>(b + (q5 ? 48 : 16) + 32 * j, q.c);
+    ld_words16<S>(b + (q5 ? 48 : 16) + 32 * j + 16, q.c + 4);
     if constexpr (q5) {
-      ld_words16<S>(b + 16, qh);
-      ld_words16<S>(b + 32, qh + 4);
+      ld_words16<S>(b + 16, q.qh);
+      ld_words16<S>(b + 32, q.qh + 4);
     }
+    q.h = ld_row<S>(reinterpret_cast<const uint4*>(b));
+    return q;
+  }
+  __device__ static W unpack(const Raw& raw, const DevWeight&, int64_t u) {
+    const int j = int(u & 3);
     W q;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      q.lo[k] = c[k] & 0x0F0F0F0Fu;
-      q.hi[k] = (c[k] >> 4) & 0x0F0F0F0Fu;
+      q.lo[k] = raw.c[k] & 0x0F0F0F0Fu;
+      q.hi[k] = (raw.c[k] >> 4) & 0x0F0F0F0Fu;
       if constexpr (q5) {
-        q.lo[k] |= ((qh[k] >> (2 * j)) & 0x01010101u) << 4;
-        q.hi[k] |= ((qh[k] >> (2 * j + 1)) & 0x01010101u) << 4;
+        q.lo[k] |= ((raw.qh[k] >> (2 * j)) & 0x01010101u) << 4;
+        q.hi[k] |= ((raw.qh[k] >> (2 * j + 1)) & 0x01010101u) << 4;
       }
     }
-    q.k = load_scales<S>(row, u);
+    q.k = scales_of(raw.h, u);
     return q;
+  }
+  template <Mem S = Mem::Global>
+  __device__ static W load(const uint8_t* row, const DevWeight& w, int64_t r, int64_t u) {
+    return unpack(fetch<S>(row, w, r, u), w, u);
   }
   // The unit's share from the integer sums s0, s1 of its sub-blocks' codes times x's int8 codes.
   // Every operation rounds as written (no contraction): the int8 MMA GEMV (cuda_gemv_mma.cu) gets
@@ -160,6 +188,12 @@ struct Unit<WFormat::GgufQ6_K, B> {
   };
   // x's 32-value blocks of the unit's halves.
   __device__ static int64_t x_block_a(int64_t u) { return (u >> 2) * 8 + 4 * (int(u >> 1) & 1) + int(u & 1); }
+  // The unit's bytes as loaded: ql and qh as aligned words (ld_a2_raw; both start at the same
+  // address modulo 4, so one shift serves them), its four scales and d.
+  struct Raw {
+    uint32_t ql[9], qh[9], sh;
+    Scales k;
+  };
   template <Mem S = Mem::Global>
   __device__ static Scales load_scales(const uint8_t* row, int64_t u) {
     const int h = int(u >> 1) & 1, t = int(u & 1);
@@ -171,20 +205,32 @@ struct Unit<WFormat::GgufQ6_K, B> {
     return k;
   }
   template <Mem S = Mem::Global>
-  __device__ static W load(const uint8_t* row, const DevWeight&, int64_t, int64_t u) {
+  __device__ static Raw fetch(const uint8_t* row, const DevWeight&, int64_t, int64_t u) {
     const int h = int(u >> 1) & 1, t = int(u & 1);
     const uint8_t* b = row + (u >> 2) * 210;
+    Raw q;
+    q.sh = ld_a2_raw<8, S>(b + 64 * h + 32 * t, q.ql);
+    ld_a2_raw<8, S>(b + 128 + 32 * h, q.qh);
+    q.k = load_scales<S>(row, u);
+    return q;
+  }
+  __device__ static W unpack(const Raw& raw, const DevWeight&, int64_t u) {
+    const int t = int(u & 1);
     uint32_t ql[8], qh[8];
-    ld_a2<8, S>(b + 64 * h + 32 * t, ql);
-    ld_a2<8, S>(b + 128 + 32 * h, qh);
+    a2_words<8>(raw.ql, raw.sh, ql);
+    a2_words<8>(raw.qh, raw.sh, qh);
     W q;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       q.va[k] = (ql[k] & 0x0F0F0F0Fu) | (((qh[k] >> (2 * t)) & 0x03030303u) << 4);
       q.vb[k] = ((ql[k] >> 4) & 0x0F0F0F0Fu) | (((qh[k] >> (2 * t + 4)) & 0x03030303u) << 4);
     }
-    q.k = load_scales<S>(row, u);
+    q.k = raw.k;
     return q;
+  }
+  template <Mem S = Mem::Global>
+  __device__ static W load(const uint8_t* row, const DevWeight& w, int64_t r, int64_t u) {
+    return unpack(fetch<S>(row, w, r, u), w, u);
   }
   // The unit's share from i[g] = Σ (q - 32) · q_x over its four 16-value groups (va 0-15, va
   // 16-31, vb 0-15, vb 16-31). Rounded as written, as KQuantUnit::combine.
@@ -309,42 +355,63 @@ struct MlxUnit {
                     // (the activations are permuted to match); other widths: values in order
     float scale, bias;
   };
+  // The unit's bytes as loaded: its 4 kBits code bytes as words, its group's scale and bias as
+  // stored (ld_scale_bits).
+  static constexpr int kWords = kBits;
+  struct Raw {
+    uint32_t c[kWords];
+    uint32_t scale, bias;
+  };
   template <Mem S = Mem::Global>
-  __device__ static W load(const uint8_t* row, const DevWeight& w, int64_t r, int64_t u) {
-    W q;
+  __device__ static Raw fetch(const uint8_t* row, const DevWeight& w, int64_t r, int64_t u) {
+    Raw q;
     if constexpr (kBits == 4) {
-      uint32_t c[4];
-      ld_words16<S>(row + 16 * u, c);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {  // word k: values 8k .. 8k + 7, low nibble first
-        q.q[2 * k] = c[k] & 0x0F0F0F0Fu;
-        q.q[2 * k + 1] = (c[k] >> 4) & 0x0F0F0F0Fu;
-      }
+      ld_words16<S>(row + 16 * u, q.c);
     } else if constexpr (kBits == 8) {
-      ld_words16<S>(row + 32 * u, q.q);
-      ld_words16<S>(row + 32 * u + 16, q.q + 4);
+      ld_words16<S>(row + 32 * u, q.c);
+      ld_words16<S>(row + 32 * u + 16, q.c + 4);
     } else {
       const uint32_t* p = reinterpret_cast<const uint32_t*>(row + 4 * kBits * u);
-      uint32_t words[kBits];
 #pragma unroll
-      for (int k = 0; k < kBits; ++k) words[k] = ld_row<S>(p + k);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) q.q[k] = 0;
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {  // value i: stream bits [i kBits, (i + 1) kBits)
-        const int bit = i * kBits, wi = bit >> 5, sh = bit & 31;
-        uint32_t v = words[wi] >> sh;
-        if (sh + kBits > 32) v |= words[wi + 1] << (32 - sh);
-        q.q[i >> 2] |= (v & ((1u << kBits) - 1u)) << (8 * (i & 3));
-      }
+      for (int k = 0; k < kBits; ++k) q.c[k] = ld_row<S>(p + k);
     }
     // Group of unit u in row r, by shifts (group sizes are powers of two, q8_gemv_supports): a
     // 64-bit division here cost more than the unit's dots.
     const int ushift = __ffs(w.group_size) - 6;  // log2(units per group)
     const int64_t g = r * (w.cols >> (ushift + 5)) + (u >> ushift);
-    q.scale = ld_scale(w.scales, w.scale_dtype, g);
-    q.bias = ld_scale(w.biases, w.scale_dtype, g);
+    q.scale = ld_scale_bits(w.scales, w.scale_dtype, g);
+    q.bias = ld_scale_bits(w.biases, w.scale_dtype, g);
     return q;
+  }
+  __device__ static W unpack(const Raw& raw, const DevWeight& w, int64_t) {
+    W q;
+    if constexpr (kBits == 4) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {  // word k: values 8k .. 8k + 7, low nibble first
+        q.q[2 * k] = raw.c[k] & 0x0F0F0F0Fu;
+        q.q[2 * k + 1] = (raw.c[k] >> 4) & 0x0F0F0F0Fu;
+      }
+    } else if constexpr (kBits == 8) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) q.q[k] = raw.c[k];
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) q.q[k] = 0;
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {  // value i: stream bits [i kBits, (i + 1) kBits)
+        const int bit = i * kBits, wi = bit >> 5, sh = bit & 31;
+        uint32_t v = raw.c[wi] >> sh;
+        if (sh + kBits > 32) v |= raw.c[wi + 1] << (32 - sh);
+        q.q[i >> 2] |= (v & ((1u << kBits) - 1u)) << (8 * (i & 3));
+      }
+    }
+    q.scale = scale_from_bits(raw.scale, w.scale_dtype);
+    q.bias = scale_from_bits(raw.bias, w.scale_dtype);
+    return q;
+  }
+  template <Mem S = Mem::Global>
+  __device__ static W load(const uint8_t* row, const DevWeight& w, int64_t r, int64_t u) {
+    return unpack(fetch<S>(row, w, r, u), w, u);
   }
   __device__ static float dot(const W& q, int64_t u, const Q8Act& x) {
     uint32_t xw[8];
@@ -413,6 +480,30 @@ template <int B>
 struct Unit<WFormat::F16, B> : FloatUnit<WFormat::F16> {};
 template <int B>
 struct Unit<WFormat::F32, B> : FloatUnit<WFormat::F32> {};
+
+// A unit's loads apart from its arithmetic, so that a lane can ask for its next unit's bytes
+// before it dots the current one (q8_gemv_kernel's kAhead): fetch issues the loads into a Raw
+// (nothing computed from the loaded values), unpack turns it into W; unpack(fetch(..)) is load.
+// Units with a Raw type say how (K-quants, MLX affine); the others fetch by load, unpacking
+// included.
+template <class U, class = void>
+struct UnitFetch {
+  using Raw = typename U::W;
+  template <Mem S>
+  __device__ static Raw fetch(const uint8_t* row, const DevWeight& w, int64_t r, int64_t u) {
+    return U::template load<S>(row, w, r, u);
+  }
+  __device__ static const typename U::W& unpack(const Raw& q, const DevWeight&, int64_t) { return q; }
+};
+template <class U>
+struct UnitFetch<U, std::void_t<typename U::Raw>> {
+  using Raw = typename U::Raw;
+  template <Mem S>
+  __device__ static Raw fetch(const uint8_t* row, const DevWeight& w, int64_t r, int64_t u) {
+    return U::template fetch<S>(row, w, r, u);
+  }
+  __device__ static typename U::W unpack(const Raw& q, const DevWeight& w, int64_t u) { return U::unpack(q, w, u); }
+};
 
 // Unit u of row r dotted with the prepared row x: both steps for one row.
 template <class U>
