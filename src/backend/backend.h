@@ -215,13 +215,14 @@ struct BackendOptions {
   // GEMV (`--cuda-int8-mma off`, for timing).
   bool int8_mma_rows = true;
   // CUDA int8 decode GEMVs: how a launch's blocks fetch their weight rows before the PDL wait
-  // (`--cuda-row-fetch l2|shared|none`). L2: ask L2 for them where they fit beside the matmul
-  // launched before. Shared: one-row GEMVs copy each block's rows into shared memory with the
-  // tensor memory accelerator and read them there (cuda_stage_rows.cuh); L2 elsewhere. None: read
-  // them when used. Auto: L2, and Q6_K launches whose blocks stage at most kStageAutoBytes
-  // (cuda_gemv_q8.h) stage them, where staging measured faster. The same bits whichever.
+  // (`--cuda-row-fetch l2|shared|auto|none`). L2: ask L2 for them where they fit beside the
+  // matmul launched before. Shared: one-row GEMVs copy each block's rows into shared memory with
+  // the tensor memory accelerator and read them there (cuda_stage_rows.cuh); L2 elsewhere. None:
+  // read them when used. Auto (the default): L2, and Q6_K launches whose blocks stage at most
+  // kStageAutoBytes (cuda_gemv_q8.h) stage them, where staging measured faster. The same bits
+  // whichever.
   enum class RowFetch { L2, Shared, None, Auto };
-  RowFetch row_fetch = RowFetch::L2;
+  RowFetch row_fetch = RowFetch::Auto;
   // CUDA int8 decode GEMVs of one row (rows read from global memory): each lane asks for its next
   // weight unit's bytes before it dots the current one, so a unit's load latency hides behind the
   // previous unit's arithmetic, where that pays (plain launches of rows of 4096 values or more,

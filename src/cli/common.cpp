@@ -161,7 +161,7 @@ Result<BackendOptions> backend_options_from_args(const Args& a) {
     }
     if (!a.has("--tensor-parallel")) o.tensor_parallel = int(o.devices.size());
   }
-  const std::string fetch = a.get("--cuda-row-fetch", "l2");
+  const std::string fetch = a.get("--cuda-row-fetch", "auto");
   if (fetch == "shared") o.row_fetch = BackendOptions::RowFetch::Shared;
   else if (fetch == "none") o.row_fetch = BackendOptions::RowFetch::None;
   else if (fetch == "auto") o.row_fetch = BackendOptions::RowFetch::Auto;

@@ -165,7 +165,7 @@ void add_load_options(VerbCli& cli) {
       ->type_name("on|off")->check(one_of({"on", "off"}));
   cli.value("--cuda-row-fetch", "how decode GEMV blocks fetch their weight rows before they run: l2 (ask L2 where "
             "they fit beside the launch before), shared (one-row GEMVs copy them into shared memory), auto (l2, and "
-            "one-row Q6_K GEMVs with small blocks stage them), none", "l2")
+            "one-row Q6_K GEMVs with small blocks stage them), none", "auto")
       ->type_name("l2|shared|auto|none")->check(one_of({"l2", "shared", "auto", "none"}));
   cli.value("--cuda-gemv-ahead", "one-row decode GEMVs (plain, rows of 4096+ values, not Q6_K) ask for each lane's "
             "next weight unit before dotting the current one (the same bits)", "on")
