@@ -93,14 +93,19 @@ inline std::vector<float> attend_last(Backend& be, const KvCache& c, const std::
   return out;
 }
 
-// The CUDA backend in its fast decode mode (bf16 activations, int8 dots), row-exact or not; null
-// with the reason in *why where the build or the machine has no CUDA.
-inline std::unique_ptr<Backend> cuda_int8_backend(bool row_exact, std::string* why) {
+// The options of the CUDA backend's fast decode mode (bf16 activations, int8 dots), row-exact or
+// not.
+inline BackendOptions cuda_int8_options(bool row_exact = false) {
   BackendOptions opt;
   opt.activations = DType::BF16;
   opt.int8_dots = true;
   opt.row_exact = row_exact;
-  return make_cuda_backend(why, opt);
+  return opt;
+}
+// The CUDA backend in that mode; null with the reason in *why where the build or the machine has
+// no CUDA.
+inline std::unique_ptr<Backend> cuda_int8_backend(bool row_exact, std::string* why) {
+  return make_cuda_backend(why, cuda_int8_options(row_exact));
 }
 
 // A backend copy of host data / a host copy of backend data.

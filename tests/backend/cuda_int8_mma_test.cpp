@@ -24,10 +24,7 @@ using test::bf16_rounded;
 using test::randn;
 
 std::unique_ptr<Backend> mma_backend(bool mma, std::string* why) {
-  BackendOptions opt;
-  opt.activations = DType::BF16;
-  opt.int8_dots = true;
-  opt.row_exact = true;
+  BackendOptions opt = test::cuda_int8_options(true);
   opt.int8_mma_rows = mma;
   return make_cuda_backend(why, opt);
 }

@@ -30,9 +30,7 @@ using Outputs = std::vector<std::vector<float>>;
 // A bf16 + int8-dots CUDA backend with the given row fetch and unit fetch; null (with *why)
 // without CUDA.
 std::unique_ptr<Backend> cuda_backend(BackendOptions::RowFetch fetch, bool ahead, std::string* why) {
-  BackendOptions opt;
-  opt.activations = DType::BF16;
-  opt.int8_dots = true;
+  BackendOptions opt = test::cuda_int8_options();
   opt.row_fetch = fetch;
   opt.gemv_ahead = ahead;
   return make_cuda_backend(why, opt);

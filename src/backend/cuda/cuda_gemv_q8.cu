@@ -165,8 +165,8 @@ __device__ __forceinline__ void dot_units_ahead(const uint8_t* row, const DevWei
   }
 }
 
-// Whether fetching ahead pays for a one-row launch of format F over rows of `cols` values
-// (BackendOptions::gemv_ahead asks for it): plain launches of every format but Q6_K, on rows of at
+// Whether a one-row launch of format F (activation act, rows of `cols` values) fetches ahead when
+// BackendOptions::gemv_ahead asks for it: plain launches of every format but Q6_K, on rows of at
 // least kAheadMinCols. Measured per kernel (H100, stop 56, bench_cuda_gemv --ahead): it pays on
 // long rows (31B down Q4_K 39.3 -> 31.3 us, 31B q / o Q4_K 16.4 -> 14.6, E4B down mlx4g64 11.4 ->
 // 9.8) and loses on Q6_K, whose unit takes 24 loads (the E4B head 215 -> 247 us), and on the fused
@@ -175,8 +175,12 @@ __device__ __forceinline__ void dot_units_ahead(const uint8_t* row, const DevWei
 // rows of 1536-2816 values, a unit or two a lane): hence the row length.
 constexpr int64_t kAheadMinCols = 4096;
 template <WFormat F>
-constexpr bool ahead_pays() {
+constexpr bool ahead_format() {
   return F != WFormat::GgufQ6_K;
+}
+template <WFormat F>
+bool ahead_pays(int act, int64_t cols) {
+  return ahead_format<F>() && act == kPlain && cols >= kAheadMinCols;
 }
 
 constexpr int kQ8Warps = 4;  // warps per block
@@ -338,11 +342,11 @@ void gemv_act(cudaStream_t s, const MatArgs& a, int act, dim3 grid, int lpr) {
 }
 
 // The one-row GEMV from global memory: fetching ahead where a asks for it (kFetchAhead) and it
-// pays (ahead_pays, kAheadMinCols), else the plain loop.
+// pays (ahead_pays), else the plain loop.
 template <WFormat F, int kBits>
 void gemv_one_row(cudaStream_t s, const MatArgs& a, int act, unsigned blocks, int lpr) {
-  if constexpr (ahead_pays<F>()) {
-    if (act == kPlain && (a.row_fetch & kFetchAhead) && a.w[0].cols >= kAheadMinCols)
+  if constexpr (ahead_format<F>()) {  // no ahead instance is compiled for the others
+    if ((a.row_fetch & kFetchAhead) && ahead_pays<F>(act, a.w[0].cols))
       return launch_kernel(q8_gemv_kernel<F, kBits, kPlain, 1, Mem::Global, true>, dim3(blocks), kQ8Warps * kWarp, 0, s,
                            a, a.q8, lpr);
   }
@@ -414,8 +418,8 @@ void moe_launch(cudaStream_t s, const MoeMatArgs& a, int items, int per_token, i
   const int lpr = lanes_per_row(a.w0.cols / unit_vals<F, kBits>(), rows * per_token, unit_vals<F, kBits>());
   const dim3 grid(blocks_for(rows, kQ8Warps * (kWarp / lpr)), unsigned(items));
   auto go = [&](auto kernel) { launch_kernel(kernel, grid, kQ8Warps * kWarp, 0, s, a, lpr); };
-  if constexpr (ahead_pays<F>()) {
-    if (a.ahead && act == kPlain && a.w0.cols >= kAheadMinCols) return go(q8_moe_kernel<F, kBits, kPlain, true>);
+  if constexpr (ahead_format<F>()) {
+    if (a.ahead && ahead_pays<F>(act, a.w0.cols)) return go(q8_moe_kernel<F, kBits, kPlain, true>);
   }
   act == kGelu ? go(q8_moe_kernel<F, kBits, kGelu>) : go(q8_moe_kernel<F, kBits, kPlain>);
 }
