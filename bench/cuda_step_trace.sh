@@ -9,8 +9,9 @@
 # bench/cuda_vs_llamacpp.sh (.devlibs, .whl):
 #
 #   [G4_VARIANTS="e4b"] [G4_ARGS="--cuda-fold-prep on"] [G4_BIN=build-cuda/bin/gemma4] [G4_CUPTI_DIR=DIR]
-#   [G4_TRACE_ARGS="--timeline 40"] bash bench/cuda_step_trace.sh
+#   [G4_PROMPT=64] [G4_TRACE_ARGS="--timeline 40"] bash bench/cuda_step_trace.sh
 #
+# G4_PROMPT is the prompt's length before the traced decode steps (their attention's context).
 # G4_ARGS go to gemma4 bench, G4_TRACE_ARGS to tools/cuda_step_trace.py (--timeline N: a step's
 # first N kernels in order, e.g. its first layer).
 #
@@ -21,6 +22,7 @@
 source bench/cuda_env.sh
 G4=${G4_BIN:-build-cuda/bin/gemma4}
 VARIANTS=${G4_VARIANTS:-e4b}
+PROMPT=${G4_PROMPT:-64}
 NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
 CUPTI=${G4_CUPTI_DIR:-}
 if [ -z "$NSYS" ] && [ ! -f "$CUPTI/libg4_cupti_trace.so" ]; then
@@ -33,7 +35,7 @@ for V in $VARIANTS; do
   if [ -z "$NSYS" ]; then
     rm -f "$rep.csv"  # the library loads into gemma4 alone (not into timeout), and writes once it has records
     timeout 300 env G4_CUPTI_TRACE=$rep.csv LD_PRELOAD=$(realpath "$CUPTI")/libg4_cupti_trace.so "$G4" bench \
-      --model /tmp/t-$V.gguf --backend cuda --dtype bf16 --prompt-tokens 64 --gen-tokens 12 --repeat 1 ${G4_ARGS:-} \
+      --model /tmp/t-$V.gguf --backend cuda --dtype bf16 --prompt-tokens $PROMPT --gen-tokens 12 --repeat 1 ${G4_ARGS:-} \
       > "$rep.log" 2>&1 || { tail -5 "$rep.log"; exit 1; }
     [ -s "$rep.csv" ] || { echo "cuda_step_trace: the CUPTI trace wrote no CSV for $V" >&2; tail -5 "$rep.log"; exit 1; }
     echo "== $V ${G4_ARGS:-} (CUPTI)"
@@ -41,7 +43,7 @@ for V in $VARIANTS; do
     continue
   fi
   timeout 300 "$NSYS" profile -t cuda --cuda-graph-trace=node -f true -o "$rep" "$G4" bench --model /tmp/t-$V.gguf \
-    --backend cuda --dtype bf16 --prompt-tokens 64 --gen-tokens 12 --repeat 1 ${G4_ARGS:-} > "$rep.log" 2>&1 || { tail -5 "$rep.log"; exit 1; }
+    --backend cuda --dtype bf16 --prompt-tokens $PROMPT --gen-tokens 12 --repeat 1 ${G4_ARGS:-} > "$rep.log" 2>&1 || { tail -5 "$rep.log"; exit 1; }
   timeout 300 "$NSYS" stats -r cuda_gpu_trace -f csv -o "$rep" "$rep.nsys-rep" > /dev/null 2>&1
   csv=$(ls "$rep"*cuda_gpu_trace*.csv 2>/dev/null | head -1)
   [ -n "$csv" ] || { echo "cuda_step_trace: nsys stats wrote no CSV for $V" >&2; exit 1; }

@@ -456,12 +456,26 @@ class Backend {
 
   // Finishes outstanding work (no-op on the CPU).
   virtual void sync() {}
+  // A read-back that does not wait for the work before it: queue_read copies `bytes` (at most
+  // kQueuedReadBytes) of src into read slot `slot` (0 <= slot < kReadSlots) once the work queued
+  // before it is done; take_read waits for that copy alone and moves its bytes to dst. So a caller
+  // can queue the next step before reading the previous one's output (greedy decoding whose input
+  // token stays on the device: Model::forward_queued). Both are called outside a step; a slot
+  // holds one read until taken. The defaults copy at once (host backends finish each op before it
+  // returns).
+  static constexpr int kReadSlots = 2;
+  static constexpr size_t kQueuedReadBytes = 4096;
+  virtual void queue_read(const Buf& src, size_t bytes, int slot);
+  virtual void take_read(int slot, size_t bytes, void* dst);
   // Bracket one forward step (Model::forward). Between them a device backend may hold its
   // launches back and run the step as a recorded graph (backend/cuda/cuda_step.h), so callers
   // neither allocate nor free buffers the step uses before end_step; from_host copies its source
   // at once; to_host ends the recording early. No-ops on host backends.
   virtual void begin_step() {}
   virtual void end_step() {}
+
+ private:
+  std::vector<uint8_t> read_slots_[kReadSlots];  // the default queue_read's copies
 };
 
 // Whether element i survives dropout of probability p under `seed` (Backend::dropout): a

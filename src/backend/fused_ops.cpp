@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace g4 {
@@ -37,6 +38,16 @@ void Backend::from_host(const int32_t* src, size_t n, const Buf& dst) {
 void Backend::copy(const Buf& src, size_t n, const Buf& dst) {
   G4_CHECK(src.dtype == dst.dtype && "copy between buffers of different dtypes");
   if (n) copy_bytes(src, n * src.elem_bytes(), dst);
+}
+
+void Backend::queue_read(const Buf& src, size_t bytes, int slot) {
+  G4_CHECK(slot >= 0 && slot < kReadSlots && bytes <= kQueuedReadBytes && "queue_read: slot or size");
+  read_slots_[slot].resize(bytes);
+  if (bytes) read_bytes(src, bytes, read_slots_[slot].data());
+}
+void Backend::take_read(int slot, size_t bytes, void* dst) {
+  G4_CHECK(slot >= 0 && slot < kReadSlots && bytes <= read_slots_[slot].size() && "take_read: slot or size");
+  if (bytes) std::memcpy(dst, read_slots_[slot].data(), bytes);
 }
 
 bool dropout_keeps(uint64_t seed, uint64_t i, float p) {

@@ -2,6 +2,7 @@
 //              [--chunk N|auto] [--repeat 1] [--batch-invariant on|off] (on: the kernels serve runs)
 //              [--kv-bits N [--kv-group-size G] [--quantized-kv-start T]]
 //              [--batch N] (N sequences: each prefilled alone, then decoded together, one forward a step)
+//              [--decode-ahead on|off] (on a device: each step queued before the previous token is read)
 // Measures prefill tok/s, decode tok/s (greedy, no stop; with --batch, the tokens of all N sequences
 // a second), time to first token from process start, peak memory and the KV caches' bytes at the end. Prints a human summary on stderr and one JSON
 // line on stdout.
@@ -16,6 +17,7 @@
 #include "cli/options.h"
 #include "core/progress.h"
 #include "core/thread_pool.h"
+#include "model/greedy_pipeline.h"
 
 namespace g4::cli {
 namespace {
@@ -37,6 +39,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   cli.value("--repeat", "runs; the best of them is reported", "1")->type_name("N")->check(CLI::Range(1, 1000));
   cli.value("--batch", "sequences decoded together (each prefilled alone first)", "1")->type_name("N")
       ->check(CLI::Range(1, 1024));
+  add_decode_ahead_option(cli);
   cli.value("--dtype", "activation precision (f32 default; on cuda: the storage dtype, bf16 default)")
       ->type_name("f32|bf16")->check(one_of({"f32", "bf16"}));
   Args a;
@@ -45,6 +48,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const int ng = std::atoi(a.get("--gen-tokens").c_str());
   const int repeat = std::atoi(a.get("--repeat").c_str());
   const int nb = std::atoi(a.get("--batch").c_str());
+  const bool decode_ahead = a.get("--decode-ahead") == "on";
   auto m = load_model_from_args(a);
   if (!m) return fail("bench", m.message());
   Model& model = *m.value();
@@ -90,7 +94,17 @@ int cmd_bench(const std::vector<std::string>& argv) {
       next[size_t(b)] = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
     }
     const auto t1 = clk::now();
-    {
+    if (decode_ahead && model.backend().on_device()) {  // greedy, the host a step ahead of the device
+      ProgressTask progress("bench decode", uint64_t(ng) * uint64_t(nb), ProgressUnit::Tokens, 256);
+      std::vector<KvCache*> cs;
+      for (auto& c : caches) cs.push_back(c.get());
+      GreedyPipeline pipe(model, cs, P.value());
+      pipe.start(next);
+      for (int i = 0; i < ng; ++i) {
+        next = pipe.next(i + 1 < ng);
+        progress.add(uint64_t(nb));
+      }
+    } else {
       ProgressTask progress("bench decode", uint64_t(ng) * uint64_t(nb), ProgressUnit::Tokens, 256);
       for (int i = 0; i < ng; ++i) {
         if (nb == 1) {  // greedy, as generation picks tokens (greedy_step: the argmax on the device where there is one)

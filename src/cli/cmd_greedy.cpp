@@ -1,4 +1,4 @@
-// gemma4 greedy --model DIR --ids 2,105,... --steps N [--dtype f32|bf16] [--chunk N]
+// gemma4 greedy --model DIR --ids 2,105,... --steps N [--dtype f32|bf16] [--chunk N] [--decode-ahead on|off]
 //               [--kv-bits N [--kv-group-size G] [--quantized-kv-start T]] [--image F1[,F2] --max-soft-tokens N]
 // Greedy (argmax) continuation of a token sequence; prints the generated ids as a JSON list.
 // Stops only after N steps (no stop tokens): a checking tool, not a chat.
@@ -8,6 +8,7 @@
 
 #include "cli/common.h"
 #include "cli/options.h"
+#include "model/greedy_pipeline.h"
 
 namespace g4::cli {
 namespace {
@@ -22,6 +23,7 @@ int cmd_greedy(const std::vector<std::string>& argv) {
   cli.value("--dtype", "activation precision (default: bf16 for MLX / HF checkpoints, f32 for GGUF; on cuda bf16)")
       ->type_name("f32|bf16")->check(one_of({"f32", "bf16"}));
   cli.value("--chunk", "prompt chunk size in tokens", "512")->type_name("N")->check(CLI::Range(1, 1 << 24));
+  add_decode_ahead_option(cli);
   Args a;
   if (int rc = cli.parse(argv, a); rc >= 0) return rc;
   auto ids = parse_ids(a.get("--ids"));
@@ -49,10 +51,13 @@ int cmd_greedy(const std::vector<std::string>& argv) {
   }
   std::vector<int32_t> out;
   int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-  for (int i = 0; i < steps; ++i) {
-    out.push_back(next);
-    if (i + 1 == steps) break;
-    next = greedy_step(model, *cache, next, P.value(), logits);
+  out.push_back(next);
+  if (a.get("--decode-ahead") == "on" && model.backend().on_device() && steps > 1) {  // the host a step ahead (model/greedy_pipeline.h)
+    GreedyPipeline pipe(model, {cache.get()}, P.value());
+    pipe.start({next});
+    for (int i = 1; i < steps; ++i) out.push_back(pipe.next(i + 1 < steps)[0]);
+  } else {
+    for (int i = 1; i < steps; ++i) out.push_back(next = greedy_step(model, *cache, next, P.value(), logits));
   }
   std::printf("[");
   for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? ", " : "", out[i]);

@@ -177,6 +177,12 @@ void add_load_options(VerbCli& cli) {
   cli.group("Options");
 }
 
+void add_decode_ahead_option(VerbCli& cli) {
+  cli.value("--decode-ahead", "on a device backend, queue each greedy decode step before the previous token is "
+            "read (its input stays on the device: model/greedy_pipeline.h); off: a step at a time", "on")
+      ->type_name("on|off")->check(one_of({"on", "off"}));
+}
+
 void add_model_options(VerbCli& cli) {
   cli.group("Model options");
   cli.value("--kv-bits", "quantize the full-attention KV cache to N bits (2..8; default: f32 cache)")

@@ -297,10 +297,23 @@ void Model::forward_hidden(const std::vector<SeqInput>& batch, ActPrecision P) {
   forward_rank(batch, P, nullptr, nullptr, nullptr, nullptr, 0, false);
 }
 
+void Model::forward_queued(const std::vector<SeqInput>& batch, ActPrecision P, int slot) {
+  G4_CHECK(!peers_ && !trace_ && "Model::forward_queued: one rank, no expert trace");
+  forward_rank(batch, P, nullptr, nullptr, nullptr, nullptr, 0, true, slot);
+}
+
 void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, float* logits_out,
-                         int32_t* argmax_out, const TopK* topk, const TokenMasks* masks, int pick_k, bool head) {
+                         int32_t* argmax_out, const TopK* topk, const TokenMasks* masks, int pick_k, bool head,
+                         int argmax_slot) {
   std::vector<SeqInput> padded;
   const std::vector<SeqInput>& batch = pad_to_bucket(seqs_in, &padded);  // pad rows last
+  // Tokens on the device: the previous forward's argmax rows, one a sequence, in batch order.
+  const bool tokens_on_device = !seqs_in.empty() && seqs_in[0].token_on_device;
+  for (const SeqInput& s : seqs_in)
+    G4_CHECK(s.token_on_device == tokens_on_device && (!tokens_on_device || (s.n == 1 && !s.soft && !s.all_logits)) &&
+             "Model::forward: every sequence's token on the device (one each, no image rows), or none");
+  G4_CHECK((!tokens_on_device || (&batch == &seqs_in && !trace_ && s_->logit_rows >= int(batch.size()))) &&
+           "Model::forward: tokens on the device need the previous forward's argmax rows (no padding, no trace)");
   const int LR_out = logit_rows(seqs_in);  // the rows whose outputs are returned
   Backend& be = *be_;
   const int d = cfg_.hidden, H = cfg_.n_heads, N = cfg_.n_layers, Pw = cfg_.ple_width;
@@ -319,7 +332,10 @@ void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, f
   for (const SeqInput& s : batch)  // a paged pool's room is the engine's to check first (Engine::fit_pool)
     G4_CHECK(s.cache->reserve(s.n) && "Model::forward: the KV pool has no free block for a step");
   be.begin_step();  // no allocation from here to end_step (backend.h)
-  {
+  // The rows' token ids: the previous argmax where it stays on the device, read by the embeddings
+  // before this step's argmax overwrites it.
+  const Buf& ids_buf = tokens_on_device ? S.argmax : S.ids;
+  if (!tokens_on_device) {
     std::vector<int32_t> ids;
     ids.reserve(size_t(R));
     for (const SeqInput& s : batch) {
@@ -331,7 +347,7 @@ void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, f
   const size_t Rd = size_t(R) * d;
 
   // §2.1 embedding: h0 = E[ids] * T(sqrt(d)); image rows take their features (§8.4).
-  be.embed(w_.embed, S.ids, R, T(std::sqrt(double(d))), P, S.x);
+  be.embed(w_.embed, ids_buf, R, T(std::sqrt(double(d))), P, S.x);
   for (size_t i = 0, row = 0; i < batch.size(); row += size_t(batch[i].n), ++i) {
     const SeqInput& s = batch[i];
     if (!s.soft) continue;
@@ -347,7 +363,7 @@ void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, f
   // §2.2 per-layer inputs: ((rmsnorm(h0 @ Wmp^T * d^-.5) + Eple[ids] * sqrt(P)) * 2^-.5.
   if (Pw > 0) {
     const size_t np = size_t(N) * Pw;
-    be.embed(w_.embed_ple, S.ids, R, T(std::sqrt(double(Pw))), P, S.ple_tok);
+    be.embed(w_.embed_ple, ids_buf, R, T(std::sqrt(double(Pw))), P, S.ple_tok);
     be.matmul(S.x, R, w_.ple_model_proj, P, S.ple);
     be.scale(S.ple, T(std::pow(double(d), -0.5)), size_t(R) * np, P, S.ple);
     be.rms_norm(S.ple, R * N, Pw, w_.ple_proj_norm.data, cfg_.rms_eps, P, S.ple);
@@ -528,7 +544,7 @@ void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, f
     be.from_host(masks->rows, size_t(n_masks), S.allow_ids);
     be.mask_logits(S.logits, cfg_.vocab, S.allow, S.allow_ids, n_masks);
   }
-  if (argmax_out && pick_k == 0) be.argmax(S.logits, LR, cfg_.vocab, S.argmax);
+  if ((argmax_out || argmax_slot >= 0) && pick_k == 0) be.argmax(S.logits, LR, cfg_.vocab, S.argmax);
   if (topk && pick_k == 0) be.top_k(S.logits, LR, cfg_.vocab, topk->k, S.tk_vals, S.tk_ids, S.tk_lse);
   be.end_step();
   if (logits_out) be.to_host(S.logits, size_t(LR_out) * cfg_.vocab, logits_out);
@@ -537,6 +553,7 @@ void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, f
   } else if (argmax_out) {
     be.to_host(S.argmax, size_t(LR_out), argmax_out);
   }
+  if (argmax_slot >= 0) be.queue_read(S.argmax, size_t(LR_out) * sizeof(int32_t), argmax_slot);
   if (topk && pick_k == 0) {
     be.to_host(S.tk_vals, size_t(LR_out) * topk->k, topk->vals);
     be.to_host(S.tk_ids, size_t(LR_out) * topk->k, topk->ids);

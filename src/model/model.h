@@ -36,6 +36,11 @@ struct SeqInput {
   // model's own (set_adapter; none without one). Sequences with different adapters share one
   // forward: each adapter's delta is added to its sequences' rows only.
   const LoraAdapter* adapter = nullptr;
+  // The one new token (n == 1, tokens unused, no soft rows) is not on the host but row i of the
+  // argmax the previous forward computed on the backend (i: this sequence's place in the batch;
+  // the previous forward had the same rows, one logit row each, no padding). Every sequence of a
+  // batch sets it, or none (Model::forward_queued).
+  bool token_on_device = false;
 };
 
 class Model;
@@ -106,6 +111,12 @@ class Model {
   void forward(const std::vector<SeqInput>& batch, ActPrecision P, float* logits, int32_t* argmax = nullptr,
                const TopK* topk = nullptr, const TokenMasks* masks = nullptr);
 
+  // forward() with argmax that does not wait for the step: the argmax rows are queued for the
+  // backend's read slot `slot` (Backend::queue_read; Backend::take_read(slot) waits for them), so
+  // the caller can queue the next step, whose tokens are these argmax rows (SeqInput::
+  // token_on_device), before it reads them. One rank, no expert trace. The caches advance at once.
+  void forward_queued(const std::vector<SeqInput>& batch, ActPrecision P, int slot);
+
   // After forward(): the final-normed hidden states of its logit rows (the LM head's input),
   // [logit_rows, hidden] in the same order, a backend buffer valid until the next forward.
   const Buf& normed_rows() const;
@@ -170,8 +181,10 @@ class Model {
   // pick_k > 0 (a group's leader asks it of every rank: Model::forward): the vocabulary shards'
   // top pick_k (value, id) per row are gathered instead of the logits (argmax and top k without a
   // [rows, vocab] exchange; combine_picks makes the outputs).
+  // argmax_slot >= 0 (forward_queued): the argmax rows are queued for that read slot instead.
   void forward_rank(const std::vector<SeqInput>& batch, ActPrecision P, float* logits, int32_t* argmax,
-                    const TopK* topk, const TokenMasks* masks, int pick_k = 0, bool head = true);
+                    const TopK* topk, const TokenMasks* masks, int pick_k = 0, bool head = true,
+                    int argmax_slot = -1);
   void ensure_scratch(int rows, int logit_rows, int top_k = 0, int masks = 0, bool head = true, int pick_k = 0);
   // The k a group's forward picks per shard for these outputs: 0 (gather the logits) when logits or
   // masks are asked for, or k exceeds a shard.

@@ -57,6 +57,8 @@ void DeviceAllocator::collect() {
     std::lock_guard<std::mutex> lock(mu_);
     r.swap(retired_);
   }
+  if (r.empty()) return;
+  dev_.sync();  // a step queued before this call may still read them (StepRecorder keeps one in flight)
   for (void* p : r) G4_CUDA(cudaFree(p));
 }
 

@@ -1,7 +1,7 @@
 // Device memory of one CUDA backend. Every allocation is tracked, so a free of a pointer the
 // allocator does not own (a host backend's, or one freed before) does nothing. A free while a
 // step is being recorded is deferred (retire), since the step's logged launches may still use the
-// memory; collect() frees what was retired once the stream's work is done.
+// memory; collect() waits for the stream's work, then frees what was retired.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -29,7 +29,7 @@ class DeviceAllocator {
   void* upload_blocks(const void* host, size_t bytes, size_t stride, size_t n);
   // Frees p now, or at the next collect() when `deferred`. Unknown pointers are ignored.
   void free(void* p, bool deferred);
-  // Frees the deferred pointers (call when no queued work can reach them).
+  // Frees the deferred pointers once the stream's queued work is done (call outside a step).
   void collect();
   // Device bytes held.
   size_t bytes() const;

@@ -55,6 +55,28 @@ void CudaBackend::read_bytes(const Buf& src_b, size_t bytes, void* dst) {
   if (timer_) timer_->output_read();
 }
 
+void CudaBackend::queue_read(const Buf& src_b, size_t bytes, int slot) {
+  G4_CHECK(slot >= 0 && slot < kReadSlots && bytes <= kQueuedReadBytes && "queue_read: slot or size");
+  dev_.make_current();
+  flush_pending();
+  rec_->flush();
+  if (!reads_) {
+    G4_CUDA(cudaMallocHost(&reads_, size_t(kReadSlots) * kQueuedReadBytes));
+    for (cudaEvent_t& e : read_done_) G4_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+  uint8_t* at = reads_ + size_t(slot) * kQueuedReadBytes;
+  if (bytes) G4_CUDA(cudaMemcpyAsync(at, src_b.data, bytes, cudaMemcpyDeviceToHost, dev_.stream()));
+  G4_CUDA(cudaEventRecord(read_done_[slot], dev_.stream()));
+}
+
+void CudaBackend::take_read(int slot, size_t bytes, void* dst) {
+  G4_CHECK(slot >= 0 && slot < kReadSlots && bytes <= kQueuedReadBytes && reads_ && "take_read: slot, size, or no read");
+  dev_.make_current();
+  G4_CUDA(cudaEventSynchronize(read_done_[slot]));
+  std::memcpy(dst, reads_ + size_t(slot) * kQueuedReadBytes, bytes);
+  if (timer_) timer_->output_read();
+}
+
 void CudaBackend::write_bytes(const void* src, size_t bytes, const Buf& dst_b) {
   dev_.make_current();
   flush_pending();
@@ -77,7 +99,7 @@ void CudaBackend::begin_step() {
   dev_.make_current();   // the calling thread's GPU (a tensor-parallel rank runs on a thread of its own)
   flush_pending();       // nothing held back from before joins the step
   if (profile_) return;  // profiled ops run one by one
-  rec_->begin();         // waits for the previous step
+  rec_->begin();         // waits for the step two back (cuda_step.h)
   seqs_->begin_step();
   mem_.collect();
   if (timer_) timer_->step_begin();

@@ -101,6 +101,9 @@ class CudaBackend final : public Backend {
     rec_.reset();  // waits for the stream
     mem_.collect();
     if (bounce_) cudaFreeHost(bounce_);
+    if (reads_) cudaFreeHost(reads_);
+    for (cudaEvent_t e : read_done_)
+      if (e) cudaEventDestroy(e);
   }
   std::string name() const override { return "cuda"; }
   // Kernels compute in their buffers' dtype (activation_dtype()); the host backends' bf16 rounding
@@ -128,6 +131,9 @@ class CudaBackend final : public Backend {
     mem_.free(p, /*deferred=*/rec_->active());
   }
   void read_bytes(const Buf& src_b, size_t bytes, void* dst) override;
+  // Into pinned slots, completion marked by an event a slot (backend.h).
+  void queue_read(const Buf& src_b, size_t bytes, int slot) override;
+  void take_read(int slot, size_t bytes, void* dst) override;
   void write_bytes(const void* src, size_t bytes, const Buf& dst_b) override;
   void copy_bytes(const Buf& src_b, size_t bytes, const Buf& dst_b) override {
     if (!bytes) return;
@@ -444,6 +450,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::Blas> blas_;  // prefill GEMMs on cuBLAS (bf16 activations), or null
   float* bounce_ = nullptr;
   size_t bounce_n_ = 0;
+  uint8_t* reads_ = nullptr;  // queue_read's pinned slots, kReadSlots x kQueuedReadBytes (made at first use)
+  cudaEvent_t read_done_[kReadSlots] = {};
 };
 
 }  // namespace g4::cuda_impl

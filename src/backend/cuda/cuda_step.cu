@@ -38,10 +38,14 @@ int graph_debug() {
 
 StepRecorder::StepRecorder(cudaStream_t stream, bool graphs)
     : stream_(stream), graphs_enabled_(graphs), max_graphs_(graph_debug() > 0 ? size_t(graph_debug()) : kMaxGraphs) {
-  check(cudaMallocHost(&dyn_host_, kDynBytes), "cudaMallocHost(scalars)");
-  check(cudaMalloc(&dyn_dev_, kDynBytes), "cudaMalloc(scalars)");
-  check(cudaMallocHost(&stage_, kStageBytes), "cudaMallocHost(staging)");
-  check(cudaMalloc(&stage_dev_, kStageBytes), "cudaMalloc(staging)");
+  for (Area& a : areas_) {
+    check(cudaMallocHost(&a.dyn_host, kDynBytes), "cudaMallocHost(scalars)");
+    check(cudaMalloc(&a.dyn_dev, kDynBytes), "cudaMalloc(scalars)");
+    check(cudaMallocHost(&a.stage, kStageBytes), "cudaMallocHost(staging)");
+    check(cudaMalloc(&a.stage_dev, kStageBytes), "cudaMalloc(staging)");
+    check(cudaEventCreateWithFlags(&a.done, cudaEventDisableTiming), "cudaEventCreate(step area)");
+  }
+  dyn_host_ = areas_[0].dyn_host, dyn_dev_ = areas_[0].dyn_dev, stage_ = areas_[0].stage, stage_dev_ = areas_[0].stage_dev;
 }
 
 StepRecorder::~StepRecorder() {
@@ -50,10 +54,13 @@ StepRecorder::~StepRecorder() {
     std::fprintf(stderr, "cuda_step: %ld replayed, %ld captured, %ld direct (graphs held: %zu of %zu)\n",
                  counts_.replayed, counts_.captured, counts_.direct, graphs_.size(), max_graphs_);
   for (Graph& g : graphs_) cudaGraphExecDestroy(g.exec);
-  cudaFreeHost(dyn_host_);
-  cudaFree(dyn_dev_);
-  cudaFreeHost(stage_);
-  cudaFree(stage_dev_);
+  for (Area& a : areas_) {
+    cudaFreeHost(a.dyn_host);
+    cudaFree(a.dyn_dev);
+    cudaFreeHost(a.stage);
+    cudaFree(a.stage_dev);
+    cudaEventDestroy(a.done);
+  }
 }
 
 void StepRecorder::reset() {
@@ -65,10 +72,20 @@ void StepRecorder::reset() {
 
 void StepRecorder::begin() {
   if (active_) flush();
-  // The previous step's graph may still read the pinned scalars and staging: let it finish.
-  check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(begin step)");
+  // The other area's step may still run; the last step that read this area's pinned scalars and
+  // staging must have finished before they are written again.
+  cur_ ^= 1;
+  Area& a = areas_[cur_];
+  if (a.used) check(cudaEventSynchronize(a.done), "cudaEventSynchronize(begin step)");
+  dyn_host_ = a.dyn_host, dyn_dev_ = a.dyn_dev, stage_ = a.stage, stage_dev_ = a.stage_dev;
   reset();
+  key(0xA4EA0000ull + uint64_t(cur_));  // a graph copies from one area's addresses
   active_ = true;
+}
+
+void StepRecorder::ran() {
+  check(cudaEventRecord(areas_[cur_].done, stream_), "cudaEventRecord(step area)");
+  areas_[cur_].used = true;
 }
 
 Dyn StepRecorder::dyn(int value) {
@@ -126,6 +143,7 @@ void StepRecorder::flush() {
   if (!active_) return;
   active_ = false;
   run_direct();
+  ran();
   ++counts_.direct;
   reset();
 }
@@ -144,6 +162,7 @@ void StepRecorder::end() {
     if (it->hash != h || it->key != key_) continue;
     graphs_.splice(graphs_.begin(), graphs_, it);
     check(cudaGraphLaunch(graphs_.front().exec, stream_), "cudaGraphLaunch");
+    ran();
     ++counts_.replayed;
     reset();
     return;
@@ -152,6 +171,7 @@ void StepRecorder::end() {
   // First sighting (a step that may never come again), or no room for another graph: run directly.
   if (!graphs_enabled_ || ++seen_[h] < 2 || graphs_.size() >= max_graphs_) {
     run_direct();
+    ran();
     ++counts_.direct;
     reset();
     return;
@@ -166,6 +186,7 @@ void StepRecorder::end() {
   check(cudaGraphInstantiate(&rec.exec, g, 0), "cudaGraphInstantiate");
   cudaGraphDestroy(g);
   check(cudaGraphLaunch(rec.exec, stream_), "cudaGraphLaunch");
+  ran();
   graphs_.push_front(std::move(rec));
   ++counts_.captured;
   reset();

@@ -21,7 +21,10 @@
 // measurements).
 // flush() runs what was logged so far directly and leaves step mode (to_host inside a step,
 // a staging overflow). Nothing of a step may be freed before the step's work finished (callers
-// free buffers only outside steps; the backend syncs before begin()).
+// free buffers only outside steps; the allocator's frees wait for the device).
+// Two sets of scalar and staging areas take steps in turn, so a step can be logged while the one
+// before it still runs: begin() waits only for the last step that used the same set (the one two
+// steps back), and a graph is recorded per set.
 // At most kMaxGraphs (cuda_step.cu) graphs are recorded, and none is destroyed before the
 // recorder: past that, a step of a new key runs directly.
 // Debug switch (docs/cuda-notes.md): G4_CUDA_GRAPH_DEBUG=N holds up to N recorded graphs
@@ -95,12 +98,24 @@ class StepRecorder {
   bool active_ = false;
   std::vector<std::function<void(cudaStream_t)>> ops_;
   std::vector<uint64_t> key_;
-  // Pinned scalars and tables (host) and their device copy; pinned staging for from_host data.
-  uint8_t* dyn_host_ = nullptr;
+  // One set of pinned scalars and tables (host) and their device copy, and pinned staging for
+  // from_host data; `done` marks the end of the last step that used them.
+  struct Area {
+    uint8_t* dyn_host = nullptr;
+    uint8_t* dyn_dev = nullptr;
+    uint8_t* stage = nullptr;
+    uint8_t* stage_dev = nullptr;
+    cudaEvent_t done = nullptr;
+    bool used = false;  // done has been recorded
+  };
+  void ran();  // marks the current area's step as queued
+  Area areas_[2];
+  int cur_ = 0;  // the area of the step being logged
+  uint8_t* dyn_host_ = nullptr;  // the current area's pointers
   uint8_t* dyn_dev_ = nullptr;
-  size_t dyn_used_ = 0;
   uint8_t* stage_ = nullptr;
   uint8_t* stage_dev_ = nullptr;
+  size_t dyn_used_ = 0;
   size_t stage_used_ = 0;
   std::unordered_map<uint64_t, int> seen_;  // key hash -> steps seen (capture on the 2nd)
   std::list<Graph> graphs_;                 // most recently used first (found sooner)
