@@ -6,7 +6,6 @@
 // (G4_FIXTURE_DIR overrides tests/fixtures/generated).
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,7 +16,6 @@
 
 namespace g4 {
 namespace {
-namespace fs = std::filesystem;
 
 struct Seqs {
   std::vector<std::unique_ptr<KvCache>> caches;
@@ -58,12 +56,11 @@ std::vector<std::vector<int32_t>> plain_steps(Model& m, ActPrecision P, Seqs& s,
 }
 
 void pipeline_matches_plain_steps(const std::string& backend, int n) {
-  const fs::path dir = test::fixture_root() / "dense-q4g64";
-  if (!fs::exists(dir / "config.json")) GTEST_SKIP() << dir << " missing (make fixtures)";
-  auto mr = load_model(dir.string(), backend);
-  if (!mr && backend == "cuda") GTEST_SKIP() << "no CUDA device: " << mr.message();
-  ASSERT_TRUE(mr) << mr.message();
-  Model& m = *mr.value();
+  std::string skip;
+  const auto model = test::fixture_model("dense-q4g64", backend, &skip);
+  if (!model && !skip.empty()) GTEST_SKIP() << skip;
+  if (!model) return;
+  Model& m = *model;
   const ActPrecision P = backend == "cuda" ? ActPrecision::BF16 : ActPrecision::F32;
   constexpr int kSteps = 6;
   Seqs plain, piped, stopped;

@@ -7,7 +7,6 @@
 #include <array>
 #include <cmath>
 #include <cstdlib>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,9 +17,7 @@
 
 namespace g4 {
 namespace {
-namespace fs = std::filesystem;
 
-using test::fixture_root;
 
 TEST(DecodeBuckets, RowsRoundUpBeyondEight) {
   EXPECT_EQ(Model::decode_bucket(1), 1);
@@ -37,12 +34,11 @@ TEST(DecodeBuckets, RowsRoundUpBeyondEight) {
 // 16 rows) and one of nine (padded to 16 too), argmax and top k and logits, against twins decoded
 // without padding.
 void padded_steps_match(const std::string& backend, bool pool) {
-  const fs::path dir = fixture_root() / "dense-q4g64";
-  if (!fs::exists(dir / "config.json")) GTEST_SKIP() << dir << " missing (make fixtures)";
-  auto mr = load_model(dir.string(), backend);
-  if (!mr && backend == "cuda") GTEST_SKIP() << "no CUDA device: " << mr.message();
-  ASSERT_TRUE(mr) << mr.message();
-  Model& m = *mr.value();
+  std::string skip;
+  const auto model = test::fixture_model("dense-q4g64", backend, &skip);
+  if (!model && !skip.empty()) GTEST_SKIP() << skip;
+  if (!model) return;
+  Model& m = *model;
   const ActPrecision P = backend == "cuda" ? ActPrecision::BF16 : ActPrecision::F32;
   const int V = m.config().vocab, S = 11;
   if (pool) m.set_kv_pool(std::make_shared<KvPool>(m.config(), m.backend(), 4, std::array<int64_t, 2>{256, 256}, 64));
