@@ -94,7 +94,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
       next[size_t(b)] = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
     }
     const auto t1 = clk::now();
-    if (decode_ahead && model.backend().on_device()) {  // greedy, the host a step ahead of the device
+    if (decode_ahead && GreedyPipeline::usable(model)) {  // greedy, the host a step ahead of the device
       ProgressTask progress("bench decode", uint64_t(ng) * uint64_t(nb), ProgressUnit::Tokens, 256);
       std::vector<KvCache*> cs;
       for (auto& c : caches) cs.push_back(c.get());

@@ -52,7 +52,7 @@ int cmd_greedy(const std::vector<std::string>& argv) {
   std::vector<int32_t> out;
   int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
   out.push_back(next);
-  if (a.get("--decode-ahead") == "on" && model.backend().on_device() && steps > 1) {  // the host a step ahead (model/greedy_pipeline.h)
+  if (a.get("--decode-ahead") == "on" && GreedyPipeline::usable(model) && steps > 1) {  // the host a step ahead (model/greedy_pipeline.h)
     GreedyPipeline pipe(model, {cache.get()}, P.value());
     pipe.start({next});
     for (int i = 1; i < steps; ++i) out.push_back(pipe.next(i + 1 < steps)[0]);

@@ -21,12 +21,17 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/backend.h"
 #include "model/model.h"
 
 namespace g4 {
 
 class GreedyPipeline {
  public:
+  // Whether it pays and may run: a device backend (host backends finish each step before the
+  // next is queued anyway), and a model that can queue forwards (Model::can_queue_forwards).
+  static bool usable(Model& model) { return model.backend().on_device() && model.can_queue_forwards(); }
+
   GreedyPipeline(Model& model, std::vector<KvCache*> caches, ActPrecision P);
   ~GreedyPipeline();
   GreedyPipeline(const GreedyPipeline&) = delete;

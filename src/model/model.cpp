@@ -298,7 +298,7 @@ void Model::forward_hidden(const std::vector<SeqInput>& batch, ActPrecision P) {
 }
 
 void Model::forward_queued(const std::vector<SeqInput>& batch, ActPrecision P, int slot) {
-  G4_CHECK(!peers_ && !trace_ && "Model::forward_queued: one rank, no expert trace");
+  G4_CHECK(can_queue_forwards() && "Model::forward_queued: one rank, no expert trace");
   forward_rank(batch, P, nullptr, nullptr, nullptr, nullptr, 0, true, slot);
 }
 

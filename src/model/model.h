@@ -116,6 +116,8 @@ class Model {
   // the caller can queue the next step, whose tokens are these argmax rows (SeqInput::
   // token_on_device), before it reads them. One rank, no expert trace. The caches advance at once.
   void forward_queued(const std::vector<SeqInput>& batch, ActPrecision P, int slot);
+  // Whether forward_queued may run: one rank, no expert trace.
+  bool can_queue_forwards() const { return !peers_ && !trace_; }
 
   // After forward(): the final-normed hidden states of its logit rows (the LM head's input),
   // [logit_rows, hidden] in the same order, a backend buffer valid until the next forward.
