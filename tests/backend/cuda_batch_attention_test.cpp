@@ -107,11 +107,12 @@ void check_rotating_batches(DType act, double bound) {
   const auto want = rotating_batches(*ref, steps, &want_pos);
   for (int s = 0; s < steps; ++s) EXPECT_LE(rel_err(got[size_t(s)], want[size_t(s)]), bound) << "step " << s;
   EXPECT_EQ(got_pos, want_pos);
-  // Every step has the same shape (three one-row sequences): the first runs directly, the second
-  // is captured, and every later one replays that graph whatever sequences it holds.
-  EXPECT_EQ(after.direct - before.direct, 1);
-  EXPECT_EQ(after.captured - before.captured, 1);
-  EXPECT_EQ(after.replayed - before.replayed, steps - 2);
+  // Every step has the same shape (three one-row sequences), and steps take the recorder's two
+  // areas in turn (cuda_step.h): the first of each area runs directly, the second is captured, and
+  // every later one replays its area's graph whatever sequences it holds.
+  EXPECT_EQ(after.direct - before.direct, 2);
+  EXPECT_EQ(after.captured - before.captured, 2);
+  EXPECT_EQ(after.replayed - before.replayed, steps - 4);
 }
 
 TEST(CudaBatchAttention, RotatingBatchesF32) { check_rotating_batches(DType::F32, 1e-5); }

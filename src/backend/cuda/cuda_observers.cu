@@ -74,19 +74,27 @@ class OpProfile final : public LaunchObserver {
   std::map<std::string, std::vector<float>> acc_;  // each call's device time (us), by label
 };
 
+// A step's device time runs from an event before its work to one after it. Steps may be queued
+// ahead of the reads (model/greedy_pipeline.h), so the pairs live in a ring and each is read once
+// its second event has completed (at a later read, or when its ring slot comes round again).
 class StepTimer final : public StepObserver {
  public:
   StepTimer() {
-    G4_CUDA(cudaEventCreate(&ev_[0]));
-    G4_CUDA(cudaEventCreate(&ev_[1]));
+    for (Pair& p : ring_) {
+      G4_CUDA(cudaEventCreate(&p.a));
+      G4_CUDA(cudaEventCreate(&p.b));
+    }
   }
   ~StepTimer() override {
+    for (Pair& p : ring_) collect(p, true);
     if (!wait_.empty())
       std::fprintf(stderr, "cuda timing: %zu steps, medians per step: host enqueue %.1f us, end_step %.1f us, "
                            "logits wait %.1f us, host between steps %.1f us; device time of the step's work %.1f "
                            "us\n", wait_.size(), med(enqueue_), med(end_), med(wait_), med(outside_), med(gpu_));
-    cudaEventDestroy(ev_[0]);
-    cudaEventDestroy(ev_[1]);
+    for (Pair& p : ring_) {
+      cudaEventDestroy(p.a);
+      cudaEventDestroy(p.b);
+    }
   }
   void step_begin() override {
     if (!wait_.empty()) outside_.push_back(lap());
@@ -94,20 +102,38 @@ class StepTimer final : public StepObserver {
   }
   void step_logged(cudaStream_t s) override {
     enqueue_.push_back(lap());
-    G4_CUDA(cudaEventRecord(ev_[0], s));
+    Pair& p = ring_[next_];
+    collect(p, true);  // a step kRing back: long done
+    G4_CUDA(cudaEventRecord(p.a, s));
   }
   void step_launched(cudaStream_t s) override {
-    G4_CUDA(cudaEventRecord(ev_[1], s));
+    Pair& p = ring_[next_];
+    G4_CUDA(cudaEventRecord(p.b, s));
+    p.pending = true;
+    next_ = (next_ + 1) % kRing;
     end_.push_back(lap());
   }
   void output_read() override {
-    float ms = 0;
-    if (cudaEventElapsedTime(&ms, ev_[0], ev_[1]) == cudaSuccess) gpu_.push_back(1e-3 * ms);
+    for (Pair& p : ring_) collect(p, false);
     wait_.push_back(lap());
   }
 
  private:
   using Clock = std::chrono::steady_clock;
+  static constexpr int kRing = 4;
+  struct Pair {
+    cudaEvent_t a = nullptr, b = nullptr;
+    bool pending = false;
+  };
+  // Adds p's step time once its work is done (waiting for it when `wait`).
+  void collect(Pair& p, bool wait) {
+    if (!p.pending) return;
+    if (wait) G4_CUDA(cudaEventSynchronize(p.b));
+    else if (cudaEventQuery(p.b) != cudaSuccess) return;
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, p.a, p.b) == cudaSuccess) gpu_.push_back(1e-3 * ms);
+    p.pending = false;
+  }
   // Seconds since the last mark; the mark moves to now.
   double lap() {
     const auto now = Clock::now();
@@ -121,7 +147,8 @@ class StepTimer final : public StepObserver {
   }
   Clock::time_point mark_ = Clock::now();
   std::vector<double> enqueue_, end_, wait_, outside_, gpu_;
-  cudaEvent_t ev_[2] = {nullptr, nullptr};
+  Pair ring_[kRing];
+  int next_ = 0;
 };
 
 }  // namespace
