@@ -94,8 +94,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
       next[size_t(b)] = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
     }
     const auto t1 = clk::now();
+    ProgressTask progress("bench decode", uint64_t(ng) * uint64_t(nb), ProgressUnit::Tokens, 256);
     if (decode_ahead && GreedyPipeline::usable(model)) {  // greedy, the host a step ahead of the device
-      ProgressTask progress("bench decode", uint64_t(ng) * uint64_t(nb), ProgressUnit::Tokens, 256);
       std::vector<KvCache*> cs;
       for (auto& c : caches) cs.push_back(c.get());
       GreedyPipeline pipe(model, cs, P.value());
@@ -105,7 +105,6 @@ int cmd_bench(const std::vector<std::string>& argv) {
         progress.add(uint64_t(nb));
       }
     } else {
-      ProgressTask progress("bench decode", uint64_t(ng) * uint64_t(nb), ProgressUnit::Tokens, 256);
       for (int i = 0; i < ng; ++i) {
         if (nb == 1) {  // greedy, as generation picks tokens (greedy_step: the argmax on the device where there is one)
           next[0] = greedy_step(model, *caches[0], next[0], P.value(), logits);

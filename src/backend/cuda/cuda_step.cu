@@ -45,7 +45,6 @@ StepRecorder::StepRecorder(cudaStream_t stream, bool graphs)
     check(cudaMalloc(&a.stage_dev, kStageBytes), "cudaMalloc(staging)");
     check(cudaEventCreateWithFlags(&a.done, cudaEventDisableTiming), "cudaEventCreate(step area)");
   }
-  dyn_host_ = areas_[0].dyn_host, dyn_dev_ = areas_[0].dyn_dev, stage_ = areas_[0].stage, stage_dev_ = areas_[0].stage_dev;
 }
 
 StepRecorder::~StepRecorder() {
@@ -77,7 +76,6 @@ void StepRecorder::begin() {
   cur_ ^= 1;
   Area& a = areas_[cur_];
   if (a.used) check(cudaEventSynchronize(a.done), "cudaEventSynchronize(begin step)");
-  dyn_host_ = a.dyn_host, dyn_dev_ = a.dyn_dev, stage_ = a.stage, stage_dev_ = a.stage_dev;
   reset();
   key(0xA4EA0000ull + uint64_t(cur_));  // a graph copies from one area's addresses
   active_ = true;
@@ -94,9 +92,9 @@ Dyn StepRecorder::dyn(int value) {
     flush();
     return Dyn{nullptr, value};
   }
-  std::memcpy(dyn_host_ + dyn_used_, &value, sizeof(int32_t));
+  std::memcpy(area().dyn_host + dyn_used_, &value, sizeof(int32_t));
   Dyn d{};  // value-initialized: a Dyn's bytes are part of the step's key
-  d.ptr = reinterpret_cast<const int32_t*>(dyn_dev_ + dyn_used_);
+  d.ptr = reinterpret_cast<const int32_t*>(area().dyn_dev + dyn_used_);
   dyn_used_ += sizeof(int32_t);
   return d;
 }
@@ -108,22 +106,22 @@ const void* StepRecorder::dyn_bytes(const void* src, size_t n) {
     flush();
     return nullptr;
   }
-  std::memcpy(dyn_host_ + at, src, n);
+  std::memcpy(area().dyn_host + at, src, n);
   dyn_used_ = at + n;
   key(0xD7B7E500ull);
   key(uint64_t(n));
-  return dyn_dev_ + at;
+  return area().dyn_dev + at;
 }
 
 bool StepRecorder::stage_copy(const void* src, size_t n, void* dst) {
   if (!active_ || stage_used_ + n > kStageBytes) return false;
-  uint8_t* at = stage_ + stage_used_;
+  uint8_t* at = area().stage + stage_used_;
   std::memcpy(at, src, n);
   stage_used_ += (n + 15) & ~size_t(15);
-  for (uint64_t w : {uint64_t(0x57A6E000ull), uint64_t(reinterpret_cast<uintptr_t>(dst)), uint64_t(at - stage_),
+  for (uint64_t w : {uint64_t(0x57A6E000ull), uint64_t(reinterpret_cast<uintptr_t>(dst)), uint64_t(at - area().stage),
                      uint64_t(n)})
     key(w);
-  const uint8_t* from = stage_dev_ + (at - stage_);
+  const uint8_t* from = area().stage_dev + (at - area().stage);
   add([=](cudaStream_t s) {
     copy_bytes(s, from, n, dst);
     check(cudaGetLastError(), "staged copy");
@@ -133,9 +131,9 @@ bool StepRecorder::stage_copy(const void* src, size_t n, void* dst) {
 
 void StepRecorder::run_direct() {
   if (dyn_used_ > 0)
-    check(cudaMemcpyAsync(dyn_dev_, dyn_host_, dyn_used_, cudaMemcpyHostToDevice, stream_), "scalar copy");
+    check(cudaMemcpyAsync(area().dyn_dev, area().dyn_host, dyn_used_, cudaMemcpyHostToDevice, stream_), "scalar copy");
   if (stage_used_ > 0)
-    check(cudaMemcpyAsync(stage_dev_, stage_, stage_used_, cudaMemcpyHostToDevice, stream_), "staging copy");
+    check(cudaMemcpyAsync(area().stage_dev, area().stage, stage_used_, cudaMemcpyHostToDevice, stream_), "staging copy");
   for (auto& op : ops_) op(stream_);
 }
 

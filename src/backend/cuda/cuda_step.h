@@ -111,10 +111,7 @@ class StepRecorder {
   void ran();  // marks the current area's step as queued
   Area areas_[2];
   int cur_ = 0;  // the area of the step being logged
-  uint8_t* dyn_host_ = nullptr;  // the current area's pointers
-  uint8_t* dyn_dev_ = nullptr;
-  uint8_t* stage_ = nullptr;
-  uint8_t* stage_dev_ = nullptr;
+  const Area& area() const { return areas_[cur_]; }
   size_t dyn_used_ = 0;
   size_t stage_used_ = 0;
   std::unordered_map<uint64_t, int> seen_;  // key hash -> steps seen (capture on the 2nd)
