@@ -419,6 +419,13 @@ class Backend {
   // bound needs (Sampler::sample_top), without moving the logits off the device. The default
   // copies the rows to the host.
   virtual void top_k(const Buf& x, int rows, int n, int k, const Buf& vals, const Buf& idx, const Buf& lse);
+  // A token drawn where the logits are: out (I32 [rows]) [r] = sampling/top_draw.h's draw_top of
+  // row r's k candidates (vals / idx [rows, k] and lse [rows], as top_k leaves them) with row r's
+  // parameters (fparams F32 / iparams I32 [rows, kTopDrawFields]: pack_top_draw). Queued with the
+  // step that made the logits, so the next step can read its token before the host has (runtime/
+  // engine_ahead.cpp). The default works on host copies.
+  virtual void draw_top(const Buf& vals, const Buf& idx, const Buf& lse, int rows, int k, const Buf& fparams,
+                        const Buf& iparams, const Buf& out);
   // Constrained decoding: for each of the count masks, row rows[i] of x [*, n] (f32 logits) =
   // -inf where mask i (core/token_mask.h; allow: I32 [count, token_mask_words(n)]; rows: I32
   // [count], distinct) has the token's bit clear; other rows are left alone. Runs before argmax /

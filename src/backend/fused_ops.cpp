@@ -3,6 +3,7 @@
 // fallbacks of argmax and top_k; and the typed host copies over the backends' raw byte copies.
 #include "backend/backend.h"
 #include "core/token_mask.h"
+#include "sampling/top_draw.h"
 
 #include <algorithm>
 #include <cmath>
@@ -231,6 +232,24 @@ void Backend::top_k(const Buf& x, int rows, int n, int k, const Buf& vals, const
   from_host(v.data(), v.size(), vals);
   from_host(ids.data(), ids.size(), idx);
   from_host(l.data(), l.size(), lse);
+}
+
+void Backend::draw_top(const Buf& vals, const Buf& idx, const Buf& lse, int rows, int k, const Buf& fparams,
+                       const Buf& iparams, const Buf& out) {
+  const size_t rk = size_t(rows) * size_t(k), rp = size_t(rows) * kTopDrawFields;
+  std::vector<float> v(rk), l(static_cast<size_t>(rows)), f(rp);
+  std::vector<int32_t> ids(rk), p(rp), tok(static_cast<size_t>(rows));
+  to_host(vals, rk, v.data());
+  to_host(idx, rk, ids.data());
+  to_host(lse, l.size(), l.data());
+  to_host(fparams, rp, f.data());
+  to_host(iparams, rp, p.data());
+  TopCandidates cand;
+  for (size_t r = 0; r < size_t(rows); ++r) {
+    const TopDraw d = unpack_top_draw(f.data() + r * kTopDrawFields, p.data() + r * kTopDrawFields);
+    tok[r] = g4::draw_top(v.data() + r * size_t(k), ids.data() + r * size_t(k), k, l[r], d, &cand);
+  }
+  from_host(tok.data(), tok.size(), out);
 }
 
 }  // namespace g4

@@ -1,6 +1,7 @@
 // Sampler chain; see sampler.h for the contract and the mlx-lm functions each block mirrors.
 #include "sampling/sampler.h"
 
+#include "sampling/top_draw.h"
 #include "sampling/vec_math.h"
 
 #include <algorithm>
@@ -301,22 +302,9 @@ void Sampler::collect_at_least(const float* lp, float thr) {
 // mlx's reverse cumsum does) reaches top_p * total, plus ties of its last value. Returns false
 // when the target is not reached inside the list and `complete` is false (list too short).
 bool Sampler::cut_top_p(bool complete) {
-  const float target = p_.top_p * total_mass_;
-  const int n = int(cand_.size());
-  float acc = 0.f;
-  int r = -1;  // first descending position whose mass above reaches the target
-  for (int j = 0; j < n; ++j) {
-    if (acc >= target) {
-      r = j;
-      break;
-    }
-    acc += std::exp(cand_[j].first);
-  }
-  if (r < 0 && acc < target && !complete) return false;
-  if (r < 0) r = n;  // reached exactly at the end of the list, or never: keep the whole list
-  r = std::max(r, 1);
-  const float thr = cand_[r - 1].first;
-  while (r < n && cand_[r].first >= thr) ++r;  // ties of the threshold value survive
+  bool reached = false;
+  const size_t r = top_p_head(cand_, p_.top_p * total_mass_, &reached);
+  if (!reached && !complete) return false;
   cand_.resize(r);
   return true;
 }
@@ -406,14 +394,8 @@ void Sampler::min_p(const float* lp, float max_lp) {
   }
   size_t keep = 0;
   for (auto& c : cand_) keep += c.first >= thr;
-  if (keep >= m || keep == cand_.size()) {
-    auto it = std::remove_if(cand_.begin(), cand_.end(),
-                             [thr](const std::pair<float, int>& c) { return c.first < thr; });
-    cand_.erase(it, cand_.end());
-    return;
-  }
-  sort_desc();
-  cand_.resize(std::min(m, cand_.size()));
+  if (keep < m && keep < cand_.size()) sort_desc();  // the first m by value survive
+  cut_min_p_sorted(cand_, max_lp, float(std::log(double(p_.min_p))), p_.min_tokens_to_keep);
 }
 
 // XTC: softmax over the current survivors; drop every token whose prob exceeds the smallest
@@ -500,23 +482,8 @@ int Sampler::draw(const float* lp, float max_lp) {
     return last < 0 ? argmax(lp, V_) : last;
   }
   if (cand_.empty()) return lp ? argmax(lp, V_) : 0;
-  float m = kNegInf;
-  for (auto& c : cand_) m = std::max(m, c.first);
-  scratch_.resize(cand_.size());
-  for (size_t j = 0; j < cand_.size(); ++j) {
-    float w = std::exp((cand_[j].first - m) * inv_t);
-    scratch_[j] = w;
-    sum += w;
-  }
-  double u = rng_.uniform() * sum, c = 0;
-  int last = -1;
-  for (size_t j = 0; j < cand_.size(); ++j) {
-    if (scratch_[j] <= 0) continue;
-    last = int(j);
-    c += scratch_[j];
-    if (u < c) return cand_[j].second;
-  }
-  return last < 0 ? (lp ? argmax(lp, V_) : cand_[0].second) : cand_[last].second;
+  const int j = draw_index(cand_, p_.temperature, rng_.uniform());
+  return j < 0 ? (lp ? argmax(lp, V_) : cand_[0].second) : cand_[size_t(j)].second;
 }
 
 bool Sampler::top_k_sampleable(const SamplingParams& p, int V) {
@@ -526,18 +493,11 @@ bool Sampler::top_k_sampleable(const SamplingParams& p, int V) {
 
 int Sampler::sample_top(const float* vals, const int32_t* ids, int n, float lse) {
   G4_CHECK(top_k_sampleable(p_, V_) && n >= p_.top_k);
-  cand_.resize(size_t(n));
-  for (int i = 0; i < n; ++i) cand_[size_t(i)] = {vals[i] - lse, ids[i]};  // logprobs
-  std::sort(cand_.begin(), cand_.end(), DescByValue{});
-  cand_.resize(size_t(p_.top_k));  // select_top's k best, lowest id among ties
+  TopDraw d = top_draw_params(p_);
+  d.bits = take_draw_bits();
   sorted_ = true;
   all_alive_ = false;
-  total_mass_ = 1.f;  // the whole row's mass of logprobs
-  const float max_lp = cand_[0].first;
-  if (!std::isfinite(max_lp)) return cand_[0].second;
-  if (p_.top_p > 0 && p_.top_p < 1) cut_top_p(/*complete=*/true);
-  if (p_.min_p != 0) min_p(nullptr, max_lp);  // on the sorted candidates: lp is not read
-  return draw(nullptr, max_lp);
+  return draw_top(vals, ids, n, lse, d, &cand_);
 }
 
 int Sampler::sample(float* logits, std::span<const int> history) {

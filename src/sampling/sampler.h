@@ -128,8 +128,14 @@ class Sampler {
   // sample() for top_k_sampleable parameters from the row's n >= top_k largest logits (vals / ids,
   // any order; equal values: the lower ids are the ones kept) and the log-sum-exp of the whole row:
   // the same top_k -> top_p -> min_p -> draw path and the same RNG draws, so the same seed gives
-  // the same token as sample() up to the rounding of lse (computed where the logits are).
+  // the same token as sample() up to the rounding of lse (computed where the logits are). It is
+  // sampling/top_draw.h's draw_top with this sampler's next draw bits, taken on every call (also
+  // when the row has no finite logit and the draw is not needed: a draw made on the device, whose
+  // bits are taken before the row is known, keeps the same sequence).
   int sample_top(const float* vals, const int32_t* ids, int n, float lse);
+  // The next draw's 53 random bits (what sample_top would use), for a draw made elsewhere
+  // (Backend::draw_top): the generator advances as sample_top's call would advance it.
+  uint64_t take_draw_bits() { return rng_.next() >> 11; }
 
   // Surviving (token, logprob) candidates of the last non-greedy sample() after all filters,
   // sorted by descending logprob when a filter sorted them (for tests and debugging).

@@ -249,6 +249,11 @@ class CudaBackend final : public Backend {
     G4_CHECK(k > 0 && k <= n && k <= 1024);
     launch("top_k", cuda::top_k, x, rows, n, k, vals, idx, lse);
   }
+  void draw_top(const Buf& vals_b, const Buf& idx_b, const Buf& lse_b, int rows, int k, const Buf& fparams_b,
+                const Buf& iparams_b, const Buf& out_b) override {
+    G4_CHECK(k > 0 && k <= 256 && "draw_top: at most 256 candidates a row on cuda");
+    launch("draw_top", cuda::draw_top, F(vals_b), I(idx_b), F(lse_b), rows, k, F(fparams_b), I(iparams_b), I(out_b));
+  }
   void mask_logits(const Buf& x_b, int n, const Buf& allow_b, const Buf& rows_b, int count) override {
     launch("mask_logits", cuda::mask_logits, F(x_b), n, reinterpret_cast<const uint32_t*>(I(allow_b)), I(rows_b),
            count);

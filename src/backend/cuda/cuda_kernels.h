@@ -287,6 +287,9 @@ void argmax(cudaStream_t s, const float* x, int rows, int n, unsigned long long*
 // Backend::top_k: per row of x [rows, n], the k (<= 1024, <= n) largest values (ties: lowest
 // indices) into vals / idx [rows, k], unordered, and lse [rows]. One block per row.
 void top_k(cudaStream_t s, const float* x, int rows, int n, int k, float* vals, int32_t* idx, float* lse);
+// Backend::draw_top (k <= 256): out[r] = sampling/top_draw.h's draw_top of row r's candidates.
+void draw_top(cudaStream_t s, const float* vals, const int32_t* idx, const float* lse, int rows, int k,
+              const float* fparams, const int32_t* iparams, int32_t* out);
 // dst[0, n) = src[0, n) on the device (no overlap), as a kernel: a recorded step's graph then holds
 // no memcpy node, whose memory the driver keeps a reference to (a graph replayed after its copy's
 // buffer was freed and another allocated at the same address faulted in cuGraphLaunch).

@@ -201,8 +201,110 @@ __global__ void argmax_kernel(const float* x, int n, unsigned long long* slots, 
   }
 }
 
+// Backend::draw_top, one block of kDrawThreads per row: sampling/top_draw.cpp's draw_top, the
+// same float and double operations in the same order. Each thread ranks its candidate among the
+// row's k (descending logprob, lowest id among ties: distinct ids, so the ranks are a permutation)
+// and writes it to its place; the weights of the top_p and draw sums are computed a thread each
+// (each is independent of the order), and thread 0 makes the sequential sums, cuts and the draw.
+constexpr int kDrawThreads = 256;
+__global__ void __launch_bounds__(kDrawThreads) draw_top_kernel(const float* vals, const int32_t* idx,
+                                                                const float* lse, int k, const float* fp,
+                                                                const int32_t* ip, int32_t* out) {
+  pdl_enter();
+  __shared__ float lp[kDrawThreads], e[kDrawThreads];
+  __shared__ int id[kDrawThreads];
+  __shared__ int n_keep;
+  __shared__ float max_lp;
+  const int r = blockIdx.x, t = threadIdx.x;
+  const float top_p = fp[r * 4], min_p_log = fp[r * 4 + 1], temperature = fp[r * 4 + 2];
+  const int top_k = ip[r * 4], min_keep = ip[r * 4 + 1];
+  const uint64_t bits = (uint64_t(uint32_t(ip[r * 4 + 2])) << 32) | uint64_t(uint32_t(ip[r * 4 + 3]));
+  float v = -INFINITY;
+  int my_id = 0x7fffffff;
+  if (t < k) {
+    v = __fsub_rn(vals[int64_t(r) * k + t], lse[r]);
+    if (isnan(v)) v = -INFINITY;
+    my_id = idx[int64_t(r) * k + t];
+  }
+  lp[t] = v;
+  id[t] = my_id;
+  __syncthreads();
+  int rank = 0;
+  for (int j = 0; j < k; ++j) rank += lp[j] > v || (lp[j] == v && id[j] < my_id);
+  __syncthreads();
+  if (t < k) {
+    lp[rank] = v;
+    id[rank] = my_id;
+  }
+  __syncthreads();
+  int n = min(k, max(1, top_k));
+  if (t == 0) {
+    max_lp = lp[0];
+    n_keep = n;
+  }
+  __syncthreads();
+  if (!(temperature > 0) || !isfinite(max_lp)) {
+    if (t == 0) out[r] = id[0];
+    return;
+  }
+  if (top_p > 0 && top_p < 1) {  // top_p_head (the whole row's mass is 1)
+    if (t < n) e[t] = expf(lp[t]);
+    __syncthreads();
+    if (t == 0) {
+      float acc = 0.f;
+      int h = n;
+      for (int j = 0; j < n; ++j) {
+        if (acc >= top_p) {
+          h = j;
+          break;
+        }
+        acc = __fadd_rn(acc, e[j]);
+      }
+      h = max(h, 1);
+      const float thr = lp[h - 1];
+      while (h < n && lp[h] >= thr) ++h;
+      n_keep = h;
+    }
+    __syncthreads();
+    n = n_keep;
+  }
+  if (min_keep > 0 && t == 0) {  // cut_min_p_sorted: the survivors are a prefix of the sorted list
+    const float thr = __fadd_rn(max_lp, min_p_log);
+    int keep = 0;
+    for (int j = 0; j < n; ++j) keep += lp[j] >= thr;
+    n_keep = keep >= min_keep || keep == n ? keep : min(min_keep, n);
+  }
+  __syncthreads();
+  n = n_keep;
+  float m = -INFINITY;  // draw_index
+  for (int j = 0; j < n; ++j) m = m < lp[j] ? lp[j] : m;
+  const float inv_t = __fdiv_rn(1.0f, temperature);
+  if (t < n) e[t] = expf(__fmul_rn(__fsub_rn(lp[t], m), inv_t));
+  __syncthreads();
+  if (t != 0) return;
+  double sum = 0;
+  for (int j = 0; j < n; ++j) sum = __dadd_rn(sum, double(e[j]));
+  const double u = __dmul_rn(__dmul_rn(double(bits), 0x1.0p-53), sum);
+  double acc = 0;
+  int last = -1;
+  for (int j = 0; j < n; ++j) {
+    if (e[j] <= 0) continue;
+    last = j;
+    acc = __dadd_rn(acc, double(e[j]));
+    if (u < acc) {
+      out[r] = id[j];
+      return;
+    }
+  }
+  out[r] = id[last < 0 ? 0 : last];
+}
+
 }  // namespace
 
+void draw_top(cudaStream_t s, const float* vals, const int32_t* idx, const float* lse, int rows, int k,
+              const float* fparams, const int32_t* iparams, int32_t* out) {
+  if (rows > 0) launch_kernel(draw_top_kernel, rows, kDrawThreads, 0, s, vals, idx, lse, k, fparams, iparams, out);
+}
 void argmax(cudaStream_t s, const float* x, int rows, int n, unsigned long long* slots, unsigned* counters,
             int32_t* out) {
   if (rows > 0) launch_kernel(argmax_kernel, dim3(kArgmaxBlocks, unsigned(rows)), 256, 0, s, x, n, slots, counters, out);
