@@ -26,6 +26,7 @@ void add_session_options(VerbCli& cli) {
   add_model_options(cli);
   add_text_options(cli);
   add_context_option(cli, "8192", "context length in tokens (prompt + answer), at most the model's positions");
+  add_decode_ahead_option(cli);
 }
 
 std::atomic<bool>& interrupt_flag() {
@@ -67,6 +68,7 @@ Result<Session> open_session(const Args& a, bool chat) {
   EngineOptions eo;
   G4_TRY(apply_model_flags(a, *s.b.model, eo.precision));
   eo.parallel = 1;
+  if (a.get("--decode-ahead") == "off") eo.decode_ahead = EngineOptions::DecodeAhead::Off;
   eo.prefill_chunk = plan.chunk;
   eo.max_context = int(fit.input.context);
   s.max_context = eo.max_context;

@@ -115,6 +115,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
             "to 64, of 32 up to 256), so a step replays a recorded CUDA graph when the number of streams changes; "
             "off: a graph per row count", "on")
       ->type_name("on|off")->check(one_of({"on", "off"}));
+  add_decode_ahead_option(cli);
   cli.value("--log-format", "the request log on stderr, one line per request: text, json, or none", "text")
       ->type_name("FORMAT")->check(one_of({"text", "json", "none"}));
   cli.flag("-v,--verbose", "add each request's prefill / decode speed and the engine's load to its log line");
@@ -254,6 +255,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   std::signal(SIGTERM, on_signal);
   std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error value, not a signal
   o.decode_buckets = a.get("--decode-buckets") == "on" && b.value().model->backend().records_steps();
+  o.decode_ahead = a.get("--decode-ahead") == "on";
   if (!o.prompt_cache_dir.empty()) o.prompt_cache_key = prompt_cache_key(a, b.value());
   if (!o.kv_events.endpoint.empty())
     o.kv_events.topic = a.has("--kv-events-topic") ? a.get("--kv-events-topic")

@@ -178,9 +178,9 @@ void add_load_options(VerbCli& cli) {
 }
 
 void add_decode_ahead_option(VerbCli& cli) {
-  cli.value("--decode-ahead", "on a device backend, queue each greedy decode step before the previous token is "
-            "read (its input stays on the device: model/greedy_pipeline.h; not with --tensor-parallel or "
-            "--trace-experts); off: a step at a time", "on")
+  cli.value("--decode-ahead", "on a device backend, queue each decode step before the previous step's tokens are "
+            "read (sampled on the device, they stay there as the next step's input; not with --tensor-parallel, "
+            "--trace-experts, a grammar, logprobs or a drafter); off: a step at a time", "on")
       ->type_name("on|off")->check(one_of({"on", "off"}));
 }
 

@@ -60,7 +60,7 @@ void add_load_options(VerbCli& cli);   // -m/--model, --backend, -t/--threads, -
 void add_model_options(VerbCli& cli);  // --kv-bits, --kv-group-size, --quantized-kv-start, --adapter-path, --draft-model, --draft-tokens
 void add_text_options(VerbCli& cli);   // -n/--max-tokens and the sampling options (cli/text_args.h)
 void add_image_options(VerbCli& cli);  // --image, --max-soft-tokens
-void add_decode_ahead_option(VerbCli& cli);  // --decode-ahead (greedy decoding on a device: model/greedy_pipeline.h)
+void add_decode_ahead_option(VerbCli& cli);  // --decode-ahead (steps queued ahead on a device: greedy_pipeline.h, engine_ahead.cpp)
 // -c/--context N: the context length (tokens) a verb plans for; `def` empty: the model's own.
 void add_context_option(VerbCli& cli, const std::string& def, const std::string& help);
 // --chat-template FILE for the verbs that chat.

@@ -274,7 +274,15 @@ void Model::ensure_scratch(int rows, int lrows, int top_k, int masks, bool head,
       s.lgather = be_->alloc_f32(size_t(lrows) * size_t(vocab_max_) * size_t(comm_->size()));
     }
     s.argmax = be_->alloc_i32(size_t(lrows));
+    s.argmax_rows = 0;
     s.logit_rows = lrows;
+  }
+  if (top_k > 0 && lrows > s.draw_rows) {  // a queued draw's parameters (forward_queued)
+    be_->free(s.draw_f);
+    be_->free(s.draw_i);
+    s.draw_rows = std::max(lrows, s.logit_rows);
+    s.draw_f = be_->alloc_f32(size_t(s.draw_rows) * kTopDrawFields);
+    s.draw_i = be_->alloc_i32(size_t(s.draw_rows) * kTopDrawFields);
   }
 }
 
@@ -297,14 +305,16 @@ void Model::forward_hidden(const std::vector<SeqInput>& batch, ActPrecision P) {
   forward_rank(batch, P, nullptr, nullptr, nullptr, nullptr, 0, false);
 }
 
-void Model::forward_queued(const std::vector<SeqInput>& batch, ActPrecision P, int slot) {
+void Model::forward_queued(const std::vector<SeqInput>& batch, ActPrecision P, int slot, const QueuedDraw* draw) {
   G4_CHECK(can_queue_forwards() && "Model::forward_queued: one rank, no expert trace");
-  forward_rank(batch, P, nullptr, nullptr, nullptr, nullptr, 0, true, slot);
+  G4_CHECK((!draw || (draw->k >= 1 && draw->k <= cfg_.vocab && int(draw->rows.size()) == logit_rows(batch))) &&
+           "Model::forward_queued: a draw's k within the vocabulary and parameters for every row");
+  forward_rank(batch, P, nullptr, nullptr, nullptr, nullptr, 0, true, slot, draw);
 }
 
 void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, float* logits_out,
                          int32_t* argmax_out, const TopK* topk, const TokenMasks* masks, int pick_k, bool head,
-                         int argmax_slot) {
+                         int argmax_slot, const QueuedDraw* draw) {
   std::vector<SeqInput> padded;
   const std::vector<SeqInput>& batch = pad_to_bucket(seqs_in, &padded);  // pad rows last
   // Tokens on the device: the previous forward's argmax rows, one a sequence, in batch order.
@@ -312,8 +322,6 @@ void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, f
   for (const SeqInput& s : seqs_in)
     G4_CHECK(s.token_on_device == tokens_on_device && (!tokens_on_device || (s.n == 1 && !s.soft && !s.all_logits)) &&
              "Model::forward: every sequence's token on the device (one each, no image rows), or none");
-  G4_CHECK((!tokens_on_device || (&batch == &seqs_in && !trace_ && s_->logit_rows >= int(batch.size()))) &&
-           "Model::forward: tokens on the device need the previous forward's argmax rows (no padding, no trace)");
   const int LR_out = logit_rows(seqs_in);  // the rows whose outputs are returned
   Backend& be = *be_;
   const int d = cfg_.hidden, H = cfg_.n_heads, N = cfg_.n_layers, Pw = cfg_.ple_width;
@@ -327,8 +335,10 @@ void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, f
   const int n_masks = masks ? masks->count : 0;
   G4_CHECK(n_masks <= LR_out);
   if (!comm_) pick_k = 0;
-  ensure_scratch(R, LR, topk ? topk->k : 0, n_masks, head, pick_k);
+  ensure_scratch(R, LR, draw ? draw->k : topk ? topk->k : 0, n_masks, head, pick_k);
   Scratch& S = *s_;
+  G4_CHECK((!tokens_on_device || (!trace_ && S.argmax_rows >= int(batch.size()))) &&
+           "Model::forward: tokens on the device need the previous forward's argmax rows (as many, no trace)");
   for (const SeqInput& s : batch)  // a paged pool's room is the engine's to check first (Engine::fit_pool)
     G4_CHECK(s.cache->reserve(s.n) && "Model::forward: the KV pool has no free block for a step");
   be.begin_step();  // no allocation from here to end_step (backend.h)
@@ -344,6 +354,7 @@ void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, f
     }
     be.from_host(ids.data(), size_t(R), S.ids);
   }
+  S.argmax_rows = 0;  // until this step's argmax (or draw) is written
   const size_t Rd = size_t(R) * d;
 
   // §2.1 embedding: h0 = E[ids] * T(sqrt(d)); image rows take their features (§8.4).
@@ -544,7 +555,21 @@ void Model::forward_rank(const std::vector<SeqInput>& seqs_in, ActPrecision P, f
     be.from_host(masks->rows, size_t(n_masks), S.allow_ids);
     be.mask_logits(S.logits, cfg_.vocab, S.allow, S.allow_ids, n_masks);
   }
-  if ((argmax_out || argmax_slot >= 0) && pick_k == 0) be.argmax(S.logits, LR, cfg_.vocab, S.argmax);
+  if (draw) {  // forward_queued (one rank): every row's token drawn from its top k, pad rows greedy
+    be.top_k(S.logits, LR, cfg_.vocab, draw->k, S.tk_vals, S.tk_ids, S.tk_lse);
+    std::vector<float> f(size_t(LR) * kTopDrawFields);
+    std::vector<int32_t> ip(size_t(LR) * kTopDrawFields);
+    for (int r = 0; r < LR; ++r)
+      pack_top_draw(r < LR_out ? draw->rows[size_t(r)] : TopDraw{}, f.data() + size_t(r) * kTopDrawFields,
+                    ip.data() + size_t(r) * kTopDrawFields);
+    be.from_host(f.data(), f.size(), S.draw_f);
+    be.from_host(ip.data(), ip.size(), S.draw_i);
+    be.draw_top(S.tk_vals, S.tk_ids, S.tk_lse, LR, draw->k, S.draw_f, S.draw_i, S.argmax);
+    S.argmax_rows = LR;
+  } else if ((argmax_out || argmax_slot >= 0) && pick_k == 0) {
+    be.argmax(S.logits, LR, cfg_.vocab, S.argmax);
+    S.argmax_rows = LR;
+  }
   if (topk && pick_k == 0) be.top_k(S.logits, LR, cfg_.vocab, topk->k, S.tk_vals, S.tk_ids, S.tk_lse);
   be.end_step();
   if (logits_out) be.to_host(S.logits, size_t(LR_out) * cfg_.vocab, logits_out);

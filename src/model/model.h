@@ -16,6 +16,7 @@
 #include "model/lora.h"
 #include "model/weights.h"
 #include "parallel/communicator.h"
+#include "sampling/top_draw.h"
 
 namespace g4 {
 
@@ -115,7 +116,14 @@ class Model {
   // backend's read slot `slot` (Backend::queue_read; Backend::take_read(slot) waits for them), so
   // the caller can queue the next step, whose tokens are these argmax rows (SeqInput::
   // token_on_device), before it reads them. One rank, no expert trace. The caches advance at once.
-  void forward_queued(const std::vector<SeqInput>& batch, ActPrecision P, int slot);
+  // draw (or null: the argmax): each row's token drawn where the logits are from its k largest
+  // logits instead (Backend::draw_top; sampling/top_draw.h), rows[r] the parameters and random bits
+  // of logit row r (one a sequence, in batch order): sampling with a top-k bound queued like greedy.
+  struct QueuedDraw {
+    int k = 1;
+    std::vector<TopDraw> rows;
+  };
+  void forward_queued(const std::vector<SeqInput>& batch, ActPrecision P, int slot, const QueuedDraw* draw = nullptr);
   // Whether forward_queued may run: one rank, no expert trace.
   bool can_queue_forwards() const { return !peers_ && !trace_; }
 
@@ -184,9 +192,10 @@ class Model {
   // top pick_k (value, id) per row are gathered instead of the logits (argmax and top k without a
   // [rows, vocab] exchange; combine_picks makes the outputs).
   // argmax_slot >= 0 (forward_queued): the argmax rows are queued for that read slot instead.
+  // draw (with argmax_slot): forward_queued's draw.
   void forward_rank(const std::vector<SeqInput>& batch, ActPrecision P, float* logits, int32_t* argmax,
                     const TopK* topk, const TokenMasks* masks, int pick_k = 0, bool head = true,
-                    int argmax_slot = -1);
+                    int argmax_slot = -1, const QueuedDraw* draw = nullptr);
   void ensure_scratch(int rows, int logit_rows, int top_k = 0, int masks = 0, bool head = true, int pick_k = 0);
   // The k a group's forward picks per shard for these outputs: 0 (gather the logits) when logits or
   // masks are asked for, or k exceeds a shard.

@@ -28,6 +28,9 @@ struct Model::Scratch {
   int tk_rows = 0, tk_k = 0;
   int lora_rows = 0, lora_rank = 0, lora_out = 0;  // what lora_t / lora_z hold
   Buf ids, ridx, last_idx, argmax;
+  int argmax_rows = 0;  // the rows of argmax the last forward wrote (its argmax or draw; 0: none since allocated)
+  Buf draw_f, draw_i;   // forward_queued's draw parameters [draw_rows, kTopDrawFields] (f32, I32)
+  int draw_rows = 0;
   Buf allow, allow_ids;  // I32 [allow_rows, token_mask_words(vocab)], [allow_rows]: forward's masks
   int allow_rows = 0;
 };

@@ -322,10 +322,12 @@ void Engine::step() {
       }
     }
   }
+  if (!cancels.empty()) drain_ahead(cancels);  // a queued step's tokens, but the cancelled ones
   for (auto& sp : slots_)
     if (sp->req && std::find(cancels.begin(), cancels.end(), sp->req->id) != cancels.end())
       finish(*sp, FinishReason::Cancelled);
   admit();
+  if (ahead_.queued && continue_ahead(t0)) return;
 
   // A backend whose rows compute as alone only up to a bound (Backend::invariant_row_limit) gets
   // prompt chunks of at most that many rows, and the step in forwards of at most that many rows
@@ -377,8 +379,13 @@ void Engine::step() {
                    !needs_host_logits(in_batch[i]->req->spec) && !in_batch[i]->req->spec.grammar;
   std::vector<int> rows;
   for (size_t i = 0; i < batch.size(); ++i) rows.push_back(all_decoding ? 1 + dr->draft_tokens() : batch[i].n);
+  const std::vector<std::vector<size_t>> groups = row_groups(rows, limit);
+  if (groups.size() == 1 && ahead_ok(batch, in_batch)) {  // engine_ahead.cpp
+    start_ahead(batch, in_batch, t0);
+    return;
+  }
   clk::time_point tg = t0;  // each forward's step time from where the one before it ended
-  for (const std::vector<size_t>& g : row_groups(rows, limit)) {
+  for (const std::vector<size_t>& g : groups) {
     std::vector<SeqInput> sub_batch;
     std::vector<Slot*> sub_slots;
     for (size_t i : g) {
@@ -463,11 +470,12 @@ void Engine::forward_and_emit(const std::vector<SeqInput>& batch, const std::vec
   record_step(t0, tf, tf2);
 }
 
-void Engine::record_step(clk::time_point t0, clk::time_point tf, clk::time_point tf2) {
+void Engine::record_step(clk::time_point t0, clk::time_point tf, clk::time_point tf2, bool ahead) {
   const auto t1 = clk::now();
   {
     std::lock_guard<std::mutex> lk(mu_);
     ++stats_.steps;
+    stats_.ahead_steps += ahead;
     stats_.forward_seconds += std::chrono::duration<double>(tf2 - tf).count();
     stats_.step_seconds += std::chrono::duration<double>(t1 - t0).count();
   }
@@ -690,6 +698,12 @@ void Engine::loop() {
       cv_.wait(lk, [&] { return stop_ || !idle(); });
       if (stop_ && (!drain_ || idle())) break;
     }
+    bool tasks = false;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      tasks = !tasks_.empty();
+    }
+    if (tasks) drain_ahead();  // a task may use the backend or the caches: nothing queued beside it
     for (;;) {  // run_exclusive work first, between steps
       std::function<void()> task;
       {
@@ -702,6 +716,10 @@ void Engine::loop() {
     }
     step();
   }
+  std::vector<uint64_t> running;  // a queued step's tokens are dropped: the requests are cancelled
+  for (auto& sp : slots_)
+    if (sp->req) running.push_back(sp->req->id);
+  drain_ahead(running);
   for (auto& t : tasks_) t();  // whoever waits in run_exclusive is released
   tasks_.clear();
   // Anything left is cancelled.

@@ -101,6 +101,13 @@ struct EngineOptions {
   // that a step replays a recorded graph when the number of streams changes: set where steps run
   // as graphs (cuda, not batch-invariant).
   bool decode_buckets = false;
+  // Decode steps queued a step ahead of the host's reads (runtime/engine_ahead.cpp): while every
+  // running sequence decodes one token a step, sampled where the logits are (argmax, or a top-k
+  // draw: Backend::draw_top), each step is queued before the tokens of the one before it are read,
+  // so the host's work (recording, launching, emitting tokens) overlaps the device's. The tokens
+  // are those of plain steps. Device: on device backends; Always: on host backends too (tests).
+  enum class DecodeAhead { Off, Device, Always };
+  DecodeAhead decode_ahead = DecodeAhead::Device;
   // Told of every prefix-cache entry that comes and goes (runtime/kv_events.h: KV events for a
   // cache-aware router), from the start on (entries read back from prompt_cache_dir included).
   std::shared_ptr<PrefixCacheListener> prefix_listener;
@@ -110,6 +117,7 @@ struct EngineStats {
   uint64_t requests_total = 0, requests_finished = 0, requests_rejected = 0;
   uint64_t prompt_tokens = 0, cached_tokens = 0, generated_tokens = 0;
   uint64_t steps = 0;
+  uint64_t ahead_steps = 0;  // of them, queued before the step before them was read (decode_ahead)
   // Speculative decoding (a drafter on the model): rounds run, tokens drafted, drafts accepted.
   uint64_t draft_rounds = 0, drafted_tokens = 0, accepted_tokens = 0;
   double forward_seconds = 0, step_seconds = 0;  // step = forward + scheduling + sampling
@@ -219,7 +227,26 @@ class Engine {
   bool emit(Slot& s, int32_t tok);
   // Copies logit row `row`'s final-normed hidden state into s.hidden (the drafter's input).
   void keep_hidden(Slot& s, int row);
-  void record_step(clk::time_point t0, clk::time_point tf, clk::time_point tf2);
+  void record_step(clk::time_point t0, clk::time_point tf, clk::time_point tf2, bool ahead = false);
+  // Steps queued ahead (engine_ahead.cpp; EngineOptions::decode_ahead). ahead_ok: whether this
+  // step's batch (one forward) may be queued: every sequence decodes its pending token, sampled
+  // where the logits are without a grammar, no drafter, the model can queue forwards.
+  // start_ahead queues it (the tokens it feeds are recorded as fed; none is emitted yet).
+  // continue_ahead, with a step queued: when the same sequences go on, queues the next step (its
+  // tokens the queued step's, on the device) before it reads and emits the queued step's tokens
+  // (true: this engine step is done); else drains (false: the caller runs a plain step).
+  // drain_ahead reads the queued step's tokens and emits them, but for the requests in `skip`
+  // (cancelled: their tokens are dropped).
+  bool ahead_ok(const std::vector<SeqInput>& batch, const std::vector<Slot*>& in_batch) const;
+  void start_ahead(const std::vector<SeqInput>& batch, const std::vector<Slot*>& in_batch, clk::time_point t0);
+  bool continue_ahead(clk::time_point t0);
+  void drain_ahead(const std::vector<uint64_t>& skip = {});
+  // The queued step's draw parameters for its rows (taking each sampling row's next random bits),
+  // or false for argmax rows only.
+  bool ahead_draws(const std::vector<Slot*>& rows, Model::QueuedDraw* draw);
+  // Whether the pool has a block for each sequence's next `batch` rows (evicting prefix-cache
+  // entries for it), without changing the batch.
+  bool pool_fits(const std::vector<SeqInput>& batch, const std::vector<Slot*>& in_batch);
   // Copies the slots' and the prefix cache's occupancy (engine-thread state) into stats_.
   void publish_cache_stats();
   void finish(Slot& s, FinishReason r, const std::string& error = "");
@@ -260,6 +287,15 @@ class Engine {
   // Sampling where the logits are (argmax, top k, grammar masks): on device backends, and on the
   // host ones with G4_DEVICE_SAMPLING=1 (tests of that path without a GPU).
   bool device_sampling_ = false;
+  // The step queued ahead: its read slot, its sequences in row order, and their requests' ids
+  // (a row whose request has since ended is dead: its token is dropped).
+  struct Ahead {
+    bool queued = false;
+    int slot = 0;
+    std::vector<Slot*> rows;
+    std::vector<uint64_t> ids;
+    std::vector<int32_t> tokens;
+  } ahead_;
   std::vector<uint32_t> allow_;      // device_masks' masks, one a constrained row
   std::vector<int32_t> mask_rows_;   // and the logit row of each
   TokenMasks masks_;

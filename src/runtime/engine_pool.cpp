@@ -51,22 +51,26 @@ bool Engine::pool_room(const std::array<int64_t, KvPool::kGroups>& need) {
   }
 }
 
-void Engine::fit_pool(std::vector<SeqInput>& batch, std::vector<Slot*>& in_batch) {
-  if (!pool_) return;
+bool Engine::pool_fits(const std::vector<SeqInput>& batch, const std::vector<Slot*>& in_batch) {
+  if (!pool_) return true;
   const int extra = model_.drafter() ? model_.drafter()->draft_tokens() : 0;  // a speculative round's rows
-  auto fits = [&] {
+  for (;;) {
     std::array<int64_t, KvPool::kGroups> want{};
     for (size_t i = 0; i < batch.size(); ++i) {
       const bool decoding = in_batch[i]->consumed >= int(in_batch[i]->req->spec.prompt.size());
       const auto n = batch[i].cache->blocks_to_map(batch[i].n + (decoding ? extra : 0));
       for (int g = 0; g < KvPool::kGroups; ++g) want[size_t(g)] += n[size_t(g)];
     }
-    for (int g = 0; g < KvPool::kGroups; ++g)
-      if (want[size_t(g)] > pool_->free_blocks(KvPool::Group(g))) return false;
-    return true;
-  };
-  while (!fits()) {
-    if (prefix_.evict_oldest()) continue;
+    bool fits = true;
+    for (int g = 0; g < KvPool::kGroups; ++g) fits = fits && want[size_t(g)] <= pool_->free_blocks(KvPool::Group(g));
+    if (fits) return true;
+    if (!prefix_.evict_oldest()) return false;
+  }
+}
+
+void Engine::fit_pool(std::vector<SeqInput>& batch, std::vector<Slot*>& in_batch) {
+  if (!pool_) return;
+  while (!pool_fits(batch, in_batch)) {
     // The youngest request gives way: a prompt chunk waits for a later step; a decoding sequence
     // (only when admission's promise failed) ends with an error rather than the process.
     size_t y = batch.size();

@@ -36,6 +36,7 @@ struct ServerOptions {
   int prefill_chunk = EngineOptions{}.prefill_chunk;  // EngineOptions::prefill_chunk
   size_t kv_pool_bytes = 0;    // EngineOptions::kv_pool_bytes (0: a KV buffer per sequence)
   bool decode_buckets = false;  // EngineOptions::decode_buckets
+  bool decode_ahead = true;     // EngineOptions::decode_ahead (Device when on)
   RequestLogOptions log;       // one line per request on stderr (server/request_log.h)
   // Parse special tokens in the text of messages too (a client can then write control tokens,
   // and forge turns); off: only the chat template's own markup yields special tokens.

@@ -68,6 +68,7 @@ Server::Server(const ModelBundle& bundle, ServerOptions opt) : bundle_(bundle), 
   eo.prefill_chunk = opt_.prefill_chunk;
   eo.kv_pool_bytes = opt_.kv_pool_bytes;
   eo.decode_buckets = opt_.decode_buckets;
+  if (!opt_.decode_ahead) eo.decode_ahead = EngineOptions::DecodeAhead::Off;
   if (!opt_.kv_events.endpoint.empty()) {
     if (bundle.model->backend().on_device()) opt_.kv_events.medium = "GPU";
     auto pub = KvEventPublisher::open(opt_.kv_events);
