@@ -296,6 +296,9 @@ class Engine {
     std::vector<uint64_t> ids;
     std::vector<int32_t> tokens;
   } ahead_;
+  // Whether the backend's draw_top was checked against the host's (engine_ahead.cpp): 0 not yet,
+  // 1 agrees, -1 disagrees (sampled steps are then not queued ahead). Set on the engine thread.
+  mutable int draw_checked_ = 0;
   std::vector<uint32_t> allow_;      // device_masks' masks, one a constrained row
   std::vector<int32_t> mask_rows_;   // and the logit row of each
   TokenMasks masks_;

@@ -17,11 +17,58 @@
 // a task) drains the pipeline: the queued step's tokens are read and emitted as a plain step's
 // would be, and the next step is a plain one.
 #include <algorithm>
+#include <cstdio>
 
 #include "runtime/engine.h"
 #include "runtime/engine_slot.h"
 
 namespace g4 {
+namespace {
+
+// Whether be's draw_top gives sampling/top_draw.h's tokens on a fixed set of rows (every filter,
+// ties, greedy rows): checked once per engine on a device backend before its sampled steps are
+// queued ahead, since those steps' tokens are then the device's draws. A kernel that disagrees
+// (beyond the rounding its contract allows, which these rows stay clear of) leaves the sampled
+// steps to the host, a step at a time.
+bool device_draw_agrees(Backend& be) {
+  constexpr int kRows = 8, kK = 64;
+  std::vector<float> vals(size_t(kRows) * kK), lse(kRows), fp(size_t(kRows) * kTopDrawFields);
+  std::vector<int32_t> ids(vals.size()), ip(fp.size()), got(kRows), want(kRows);
+  uint32_t st = 12345;
+  auto next = [&st] { return st = st * 1664525u + 1013904223u; };
+  TopCandidates cand;
+  for (int r = 0; r < kRows; ++r) {
+    for (int j = 0; j < kK; ++j) {
+      vals[size_t(r * kK + j)] = j < 3 && r % 3 == 0 ? 2.f : float(next() >> 8) * 0x1.0p-24f * 6.f - 3.f;
+      ids[size_t(r * kK + j)] = int32_t((next() >> 8) % 1000) * kK + j;  // distinct
+    }
+    lse[size_t(r)] = 4.5f;
+    TopDraw d;
+    d.temperature = r == 7 ? 0.f : 0.6f + 0.2f * float(r);
+    d.top_k = 8 + 8 * r;
+    d.top_p = r % 2 ? 0.8f : 1.f;
+    if (r % 3 == 1) {
+      d.min_keep = 2;
+      d.min_p_log = -2.f;
+    }
+    d.bits = (uint64_t(next()) << 21) ^ next();
+    pack_top_draw(d, fp.data() + size_t(r) * kTopDrawFields, ip.data() + size_t(r) * kTopDrawFields);
+    want[size_t(r)] = draw_top(vals.data() + size_t(r) * kK, ids.data() + size_t(r) * kK, kK, lse[size_t(r)], d, &cand);
+  }
+  const Buf v = be.alloc_f32(vals.size()), l = be.alloc_f32(lse.size()), f = be.alloc_f32(fp.size());
+  const Buf i = be.alloc_i32(ids.size()), p = be.alloc_i32(ip.size()), o = be.alloc_i32(size_t(kRows));
+  be.from_host(vals.data(), vals.size(), v);
+  be.from_host(lse.data(), lse.size(), l);
+  be.from_host(fp.data(), fp.size(), f);
+  be.from_host(ids.data(), ids.size(), i);
+  be.from_host(ip.data(), ip.size(), p);
+  be.draw_top(v, i, l, kRows, kK, f, p, o);
+  be.to_host(o, got.size(), got.data());
+  for (const Buf& b : {v, l, f, i, p, o}) be.free(b);
+  return got == want;
+}
+
+}  // namespace
 
 bool Engine::ahead_ok(const std::vector<SeqInput>& batch, const std::vector<Slot*>& in_batch) const {
   using DA = EngineOptions::DecodeAhead;
@@ -36,7 +83,15 @@ bool Engine::ahead_ok(const std::vector<SeqInput>& batch, const std::vector<Slot
       return false;
   }
   const SampleMode m = sample_mode(in_batch);
-  return m.kind == SampleMode::DeviceGreedy || (m.kind == SampleMode::DeviceTopK && m.k <= Sampler::kMaxTopK);
+  if (m.kind == SampleMode::DeviceGreedy) return true;
+  if (m.kind != SampleMode::DeviceTopK || m.k > Sampler::kMaxTopK) return false;
+  if (draw_checked_ == 0) {
+    draw_checked_ = !model_.backend().on_device() || device_draw_agrees(model_.backend()) ? 1 : -1;
+    if (draw_checked_ < 0)
+      std::fprintf(stderr, "[gemma4] decode ahead: the device's top-k draw disagrees with the host's on its check; "
+                           "sampled steps are decoded a step at a time\n");
+  }
+  return draw_checked_ > 0;
 }
 
 bool Engine::ahead_draws(const std::vector<Slot*>& rows, Model::QueuedDraw* draw) {
