@@ -13,10 +13,8 @@
 namespace g4 {
 namespace {
 
-// The prefix-cache tag of a request's KV (PrefixCache: 0 for the base model) and its adapter's
-// matrices for Model::forward (null: the model's own).
+// The prefix-cache tag of a request's KV (PrefixCache: 0 for the base model).
 uint64_t adapter_tag(const GenerationSpec& spec) { return spec.adapter ? spec.adapter->serial : 0; }
-const LoraAdapter* lora_of(const GenerationSpec& spec) { return spec.adapter ? spec.adapter->lora.get() : nullptr; }
 
 }  // namespace
 

@@ -159,7 +159,7 @@ bool Engine::continue_ahead(clk::time_point t0) {
   if (same) {
     for (Slot* s : ahead_.rows) {
       SeqInput in{s->cache.get(), nullptr, 1, false};
-      in.adapter = s->req->spec.adapter ? s->req->spec.adapter->lora.get() : nullptr;
+      in.adapter = lora_of(s->req->spec);
       in.token_on_device = true;
       next.push_back(in);
     }

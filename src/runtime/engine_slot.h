@@ -11,6 +11,11 @@
 
 namespace g4 {
 
+// A request's adapter matrices for Model::forward (null: the model's own).
+inline const LoraAdapter* lora_of(const GenerationSpec& spec) {
+  return spec.adapter ? spec.adapter->lora.get() : nullptr;
+}
+
 struct Engine::Request {
   uint64_t id = 0;
   GenerationSpec spec;
