@@ -87,22 +87,22 @@ void cut_min_p_sorted(TopCandidates& c, float max_lp, float min_p_log, int min_k
 }
 
 int draw_index(const TopCandidates& cand, float temperature, double u01) {
+  // Each weight is computed twice (sum, then the walk) rather than stored: the same float
+  // expression gives the same value, and the draw allocates nothing.
   const float inv_t = 1.0f / temperature;
   float m = -INFINITY;
   for (const auto& c : cand) m = std::max(m, c.first);
-  std::vector<float> w(cand.size());
+  auto weight = [&](size_t j) { return std::exp((cand[j].first - m) * inv_t); };
   double sum = 0;
-  for (size_t j = 0; j < cand.size(); ++j) {
-    w[j] = std::exp((cand[j].first - m) * inv_t);
-    sum += w[j];
-  }
+  for (size_t j = 0; j < cand.size(); ++j) sum += weight(j);
   const double u = u01 * sum;
   double acc = 0;
   int last = -1;
   for (size_t j = 0; j < cand.size(); ++j) {
-    if (w[j] <= 0) continue;
+    const float w = weight(j);
+    if (w <= 0) continue;
     last = int(j);
-    acc += w[j];
+    acc += w;
     if (u < acc) return int(j);
   }
   return last;
