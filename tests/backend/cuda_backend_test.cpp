@@ -426,34 +426,39 @@ TEST_F(CudaBackendTest, ArgmaxFirstLargestSkippingNaN) {
 }
 
 // top_k: the same entries (ids; values follow) and log-sum-exp as the host default, on rows with
-// a tie across the k-th value and NaNs, for k from 1 to 256.
-TEST_F(CudaBackendTest, TopKMatchesReference) {
-  const int rows = 3, n = 262144;
+// a tie across the k-th value (inside one chunk and across two) and NaNs, for k from 1 to 1024 at
+// a Gemma vocabulary (many chunks, then the merge) and on short rows (chunks of unequal length; a
+// chunk shorter than k).
+void check_top_k(Backend& cu, Backend& ref, int n, int k) {
+  const int rows = 3;
   auto x = randn(size_t(rows) * n, 61, 3.f);
-  for (int i = 0; i < 300; ++i) x[size_t(1) * n + 1000 + 7 * i] = 11.f;  // row 1: a 300-way tie at the top
-  for (int i = 0; i < 1000; ++i) x[size_t(2) * n + 3 * i] = NAN;          // row 2: NaNs
-  for (int k : {1, 64, 256}) {
-    std::vector<float> rv(size_t(rows) * k), rl(rows);
-    std::vector<int32_t> ri(size_t(rows) * k);
-    ref->top_k(x.data(), rows, n, k, rv.data(), ri.data(), rl.data());
-    Buf dx = up(*cu, x);
-    Buf dv = cu->alloc_f32(rv.size());
-    Buf di = cu->alloc_i32(ri.size());
-    Buf dl = cu->alloc_f32(rows);
-    cu->top_k(dx, rows, n, k, dv, di, dl);
-    std::vector<int32_t> gi(ri.size());
-    cu->to_host(di, gi.size(), gi.data());
-    const auto gv = down(*cu, dv, rv.size()), gl = down(*cu, dl, rows);
-    for (int r = 0; r < rows; ++r) {
-      std::vector<int32_t> a(ri.begin() + r * k, ri.begin() + (r + 1) * k), b(gi.begin() + r * k, gi.begin() + (r + 1) * k);
-      std::sort(a.begin(), a.end());
-      std::sort(b.begin(), b.end());
-      EXPECT_EQ(b, a) << "k " << k << " row " << r;
-      EXPECT_NEAR(gl[size_t(r)], rl[size_t(r)], 1e-4f * std::max(1.f, std::fabs(rl[size_t(r)]))) << "row " << r;
-      for (int j = 0; j < k; ++j) EXPECT_EQ(gv[size_t(r * k + j)], x[size_t(r) * n + size_t(gi[size_t(r * k + j)])]);
-    }
-    for (const Buf& p : {dx, dv, di, dl}) cu->free(p);
+  for (int i = 0; i < 300 && 1000 + 7 * i < n; ++i) x[size_t(1) * n + 1000 + 7 * i] = 11.f;  // row 1: a tie at the top
+  for (int i = 0; i < 1000 && 3 * i < n; ++i) x[size_t(2) * n + 3 * i] = NAN;              // row 2: NaNs
+  std::vector<float> rv(size_t(rows) * k), rl(rows);
+  std::vector<int32_t> ri(size_t(rows) * k);
+  ref.top_k(x.data(), rows, n, k, rv.data(), ri.data(), rl.data());
+  Buf dx = up(cu, x);
+  Buf dv = cu.alloc_f32(rv.size());
+  Buf di = cu.alloc_i32(ri.size());
+  Buf dl = cu.alloc_f32(rows);
+  cu.top_k(dx, rows, n, k, dv, di, dl);
+  std::vector<int32_t> gi(ri.size());
+  cu.to_host(di, gi.size(), gi.data());
+  const auto gv = down(cu, dv, rv.size()), gl = down(cu, dl, rows);
+  for (int r = 0; r < rows; ++r) {
+    std::vector<int32_t> a(ri.begin() + r * k, ri.begin() + (r + 1) * k), b(gi.begin() + r * k, gi.begin() + (r + 1) * k);
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    EXPECT_EQ(b, a) << "n " << n << " k " << k << " row " << r;
+    EXPECT_NEAR(gl[size_t(r)], rl[size_t(r)], 1e-4f * std::max(1.f, std::fabs(rl[size_t(r)]))) << "n " << n << " row " << r;
+    for (int j = 0; j < k; ++j) EXPECT_EQ(gv[size_t(r * k + j)], x[size_t(r) * n + size_t(gi[size_t(r * k + j)])]);
   }
+  for (const Buf& p : {dx, dv, di, dl}) cu.free(p);
+}
+TEST_F(CudaBackendTest, TopKMatchesReference) {
+  for (int n : {262144, 5000, 2100})
+    for (int k : {1, 64, 256, 1024})
+      if (k <= n) check_top_k(*cu, *ref, n, k);
 }
 
 // mask_logits: the same logits as the host default (-inf where a masked row's bit is clear, rows

@@ -247,7 +247,9 @@ class CudaBackend final : public Backend {
     float *vals = F(vals_b), *lse = F(lse_b);
     int32_t* idx = I(idx_b);
     G4_CHECK(k > 0 && k <= n && k <= 1024);
-    launch("top_k", cuda::top_k, x, rows, n, k, vals, idx, lse);
+    const size_t bytes = cuda::top_k_scratch_bytes(rows, n, k);
+    void* scratch = bytes ? top_k_.get(mem_, bytes, dev_) : nullptr;
+    launch("top_k", cuda::top_k, x, rows, n, k, vals, idx, lse, scratch);
   }
   void draw_top(const Buf& vals_b, const Buf& idx_b, const Buf& lse_b, int rows, int k, const Buf& fparams_b,
                 const Buf& iparams_b, const Buf& out_b) override {
@@ -445,6 +447,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::SeqTables> seqs_;  // attention's per-step device tables
   // Scratch that kernels leave zero (counters, argmax slots) or overwrite (attention partials).
   cuda::GrowBuffer partial_, counters_, argmax_, epilogue_counter_;
+  cuda::GrowBuffer top_k_;  // top_k's chunk candidates and partial sums
   cuda::GrowBuffer moe_h_, moe_dy_;  // device MoE: the items' gated hidden rows and expert outputs
   cuda::GrowBuffer moe_groups_;      // prefill MoE: the items grouped by expert (cuda::MoeGroups)
   cuda::ExpertTables experts_{mem_, dev_};  // the device MoE's expert arrays (zero experts for other ranks')

@@ -284,9 +284,12 @@ int attention_splits(int n, int H, int max_visible, int positions = 0);
 // slots / counters: rows zeros each (the kernel leaves them zero).
 void argmax(cudaStream_t s, const float* x, int rows, int n, unsigned long long* slots, unsigned* counters,
             int32_t* out);
-// Backend::top_k: per row of x [rows, n], the k (<= 1024, <= n) largest values (ties: lowest
-// indices) into vals / idx [rows, k], unordered, and lse [rows]. One block per row.
-void top_k(cudaStream_t s, const float* x, int rows, int n, int k, float* vals, int32_t* idx, float* lse);
+// Backend::top_k (cuda_top_k.cu): per row of x [rows, n], the k (<= 1024, <= n) largest values
+// (ties: lowest indices) into vals / idx [rows, k], unordered, and lse [rows]. scratch: device
+// memory of top_k_scratch_bytes(rows, n, k) bytes (none when that is 0), overwritten.
+size_t top_k_scratch_bytes(int rows, int n, int k);
+void top_k(cudaStream_t s, const float* x, int rows, int n, int k, float* vals, int32_t* idx, float* lse,
+           void* scratch);
 // Backend::draw_top (k <= 256): out[r] = sampling/top_draw.h's draw_top of row r's candidates.
 void draw_top(cudaStream_t s, const float* vals, const int32_t* idx, const float* lse, int rows, int k,
               const float* fparams, const int32_t* iparams, int32_t* out);

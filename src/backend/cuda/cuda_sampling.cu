@@ -1,4 +1,5 @@
-// Sampling kernels over f32 logits: argmax and the top-k radix select with the row's log-sum-exp.
+// Sampling kernels over f32 logits: argmax, and the draw from the candidates top_k left
+// (cuda_top_k.cu).
 #include <cuda_fp16.h>
 
 #include <cstdint>
@@ -11,142 +12,6 @@
 
 namespace g4::cuda {
 namespace {
-
-// Backend::top_k, one block of kTopKThreads per row; every pass reads the row with coalesced
-// strided loads (blockDim.x a multiple of 32: the histogram passes use whole-warp intrinsics). Values become order-keeping 32-bit keys (NaN the smallest); a radix select (four
-// passes of 8-bit digits, a shared histogram each) finds the k-th largest key T, how many entries
-// equal to T belong to the top k, and how many equal T in all. A last pass writes every entry above
-// T (slots by an atomic counter) and the entries equal to T: all of them when all are needed (the
-// usual case: no tie at the k-th value), else the lowest-indexed ones, ranked chunk by chunk in
-// index order (ballots within a warp, warp offsets through shared memory). The row's log-sum-exp
-// comes from a max and a sum reduction.
-constexpr int kTopKThreads = 1024;
-__device__ inline uint32_t order_key(float x) {
-  if (isnan(x)) return 0u;
-  const uint32_t u = __float_as_uint(x);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-// One pass of this thread over the row: f(i, x[i], valid) for i = threadIdx.x + j * blockDim.x with
-// kRowUnroll loads issued before any is used (one block per row is latency-bound otherwise). Every
-// thread makes the same calls, valid == false past the end, so warp intrinsics in f see whole warps.
-constexpr int kRowUnroll = 8;
-template <class F>
-__device__ inline void row_pass(const float* row, int n, F f) {
-  const int B = blockDim.x;
-  for (int base = 0; base < n; base += kRowUnroll * B) {
-    float v[kRowUnroll];
-#pragma unroll
-    for (int u = 0; u < kRowUnroll; ++u) {
-      const int i = base + u * B + int(threadIdx.x);
-      v[u] = i < n ? row[i] : 0.f;
-    }
-#pragma unroll
-    for (int u = 0; u < kRowUnroll; ++u) {
-      const int i = base + u * B + int(threadIdx.x);
-      f(i, v[u], i < n);
-    }
-  }
-}
-__global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* x, int n, int k, float* vals,
-                                                              int32_t* idx, float* lse) {
-  pdl_enter();
-  __shared__ unsigned hist[256];
-  __shared__ unsigned sh_warp[kTopKThreads / 32];
-  __shared__ float sh[32];
-  __shared__ uint32_t sh_prefix;
-  __shared__ int sh_left, sh_eq_total;
-  __shared__ unsigned sh_above, sh_eq;
-  const float* row = x + int64_t(blockIdx.x) * n;
-  const int B = blockDim.x;
-  // log-sum-exp (NaN as -inf)
-  float m = -INFINITY;
-  row_pass(row, n, [&](int, float v, bool ok) {
-    if (ok && !isnan(v)) m = fmaxf(m, v);
-  });
-  m = block_reduce(m, sh, Max{}, -INFINITY);
-  float e = 0.f;
-  if (m > -INFINITY)
-    row_pass(row, n, [&](int, float v, bool ok) {
-      if (ok && !isnan(v)) e += expf(v - m);
-    });
-  e = block_sum(e, sh);
-  if (threadIdx.x == 0) {
-    lse[blockIdx.x] = m > -INFINITY ? m + logf(e) : m;
-    sh_prefix = 0u;
-    sh_left = k;  // entries still to take at or below the current prefix
-    sh_above = 0u;
-    sh_eq = 0u;
-  }
-  uint32_t mask = 0u;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = threadIdx.x; b < 256; b += B) hist[b] = 0u;
-    __syncthreads();
-    const uint32_t prefix = sh_prefix;
-    // Logits crowd into a few bins: lanes of a warp that share a bin add once, through their leader
-    // (one shared atomic per bin and warp instead of one per entry).
-    row_pass(row, n, [&](int, float v, bool ok) {
-      unsigned bin = 256u;  // none
-      if (ok) {
-        const uint32_t key = order_key(v);
-        if ((key & mask) == prefix) bin = (key >> shift) & 255u;
-      }
-      const unsigned peers = __match_any_sync(0xffffffffu, bin);
-      if (bin != 256u && int(threadIdx.x % 32) == __ffs(peers) - 1) atomicAdd(&hist[bin], unsigned(__popc(peers)));
-    });
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int left = sh_left, d = 255;
-      for (; d > 0; --d) {
-        if (int(hist[d]) >= left) break;
-        left -= int(hist[d]);
-      }
-      sh_prefix = prefix | (uint32_t(d) << shift);
-      sh_left = left;
-      sh_eq_total = int(hist[d]);  // after the last pass: the entries equal to T
-    }
-    mask |= 255u << shift;
-    __syncthreads();
-  }
-  const uint32_t T = sh_prefix;
-  const int need_eq = sh_left, above_total = k - need_eq;
-  const bool all_eq = sh_eq_total == need_eq;
-  float* vo = vals + int64_t(blockIdx.x) * k;
-  int32_t* io = idx + int64_t(blockIdx.x) * k;
-  row_pass(row, n, [&](int i, float v, bool ok) {
-    if (!ok) return;
-    const uint32_t key = order_key(v);
-    unsigned slot = 0xffffffffu;
-    if (key > T) slot = atomicAdd(&sh_above, 1u);
-    else if (key == T && all_eq) slot = unsigned(above_total) + atomicAdd(&sh_eq, 1u);
-    if (slot != 0xffffffffu) {
-      vo[slot] = v;
-      io[slot] = i;
-    }
-  });
-  if (all_eq) return;
-  // More entries equal T than the top k holds: the lowest indices, chunk by chunk in index order.
-  const int lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = B / 32;
-  int taken = 0;  // uniform across the block
-  for (int c0 = 0; c0 < n && taken < need_eq; c0 += B) {
-    const int i = c0 + threadIdx.x;
-    const bool eq = i < n && order_key(row[i]) == T;
-    const unsigned ballot = __ballot_sync(0xffffffffu, eq);
-    if (lane == 0) sh_warp[w] = __popc(ballot);
-    __syncthreads();
-    int before = 0, total = 0;
-    for (int j = 0; j < nw; ++j) {
-      before += j < w ? int(sh_warp[j]) : 0;
-      total += int(sh_warp[j]);
-    }
-    const int rank = taken + before + __popc(ballot & ((1u << lane) - 1u));
-    if (eq && rank < need_eq) {
-      vo[above_total + rank] = row[i];
-      io[above_total + rank] = i;
-    }
-    taken += total;
-    __syncthreads();
-  }
-}
 
 // First index of each row's largest non-NaN value. Grid (kArgmaxBlocks, rows): each block scans a
 // strided share of its row (a thread's own earliest index wins its ties), reduces (value, index)
@@ -308,9 +173,6 @@ void draw_top(cudaStream_t s, const float* vals, const int32_t* idx, const float
 void argmax(cudaStream_t s, const float* x, int rows, int n, unsigned long long* slots, unsigned* counters,
             int32_t* out) {
   if (rows > 0) launch_kernel(argmax_kernel, dim3(kArgmaxBlocks, unsigned(rows)), 256, 0, s, x, n, slots, counters, out);
-}
-void top_k(cudaStream_t s, const float* x, int rows, int n, int k, float* vals, int32_t* idx, float* lse) {
-  if (rows > 0 && k > 0) launch_kernel(top_k_kernel, rows, kTopKThreads, 0, s, x, n, k, vals, idx, lse);
 }
 
 }  // namespace g4::cuda
