@@ -2,6 +2,7 @@
 // before the fused forms existed, so host backends compute exactly what they did; the host
 // fallbacks of argmax and top_k; and the typed host copies over the backends' raw byte copies.
 #include "backend/backend.h"
+#include "backend/draw_top_arrays.h"
 #include "core/token_mask.h"
 #include "sampling/top_draw.h"
 
@@ -250,6 +251,24 @@ void Backend::draw_top(const Buf& vals, const Buf& idx, const Buf& lse, int rows
     tok[r] = g4::draw_top(v.data() + r * size_t(k), ids.data() + r * size_t(k), k, l[r], d, &cand);
   }
   from_host(tok.data(), tok.size(), out);
+}
+
+std::vector<int32_t> draw_top_arrays(Backend& be, const std::vector<float>& vals, const std::vector<int32_t>& ids,
+                                     const std::vector<float>& lse, int k, const std::vector<float>& fparams,
+                                     const std::vector<int32_t>& iparams) {
+  const int rows = int(lse.size());
+  const Buf v = be.alloc_f32(vals.size()), l = be.alloc_f32(lse.size()), f = be.alloc_f32(fparams.size());
+  const Buf i = be.alloc_i32(ids.size()), p = be.alloc_i32(iparams.size()), o = be.alloc_i32(lse.size());
+  be.from_host(vals.data(), vals.size(), v);
+  be.from_host(lse.data(), lse.size(), l);
+  be.from_host(fparams.data(), fparams.size(), f);
+  be.from_host(ids.data(), ids.size(), i);
+  be.from_host(iparams.data(), iparams.size(), p);
+  be.draw_top(v, i, l, rows, k, f, p, o);
+  std::vector<int32_t> out(lse.size());
+  be.to_host(o, out.size(), out.data());
+  for (const Buf& b : {v, l, f, i, p, o}) be.free(b);
+  return out;
 }
 
 }  // namespace g4

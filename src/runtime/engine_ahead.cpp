@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "backend/draw_top_arrays.h"
 #include "runtime/engine.h"
 #include "runtime/engine_slot.h"
 
@@ -33,7 +34,7 @@ namespace {
 bool device_draw_agrees(Backend& be) {
   constexpr int kRows = 8, kK = 64;
   std::vector<float> vals(size_t(kRows) * kK), lse(kRows), fp(size_t(kRows) * kTopDrawFields);
-  std::vector<int32_t> ids(vals.size()), ip(fp.size()), got(kRows), want(kRows);
+  std::vector<int32_t> ids(vals.size()), ip(fp.size()), want(kRows);
   uint32_t st = 12345;
   auto next = [&st] { return st = st * 1664525u + 1013904223u; };
   TopCandidates cand;
@@ -55,17 +56,7 @@ bool device_draw_agrees(Backend& be) {
     pack_top_draw(d, fp.data() + size_t(r) * kTopDrawFields, ip.data() + size_t(r) * kTopDrawFields);
     want[size_t(r)] = draw_top(vals.data() + size_t(r) * kK, ids.data() + size_t(r) * kK, kK, lse[size_t(r)], d, &cand);
   }
-  const Buf v = be.alloc_f32(vals.size()), l = be.alloc_f32(lse.size()), f = be.alloc_f32(fp.size());
-  const Buf i = be.alloc_i32(ids.size()), p = be.alloc_i32(ip.size()), o = be.alloc_i32(size_t(kRows));
-  be.from_host(vals.data(), vals.size(), v);
-  be.from_host(lse.data(), lse.size(), l);
-  be.from_host(fp.data(), fp.size(), f);
-  be.from_host(ids.data(), ids.size(), i);
-  be.from_host(ip.data(), ip.size(), p);
-  be.draw_top(v, i, l, kRows, kK, f, p, o);
-  be.to_host(o, got.size(), got.data());
-  for (const Buf& b : {v, l, f, i, p, o}) be.free(b);
-  return got == want;
+  return draw_top_arrays(be, vals, ids, lse, kK, fp, ip) == want;
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/draw_top_arrays.h"
 #include "backend_test_util.h"
 #include "sampling/sampler.h"
 #include "sampling/top_draw.h"
@@ -61,15 +62,7 @@ Rows make_rows(int rows, int k, uint32_t seed, const std::vector<TopDraw>& draws
 }
 
 std::vector<int32_t> run(Backend& be, const Rows& r) {
-  Buf v = test::upload(be, r.vals), l = test::upload(be, r.lse), f = test::upload(be, r.fp);
-  Buf i = be.alloc_i32(r.ids.size()), p = be.alloc_i32(r.ip.size()), o = be.alloc_i32(size_t(r.rows));
-  be.from_host(r.ids.data(), r.ids.size(), i);
-  be.from_host(r.ip.data(), r.ip.size(), p);
-  be.draw_top(v, i, l, r.rows, r.k, f, p, o);
-  std::vector<int32_t> out(size_t(r.rows));
-  be.to_host(o, out.size(), out.data());
-  for (const Buf& b : {v, l, f, i, p, o}) be.free(b);
-  return out;
+  return draw_top_arrays(be, r.vals, r.ids, r.lse, r.k, r.fp, r.ip);
 }
 
 SamplingParams params(float t, int top_k, float top_p, float min_p, int keep = 1) {
