@@ -221,16 +221,21 @@ __global__ void __launch_bounds__(kMergeThreads) top_k_merge_kernel(int n, int k
   block_select(get, C * k, k, vals + int64_t(r) * k, idx + int64_t(r) * k, s);
 }
 
-// Positions a chunk takes: at least kMinChunk, and enough that C k stays near kMergeList.
-int chunk_len(int n, int k) {
+// How launch 1 splits a row of n: chunks of len positions (at least kMinChunk, and enough that
+// count k stays near kMergeList), count of them.
+struct ChunkPlan {
+  int len, count;
+};
+ChunkPlan chunk_plan(int n, int k) {
   const int64_t want = (int64_t(k) * n + kMergeList - 1) / kMergeList;
-  return int(want > kMinChunk ? want : kMinChunk);
+  const int len = int(want > kMinChunk ? want : kMinChunk);
+  return {len, (n + len - 1) / len};
 }
 
 }  // namespace
 
 size_t top_k_scratch_bytes(int rows, int n, int k) {
-  const int L = chunk_len(n, k), C = (n + L - 1) / L;
+  const int C = chunk_plan(n, k).count;
   if (C <= 1) return 0;
   return size_t(rows) * C * (size_t(k) * 8 + 8);
 }
@@ -238,7 +243,7 @@ size_t top_k_scratch_bytes(int rows, int n, int k) {
 void top_k(cudaStream_t s, const float* x, int rows, int n, int k, float* vals, int32_t* idx, float* lse,
            void* scratch) {
   if (rows <= 0 || k <= 0) return;
-  const int L = chunk_len(n, k), C = (n + L - 1) / L;
+  const auto [L, C] = chunk_plan(n, k);
   float* cv = static_cast<float*>(scratch);
   int32_t* ci = C > 1 ? reinterpret_cast<int32_t*>(cv + size_t(rows) * C * k) : nullptr;
   float* part = C > 1 ? reinterpret_cast<float*>(ci + size_t(rows) * C * k) : nullptr;
