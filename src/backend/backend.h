@@ -189,7 +189,7 @@ struct BackendOptions {
   // runs on cuBLAS rather than the few-row kernel (cuda_mma_small.h). 0: kBlasCachedMinRows.
   int blas_cached_min_rows = 0;
   // CUDA: the fewest cache positions one block of a decode attention launch takes (the split of a
-  // row's positions over blocks, merged by the last; cuda::attention_splits). 0: the built-in 32.
+  // row's positions over blocks, merged by the last; cuda::attention_splits). 0: the built-in 64.
   // Row-exact launches always split kAttnMaxSplits ways.
   int attn_split_positions = 0;
   // CUDA with bf16 activations: decode matmuls (one row) dot the activation row quantized to int8

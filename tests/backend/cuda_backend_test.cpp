@@ -494,9 +494,11 @@ TEST_F(CudaBackendTest, MaskLogitsMatchesReference) {
   for (const Buf& p : {dx, dw, dr, co}) cu->free(p);
 }
 
-void attention_case(Backend& cu, Backend& ref, int pos0, int n, int window) {
-  EXPECT_LE(rel_err(test::attention_scenario(cu, pos0, n, window), test::attention_scenario(ref, pos0, n, window)), 1e-5)
-      << "pos0 " << pos0 << " n " << n << " window " << window;
+void attention_case(Backend& cu, Backend& ref, int pos0, int n, int window, int D = 256, int Hk = 1) {
+  EXPECT_LE(rel_err(test::attention_scenario(cu, pos0, n, window, {}, D, Hk),
+                    test::attention_scenario(ref, pos0, n, window, {}, D, Hk)),
+            1e-5)
+      << "pos0 " << pos0 << " n " << n << " window " << window << " D " << D << " Hk " << Hk;
 }
 
 TEST_F(CudaBackendTest, AttentionMatchesReference) {
@@ -506,6 +508,14 @@ TEST_F(CudaBackendTest, AttentionMatchesReference) {
   attention_case(*cu, *ref, 40, 7, 16);  // ring buffer
   attention_case(*cu, *ref, 500, 1, 128);   // ring buffer, positions split over blocks
   attention_case(*cu, *ref, 1000, 2, 0);    // 16 splits of the visible positions
+}
+
+// Decode rows at other head widths (a lane's run of 16, 4 or 2 values; runs cut short or not
+// aligned for vector loads: 72, 33) and grouped KV heads, over one split, splits merged in one
+// cluster (301 positions) and more splits than a cluster holds (1001).
+TEST_F(CudaBackendTest, DecodeAttentionAtOtherHeadWidths) {
+  for (int D : {512, 128, 72, 33})
+    for (int pos0 : {20, 300, 1000}) attention_case(*cu, *ref, pos0, 1, 0, D, 2);
 }
 
 // Bidirectional image blocks (AttnSeq::blocks): rows see their whole block, also past a sliding

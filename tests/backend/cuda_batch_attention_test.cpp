@@ -28,8 +28,9 @@ std::unique_ptr<Backend> cuda_or_skip(DType act) {
 }
 
 // Four sequences, three of which decode together at each step (a different three each time, so
-// each step's batch holds other caches at other positions): full caches of 1024 and 1100 slots
-// (so that every batch has the same split bound) and a ring of 12 slots for a window of 8. Each
+// each step's batch holds other caches at other positions): full caches of 2200 and 2300 slots
+// (past kAttnMaxSplits splits of any split length up to 68 positions, so that every batch has the
+// same split count) and a ring of 12 slots for a window of 8. Each
 // cache is first filled row by row with kv_write; every step then uploads the batch's q/k/v rows,
 // runs attn_prep (rope, cache write) and attention for the batch in one step. Returns each step's
 // output [3, H, D] and, through pos_out, every cache's position bookkeeping at the end.
@@ -39,7 +40,7 @@ struct Cache {
 std::vector<std::vector<float>> rotating_batches(Backend& b, int steps, std::vector<std::vector<int32_t>>* pos_out) {
   const int H = 4, Hk = 2, D = 128, B = 3;
   const RopeTable rt = make_rope_table(RopeSpec{RopeKind::Default, 10000.f, 1.f, 1.f}, D);
-  std::vector<Cache> caches = {{1024, 0, 5}, {1100, 0, 37}, {1024, 0, 300}, {12, 8, 20}};
+  std::vector<Cache> caches = {{2200, 0, 5}, {2300, 0, 37}, {2200, 0, 300}, {12, 8, 20}};
   std::vector<Buf> kc, vc;
   pos_out->assign(caches.size(), {});
   for (size_t i = 0; i < caches.size(); ++i) {

@@ -30,11 +30,19 @@ namespace {
 // into shared memory, and the blocks whose positions include the row's own also its K and V head
 // (prep.k, prep.v, when the layer has them), the first query head of each KV group writing them
 // into the cache slot; the row's own K/V are then read from shared memory (no block reads that
-// slot). 128 threads and norm_rope_head / norm_v_head as attn_prep_kernel runs them: the same bits.
+// slot). norm_rope_head / norm_v_head as attn_prep_kernel runs them: the same bits.
 // kFold: the instance that runs with prep.q set. The others compile without the fold's prologue and
 // its per-position choice of K/V source: carrying them cost +23 % of a decode step at a 512-token
 // context (stop 51).
-constexpr int kAttnWarps = 4;
+// Warps a block. The instance that folds attn_prep in runs the same 8, so its output adds in the
+// same order as the plain one's; its head norms split their sums over attn_prep's 128 threads
+// (head_inv_rms), so the caches and q get attn_prep's bits.
+constexpr int kAttnWarps = 8;
+// The fewest cache positions a split takes by default: with 8 warps, two rounds of kBatch
+// positions a warp. Against 4 warps and 32 positions, device time a step at prompt 512: E2B
+// -1.7 %, E4B -1.5 %, 26B-A4B -2.8 %, 31B -1.0 % (stop 60, H200; stop 59's H100: E2B -1.8 %,
+// 26B-A4B -2.4 %); 8 warps at 32 positions alone cost 26B-A4B 2.6 %.
+constexpr int kAttnSplitPositions = 64;
 template <int kPer, bool kQuant, bool kFold, class T>
 __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* q, int H, AttnBatch a, float scale,
                                                                        float* partial, unsigned* counters, T* out,
@@ -72,13 +80,13 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* 
       if (own_kv) s_k[i] = static_cast<const T*>(prep.k)[kv_row + i], s_v[i] = static_cast<const T*>(prep.v)[kv_row + i];
     }
     __syncthreads();
-    norm_rope_head(s_q, D, prep.q_norm_w, prep.eps, fpos, prep.inv_freq, static_cast<T*>(nullptr), s_red);
+    norm_rope_head<kAttnPrepThreads>(s_q, D, prep.q_norm_w, prep.eps, fpos, prep.inv_freq, static_cast<T*>(nullptr), s_red);
     if (own_kv) {
       const bool writer = h % (H / a.n_kv_heads) == 0;
       const int64_t at = (kv_slot(sq.table, sq.block_shift, capacity, window, pos) * a.n_kv_heads + g) * D;
-      norm_rope_head(s_k, D, prep.k_norm_w, prep.eps, fpos, prep.inv_freq,
+      norm_rope_head<kAttnPrepThreads>(s_k, D, prep.k_norm_w, prep.eps, fpos, prep.inv_freq,
                      writer ? static_cast<T*>(sq.k) + at : static_cast<T*>(nullptr), s_red);
-      norm_v_head(s_v, D, prep.v_norm, prep.eps, writer ? static_cast<T*>(sq.v) + at : static_cast<T*>(nullptr), s_red);
+      norm_v_head<kAttnPrepThreads>(s_v, D, prep.v_norm, prep.eps, writer ? static_cast<T*>(sq.v) + at : static_cast<T*>(nullptr), s_red);
     }
     __syncthreads();
     qh = s_q;

@@ -277,8 +277,7 @@ void attention(cudaStream_t s, const void* q, int H, const AttnBatch& a, float s
 // kAttnMaxSplits. A row's bits depend on the split count and its own visible positions only, so
 // a row-exact launch (BackendOptions::row_exact) uses kAttnMaxSplits for every row.
 constexpr int kAttnMaxSplits = 32;
-// positions: the fewest cache positions a split takes (0: kAttnSplitPositions).
-constexpr int kAttnSplitPositions = 32;
+// positions: the fewest cache positions a split takes (0: cuda_attention.cu's kAttnSplitPositions).
 int attention_splits(int n, int H, int max_visible, int positions = 0);
 // out[r] = first index of the largest non-NaN value of row r of x [rows, n] (0 for an all-NaN row).
 // slots / counters: rows zeros each (the kernel leaves them zero).

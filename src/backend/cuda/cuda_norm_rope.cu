@@ -361,7 +361,7 @@ void moe_exit(cudaStream_t s, void* x, const void* h1, const void* h2, const Moe
 
 void attn_prep(cudaStream_t s, const AttnPrepArgs& a, int rows) {
   if (rows <= 0) return;
-  with_act(a.t, [&](auto tag) { launch_kernel(attn_prep_kernel<decltype(tag)>, rows * (a.H + a.Hk), 128, 0, s, a); });
+  with_act(a.t, [&](auto tag) { launch_kernel(attn_prep_kernel<decltype(tag)>, rows * (a.H + a.Hk), kAttnPrepThreads, 0, s, a); });
 }
 
 void norm_rope(cudaStream_t s, void* x, int rows, int heads, int head_dim, const float* w, float eps, Dyn pos0,
