@@ -510,9 +510,9 @@ TEST_F(CudaBackendTest, AttentionMatchesReference) {
   attention_case(*cu, *ref, 1000, 2, 0);    // 16 splits of the visible positions
 }
 
-// Decode rows at other head widths (a lane's run of 16, 4 or 2 values; runs cut short or not
-// aligned for vector loads: 72, 33) and grouped KV heads, over one split, splits merged in one
-// cluster (301 positions) and more splits than a cluster holds (1001).
+// Decode rows at other head widths (16, 4, 3 or 2 values a lane: 512, 128, 72, 33, the last two
+// leaving lanes short) and grouped KV heads, over one split (21 positions), a few (301: 5 splits
+// of 64) and many (1001: 16), each merged by the last block to finish.
 TEST_F(CudaBackendTest, DecodeAttentionAtOtherHeadWidths) {
   for (int D : {512, 128, 72, 33})
     for (int pos0 : {20, 300, 1000}) attention_case(*cu, *ref, pos0, 1, 0, D, 2);
