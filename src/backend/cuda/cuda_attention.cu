@@ -36,7 +36,7 @@ namespace {
 // context (stop 51).
 // Warps a block. The instance that folds attn_prep in runs the same 8, so its output adds in the
 // same order as the plain one's; its head norms split their sums over attn_prep's 128 threads
-// (head_inv_rms), so the caches and q get attn_prep's bits.
+// (inv_rms<kAttnPrepThreads>), so the caches and q get attn_prep's bits.
 constexpr int kAttnWarps = 8;
 // The fewest cache positions a split takes by default: with 8 warps, two rounds of kBatch
 // positions a warp. Against 4 warps and 32 positions, device time a step at prompt 512: E2B

@@ -7,34 +7,19 @@
 
 namespace g4::cuda {
 
-// attn_prep_kernel's block size (cuda_norm_rope.cu).
+// attn_prep_kernel's block size (cuda_norm_rope.cu). The decode attention that folds attn_prep in
+// runs a larger block and passes it as kSumThreads, so its head norms find attn_prep's factors.
 constexpr int kAttnPrepThreads = 128;
-
-// 1 / rms of a head x [dim], its sum of squares split over kSumThreads threads (0: the whole
-// block; inv_rms's order). A block larger than attn_prep's (the decode attention that folds
-// attn_prep in) passes kAttnPrepThreads: its other threads add zeros, which leave the block
-// reduction's sums exact, so both find the same factor to the bit.
-template <int kSumThreads = 0, class T>
-__device__ inline float head_inv_rms(const T* x, int dim, float eps, float* sh) {
-  if constexpr (kSumThreads == 0) {
-    return inv_rms(x, dim, eps, sh);
-  } else {
-    float ss = 0.f;
-    if (threadIdx.x < kSumThreads)
-      for (int i = threadIdx.x; i < dim; i += kSumThreads) ss += to_f(x[i]) * to_f(x[i]);
-    return rms_inv(ss, dim, eps, sh);
-  }
-}
 
 // One head of x [head_dim] in place, by the whole block: RMSNorm with weight w (none when w is
 // null), then half-split RoPE at position `pos` (pairs with inv_freq 0 are only normalized); the
 // result is also written to `copy` when set (a KV-cache slot). Same rounding as rms_norm_kernel
-// followed by rope_kernel. sh: 32 floats of shared memory. kSumThreads: as head_inv_rms.
+// followed by rope_kernel. sh: 32 floats of shared memory. kSumThreads: as inv_rms.
 template <int kSumThreads = 0, class T>
 __device__ inline void norm_rope_head(T* v, int head_dim, const float* w, float eps, float pos,
                                       const float* inv_freq, T* copy, float* sh) {
   const int half = head_dim / 2;
-  const float inv = w ? head_inv_rms<kSumThreads>(v, head_dim, eps, sh) : 1.f;
+  const float inv = w ? inv_rms<kSumThreads>(v, head_dim, eps, sh) : 1.f;
   for (int j = threadIdx.x; j < half; j += blockDim.x) {
     float a = to_f(v[j]), b = to_f(v[j + half]);
     if (w) {
@@ -62,7 +47,7 @@ __device__ inline void norm_rope_head(T* v, int head_dim, const float* w, float 
 // above.
 template <int kSumThreads = 0, class T>
 __device__ inline void norm_v_head(T* v, int head_dim, bool norm, float eps, T* copy, float* sh) {
-  const float inv = norm ? head_inv_rms<kSumThreads>(v, head_dim, eps, sh) : 1.f;
+  const float inv = norm ? inv_rms<kSumThreads>(v, head_dim, eps, sh) : 1.f;
   for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
     const T x = from_f<T>(norm ? to_f(v[i]) * inv : to_f(v[i]));
     v[i] = x;

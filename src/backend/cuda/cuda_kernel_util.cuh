@@ -53,10 +53,16 @@ __device__ inline float rms_inv(float ss, int dim, float eps, float* sh) {
 }
 // 1 / sqrt(mean(x²) + eps) over x[dim], by the whole block (every thread gets it). Its barriers
 // order the block's reads of x before any write that follows. sh: 32 floats of shared memory.
-template <class T>
+// kSumThreads: the threads the sum of squares is split over (0: the whole block). A block larger
+// than that gets the smaller block's factor to the bit: its other threads add exact zeros.
+template <int kSumThreads = 0, class T>
 __device__ inline float inv_rms(const T* x, int dim, float eps, float* sh) {
   float ss = 0.f;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += to_f(x[i]) * to_f(x[i]);
+  if constexpr (kSumThreads == 0) {
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += to_f(x[i]) * to_f(x[i]);
+  } else if (threadIdx.x < kSumThreads) {
+    for (int i = threadIdx.x; i < dim; i += kSumThreads) ss += to_f(x[i]) * to_f(x[i]);
+  }
   return rms_inv(ss, dim, eps, sh);
 }
 
