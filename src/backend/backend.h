@@ -190,6 +190,7 @@ struct BackendOptions {
   int blas_cached_min_rows = 0;
   // CUDA: the fewest cache positions one block of a decode attention launch takes (the split of a
   // row's positions over blocks, merged by the last; cuda::attention_splits). 0: the built-in 64.
+  // More where heads x splits would not fit one round of the GPU's resident blocks.
   // Row-exact launches always split kAttnMaxSplits ways.
   int attn_split_positions = 0;
   // CUDA with bf16 activations: decode matmuls (one row) dot the activation row quantized to int8

@@ -148,7 +148,7 @@ void add_load_options(VerbCli& cli) {
             "cuBLAS instead of the few-row tensor-core kernel (tuning; 0: the built-in switch-over)", "0")
       ->type_name("N")->check(CLI::Range(0, 33));
   cli.value("--cuda-attn-split", "the fewest cache positions a block of a decode attention launch takes "
-            "(tuning; 0: the built-in 64)", "0")
+            "(tuning; 0: the built-in 64; more where the launch would not fit one round of resident blocks)", "0")
       ->type_name("N")->check(CLI::Range(0, 65536));
   cli.value("--int8-dots", "with --dtype bf16: decode matmuls on int8-quantized activation rows (dp4a)", "on")
       ->type_name("on|off")->check(one_of({"on", "off"}));

@@ -3,7 +3,9 @@
 // tensor-core kernel instead (cuda_flash_attention.cu).
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/cuda_act.cuh"
 #include "backend/cuda/cuda_dequant.cuh"
@@ -43,6 +45,27 @@ constexpr int kAttnWarps = 8;
 // -1.7 %, E4B -1.5 %, 26B-A4B -2.8 %, 31B -1.0 % (stop 60, H200; stop 59's H100: E2B -1.8 %,
 // 26B-A4B -2.4 %); 8 warps at 32 positions alone cost 26B-A4B 2.6 %.
 constexpr int kAttnSplitPositions = 64;
+
+// Before the wait: split `split` of S's K and V rows of KV head g into L2, for the launch row lr of
+// a contiguous or ring cache (no block table, no image block: both are read only after the wait).
+// A hint, issued while the kernels before this one run; the loads after the wait then find the
+// rows in L2 instead of DRAM. It never makes a load stale: a kernel of this step that writes a
+// cache row (attn_prep, this row's own position) writes it through L2. Head rows that are not
+// whole 16-byte words are left alone (the prefetch would widen past the cache's last row).
+template <class T>
+__device__ __forceinline__ void prefetch_split_kv(const SeqKv& sq, int lr, int g, const AttnBatch& a, int split, int S) {
+  const int D = a.head_dim;
+  if (sq.table || sq.blocks || (D * sizeof(T)) % 16 != 0) return;
+  const int pos = sq.pos0 + lr - sq.first;
+  const int first = sq.window > 0 ? max(0, pos - sq.window + 1) : 0, n = pos - first + 1, per = (n + S - 1) / S;
+  const int j0 = split * per, j1 = min(n, j0 + per);
+  const int64_t row = int64_t(a.n_kv_heads) * D;
+  for (int j = j0 + int(threadIdx.x); j < j1; j += blockDim.x) {
+    const int64_t at = kv_slot(nullptr, 0, sq.capacity, sq.window, first + j) * row + int64_t(g) * D;
+    prefetch_l2(static_cast<const T*>(sq.k) + at, size_t(D) * sizeof(T));
+    prefetch_l2(static_cast<const T*>(sq.v) + at, size_t(D) * sizeof(T));
+  }
+}
 template <int kPer, bool kQuant, bool kFold, class T>
 __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* q, int H, AttnBatch a, float scale,
                                                                        float* partial, unsigned* counters, T* out,
@@ -51,6 +74,7 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* 
   // by a kernel: its entry is read before the wait, its two dependent loads off the step's path.
   const int lr = blockIdx.x / H, h = blockIdx.x % H, split = blockIdx.y, S = gridDim.y;
   const SeqKv sq = a.tab.seqs[a.tab.row_seq[lr]];
+  if constexpr (!kQuant && !kFold) prefetch_split_kv<T>(sq, lr, h / (H / a.n_kv_heads), a, split, S);
   pdl_enter();
   __shared__ float sh_m[kAttnWarps], sh_l[kAttnWarps];
   __shared__ float sh_acc[kAttnWarps][kPer * kWarp];
@@ -103,6 +127,14 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* 
   // so every load of the iteration is in flight at once (one memory latency per iteration).
   constexpr int kBatch = kPer <= 8 ? 4 : 2;
   float m = -INFINITY, l = 0.f;
+  // The cache slot of visible position first + j. A ring's slots follow the positions on from
+  // first's: one modulo a block instead of one a position (its dependent chain sat in every round).
+  const int ring0 = window > 0 && !sq.table ? first % capacity : 0;
+  auto slot_at = [&](int j) -> int64_t {
+    if (window <= 0 || sq.table) return kv_slot(sq.table, sq.block_shift, capacity, window, first + j);
+    const int r = ring0 + j;  // < 2 capacity where n <= capacity (the ring holds what a row sees)
+    return r < capacity ? r : r - capacity < capacity ? r - capacity : r % capacity;
+  };
   // This lane's values of one position's K and V rows (from the cache, or the folded row's own
   // from shared memory).
   auto load_kv = [&](const T* kr, const T* vr, float* kk, float* vv) {
@@ -119,7 +151,7 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* 
     for (int b = 0; b < kBatch; ++b) {
       const int jj = min(j + b * kAttnWarps, j1 - 1);  // past the end: a valid row, masked below
       const int p = first + jj;
-      const int64_t slot = kv_slot(sq.table, sq.block_shift, capacity, window, p);
+      const int64_t slot = slot_at(jj);
       if constexpr (kQuant) {  // a quantized cache: this lane's kPer contiguous values of the row
         const int64_t hr = int64_t(slot) * a.n_kv_heads + g;
         kv_dequant_run<kPer>(qa.kq, qa.ks, qa.kb, qa, hr, D, lane * kPer, kk[b]);
@@ -229,40 +261,57 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* 
   if (threadIdx.x == 0) counters[blockIdx.x] = 0u;  // ready for the next launch (graph replays too)
 }
 
-template <int kPer, class T>
-void attention_launch(cudaStream_t s, const T* q, int H, const AttnBatch& a, float scale, int splits,
-                      float* partial, unsigned* counters, T* out, const Q8Act& q8o, const AttnPrepArgs& prep) {
-  const dim3 grid(unsigned(a.rows * H), unsigned(splits));
-  auto go = [&](auto kernel, const AttnPrepArgs& p) {
-    launch_kernel(kernel, grid, kAttnWarps * kWarp, 0, s, q, H, a, scale, partial, counters, out, q8o, p);
-  };
-  if (a.quant_bits) go(attention_kernel<kPer, true, false, T>, AttnPrepArgs{});
-  else if (prep.q) go(attention_kernel<kPer, false, true, T>, prep);
-  else go(attention_kernel<kPer, false, false, T>, AttnPrepArgs{});
+// fn(kernel, tag): the attention_kernel instance for head_dim (its dims per lane rounded up to 1, 2,
+// 4, 8 or 16), activation type t (tag: a value of it), a quantized cache, attn_prep folded in.
+template <class Fn>
+void with_attention_kernel(int head_dim, DType t, bool quant, bool fold, Fn&& fn) {
+  const int per = (head_dim + kWarp - 1) / kWarp;
+  with_act(t, [&](auto tag) {
+    using T = decltype(tag);
+    auto pick = [&](auto per_lane) {
+      constexpr int kPer = decltype(per_lane)::value;
+      if (quant) fn(attention_kernel<kPer, true, false, T>, tag);
+      else if (fold) fn(attention_kernel<kPer, false, true, T>, tag);
+      else fn(attention_kernel<kPer, false, false, T>, tag);
+    };
+    if (per <= 1) pick(std::integral_constant<int, 1>{});
+    else if (per <= 2) pick(std::integral_constant<int, 2>{});
+    else if (per <= 4) pick(std::integral_constant<int, 4>{});
+    else if (per <= 8) pick(std::integral_constant<int, 8>{});
+    else pick(std::integral_constant<int, 16>{});  // head_dim <= 512 (spec)
+  });
 }
 
 }  // namespace
 
-int attention_splits(int n, int H, int max_visible, int positions) {
+int attention_resident_blocks(int head_dim, DType t, bool quant) {
+  int per_sm = 0;
+  with_attention_kernel(head_dim, t, quant, false, [&](auto kernel, auto) {
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kAttnWarps * kWarp, 0);
+  });
+  return (per_sm > 0 ? per_sm : 1) * sm_count();
+}
+
+int attention_splits(int n, int H, int max_visible, int positions, int resident) {
   if (n * H >= 128) return 1;  // enough blocks already
   const int per = positions > 0 ? positions : kAttnSplitPositions;
-  const int s = (max_visible + per - 1) / per;
+  int s = (max_visible + per - 1) / per;
+  // No more blocks than the GPU holds at once: a second round of blocks repeats the whole chain of
+  // memory round trips. 31B's sliding layers (32 heads, 16 splits, 2 blocks an SM) took 2 rounds;
+  // at 8 splits its decode step ran 3.3 % faster (stop 61, H100).
+  if (resident > 0) s = std::min(s, std::max(1, resident / (n * H)));
   return s < 1 ? 1 : (s > kAttnMaxSplits ? kAttnMaxSplits : s);
 }
 
 void attention(cudaStream_t s, const void* q_in, int H, const AttnBatch& a, float scale, int splits, float* partial,
                unsigned* counters, void* out_in, Q8Act q8_out, AttnPrepArgs prep) {
   if (a.rows <= 0) return;
-  const int per = (a.head_dim + kWarp - 1) / kWarp;  // dims per lane
-  with_act(a.t, [&](auto tag) {
+  const bool quant = a.quant_bits > 0, fold = !quant && prep.q;
+  const dim3 grid(unsigned(a.rows * H), unsigned(splits));
+  with_attention_kernel(a.head_dim, a.t, quant, fold, [&](auto kernel, auto tag) {
     using T = decltype(tag);
-    const T* q = static_cast<const T*>(q_in);
-    T* out = static_cast<T*>(out_in);
-    if (per <= 1) attention_launch<1>(s, q, H, a, scale, splits, partial, counters, out, q8_out, prep);
-    else if (per <= 2) attention_launch<2>(s, q, H, a, scale, splits, partial, counters, out, q8_out, prep);
-    else if (per <= 4) attention_launch<4>(s, q, H, a, scale, splits, partial, counters, out, q8_out, prep);
-    else if (per <= 8) attention_launch<8>(s, q, H, a, scale, splits, partial, counters, out, q8_out, prep);
-    else attention_launch<16>(s, q, H, a, scale, splits, partial, counters, out, q8_out, prep);  // head_dim <= 512 (spec)
+    launch_kernel(kernel, grid, kAttnWarps * kWarp, 0, s, static_cast<const T*>(q_in), H, a, scale, partial, counters,
+                  static_cast<T*>(out_in), q8_out, fold ? prep : AttnPrepArgs{});
   });
 }
 

@@ -64,7 +64,9 @@ void CudaBackend::attention(const Buf& q_b, int H, const std::vector<AttnSeq>& s
   }
   // Row-exact: one split count for every row whatever its batch (the batch's largest cache, which
   // sets the count otherwise, changes with the batch).
-  const int splits = opt_.row_exact ? cuda::kAttnMaxSplits : cuda::attention_splits(a.rows, H, max_visible, opt_.attn_split_positions);
+  const int splits = opt_.row_exact ? cuda::kAttnMaxSplits
+                                    : cuda::attention_splits(a.rows, H, max_visible, opt_.attn_split_positions,
+                                                             cuda::attention_resident_blocks(a.head_dim, t, a.quant_bits > 0));
   const int D = a.head_dim;
   float* partial = splits > 1 ? static_cast<float*>(partial_.get(mem_, size_t(a.rows) * H * splits * (D + 2) * 4, dev_)) : nullptr;
   unsigned* counters = splits > 1 ? static_cast<unsigned*>(counters_.get(mem_, size_t(a.rows) * H * sizeof(unsigned), dev_, true)) : nullptr;

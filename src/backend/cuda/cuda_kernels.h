@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "backend/cuda/cuda_attention_splits.h"
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_kv_quant.cuh"
 #include "backend/cuda/cuda_q8.cuh"
@@ -272,13 +273,10 @@ void kv_write(cudaStream_t s, const void* k, const void* v, int row0, int n, Dyn
 // normed K/V); all-zero: q is ready.
 void attention(cudaStream_t s, const void* q, int H, const AttnBatch& a, float scale, int splits, float* partial,
                unsigned* counters, void* out, Q8Act q8_out, AttnPrepArgs prep);
-// The number of position ranges attention() should use for n rows of H heads when at most
-// max_visible positions are visible (a static bound, so a recorded step stays valid), at most
-// kAttnMaxSplits. A row's bits depend on the split count and its own visible positions only, so
-// a row-exact launch (BackendOptions::row_exact) uses kAttnMaxSplits for every row.
-constexpr int kAttnMaxSplits = 32;
-// positions: the fewest cache positions a split takes (0: cuda_attention.cu's kAttnSplitPositions).
-int attention_splits(int n, int H, int max_visible, int positions = 0);
+// The split count attention() takes: attention_splits (cuda_attention_splits.h).
+// Blocks of attention()'s kernel for head_dim, activation type t and a quantized cache (or not)
+// that the current device holds at once: resident blocks an SM times its SMs.
+int attention_resident_blocks(int head_dim, DType t, bool quant);
 // out[r] = first index of the largest non-NaN value of row r of x [rows, n] (0 for an all-NaN row).
 // slots / counters: rows zeros each (the kernel leaves them zero).
 void argmax(cudaStream_t s, const float* x, int rows, int n, unsigned long long* slots, unsigned* counters,
