@@ -9,8 +9,8 @@
 // weights and scales there; GEMVs prefetch their rows into L2), and the step's sequence tables
 // (SeqTable: written by the step's first copy node or a synchronous upload; attention and attn_prep
 // read their entry there). Not the image blocks a table points to: a copy kernel may stage them.
-// An L2 prefetch (a hint) may name any memory: the decode attention prefetches its K/V cache rows,
-// which a kernel of the step may still write; writes go through L2, so no later load reads stale.
+// An L2 prefetch (a hint) may also name memory that a kernel of the step still writes (the decode
+// attention prefetches its K/V cache rows): writes go through L2, so no later load reads stale data.
 //   - pdl_wait (griddepcontrol.wait) returns once the preceding grid has completed and its writes
 //     are visible. Since that grid itself waited for its predecessor, every launch still sees all
 //     work queued before it, as in plain stream order.
