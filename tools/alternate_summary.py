@@ -14,6 +14,14 @@ import statistics
 import sys
 
 
+def number(s):
+    """The figure s, or None for `-` (a run that gave none)."""
+    try:
+        return float(s)
+    except ValueError:
+        return None
+
+
 def read_runs(lines):
     """{variant: {build: [(tok_s or None, device_us or None), ...]}}, both levels in first-seen order."""
     runs = {}
@@ -22,14 +30,7 @@ def read_runs(lines):
         if len(parts) != 5 or parts[0] != "RUN":
             continue
         _, variant, build, tok_s, device_us = parts
-
-        def num(s):
-            try:
-                return float(s)
-            except ValueError:
-                return None
-
-        runs.setdefault(variant, {}).setdefault(build, []).append((num(tok_s), num(device_us)))
+        runs.setdefault(variant, {}).setdefault(build, []).append((number(tok_s), number(device_us)))
     return runs
 
 
