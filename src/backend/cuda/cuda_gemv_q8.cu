@@ -25,6 +25,7 @@
 #include "backend/cuda/cuda_q8_units.cuh"
 #include "backend/cuda/cuda_stage_rows.cuh"
 #include "backend/cuda/cuda_gemv_mma.h"
+#include "backend/cuda/cuda_gemv_lanes.h"
 #include "backend/cuda/cuda_gemv_q8.h"
 #include "backend/cuda/cuda_launch.cuh"
 
@@ -186,6 +187,20 @@ bool ahead_pays(int act, int64_t cols) {
 constexpr int kQ8Warps = 4;  // warps per block
 constexpr int kQ8Cols = 8;   // prepared rows a block of a multi-row launch dots each weight row with
 
+// Asks L2 for the weight rows of block b of a launch of `rows_per_block` rows a block (a.first
+// maps blocks to weights), and with kW2 for w2's rows beside them.
+template <bool kW2>
+__device__ __forceinline__ void prefetch_block_rows(const MatArgs& a, unsigned b, int64_t rows_per_block) {
+  int i = 0;
+  while (i + 1 < a.n && b >= a.first[i + 1]) ++i;
+  const DevWeight& w = a.w[i];
+  const int64_t r0 = int64_t(b - a.first[i]) * rows_per_block;
+  if (r0 >= w.rows) return;
+  const int64_t n = min(rows_per_block, w.rows - r0);
+  prefetch_l2(w.data + r0 * w.row_bytes, size_t(n * w.row_bytes));
+  if constexpr (kW2) prefetch_l2(a.w2.data + r0 * a.w2.row_bytes, size_t(n * a.w2.row_bytes));
+}
+
 // y[i][m][r] = w[i][r] · x[m] for the a.n weights of the launch (blocks [first[i], first[i+1])
 // take weight i, kQ8Warps * 32 / lpr rows each) and the a.M prepared rows (blockIdx.y: rows
 // kCols·blockIdx.y onward, at most kCols of them, each weight unit loaded and unpacked once for
@@ -220,11 +235,12 @@ __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_gemv_kernel(MatArgs a, Q8
     stage_rows(spans, 2, stage, &stage_bar);
     staged = stage + spans[0].offset;
     staged2 = stage + spans[1].offset;
-  } else if ((a.row_fetch & kFetchL2) && threadIdx.x == 0 && blockIdx.y == 0 && r0 < w.rows) {
-    // this block's weight rows into L2, while the kernels before it finish
-    const int64_t n = min(int64_t(kQ8Warps * (kWarp / lpr)), w.rows - r0);
-    prefetch_l2(w.data + r0 * w.row_bytes, size_t(n * w.row_bytes));
-    if constexpr (kAct != kPlain) prefetch_l2(a.w2.data + r0 * a.w2.row_bytes, size_t(n * a.w2.row_bytes));
+  } else if ((a.row_fetch & kFetchL2) && threadIdx.x == 0 && blockIdx.y == 0) {
+    // this block's weight rows (and, with a.fetch_stride, those of its later rounds) into L2,
+    // while the kernels before it finish
+    const unsigned stride = a.fetch_stride > 0 ? a.fetch_stride : gridDim.x;
+    if (blockIdx.x < stride)
+      for (unsigned b = blockIdx.x; b < gridDim.x; b += stride) prefetch_block_rows<kAct != kPlain>(a, b, kQ8Warps * (kWarp / lpr));
   }
   pdl_enter_streaming();
   if constexpr (S == Mem::Shared) stage_wait(&stage_bar);
@@ -312,32 +328,33 @@ constexpr int unit_vals() {
   return Unit<F, kBits>::kVals;
 }
 
-// Lanes per row (a power of two, 4..32) for `rows` rows of `units` units of `vals` values: the most
-// lanes that keep at least 85 % of them busy in the row's last round of units (a short row gives a
-// warp several rows), but never so few that the launch has under kMinWarps warps to hide memory
-// latency with. K-quant units (64 values, the longest dot per unit) take at least 16 lanes on rows
-// of 32 units or more: at the E4B gate / up shape (40 units) the 85 % rule gave 8, and 16 measured
-// faster on an H100 (stop 45, bench_cuda_gemv --lanes): Q4_K 11.8 -> 10.2 us, Q6_K 17.6 -> 15.7,
-// the fused gate + up launch Q4_K 13.5 -> 13.1, Q6_K 28.8 -> 22.7.
+// gemv_row_lanes' floor of warps a launch keeps in flight (16 an SM of an H100 / H200).
 constexpr int64_t kMinWarps = 16 * 132;
-int lanes_per_row(int64_t units, int64_t rows, int vals) {
-  int lpr = 4;
-  for (int l = kWarp; l > 4; l /= 2) {
-    const int64_t rounds = (units + l - 1) / l;
-    if (units * 100 >= rounds * l * 85) {
-      lpr = l;
-      break;
-    }
-  }
-  if (vals >= 64 && units >= 32) lpr = std::max(lpr, 16);
-  while (lpr < kWarp && rows * lpr / kWarp < kMinWarps) lpr *= 2;
-  return lpr;
+
+// Blocks of `kernel` (kQ8Warps warps, no dynamic shared memory) the GPU holds at once.
+template <class K>
+unsigned q8_resident_blocks(K kernel) {
+  int per_sm = 0;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kQ8Warps * kWarp, 0);
+  return unsigned(std::max(per_sm, 1) * sm_count());
+}
+
+// For one-row launches with kFetchL2 and kFetchRounds whose grid takes more than one round of
+// resident blocks: the resident count (MatArgs::fetch_stride), else 0.
+template <class K>
+unsigned fetch_stride_for(const MatArgs& a, K kernel, unsigned blocks) {
+  if ((a.row_fetch & (kFetchL2 | kFetchRounds)) != (kFetchL2 | kFetchRounds)) return 0;
+  const unsigned resident = q8_resident_blocks(kernel);
+  return blocks > resident ? resident : 0;
 }
 
 template <WFormat F, int kBits, int kCols>
 void gemv_act(cudaStream_t s, const MatArgs& a, int act, dim3 grid, int lpr) {
   with_act(act, [&](auto A) {
-    launch_kernel(q8_gemv_kernel<F, kBits, decltype(A)::value, kCols>, grid, kQ8Warps * kWarp, 0, s, a, a.q8, lpr);
+    const auto kernel = q8_gemv_kernel<F, kBits, decltype(A)::value, kCols>;
+    MatArgs b = a;
+    if (kCols == 1) b.fetch_stride = fetch_stride_for(a, kernel, grid.x);
+    launch_kernel(kernel, grid, kQ8Warps * kWarp, 0, s, b, b.q8, lpr);
   });
 }
 
@@ -346,9 +363,12 @@ void gemv_act(cudaStream_t s, const MatArgs& a, int act, dim3 grid, int lpr) {
 template <WFormat F, int kBits>
 void gemv_one_row(cudaStream_t s, const MatArgs& a, int act, unsigned blocks, int lpr) {
   if constexpr (ahead_format<F>()) {  // no ahead instance is compiled for the others
-    if ((a.row_fetch & kFetchAhead) && ahead_pays<F>(act, a.w[0].cols))
-      return launch_kernel(q8_gemv_kernel<F, kBits, kPlain, 1, Mem::Global, true>, dim3(blocks), kQ8Warps * kWarp, 0, s,
-                           a, a.q8, lpr);
+    if ((a.row_fetch & kFetchAhead) && ahead_pays<F>(act, a.w[0].cols)) {
+      const auto kernel = q8_gemv_kernel<F, kBits, kPlain, 1, Mem::Global, true>;
+      MatArgs b = a;
+      b.fetch_stride = fetch_stride_for(a, kernel, blocks);
+      return launch_kernel(kernel, dim3(blocks), kQ8Warps * kWarp, 0, s, b, b.q8, lpr);
+    }
   }
   gemv_act<F, kBits, 1>(s, a, act, dim3(blocks), lpr);
 }
@@ -378,17 +398,32 @@ void gemv_staged(cudaStream_t s, const MatArgs& a, unsigned blocks, int lpr, siz
 
 // The GEMV launch over a.M prepared rows. lpr comes from the weights' shape alone, never from
 // a.M, so that a row's bits do not depend on the rows beside it.
-// The lanes a row of a's GEMV launch takes: `lanes`, or (0) lanes_per_row's rule.
+// The lanes a row of a's GEMV launch takes: `lanes`, or (0) gemv_row_lanes' rule, cut to one round
+// of resident warps by gemv_fit_lanes where a.fit_lanes asks for it.
 template <WFormat F, int kBits>
-int gemv_lanes(const MatArgs& a, int lanes) {
+int gemv_lanes(const MatArgs& a, int act, int lanes) {
   int64_t rows = 0;
   for (int i = 0; i < a.n; ++i) rows += a.w[i].rows;
-  return lanes > 0 ? lanes : lanes_per_row(a.w[0].cols / unit_vals<F, kBits>(), rows, unit_vals<F, kBits>());
+  if (lanes > 0) return lanes;
+  const int64_t units = a.w[0].cols / unit_vals<F, kBits>();
+  int lpr = gemv_row_lanes(units, rows, unit_vals<F, kBits>(), kMinWarps);
+  if (a.fit_lanes <= 0) return lpr;
+  // Q6_K rows that Auto stages in shared memory keep their lanes (their blocks are bound by it).
+  if (F == WFormat::GgufQ6_K && q8_stage_bytes(a, act, lpr) <= kStageAutoBytes) return lpr;
+  // The one-row instance this shape's launches use at M = 1 (never M itself: a row's bits must not
+  // depend on the rows beside it).
+  unsigned resident = 0;
+  if constexpr (ahead_format<F>()) {
+    if ((a.row_fetch & kFetchAhead) && ahead_pays<F>(act, a.w[0].cols))
+      resident = q8_resident_blocks(q8_gemv_kernel<F, kBits, kPlain, 1, Mem::Global, true>);
+  }
+  if (resident == 0) with_act(act, [&](auto A) { resident = q8_resident_blocks(q8_gemv_kernel<F, kBits, decltype(A)::value, 1>); });
+  return gemv_fit_lanes(lpr, units, rows, int64_t(resident) * kQ8Warps, a.fit_lanes);
 }
 
 template <WFormat F, int kBits>
 void gemv_launch(cudaStream_t s, MatArgs a, int M, int act, int lanes) {
-  const int lpr = gemv_lanes<F, kBits>(a, lanes);
+  const int lpr = gemv_lanes<F, kBits>(a, act, lanes);
   a.norm_w = nullptr;  // applied by the prepare launch
   const bool post = a.resid && a.w[0].rows <= kPostMax;
   void* resid = a.resid;
@@ -415,7 +450,7 @@ void gemv_launch(cudaStream_t s, MatArgs a, int M, int act, int lanes) {
 template <WFormat F, int kBits>
 void moe_launch(cudaStream_t s, const MoeMatArgs& a, int items, int per_token, int64_t rows, int act) {
   // Lanes per row from one token's items, so that a token's bits do not depend on the tokens beside it.
-  const int lpr = lanes_per_row(a.w0.cols / unit_vals<F, kBits>(), rows * per_token, unit_vals<F, kBits>());
+  const int lpr = gemv_row_lanes(a.w0.cols / unit_vals<F, kBits>(), rows * per_token, unit_vals<F, kBits>(), kMinWarps);
   const dim3 grid(blocks_for(rows, kQ8Warps * (kWarp / lpr)), unsigned(items));
   auto go = [&](auto kernel) { launch_kernel(kernel, grid, kQ8Warps * kWarp, 0, s, a, lpr); };
   if constexpr (ahead_format<F>()) {
@@ -447,6 +482,33 @@ void gemv_fmt(cudaStream_t s, const MatArgs& a, int M, int act, int lanes) {
 }
 
 }  // namespace
+
+// Whether `lanes` lanes a row keep 85 % of them busy in a row's last round of `units` units.
+static bool lanes_busy(int64_t units, int lanes) {
+  const int64_t rounds = (units + lanes - 1) / lanes;
+  return units * 100 >= rounds * lanes * 85;
+}
+
+int gemv_row_lanes(int64_t units, int64_t rows, int vals, int64_t min_warps) {
+  int lpr = 4;
+  for (int l = kWarp; l > 4; l /= 2) {
+    if (lanes_busy(units, l)) {
+      lpr = l;
+      break;
+    }
+  }
+  if (vals >= 64 && units >= 32) lpr = std::max(lpr, 16);
+  while (lpr < kWarp && rows * lpr / kWarp < min_warps) lpr *= 2;
+  return lpr;
+}
+
+int gemv_fit_lanes(int lanes, int64_t units, int64_t rows, int64_t resident_warps, int min_lanes) {
+  auto fits = [&](int l) { return (rows + kWarp / l - 1) / (kWarp / l) <= resident_warps; };
+  if (fits(lanes)) return lanes;
+  for (int l = lanes / 2; l >= std::max(min_lanes, 4); l /= 2)
+    if (lanes_busy(units, l) && fits(l)) return l;
+  return lanes;
+}
 
 void q8_prepare(cudaStream_t s, const void* x, DType xt, int rows, int64_t cols, const float* norm_w, float eps,
                 const Q8Act& o) {
@@ -539,7 +601,7 @@ size_t q8_stage_bytes_for(const MatArgs& a, int act, int lanes) {
   size_t bytes = 0;
   with_format(a.w[0].fmt, [&](auto f) {
     constexpr WFormat F = decltype(f)::value;
-    with_bits<F>(a.w[0].bits, [&](auto b) { bytes = q8_stage_bytes(a, act, gemv_lanes<F, decltype(b)::value>(a, lanes)); });
+    with_bits<F>(a.w[0].bits, [&](auto b) { bytes = q8_stage_bytes(a, act, gemv_lanes<F, decltype(b)::value>(a, act, lanes)); });
   });
   return bytes;
 }
