@@ -183,6 +183,11 @@ template <WFormat F>
 bool ahead_pays(int act, int64_t cols) {
   return ahead_format<F>() && act == kPlain && cols >= kAheadMinCols;
 }
+// Whether a's one-row launch (activation act) runs the instance that fetches ahead.
+template <WFormat F>
+bool one_row_ahead(const MatArgs& a, int act) {
+  return (a.row_fetch & kFetchAhead) && ahead_pays<F>(act, a.w[0].cols);
+}
 
 constexpr int kQ8Warps = 4;  // warps per block
 constexpr int kQ8Cols = 8;   // prepared rows a block of a multi-row launch dots each weight row with
@@ -363,7 +368,7 @@ void gemv_act(cudaStream_t s, const MatArgs& a, int act, dim3 grid, int lpr) {
 template <WFormat F, int kBits>
 void gemv_one_row(cudaStream_t s, const MatArgs& a, int act, unsigned blocks, int lpr) {
   if constexpr (ahead_format<F>()) {  // no ahead instance is compiled for the others
-    if ((a.row_fetch & kFetchAhead) && ahead_pays<F>(act, a.w[0].cols)) {
+    if (one_row_ahead<F>(a, act)) {
       const auto kernel = q8_gemv_kernel<F, kBits, kPlain, 1, Mem::Global, true>;
       MatArgs b = a;
       b.fetch_stride = fetch_stride_for(a, kernel, blocks);
@@ -414,7 +419,7 @@ int gemv_lanes(const MatArgs& a, int act, int lanes) {
   // depend on the rows beside it).
   unsigned resident = 0;
   if constexpr (ahead_format<F>()) {
-    if ((a.row_fetch & kFetchAhead) && ahead_pays<F>(act, a.w[0].cols))
+    if (one_row_ahead<F>(a, act))
       resident = q8_resident_blocks(q8_gemv_kernel<F, kBits, kPlain, 1, Mem::Global, true>);
   }
   if (resident == 0) with_act(act, [&](auto A) { resident = q8_resident_blocks(q8_gemv_kernel<F, kBits, decltype(A)::value, 1>); });
