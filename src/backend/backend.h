@@ -230,18 +230,6 @@ struct BackendOptions {
   // every format but Q6_K: cuda_gemv_q8.cu's ahead_pays; `--cuda-gemv-ahead on|off`). The same
   // bits either way.
   bool gemv_ahead = true;
-  // CUDA int8 decode GEMVs: where a launch's warps (at the lanes a row takes by the built-in rule)
-  // would take more than one round of the warps the GPU holds at once, fewer lanes a row (each
-  // lane more of the row's units, none below this many) so that they fit one round
-  // (cuda_gemv_lanes.h, gemv_fit_lanes; `--cuda-gemv-fit-lanes N`). The lanes fix a row's bits,
-  // and the same lanes serve every row count of a shape. 0 (the default): the built-in rule alone.
-  // Off until a lease measures it (docs/cuda-log/stops-62.md).
-  int gemv_fit_lanes = 0;
-  // CUDA int8 one-row decode GEMVs that ask L2 for their rows (RowFetch L2 or Auto): where the
-  // grid is larger than the blocks the GPU holds at once, the first round of blocks also asks for
-  // the rows of the later rounds (MatArgs::fetch_stride; `--cuda-fetch-rounds on|off`). The same
-  // bits. Off until a lease measures it (docs/cuda-log/stops-62.md).
-  bool fetch_rounds = false;
   // CUDA with bf16 activations and int8_dots: batch-invariant numerics (`--batch-invariant on`).
   // Every launch of up to 64 rows computes each row with the one-row arithmetic (the int8 GEMVs
   // over several prepared rows, per-row post-norms, attention splits and expert lanes chosen per

@@ -143,7 +143,6 @@ Result<BackendOptions> backend_options_from_args(const Args& a) {
   G4_TRY(on_off("--cuda-fold-prep", o.fold_attn_prep));
   G4_TRY(on_off("--cuda-int8-mma", o.int8_mma_rows));
   G4_TRY(on_off("--cuda-gemv-ahead", o.gemv_ahead));
-  G4_TRY(on_off("--cuda-fetch-rounds", o.fetch_rounds));
   G4_TRY(on_off("--cuda-profile", o.profile));
   G4_TRY(on_off("--cuda-timing", o.timing));
   G4_ASSIGN_OR_RETURN(o.device, int_flag(a, "--cuda-device", 0, 0, 63));
@@ -174,7 +173,6 @@ Result<BackendOptions> backend_options_from_args(const Args& a) {
   G4_ASSIGN_OR_RETURN(o.bf16_weight_cache_gib, int_flag(a, "--cuda-bf16-cache", 0, 0, 1024));
   G4_ASSIGN_OR_RETURN(o.blas_cached_min_rows, int_flag(a, "--cuda-blas-cached-rows", 0, 0, 33));
   G4_ASSIGN_OR_RETURN(o.attn_split_positions, int_flag(a, "--cuda-attn-split", 0, 0, 65536));
-  G4_ASSIGN_OR_RETURN(o.gemv_fit_lanes, int_flag(a, "--cuda-gemv-fit-lanes", 0, 0, 16));
   const std::string dt = a.get("--dtype");
   if (!dt.empty() && dt != "f32" && dt != "bf16") return err("--dtype: expected f32 or bf16, got '%s'", dt.c_str());
   // Device backends store activations in bf16 unless --dtype f32 asks for the exact path (the

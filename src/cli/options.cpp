@@ -170,13 +170,6 @@ void add_load_options(VerbCli& cli) {
   cli.value("--cuda-gemv-ahead", "one-row decode GEMVs (plain, rows of 4096+ values, not Q6_K) ask for each lane's "
             "next weight unit before dotting the current one (the same bits)", "on")
       ->type_name("on|off")->check(one_of({"on", "off"}));
-  cli.value("--cuda-gemv-fit-lanes", "decode GEMVs whose warps would take more than one round of the GPU's resident "
-            "warps give a row fewer lanes, down to this many, so they fit one round (0: off; experimental, "
-            "not yet measured)", "0")
-      ->type_name("0|4|8|16")->check(one_of({"0", "4", "8", "16"}));
-  cli.value("--cuda-fetch-rounds", "one-row decode GEMVs that ask L2 for their rows: the first round of blocks also "
-            "asks for the later rounds' rows (the same bits; experimental, not yet measured)", "off")
-      ->type_name("on|off")->check(one_of({"on", "off"}));
   cli.value("--cuda-profile", "time every op by events; per-op device times on stderr at exit", "off")
       ->type_name("on|off")->check(one_of({"on", "off"}));
   cli.value("--cuda-timing", "host and device time per forward step; medians on stderr at exit", "off")

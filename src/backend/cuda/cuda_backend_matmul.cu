@@ -223,7 +223,6 @@ void CudaBackend::launch_matmuls(cuda::MatArgs a, int M) {
 
 void CudaBackend::plan_row_fetch(cuda::MatArgs& a) {
   const int64_t bytes = cuda::weight_bytes(a);
-  a.fit_lanes = opt_.gemv_fit_lanes;  // before q8_stage_bytes_for below: the lanes it stages at
   using RF = BackendOptions::RowFetch;
   const bool fits = bytes + streamed_bytes_ <= int64_t(dev_.l2_bytes());
   const bool can_stage = dev_.smem_optin() >= cuda::kStageMaxBytes;
@@ -233,7 +232,6 @@ void CudaBackend::plan_row_fetch(cuda::MatArgs& a) {
                         cuda::q8_stage_bytes_for(a, a.w2.data ? cuda::kGelu : cuda::kPlain) <= cuda::kStageAutoBytes;
   a.row_fetch = 0;
   if (opt_.row_fetch != RF::None && fits) a.row_fetch |= cuda::kFetchL2;
-  if (opt_.fetch_rounds) a.row_fetch |= cuda::kFetchRounds;
   if (can_stage && (opt_.row_fetch == RF::Shared || q6_stage)) a.row_fetch |= cuda::kFetchShared;
   if (opt_.gemv_ahead) a.row_fetch |= cuda::kFetchAhead;
   streamed_bytes_ = bytes;

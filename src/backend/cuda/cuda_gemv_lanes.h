@@ -14,10 +14,4 @@ namespace g4::cuda {
 // of 32 units or more (stop 45, docs/cuda-log).
 int gemv_row_lanes(int64_t units, int64_t rows, int vals, int64_t min_warps);
 
-// `lanes` (gemv_row_lanes' answer) cut so that the launch's warps (one per 32 / lanes rows) fit
-// the resident_warps the GPU holds at once, one round of blocks: the most lanes below `lanes`, at
-// least min_lanes, that both fit and keep the 85 % rule. `lanes` itself where it fits already or
-// where no such count exists.
-int gemv_fit_lanes(int lanes, int64_t units, int64_t rows, int64_t resident_warps, int min_lanes);
-
 }  // namespace g4::cuda

@@ -241,11 +241,8 @@ __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_gemv_kernel(MatArgs a, Q8
     staged = stage + spans[0].offset;
     staged2 = stage + spans[1].offset;
   } else if ((a.row_fetch & kFetchL2) && threadIdx.x == 0 && blockIdx.y == 0) {
-    // this block's weight rows (and, with a.fetch_stride, those of its later rounds) into L2,
-    // while the kernels before it finish
-    const unsigned stride = a.fetch_stride > 0 ? a.fetch_stride : gridDim.x;
-    if (blockIdx.x < stride)
-      for (unsigned b = blockIdx.x; b < gridDim.x; b += stride) prefetch_block_rows<kAct != kPlain>(a, b, kQ8Warps * (kWarp / lpr));
+    // this block's weight rows into L2, while the kernels before it finish
+    prefetch_block_rows<kAct != kPlain>(a, blockIdx.x, kQ8Warps * (kWarp / lpr));
   }
   pdl_enter_streaming();
   if constexpr (S == Mem::Shared) stage_wait(&stage_bar);
@@ -336,30 +333,10 @@ constexpr int unit_vals() {
 // gemv_row_lanes' floor of warps a launch keeps in flight (16 an SM of an H100 / H200).
 constexpr int64_t kMinWarps = 16 * 132;
 
-// Blocks of `kernel` (kQ8Warps warps, no dynamic shared memory) the GPU holds at once.
-template <class K>
-unsigned q8_resident_blocks(K kernel) {
-  int per_sm = 0;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kQ8Warps * kWarp, 0);
-  return unsigned(std::max(per_sm, 1) * sm_count());
-}
-
-// For one-row launches with kFetchL2 and kFetchRounds whose grid takes more than one round of
-// resident blocks: the resident count (MatArgs::fetch_stride), else 0.
-template <class K>
-unsigned fetch_stride_for(const MatArgs& a, K kernel, unsigned blocks) {
-  if ((a.row_fetch & (kFetchL2 | kFetchRounds)) != (kFetchL2 | kFetchRounds)) return 0;
-  const unsigned resident = q8_resident_blocks(kernel);
-  return blocks > resident ? resident : 0;
-}
-
 template <WFormat F, int kBits, int kCols>
 void gemv_act(cudaStream_t s, const MatArgs& a, int act, dim3 grid, int lpr) {
   with_act(act, [&](auto A) {
-    const auto kernel = q8_gemv_kernel<F, kBits, decltype(A)::value, kCols>;
-    MatArgs b = a;
-    if (kCols == 1) b.fetch_stride = fetch_stride_for(a, kernel, grid.x);
-    launch_kernel(kernel, grid, kQ8Warps * kWarp, 0, s, b, b.q8, lpr);
+    launch_kernel(q8_gemv_kernel<F, kBits, decltype(A)::value, kCols>, grid, kQ8Warps * kWarp, 0, s, a, a.q8, lpr);
   });
 }
 
@@ -368,12 +345,9 @@ void gemv_act(cudaStream_t s, const MatArgs& a, int act, dim3 grid, int lpr) {
 template <WFormat F, int kBits>
 void gemv_one_row(cudaStream_t s, const MatArgs& a, int act, unsigned blocks, int lpr) {
   if constexpr (ahead_format<F>()) {  // no ahead instance is compiled for the others
-    if (one_row_ahead<F>(a, act)) {
-      const auto kernel = q8_gemv_kernel<F, kBits, kPlain, 1, Mem::Global, true>;
-      MatArgs b = a;
-      b.fetch_stride = fetch_stride_for(a, kernel, blocks);
-      return launch_kernel(kernel, dim3(blocks), kQ8Warps * kWarp, 0, s, b, b.q8, lpr);
-    }
+    if (one_row_ahead<F>(a, act))
+      return launch_kernel(q8_gemv_kernel<F, kBits, kPlain, 1, Mem::Global, true>, dim3(blocks), kQ8Warps * kWarp, 0, s,
+                           a, a.q8, lpr);
   }
   gemv_act<F, kBits, 1>(s, a, act, dim3(blocks), lpr);
 }
@@ -403,32 +377,17 @@ void gemv_staged(cudaStream_t s, const MatArgs& a, unsigned blocks, int lpr, siz
 
 // The GEMV launch over a.M prepared rows. lpr comes from the weights' shape alone, never from
 // a.M, so that a row's bits do not depend on the rows beside it.
-// The lanes a row of a's GEMV launch takes: `lanes`, or (0) gemv_row_lanes' rule, cut to one round
-// of resident warps by gemv_fit_lanes where a.fit_lanes asks for it.
+// The lanes a row of a's GEMV launch takes: `lanes`, or (0) gemv_row_lanes' rule.
 template <WFormat F, int kBits>
-int gemv_lanes(const MatArgs& a, int act, int lanes) {
+int gemv_lanes(const MatArgs& a, int lanes) {
   int64_t rows = 0;
   for (int i = 0; i < a.n; ++i) rows += a.w[i].rows;
-  if (lanes > 0) return lanes;
-  const int64_t units = a.w[0].cols / unit_vals<F, kBits>();
-  int lpr = gemv_row_lanes(units, rows, unit_vals<F, kBits>(), kMinWarps);
-  if (a.fit_lanes <= 0) return lpr;
-  // Q6_K rows that Auto stages in shared memory keep their lanes (their blocks are bound by it).
-  if (F == WFormat::GgufQ6_K && q8_stage_bytes(a, act, lpr) <= kStageAutoBytes) return lpr;
-  // The one-row instance this shape's launches use at M = 1 (never M itself: a row's bits must not
-  // depend on the rows beside it).
-  unsigned resident = 0;
-  if constexpr (ahead_format<F>()) {
-    if (one_row_ahead<F>(a, act))
-      resident = q8_resident_blocks(q8_gemv_kernel<F, kBits, kPlain, 1, Mem::Global, true>);
-  }
-  if (resident == 0) with_act(act, [&](auto A) { resident = q8_resident_blocks(q8_gemv_kernel<F, kBits, decltype(A)::value, 1>); });
-  return gemv_fit_lanes(lpr, units, rows, int64_t(resident) * kQ8Warps, a.fit_lanes);
+  return lanes > 0 ? lanes : gemv_row_lanes(a.w[0].cols / unit_vals<F, kBits>(), rows, unit_vals<F, kBits>(), kMinWarps);
 }
 
 template <WFormat F, int kBits>
 void gemv_launch(cudaStream_t s, MatArgs a, int M, int act, int lanes) {
-  const int lpr = gemv_lanes<F, kBits>(a, act, lanes);
+  const int lpr = gemv_lanes<F, kBits>(a, lanes);
   a.norm_w = nullptr;  // applied by the prepare launch
   const bool post = a.resid && a.w[0].rows <= kPostMax;
   void* resid = a.resid;
@@ -505,14 +464,6 @@ int gemv_row_lanes(int64_t units, int64_t rows, int vals, int64_t min_warps) {
   if (vals >= 64 && units >= 32) lpr = std::max(lpr, 16);
   while (lpr < kWarp && rows * lpr / kWarp < min_warps) lpr *= 2;
   return lpr;
-}
-
-int gemv_fit_lanes(int lanes, int64_t units, int64_t rows, int64_t resident_warps, int min_lanes) {
-  auto fits = [&](int l) { return (rows + kWarp / l - 1) / (kWarp / l) <= resident_warps; };
-  if (fits(lanes)) return lanes;
-  for (int l = lanes / 2; l >= std::max(min_lanes, 4); l /= 2)
-    if (lanes_busy(units, l) && fits(l)) return l;
-  return lanes;
 }
 
 void q8_prepare(cudaStream_t s, const void* x, DType xt, int rows, int64_t cols, const float* norm_w, float eps,
@@ -606,7 +557,7 @@ size_t q8_stage_bytes_for(const MatArgs& a, int act, int lanes) {
   size_t bytes = 0;
   with_format(a.w[0].fmt, [&](auto f) {
     constexpr WFormat F = decltype(f)::value;
-    with_bits<F>(a.w[0].bits, [&](auto b) { bytes = q8_stage_bytes(a, act, gemv_lanes<F, decltype(b)::value>(a, act, lanes)); });
+    with_bits<F>(a.w[0].bits, [&](auto b) { bytes = q8_stage_bytes(a, act, gemv_lanes<F, decltype(b)::value>(a, lanes)); });
   });
   return bytes;
 }

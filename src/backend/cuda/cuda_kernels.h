@@ -137,14 +137,6 @@ struct MatArgs {
   // launch before prepared the same rows: CudaBackend::take_prepared, norm_matmuls), so no
   // prepare launch.
   int prepared = 0;
-  // int8 one-row GEMVs with kFetchL2 whose grid is larger than the blocks the GPU holds at once:
-  // that resident count. Blocks below it also ask L2 for the rows of blocks b + fetch_stride,
-  // b + 2 fetch_stride, .. (the later rounds), so every row of the launch is asked for while the
-  // kernels before it finish. 0: each block asks for its own rows.
-  unsigned fetch_stride = 0;
-  // int8 GEMVs: BackendOptions::gemv_fit_lanes (the fewest lanes a row the one-round rule may cut
-  // to; 0: off).
-  int fit_lanes = 0;
   DType xt;
   DType yt;
   // int8 GEMVs of 2 or more prepared rows (a row-exact verify forward) in K-quant formats: on the
@@ -159,11 +151,10 @@ struct MatArgs {
   // launch; docs/cuda-notes.md, stop 54). kFetchShared: a one-row GEMV copies each block's rows
   // into shared memory (cuda_stage_rows.cuh) where they fit kStageMaxBytes, then reads them there.
   // kFetchAhead: a one-row GEMV reading global memory has each lane fetch its next unit before
-  // it dots the current one (q8_gemv_kernel's kAhead). kFetchRounds (with kFetchL2): one-row
-  // launches of more blocks than the GPU holds at once set fetch_stride.
+  // it dots the current one (q8_gemv_kernel's kAhead).
   uint8_t row_fetch = 0;
 };
-enum RowFetch : uint8_t { kFetchL2 = 1, kFetchShared = 2, kFetchAhead = 4, kFetchRounds = 8 };
+enum RowFetch : uint8_t { kFetchL2 = 1, kFetchShared = 2, kFetchAhead = 4 };
 // The weight bytes a launch of a reads: its a.n weights and (gate_up_gelu) w2.
 inline int64_t weight_bytes(const MatArgs& a) {
   int64_t bytes = a.w2.rows * a.w2.row_bytes;
