@@ -192,20 +192,6 @@ bool one_row_ahead(const MatArgs& a, int act) {
 constexpr int kQ8Warps = 4;  // warps per block
 constexpr int kQ8Cols = 8;   // prepared rows a block of a multi-row launch dots each weight row with
 
-// Asks L2 for the weight rows of block b of a launch of `rows_per_block` rows a block (a.first
-// maps blocks to weights), and with kW2 for w2's rows beside them.
-template <bool kW2>
-__device__ __forceinline__ void prefetch_block_rows(const MatArgs& a, unsigned b, int64_t rows_per_block) {
-  int i = 0;
-  while (i + 1 < a.n && b >= a.first[i + 1]) ++i;
-  const DevWeight& w = a.w[i];
-  const int64_t r0 = int64_t(b - a.first[i]) * rows_per_block;
-  if (r0 >= w.rows) return;
-  const int64_t n = min(rows_per_block, w.rows - r0);
-  prefetch_l2(w.data + r0 * w.row_bytes, size_t(n * w.row_bytes));
-  if constexpr (kW2) prefetch_l2(a.w2.data + r0 * a.w2.row_bytes, size_t(n * a.w2.row_bytes));
-}
-
 // y[i][m][r] = w[i][r] · x[m] for the a.n weights of the launch (blocks [first[i], first[i+1])
 // take weight i, kQ8Warps * 32 / lpr rows each) and the a.M prepared rows (blockIdx.y: rows
 // kCols·blockIdx.y onward, at most kCols of them, each weight unit loaded and unpacked once for
@@ -240,9 +226,11 @@ __global__ void __launch_bounds__(kQ8Warps * kWarp) q8_gemv_kernel(MatArgs a, Q8
     stage_rows(spans, 2, stage, &stage_bar);
     staged = stage + spans[0].offset;
     staged2 = stage + spans[1].offset;
-  } else if ((a.row_fetch & kFetchL2) && threadIdx.x == 0 && blockIdx.y == 0) {
+  } else if ((a.row_fetch & kFetchL2) && threadIdx.x == 0 && blockIdx.y == 0 && r0 < w.rows) {
     // this block's weight rows into L2, while the kernels before it finish
-    prefetch_block_rows<kAct != kPlain>(a, blockIdx.x, kQ8Warps * (kWarp / lpr));
+    const int64_t n = min(int64_t(kQ8Warps * (kWarp / lpr)), w.rows - r0);
+    prefetch_l2(w.data + r0 * w.row_bytes, size_t(n * w.row_bytes));
+    if constexpr (kAct != kPlain) prefetch_l2(a.w2.data + r0 * a.w2.row_bytes, size_t(n * a.w2.row_bytes));
   }
   pdl_enter_streaming();
   if constexpr (S == Mem::Shared) stage_wait(&stage_bar);
