@@ -9,15 +9,13 @@
 namespace g4::cuda {
 namespace {
 
-constexpr int64_t kMinWarps = 16 * 132;
-
 TEST(CudaGemvLanes, BusyLanesAndEnoughWarps) {
-  EXPECT_EQ(gemv_row_lanes(84, 8192, 64, kMinWarps), 32);    // 31B q: 84 of 96 lane-units busy
-  EXPECT_EQ(gemv_row_lanes(160, 2560, 64, kMinWarps), 32);   // E4B down: 160 units
-  EXPECT_EQ(gemv_row_lanes(40, 10240, 64, kMinWarps), 16);   // E4B gate / up: 8 by the 85 % rule, K-quant floor 16
-  EXPECT_EQ(gemv_row_lanes(40, 10240, 32, kMinWarps), 8);    // the same rows of 32-value units
-  EXPECT_EQ(gemv_row_lanes(4, 16904, 32, kMinWarps), 4);     // short rows: a warp takes 8
-  EXPECT_EQ(gemv_row_lanes(4, 300, 32, kMinWarps), 32);      // few rows: lanes for enough warps
+  EXPECT_EQ(gemv_row_lanes(84, 8192, 64, kGemvMinWarps), 32);    // 31B q: 84 of 96 lane-units busy
+  EXPECT_EQ(gemv_row_lanes(160, 2560, 64, kGemvMinWarps), 32);   // E4B down: 160 units
+  EXPECT_EQ(gemv_row_lanes(40, 10240, 64, kGemvMinWarps), 16);   // E4B gate / up: 8 by the 85 % rule, K-quant floor 16
+  EXPECT_EQ(gemv_row_lanes(40, 10240, 32, kGemvMinWarps), 8);    // the same rows of 32-value units
+  EXPECT_EQ(gemv_row_lanes(4, 16904, 32, kGemvMinWarps), 4);     // short rows: a warp takes 8
+  EXPECT_EQ(gemv_row_lanes(4, 300, 32, kGemvMinWarps), 32);      // few rows: lanes for enough warps
 }
 
 }  // namespace

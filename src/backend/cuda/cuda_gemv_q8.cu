@@ -183,11 +183,6 @@ template <WFormat F>
 bool ahead_pays(int act, int64_t cols) {
   return ahead_format<F>() && act == kPlain && cols >= kAheadMinCols;
 }
-// Whether a's one-row launch (activation act) runs the instance that fetches ahead.
-template <WFormat F>
-bool one_row_ahead(const MatArgs& a, int act) {
-  return (a.row_fetch & kFetchAhead) && ahead_pays<F>(act, a.w[0].cols);
-}
 
 constexpr int kQ8Warps = 4;  // warps per block
 constexpr int kQ8Cols = 8;   // prepared rows a block of a multi-row launch dots each weight row with
@@ -318,9 +313,6 @@ constexpr int unit_vals() {
   return Unit<F, kBits>::kVals;
 }
 
-// gemv_row_lanes' floor of warps a launch keeps in flight (16 an SM of an H100 / H200).
-constexpr int64_t kMinWarps = 16 * 132;
-
 template <WFormat F, int kBits, int kCols>
 void gemv_act(cudaStream_t s, const MatArgs& a, int act, dim3 grid, int lpr) {
   with_act(act, [&](auto A) {
@@ -333,7 +325,7 @@ void gemv_act(cudaStream_t s, const MatArgs& a, int act, dim3 grid, int lpr) {
 template <WFormat F, int kBits>
 void gemv_one_row(cudaStream_t s, const MatArgs& a, int act, unsigned blocks, int lpr) {
   if constexpr (ahead_format<F>()) {  // no ahead instance is compiled for the others
-    if (one_row_ahead<F>(a, act))
+    if ((a.row_fetch & kFetchAhead) && ahead_pays<F>(act, a.w[0].cols))
       return launch_kernel(q8_gemv_kernel<F, kBits, kPlain, 1, Mem::Global, true>, dim3(blocks), kQ8Warps * kWarp, 0, s,
                            a, a.q8, lpr);
   }
@@ -370,7 +362,7 @@ template <WFormat F, int kBits>
 int gemv_lanes(const MatArgs& a, int lanes) {
   int64_t rows = 0;
   for (int i = 0; i < a.n; ++i) rows += a.w[i].rows;
-  return lanes > 0 ? lanes : gemv_row_lanes(a.w[0].cols / unit_vals<F, kBits>(), rows, unit_vals<F, kBits>(), kMinWarps);
+  return lanes > 0 ? lanes : gemv_row_lanes(a.w[0].cols / unit_vals<F, kBits>(), rows, unit_vals<F, kBits>(), kGemvMinWarps);
 }
 
 template <WFormat F, int kBits>
@@ -402,7 +394,7 @@ void gemv_launch(cudaStream_t s, MatArgs a, int M, int act, int lanes) {
 template <WFormat F, int kBits>
 void moe_launch(cudaStream_t s, const MoeMatArgs& a, int items, int per_token, int64_t rows, int act) {
   // Lanes per row from one token's items, so that a token's bits do not depend on the tokens beside it.
-  const int lpr = gemv_row_lanes(a.w0.cols / unit_vals<F, kBits>(), rows * per_token, unit_vals<F, kBits>(), kMinWarps);
+  const int lpr = gemv_row_lanes(a.w0.cols / unit_vals<F, kBits>(), rows * per_token, unit_vals<F, kBits>(), kGemvMinWarps);
   const dim3 grid(blocks_for(rows, kQ8Warps * (kWarp / lpr)), unsigned(items));
   auto go = [&](auto kernel) { launch_kernel(kernel, grid, kQ8Warps * kWarp, 0, s, a, lpr); };
   if constexpr (ahead_format<F>()) {
@@ -435,16 +427,11 @@ void gemv_fmt(cudaStream_t s, const MatArgs& a, int M, int act, int lanes) {
 
 }  // namespace
 
-// Whether `lanes` lanes a row keep 85 % of them busy in a row's last round of `units` units.
-static bool lanes_busy(int64_t units, int lanes) {
-  const int64_t rounds = (units + lanes - 1) / lanes;
-  return units * 100 >= rounds * lanes * 85;
-}
-
 int gemv_row_lanes(int64_t units, int64_t rows, int vals, int64_t min_warps) {
   int lpr = 4;
   for (int l = kWarp; l > 4; l /= 2) {
-    if (lanes_busy(units, l)) {
+    const int64_t rounds = (units + l - 1) / l;
+    if (units * 100 >= rounds * l * 85) {
       lpr = l;
       break;
     }
