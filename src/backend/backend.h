@@ -160,6 +160,10 @@ struct LoraApply {
   Buf t, z, xd;
   uint64_t dropout_seed = 0;
 };
+// How an op combines the weights of a placed stack (Backend::place_stack): each part into its own
+// output (norm_matmuls over a layer's q, k, v), or the first part's product gating the second's
+// (gate_up_gelu over gate, up).
+enum class StackUse { Outputs, Gated };
 // One projection of a shared input: y = input · Wᵀ (+ the adapters' deltas when lora is set).
 struct MatOut {
   const WeightView* w;
@@ -263,8 +267,20 @@ class Backend {
   virtual WeightView place_weight(const WeightView& w) { return w; }
   // Gives back what place_weight took for a weight (`placed`: its return value): the device copy
   // and anything kept for it. Host backends hold nothing (the default). Only between forward
-  // steps, once nothing will read the weight again (an unmounted LoRA adapter).
+  // steps, once nothing will read the weight again (an unmounted LoRA adapter). Not for the parts
+  // of a stack (place_stack): those live as long as the backend.
   virtual void release_weight(const WeightView& placed) { (void)placed; }
+  // place_weight for the weights a forward multiplies by one input in one op, in the order the op
+  // takes them, each replaced by its placed view; parts without data (a KV-shared layer's k and v)
+  // are skipped. `use` says how the op combines them (StackUse). A device backend copies the parts
+  // of one layout (format, width, bits, group) back to back into one allocation and chooses the
+  // stack's kernel plan here, once, instead of at every launch. Host backends place each part as
+  // place_weight does (the default).
+  virtual void place_stack(std::initializer_list<WeightView*> parts, StackUse use) {
+    (void)use;
+    for (WeightView* w : parts)
+      if (w->data) *w = place_weight(*w);
+  }
   // place_weight for one projection of a layer's routed experts, as one tensor: a device backend
   // copies the held experts into one allocation, back to back, and prepares what its MoE kernels
   // index experts by. Host backends use the stack in place (the default).

@@ -22,11 +22,17 @@ struct Loader {
   Backend& be;
   ModelWeights& mw;
 
-  Status mat(const std::string& name, int64_t rows, int64_t cols, WeightView& out) {
+  // The source's view of a matrix, not yet placed (place_stack places it with the others of its op).
+  Status view(const std::string& name, int64_t rows, int64_t cols, WeightView& out) {
     auto r = src.matrix(name, rows, cols);
     if (!r) return Error{r.message()};
-    out = be.place_weight(r.value());
+    out = r.value();
     mw.weight_bytes += view_bytes(out);
+    return {};
+  }
+  Status mat(const std::string& name, int64_t rows, int64_t cols, WeightView& out) {
+    G4_TRY(view(name, rows, cols, out));
+    out = be.place_weight(out);
     return {};
   }
   // One projection of the routed experts, as one stack placed at once.
@@ -89,20 +95,24 @@ Result<ModelWeights> load_weights(const ModelConfig& cfg, const WeightSource& sr
     LayerWeights& lw = mw.layers[size_t(i)];
     const std::string p = "layers." + std::to_string(i) + ".";
     const int D = ls.head_dim, Hk = ls.n_kv_heads;
-    G4_TRY(L.mat(p + "self_attn.q_proj", int64_t(H) * D, d, lw.q));
+    // q, k and v (those the layer has) are one stack: the forward projects the normed input
+    // through them in one op (Model's norm_matmuls); so are gate and up (gate_up_gelu).
+    G4_TRY(L.view(p + "self_attn.q_proj", int64_t(H) * D, d, lw.q));
+    if (ls.kv_source < 0) {
+      G4_TRY(L.view(p + "self_attn.k_proj", int64_t(Hk) * D, d, lw.k));
+      if (!ls.k_eq_v) G4_TRY(L.view(p + "self_attn.v_proj", int64_t(Hk) * D, d, lw.v));
+    }
+    be.place_stack({&lw.q, &lw.k, &lw.v}, StackUse::Outputs);
     G4_TRY(L.mat(p + "self_attn.o_proj", d, int64_t(H) * D, lw.o));
     if (cfg.qk_norm) G4_TRY(L.norm(p + "self_attn.q_norm.weight", D, lw.q_norm));
-    if (ls.kv_source < 0) {
-      G4_TRY(L.mat(p + "self_attn.k_proj", int64_t(Hk) * D, d, lw.k));
-      if (!ls.k_eq_v) G4_TRY(L.mat(p + "self_attn.v_proj", int64_t(Hk) * D, d, lw.v));
-      if (cfg.qk_norm) G4_TRY(L.norm(p + "self_attn.k_norm.weight", D, lw.k_norm));
-    }
+    if (ls.kv_source < 0 && cfg.qk_norm) G4_TRY(L.norm(p + "self_attn.k_norm.weight", D, lw.k_norm));
     G4_TRY(L.norm(p + "input_layernorm.weight", d, lw.input_ln));
     G4_TRY(L.norm(p + "post_attention_layernorm.weight", d, lw.post_attn_ln));
     G4_TRY(L.norm(p + "pre_feedforward_layernorm.weight", d, lw.pre_ffw_ln));
     G4_TRY(L.norm(p + "post_feedforward_layernorm.weight", d, lw.post_ffw_ln));
-    G4_TRY(L.mat(p + "mlp.gate_proj", ls.mlp_width, d, lw.gate));
-    G4_TRY(L.mat(p + "mlp.up_proj", ls.mlp_width, d, lw.up));
+    G4_TRY(L.view(p + "mlp.gate_proj", ls.mlp_width, d, lw.gate));
+    G4_TRY(L.view(p + "mlp.up_proj", ls.mlp_width, d, lw.up));
+    be.place_stack({&lw.gate, &lw.up}, StackUse::Gated);
     G4_TRY(L.mat(p + "mlp.down_proj", d, ls.mlp_width, lw.down));
     if (ls.moe) {
       const int E = cfg.n_experts, I = cfg.moe_width;

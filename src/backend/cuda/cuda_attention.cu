@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <type_traits>
 
 #include "backend/cuda/cuda_act.cuh"
@@ -46,6 +49,22 @@ constexpr int kAttnWarps = 8;
 // 26B-A4B -2.4 %); 8 warps at 32 positions alone cost 26B-A4B 2.6 %.
 constexpr int kAttnSplitPositions = 64;
 
+// The visible positions of launch row t of sequence entry sq (its window, widened to its image
+// block where it has one) that split `split` of S takes: positions first + j for j0 <= j < j1, of n.
+struct SplitRange {
+  int first, n, j0, j1;
+};
+__device__ __forceinline__ SplitRange split_range(const SeqKv& sq, int t, int split, int S) {
+  const int pos = sq.pos0 + t;
+  int first = sq.window > 0 ? max(0, pos - sq.window + 1) : 0, last_pos = pos;
+  if (sq.blocks && sq.blocks[2 * t + 1] > 0) {  // the row's image block (visible_keys)
+    first = min(first, sq.blocks[2 * t]);
+    last_pos = max(last_pos, sq.blocks[2 * t + 1] - 1);
+  }
+  const int n = last_pos - first + 1, per = (n + S - 1) / S, j0 = split * per;
+  return SplitRange{first, n, j0, min(n, j0 + per)};
+}
+
 // Before the wait: split `split` of S's K and V rows of KV head g into L2, for the launch row lr of
 // a contiguous or ring cache (no block table, no image block: both are read only after the wait).
 // A hint, issued while the kernels before this one run; the loads after the wait then find the
@@ -56,12 +75,10 @@ template <class T>
 __device__ __forceinline__ void prefetch_split_kv(const SeqKv& sq, int lr, int g, const AttnBatch& a, int split, int S) {
   const int D = a.head_dim;
   if (sq.table || sq.blocks || (D * sizeof(T)) % 16 != 0) return;
-  const int pos = sq.pos0 + lr - sq.first;
-  const int first = sq.window > 0 ? max(0, pos - sq.window + 1) : 0, n = pos - first + 1, per = (n + S - 1) / S;
-  const int j0 = split * per, j1 = min(n, j0 + per);
+  const SplitRange r = split_range(sq, lr - sq.first, split, S);
   const int64_t row = int64_t(a.n_kv_heads) * D;
-  for (int j = j0 + int(threadIdx.x); j < j1; j += blockDim.x) {
-    const int64_t at = kv_slot(nullptr, 0, sq.capacity, sq.window, first + j) * row + int64_t(g) * D;
+  for (int j = r.j0 + int(threadIdx.x); j < r.j1; j += blockDim.x) {
+    const int64_t at = kv_slot(nullptr, 0, sq.capacity, sq.window, r.first + j) * row + int64_t(g) * D;
     prefetch_l2(static_cast<const T*>(sq.k) + at, size_t(D) * sizeof(T));
     prefetch_l2(static_cast<const T*>(sq.v) + at, size_t(D) * sizeof(T));
   }
@@ -82,13 +99,8 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* 
   const int pos = sq.pos0 + t, D = a.head_dim, g = h / (H / a.n_kv_heads);
   const KvQuantArgs qa = sq.quant;
   const T *const kc = static_cast<const T*>(sq.k), *const vc = static_cast<const T*>(sq.v);
-  int first = window > 0 ? max(0, pos - window + 1) : 0, last_pos = pos;
-  if (sq.blocks && sq.blocks[2 * t + 1] > 0) {  // the row's image block (visible_keys)
-    first = min(first, sq.blocks[2 * t]);
-    last_pos = max(last_pos, sq.blocks[2 * t + 1] - 1);
-  }
-  const int n = last_pos - first + 1, per = (n + S - 1) / S;
-  const int j0 = split * per, j1 = min(n, j0 + per);
+  const SplitRange range = split_range(sq, t, split, S);
+  const int first = range.first, n = range.n, j0 = range.j0, j1 = range.j1;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t row = int64_t(a.n_kv_heads) * D;
   const T* qh = q + (int64_t(q_row) * H + h) * D;
@@ -285,11 +297,18 @@ void with_attention_kernel(int head_dim, DType t, bool quant, bool fold, Fn&& fn
 }  // namespace
 
 int attention_resident_blocks(int head_dim, DType t, bool quant) {
+  // The occupancy query once per instance (head_dim, type, quantized cache): every attention op of
+  // every step asks. Ranks on threads of their own ask at once.
+  static std::mutex mu;
+  static std::map<std::tuple<int, DType, bool>, int> known;
+  const std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(head_dim, t, quant);
+  if (const auto it = known.find(key); it != known.end()) return it->second;
   int per_sm = 0;
   with_attention_kernel(head_dim, t, quant, false, [&](auto kernel, auto) {
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kAttnWarps * kWarp, 0);
   });
-  return (per_sm > 0 ? per_sm : 1) * sm_count();
+  return known[key] = (per_sm > 0 ? per_sm : 1) * sm_count();
 }
 
 int attention_splits(int n, int H, int max_visible, int positions, int resident) {

@@ -4,14 +4,89 @@
 namespace g4::cuda_impl {
 
 WeightView CudaBackend::place_weight(const WeightView& w) {
-  dev_.make_current();
   WeightView d = w;
-  d.data = mem_.upload(w.data, view_data_bytes(w));
-  if (const size_t sb = view_scale_bytes(w)) {
-    d.scales = mem_.upload(w.scales, sb);
-    d.biases = mem_.upload(w.biases, sb);
-  }
+  place_stack({&d}, StackUse::Outputs);
   return d;
+}
+
+namespace {
+
+// Whether two weights have one layout (format, width, row size, bits, group, scale type): parts
+// that one launch of the int8 GEMVs takes with one unit.
+bool same_layout(const WeightView& a, const WeightView& b) {
+  return a.fmt == b.fmt && a.cols == b.cols && a.row_bytes == b.row_bytes && a.bits == b.bits &&
+         a.group_size == b.group_size && a.scale_dtype == b.scale_dtype;
+}
+
+// Each part's bytes start 256-byte aligned in a stack's allocation, as cudaMalloc would place
+// them alone: the kernels' alignment rules (q8_gemv_supports) see each part as they would alone.
+constexpr size_t kStackAlign = 256;
+size_t stack_offset(size_t bytes) { return (bytes + kStackAlign - 1) / kStackAlign * kStackAlign; }
+
+}  // namespace
+
+void CudaBackend::place_stack(std::initializer_list<WeightView*> parts, StackUse use) {
+  dev_.make_current();
+  std::vector<WeightView*> held;
+  for (WeightView* w : parts)
+    if (w->data) held.push_back(w);
+  // Runs of one layout, each copied into one allocation (data; MLX scales and biases each in one
+  // more), parts back to back.
+  for (size_t i = 0; i < held.size();) {
+    size_t j = i + 1;
+    while (j < held.size() && same_layout(*held[i], *held[j])) ++j;
+    size_t data_bytes = 0, scale_bytes = 0;
+    for (size_t k = i; k < j; ++k) {
+      data_bytes = stack_offset(data_bytes) + view_data_bytes(*held[k]);
+      scale_bytes = stack_offset(scale_bytes) + view_scale_bytes(*held[k]);
+    }
+    // 16 bytes of slack after the last part, as DeviceAllocator::upload leaves.
+    uint8_t* data = static_cast<uint8_t*>(mem_.alloc(data_bytes + 16));
+    uint8_t* scales = scale_bytes ? static_cast<uint8_t*>(mem_.alloc(scale_bytes + 16)) : nullptr;
+    uint8_t* biases = scale_bytes ? static_cast<uint8_t*>(mem_.alloc(scale_bytes + 16)) : nullptr;
+    size_t d_off = 0, s_off = 0;
+    for (size_t k = i; k < j; ++k) {
+      WeightView& w = *held[k];
+      d_off = stack_offset(d_off);
+      s_off = stack_offset(s_off);
+      if (const size_t n = view_data_bytes(w)) G4_CUDA(cudaMemcpy(data + d_off, w.data, n, cudaMemcpyHostToDevice));
+      if (const size_t n = view_scale_bytes(w)) {
+        G4_CUDA(cudaMemcpy(scales + s_off, w.scales, n, cudaMemcpyHostToDevice));
+        G4_CUDA(cudaMemcpy(biases + s_off, w.biases, n, cudaMemcpyHostToDevice));
+        w.scales = scales + s_off;
+        w.biases = biases + s_off;
+      }
+      w.data = data + d_off;
+      d_off += view_data_bytes(w);
+      s_off += view_scale_bytes(w);
+    }
+    i = j;
+  }
+  // The plans of the launches the op makes: norm_matmuls launches each run of one format and width
+  // (at most 3 weights) together, gate_up_gelu the gate with its up; and each part alone (an
+  // adapted module's separate launch, a matmul of the weight by itself).
+  if (use == StackUse::Gated && held.size() == 2 && same_layout(*held[0], *held[1])) {
+    cuda::MatArgs a{};
+    a.n = 1;
+    a.w[0] = dev(*held[0]);
+    a.w2 = dev(*held[1]);
+    plans_.add(plan_gemv(a));
+  }
+  for (size_t i = 0; use == StackUse::Outputs && i < held.size();) {
+    size_t j = i + 1;
+    while (j < held.size() && j - i < 3 && same_layout(*held[i], *held[j])) ++j;
+    cuda::MatArgs a{};
+    a.n = int(j - i);
+    for (size_t k = i; k < j; ++k) a.w[k - i] = dev(*held[k]);
+    plans_.add(plan_gemv(a));
+    i = j;
+  }
+  for (WeightView* w : held) {
+    cuda::MatArgs one{};
+    one.n = 1;
+    one.w[0] = dev(*w);
+    plans_.add(plan_gemv(one));
+  }
 }
 
 ExpertStack CudaBackend::place_experts(const ExpertStack& s) {
@@ -36,6 +111,7 @@ void CudaBackend::release_weight(const WeightView& w) {
   rec_->flush();
   dev_.sync();  // no launch in flight reads it
   if (blas_) blas_->forget(w.data, size_t(w.rows) * size_t(w.cols), mem_);
+  plans_.forget(w.data);
   for (const void* p : {w.data, w.scales, w.biases}) mem_.free(const_cast<void*>(p), /*deferred=*/false);
 }
 

@@ -54,6 +54,7 @@
 #include "backend/cuda/cuda_pending.h"
 #include "backend/cuda/cuda_step.h"
 #include "backend/cuda/cuda_token_mask.h"
+#include "backend/cuda/cuda_weight_plans.h"
 #include "backend/host_backend.h"
 #include "backend/moe_host_routed.h"
 #include "core/status.h"
@@ -119,6 +120,7 @@ class CudaBackend final : public Backend {
   WeightView place_weight(const WeightView& w) override;
   void release_weight(const WeightView& w) override;
   ExpertStack place_experts(const ExpertStack& s) override;
+  void place_stack(std::initializer_list<WeightView*> parts, StackUse use) override;
 
   Buf alloc(DType t, size_t n) override {
     dev_.make_current();
@@ -408,6 +410,10 @@ class CudaBackend final : public Backend {
   // and the matmul launched before it; records a's weights as the launch now streaming. Called
   // right before each matmul launch.
   void plan_row_fetch(cuda::MatArgs& a);
+  // The plan of a launch of a's weights (cuda_weight_plans.h), as placement chooses it.
+  cuda::GemvPlan plan_gemv(const cuda::MatArgs& a) const;
+  // The row-fetch bits a's weights and the options fix (all but kFetchL2).
+  uint8_t fixed_row_fetch(const cuda::MatArgs& a) const;
   // Whether a launch of M rows into weight w takes the int8 GEMVs: one row (where w is not taken
   // they fall back by themselves), or, with BackendOptions::row_exact, up to kRowExactMaxRows rows
   // into a weight they take, each row computed as if alone.
@@ -451,6 +457,7 @@ class CudaBackend final : public Backend {
   cuda::GrowBuffer moe_h_, moe_dy_;  // device MoE: the items' gated hidden rows and expert outputs
   cuda::GrowBuffer moe_groups_;      // prefill MoE: the items grouped by expert (cuda::MoeGroups)
   cuda::ExpertTables experts_{mem_, dev_};  // the device MoE's expert arrays (zero experts for other ranks')
+  cuda::WeightPlans plans_;  // the placed weights' GEMV plans
   size_t argmax_rows_ = 0;
   cuda::Q8Act q8_{};  // the int8 decode scratch (bf16 activations with int8_dots), or all null
   cuda::Q8Act q8_out_{};  // the int8 form a held-back attention writes of its output

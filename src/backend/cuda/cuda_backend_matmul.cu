@@ -223,18 +223,35 @@ void CudaBackend::launch_matmuls(cuda::MatArgs a, int M) {
 
 void CudaBackend::plan_row_fetch(cuda::MatArgs& a) {
   const int64_t bytes = cuda::weight_bytes(a);
-  using RF = BackendOptions::RowFetch;
+  const cuda::GemvPlan* plan = plans_.find(a);  // chosen at placement; else the same rules now
+  a.lanes = plan ? uint8_t(plan->lanes) : 0;
+  a.row_fetch = plan ? plan->fetch : fixed_row_fetch(a);
   const bool fits = bytes + streamed_bytes_ <= int64_t(dev_.l2_bytes());
+  if (opt_.row_fetch != BackendOptions::RowFetch::None && fits) a.row_fetch |= cuda::kFetchL2;
+  streamed_bytes_ = bytes;
+}
+
+uint8_t CudaBackend::fixed_row_fetch(const cuda::MatArgs& a) const {
+  using RF = BackendOptions::RowFetch;
   const bool can_stage = dev_.smem_optin() >= cuda::kStageMaxBytes;
   // Auto stages Q6_K rows where a block's stage is small (its 2-byte aligned units read faster from
   // shared memory than through L1; a large stage leaves too few blocks an SM).
   const bool q6_stage = opt_.row_fetch == RF::Auto && a.w[0].fmt == WFormat::GgufQ6_K &&
                         cuda::q8_stage_bytes_for(a, a.w2.data ? cuda::kGelu : cuda::kPlain) <= cuda::kStageAutoBytes;
-  a.row_fetch = 0;
-  if (opt_.row_fetch != RF::None && fits) a.row_fetch |= cuda::kFetchL2;
-  if (can_stage && (opt_.row_fetch == RF::Shared || q6_stage)) a.row_fetch |= cuda::kFetchShared;
-  if (opt_.gemv_ahead) a.row_fetch |= cuda::kFetchAhead;
-  streamed_bytes_ = bytes;
+  uint8_t fetch = 0;
+  if (can_stage && (opt_.row_fetch == RF::Shared || q6_stage)) fetch |= cuda::kFetchShared;
+  if (opt_.gemv_ahead) fetch |= cuda::kFetchAhead;
+  return fetch;
+}
+
+cuda::GemvPlan CudaBackend::plan_gemv(const cuda::MatArgs& a) const {
+  cuda::GemvPlan p;
+  p.n = a.n;
+  for (int i = 0; i < a.n; ++i) p.parts[i] = a.w[i].data;
+  p.gated = a.w2.data;
+  p.lanes = cuda::q8_gemv_lanes(a, a.w2.data ? cuda::kGelu : cuda::kPlain);
+  p.fetch = fixed_row_fetch(a);
+  return p;
 }
 
 bool CudaBackend::launch_blas(const char* op, const cuda::MatArgs& a, int M, int act) {

@@ -357,12 +357,15 @@ void gemv_staged(cudaStream_t s, const MatArgs& a, unsigned blocks, int lpr, siz
 
 // The GEMV launch over a.M prepared rows. lpr comes from the weights' shape alone, never from
 // a.M, so that a row's bits do not depend on the rows beside it.
-// The lanes a row of a's GEMV launch takes: `lanes`, or (0) gemv_row_lanes' rule.
+// The lanes a row of a's GEMV launch takes: `lanes` (a measurement's), else the placement's plan
+// (a.lanes), else (both 0) gemv_row_lanes' rule, which the plan was chosen by.
 template <WFormat F, int kBits>
 int gemv_lanes(const MatArgs& a, int lanes) {
+  if (lanes > 0) return lanes;
+  if (a.lanes > 0) return a.lanes;
   int64_t rows = 0;
   for (int i = 0; i < a.n; ++i) rows += a.w[i].rows;
-  return lanes > 0 ? lanes : gemv_row_lanes(a.w[0].cols / unit_vals<F, kBits>(), rows, unit_vals<F, kBits>(), kGemvMinWarps);
+  return gemv_row_lanes(a.w[0].cols / unit_vals<F, kBits>(), rows, unit_vals<F, kBits>(), kGemvMinWarps);
 }
 
 template <WFormat F, int kBits>
@@ -526,6 +529,20 @@ void q8_gemv_prepared(cudaStream_t s, const MatArgs& a, int M, int act, int lane
       }
     }
   });
+}
+
+int q8_gemv_lanes(const MatArgs& a, int act) {
+  for (int i = 0; i < a.n; ++i)
+    if (!q8_gemv_supports(a.w[i]) || a.w[i].fmt != a.w[0].fmt || a.w[i].cols != a.w[0].cols ||
+        a.w[i].bits != a.w[0].bits)
+      return 0;
+  if (act != kPlain && !(q8_gemv_supports(a.w2) && a.w2.fmt == a.w[0].fmt && a.w2.bits == a.w[0].bits)) return 0;
+  int lpr = 0;
+  with_format(a.w[0].fmt, [&](auto f) {
+    constexpr WFormat F = decltype(f)::value;
+    with_bits<F>(a.w[0].bits, [&](auto b) { lpr = gemv_lanes<F, decltype(b)::value>(a, 0); });
+  });
+  return lpr;
 }
 
 size_t q8_stage_bytes_for(const MatArgs& a, int act, int lanes) {

@@ -29,6 +29,10 @@ void q8_prepare(cudaStream_t s, const void* x, DType xt, int rows, int64_t cols,
 // q8_gemv_supports every weight; act: Act, cuda_kernels.h).
 // lanes: the lanes that share a weight row (4, 8, 16 or 32), for measuring; 0: the launch's rule.
 void q8_gemv_prepared(cudaStream_t s, const MatArgs& a, int M, int act, int lanes = 0);
+// The lanes a row of a's GEMV launch takes by gemv_row_lanes' rule (a.lanes unset), for the plan
+// chosen at placement (cuda_weight_plans.h); 0 where the int8 GEMVs would not take a as one
+// launch (a format they do not take, or weights of differing format, width or bits).
+int q8_gemv_lanes(const MatArgs& a, int act);
 // The shared memory a block of a's one-row GEMV launch would stage its rows in (kFetchShared;
 // lanes as q8_gemv_prepared takes them): a launch stages where this is at most kStageMaxBytes.
 size_t q8_stage_bytes_for(const MatArgs& a, int act, int lanes = 0);

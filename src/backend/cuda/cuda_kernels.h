@@ -153,6 +153,10 @@ struct MatArgs {
   // kFetchAhead: a one-row GEMV reading global memory has each lane fetch its next unit before
   // it dots the current one (q8_gemv_kernel's kAhead).
   uint8_t row_fetch = 0;
+  // int8 GEMVs: the lanes that share a weight row, from the plan chosen when the weights were placed
+  // (cuda_weight_plans.h); 0: gemv_row_lanes' rule at the launch. Either gives the same count.
+  uint8_t lanes = 0;
+  uint8_t reserved[7] = {};
 };
 enum RowFetch : uint8_t { kFetchL2 = 1, kFetchShared = 2, kFetchAhead = 4 };
 // The weight bytes a launch of a reads: its a.n weights and (gate_up_gelu) w2.
