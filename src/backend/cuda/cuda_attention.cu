@@ -49,22 +49,6 @@ constexpr int kAttnWarps = 8;
 // 26B-A4B -2.4 %); 8 warps at 32 positions alone cost 26B-A4B 2.6 %.
 constexpr int kAttnSplitPositions = 64;
 
-// The visible positions of launch row t of sequence entry sq (its window, widened to its image
-// block where it has one) that split `split` of S takes: positions first + j for j0 <= j < j1, of n.
-struct SplitRange {
-  int first, n, j0, j1;
-};
-__device__ __forceinline__ SplitRange split_range(const SeqKv& sq, int t, int split, int S) {
-  const int pos = sq.pos0 + t;
-  int first = sq.window > 0 ? max(0, pos - sq.window + 1) : 0, last_pos = pos;
-  if (sq.blocks && sq.blocks[2 * t + 1] > 0) {  // the row's image block (visible_keys)
-    first = min(first, sq.blocks[2 * t]);
-    last_pos = max(last_pos, sq.blocks[2 * t + 1] - 1);
-  }
-  const int n = last_pos - first + 1, per = (n + S - 1) / S, j0 = split * per;
-  return SplitRange{first, n, j0, min(n, j0 + per)};
-}
-
 // Before the wait: split `split` of S's K and V rows of KV head g into L2, for the launch row lr of
 // a contiguous or ring cache (no block table, no image block: both are read only after the wait).
 // A hint, issued while the kernels before this one run; the loads after the wait then find the
@@ -75,10 +59,14 @@ template <class T>
 __device__ __forceinline__ void prefetch_split_kv(const SeqKv& sq, int lr, int g, const AttnBatch& a, int split, int S) {
   const int D = a.head_dim;
   if (sq.table || sq.blocks || (D * sizeof(T)) % 16 != 0) return;
-  const SplitRange r = split_range(sq, lr - sq.first, split, S);
+  // The kernel's own split range (j0, j1 there), written apart: one inlined helper for both gave
+  // the kernel more registers (head_dim 512, bf16: 145 -> 150; head_dim 256: 126 -> 128).
+  const int pos = sq.pos0 + lr - sq.first;
+  const int first = sq.window > 0 ? max(0, pos - sq.window + 1) : 0, n = pos - first + 1, per = (n + S - 1) / S;
+  const int j0 = split * per, j1 = min(n, j0 + per);
   const int64_t row = int64_t(a.n_kv_heads) * D;
-  for (int j = r.j0 + int(threadIdx.x); j < r.j1; j += blockDim.x) {
-    const int64_t at = kv_slot(nullptr, 0, sq.capacity, sq.window, r.first + j) * row + int64_t(g) * D;
+  for (int j = j0 + int(threadIdx.x); j < j1; j += blockDim.x) {
+    const int64_t at = kv_slot(nullptr, 0, sq.capacity, sq.window, first + j) * row + int64_t(g) * D;
     prefetch_l2(static_cast<const T*>(sq.k) + at, size_t(D) * sizeof(T));
     prefetch_l2(static_cast<const T*>(sq.v) + at, size_t(D) * sizeof(T));
   }
@@ -99,8 +87,13 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_kernel(const T* 
   const int pos = sq.pos0 + t, D = a.head_dim, g = h / (H / a.n_kv_heads);
   const KvQuantArgs qa = sq.quant;
   const T *const kc = static_cast<const T*>(sq.k), *const vc = static_cast<const T*>(sq.v);
-  const SplitRange range = split_range(sq, t, split, S);
-  const int first = range.first, n = range.n, j0 = range.j0, j1 = range.j1;
+  int first = window > 0 ? max(0, pos - window + 1) : 0, last_pos = pos;
+  if (sq.blocks && sq.blocks[2 * t + 1] > 0) {  // the row's image block (visible_keys)
+    first = min(first, sq.blocks[2 * t]);
+    last_pos = max(last_pos, sq.blocks[2 * t + 1] - 1);
+  }
+  const int n = last_pos - first + 1, per = (n + S - 1) / S;
+  const int j0 = split * per, j1 = min(n, j0 + per);
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t row = int64_t(a.n_kv_heads) * D;
   const T* qh = q + (int64_t(q_row) * H + h) * D;
