@@ -357,20 +357,22 @@ void gemv_staged(cudaStream_t s, const MatArgs& a, unsigned blocks, int lpr, siz
 
 // The GEMV launch over a.M prepared rows. lpr comes from the weights' shape alone, never from
 // a.M, so that a row's bits do not depend on the rows beside it.
-// The lanes a row of a's GEMV launch takes: `lanes` (a measurement's), else the placement's plan
-// (a.lanes), else (both 0) gemv_row_lanes' rule, which the plan was chosen by.
+// The lanes a row of a's GEMV launch (act: Act) takes: `lanes` (a measurement's), else the
+// placement's plan (a.lanes), else (both 0) gemv_row_lanes' rule, which the plan was chosen by; the
+// fused Q4_K gate / up launch without the K-quant floor (cuda_gemv_lanes.h).
 template <WFormat F, int kBits>
-int gemv_lanes(const MatArgs& a, int lanes) {
+int gemv_lanes(const MatArgs& a, int act, int lanes) {
   if (lanes > 0) return lanes;
   if (a.lanes > 0) return a.lanes;
   int64_t rows = 0;
   for (int i = 0; i < a.n; ++i) rows += a.w[i].rows;
-  return gemv_row_lanes(a.w[0].cols / unit_vals<F, kBits>(), rows, unit_vals<F, kBits>(), kGemvMinWarps);
+  const bool kquant_floor = !(act != kPlain && F == WFormat::GgufQ4_K);
+  return gemv_row_lanes(a.w[0].cols / unit_vals<F, kBits>(), rows, unit_vals<F, kBits>(), kGemvMinWarps, kquant_floor);
 }
 
 template <WFormat F, int kBits>
 void gemv_launch(cudaStream_t s, MatArgs a, int M, int act, int lanes) {
-  const int lpr = gemv_lanes<F, kBits>(a, lanes);
+  const int lpr = gemv_lanes<F, kBits>(a, act, lanes);
   a.norm_w = nullptr;  // applied by the prepare launch
   const bool post = a.resid && a.w[0].rows <= kPostMax;
   void* resid = a.resid;
@@ -430,7 +432,7 @@ void gemv_fmt(cudaStream_t s, const MatArgs& a, int M, int act, int lanes) {
 
 }  // namespace
 
-int gemv_row_lanes(int64_t units, int64_t rows, int vals, int64_t min_warps) {
+int gemv_row_lanes(int64_t units, int64_t rows, int vals, int64_t min_warps, bool kquant_floor) {
   int lpr = 4;
   for (int l = kWarp; l > 4; l /= 2) {
     const int64_t rounds = (units + l - 1) / l;
@@ -439,7 +441,7 @@ int gemv_row_lanes(int64_t units, int64_t rows, int vals, int64_t min_warps) {
       break;
     }
   }
-  if (vals >= 64 && units >= 32) lpr = std::max(lpr, 16);
+  if (kquant_floor && vals >= 64 && units >= 32) lpr = std::max(lpr, 16);
   while (lpr < kWarp && rows * lpr / kWarp < min_warps) lpr *= 2;
   return lpr;
 }
@@ -540,7 +542,7 @@ int q8_gemv_lanes(const MatArgs& a, int act) {
   int lpr = 0;
   with_format(a.w[0].fmt, [&](auto f) {
     constexpr WFormat F = decltype(f)::value;
-    with_bits<F>(a.w[0].bits, [&](auto b) { lpr = gemv_lanes<F, decltype(b)::value>(a, 0); });
+    with_bits<F>(a.w[0].bits, [&](auto b) { lpr = gemv_lanes<F, decltype(b)::value>(a, act, 0); });
   });
   return lpr;
 }
@@ -549,7 +551,7 @@ size_t q8_stage_bytes_for(const MatArgs& a, int act, int lanes) {
   size_t bytes = 0;
   with_format(a.w[0].fmt, [&](auto f) {
     constexpr WFormat F = decltype(f)::value;
-    with_bits<F>(a.w[0].bits, [&](auto b) { bytes = q8_stage_bytes(a, act, gemv_lanes<F, decltype(b)::value>(a, lanes)); });
+    with_bits<F>(a.w[0].bits, [&](auto b) { bytes = q8_stage_bytes(a, act, gemv_lanes<F, decltype(b)::value>(a, act, lanes)); });
   });
   return bytes;
 }
