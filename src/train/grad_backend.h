@@ -1,6 +1,6 @@
-// Reverse-mode differentiation of the model's own forward (model/model.cpp): a host backend that
-// computes every op in plain f32 (train/dense_ops.h: training follows the model's definition,
-// not the inference kernels' roundings) and, once armed, records the ops of a forward on a tape,
+// Reverse-mode differentiation of the model's own forward (model/model.cpp): a backend that
+// computes every op in plain f32 (training follows the model's definition, not the inference
+// kernels' roundings) and, once armed, records the ops of a forward on a tape,
 // so that backward() runs each op's vector-Jacobian product in reverse order. Training thus has
 // no forward of its own: every architecture change to Model::forward is differentiated as it is.
 //
@@ -17,6 +17,9 @@
 // backwards need, then runs those backwards. Memory: the layers' inputs plus one layer's
 // intermediates (attention weights [heads, T, T] per sequence included).
 //
+// The arithmetic and memory are a GradArith's (train/grad_arith.h): host f32 by default, or a
+// device's kernels on its memory; the tape is the same for both.
+//
 // What it takes: f32 activations (P is ignored: always f32), unquantized unpaged KV caches, each
 // sequence's forward from position 0 while recording (a training sequence is one chunk), no
 // image blocks. Registered parameters (add_param) are f32 matrices read by matmul (the LoRA
@@ -26,26 +29,39 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "backend/host_backend.h"
-#include "core/aligned_vector.h"
+#include "train/grad_arith.h"
 
 namespace g4::train {
 
-class GradBackend final : public HostBackend {
+class GradBackend final : public Backend {
  public:
+  // On the host arithmetic (make_host_grad_arith), or on `arith`'s memory and kernels.
+  GradBackend();
+  explicit GradBackend(std::unique_ptr<GradArith> arith);
+  ~GradBackend() override;
+
   std::string name() const override { return "grad"; }
   bool supports_precision(ActPrecision P) const override { return P == ActPrecision::F32; }
+  bool on_device() const override { return base_.on_device(); }
+  void sync() override { base_.sync(); }
+  WeightView place_weight(const WeightView& w) override { return base_.place_weight(w); }
+  void release_weight(const WeightView& placed) override { base_.release_weight(placed); }
+  void place_stack(std::initializer_list<WeightView*> parts, StackUse use) override { base_.place_stack(parts, use); }
+  ExpertStack place_experts(const ExpertStack& s) override { return base_.place_experts(s); }
 
   // Registers an f32 weight matrix by its data: y = x·Wᵀ (matmul) then adds dyᵀ·x into grad
-  // [W.rows, W.cols] during backward(). grad must outlive the registration (clear_params).
+  // [W.rows, W.cols] (the arith's memory) during backward(). grad must outlive the registration
+  // (clear_params).
   void add_param(const void* weight_data, float* grad);
   void clear_params() { params_.clear(); }
   // The next forward is recorded (from its first parameter read on), dropping any earlier tape.
   void arm();
-  // Adds g[0, n) into the gradient of the f32 buffer b (d loss / d b, the backward's seed).
+  // Adds g[0, n) (host memory) into the gradient of the f32 buffer b (d loss / d b, the backward's
+  // seed).
   void seed_grad(const Buf& b, const float* g, size_t n);
   // Back through the recorded forward (see above): parameter gradients accumulate; the tape and
   // every activation gradient are dropped afterwards.
@@ -54,6 +70,7 @@ class GradBackend final : public HostBackend {
   Buf alloc(DType t, size_t n) override;
   void free(void* p) override;
   using Backend::free;
+  void read_bytes(const Buf& src, size_t bytes, void* dst) override { base_.read_bytes(src, bytes, dst); }
   void write_bytes(const void* src, size_t bytes, const Buf& dst) override;
   void copy_bytes(const Buf& src, size_t bytes, const Buf& dst) override;
   void begin_layer(int l) override;
@@ -97,7 +114,7 @@ class GradBackend final : public HostBackend {
   };
   struct Saved {
     Region r;
-    std::vector<uint8_t> bytes;
+    ArithBlock bytes;
   };
   // The ops between two checkpoints and the inputs they read from before it.
   struct Segment {
@@ -108,8 +125,10 @@ class GradBackend final : public HostBackend {
   struct Alloc {
     size_t bytes = 0;
     DType dtype = DType::F32;
-    AlignedVector<float> grad;  // empty until a gradient reaches it
+    ArithBlock grad;  // empty until a gradient reaches it
   };
+  // What an op's forward keeps for its backward (shared by the two closures).
+  using Kept = std::shared_ptr<ArithBlock>;
 
   // Runs op's forward; when recording, first saves the segment's inputs among its reads.
   void exec(Op op);
@@ -118,11 +137,20 @@ class GradBackend final : public HostBackend {
   // buffer of this backend, or (create false) no gradient yet.
   float* grad(const Buf& b, bool create);
   // Copies and clears the gradient of b's n elements (the output's, in a backward); empty: none.
-  AlignedVector<float> take_grad(const Buf& b, size_t n);
+  ArithBlock take_grad(const Buf& b, size_t n);
+  // n zeroed floats / a copy of n floats, in the arith's memory.
+  ArithBlock zeros(size_t n) { return ArithBlock(arith_, n * 4, true); }
+  void keep(const Kept& k, const float* p, size_t n);
+  static Kept kept() { return std::make_shared<ArithBlock>(); }
+  // The slots (rows of KvBuffer::row_floats) of positions pos0 .. pos0 + n - 1 of a cache.
+  static std::vector<int64_t> cache_slots(const KvBuffer& kv, int pos0, int n);
   static Region region(const Buf& b, size_t elems) { return {static_cast<const uint8_t*>(b.data), elems * b.elem_bytes()}; }
   // The K (value false) or V rows of positions pos0 .. pos0 + n - 1 of a cache, merged.
   static std::vector<Region> cache_rows(const KvBuffer& kv, bool value, int pos0, int n);
 
+  std::unique_ptr<GradArith> owned_;
+  GradArith& arith_;
+  Backend& base_;
   std::map<const uint8_t*, Alloc> allocs_;  // by first byte
   std::map<const void*, float*> params_;
   bool armed_ = false, recording_ = false;

@@ -1,33 +1,19 @@
-// GradBackend's ops (grad_backend.h): each computes its forward in f32 (train/dense_ops.h where
-// the model's function has one) and records its backward: the gradient of what it wrote is taken
-// (read and cleared), and its vector-Jacobian product added into the gradients of what it read.
-// State a backward needs is saved only when the forward runs with keep (the recomputation).
+// GradBackend's ops (grad_backend.h): each computes its forward in f32 (the arith's, grad_arith.h,
+// where the model's function has one; the base backend's otherwise) and records its backward: the
+// gradient of what it wrote is taken (read and cleared), and its vector-Jacobian product added
+// into the gradients of what it read. State a backward needs is kept only when the forward runs
+// with keep (the recomputation).
 #include <algorithm>
-#include <cmath>
-#include <cstring>
 #include <memory>
-#include <numeric>
 
-#include "train/dense_ops.h"
 #include "train/grad_backend.h"
 
 namespace g4::train {
-namespace {
-
-using Floats = std::shared_ptr<AlignedVector<float>>;
-Floats floats() { return std::make_shared<AlignedVector<float>>(); }
-void keep_copy(const Floats& s, const float* p, size_t n) { s->assign(p, p + n); }
-void drop(const Floats& s) { AlignedVector<float>().swap(*s); }
-void add_into(float* dst, const float* src, size_t n) {
-  for (size_t i = 0; i < n; ++i) dst[i] += src[i];
-}
-
-}  // namespace
 
 void GradBackend::embed(const WeightView& E, const Buf& ids, int n, float scale, ActPrecision, const Buf& out) {
   const size_t m = size_t(n) * size_t(E.cols);
   exec({{region(ids, size_t(n))}, {region(out, m)},
-        [this, E, ids, n, scale, out](bool) { HostBackend::embed(E, ids, n, scale, ActPrecision::F32, out); },
+        [this, E, ids, n, scale, out](bool) { base_.embed(E, ids, n, scale, ActPrecision::F32, out); },
         [this, out, m] { take_grad(out, m); }});  // the embeddings are not trained
 }
 
@@ -36,38 +22,38 @@ void GradBackend::matmul(const Buf& x, int M, const WeightView& W, ActPrecision,
   float* gW = p == params_.end() ? nullptr : p->second;
   if (gW && armed_ && !recording_) start_recording();
   const size_t nx = size_t(M) * size_t(W.cols), ny = size_t(M) * size_t(W.rows);
-  Floats xs = floats();
+  Kept xs = kept();
   exec({{region(x, nx)}, {region(y, ny)},
-        [=, this](bool keep) {
-          if (keep && gW) keep_copy(xs, x.f32(), nx);
-          matmul_wt(x.f32(), M, W, y.f32());
+        [=, this](bool keeping) {
+          if (keeping && gW) keep(xs, x.f32(), nx);
+          arith_.matmul_wt(x.f32(), M, W, y.f32());
         },
         [=, this] {
-          const AlignedVector<float> dy = take_grad(y, ny);
+          const ArithBlock dy = take_grad(y, ny);
           if (!dy.empty()) {
-            if (float* dx = grad(x, true)) matmul_w_acc(dy.data(), M, W, dx);
-            if (gW) gemm_tn_acc(dy.data(), xs->data(), gW, M, int(W.rows), int(W.cols));
+            if (float* dx = grad(x, true)) arith_.matmul_w_acc(dy.f32(), M, W, dx);
+            if (gW) arith_.gemm_tn_acc(dy.f32(), xs->f32(), gW, M, int(W.rows), int(W.cols));
           }
-          drop(xs);
+          xs->reset();
         }});
 }
 
 void GradBackend::rms_norm(const Buf& x, int rows, int dim, const float* w, float eps, ActPrecision, const Buf& y) {
   const size_t n = size_t(rows) * size_t(dim);
-  Floats xs = floats(), inv = floats();  // kept: the input and its rows' 1 / rms
+  Kept xs = kept(), inv = kept();  // kept: the input and its rows' 1 / rms
   exec({{region(x, n)}, {region(y, n)},
-        [=, this](bool keep) {
-          if (keep) keep_copy(xs, x.f32(), n);
-          inv->resize(size_t(rows));
-          rms_norm_fwd(x.f32(), rows, dim, w, eps, y.f32(), inv->data());
-          if (!keep) drop(inv);
+        [=, this](bool keeping) {
+          if (keeping) keep(xs, x.f32(), n);
+          *inv = zeros(size_t(rows));
+          arith_.rms_norm_fwd(x.f32(), rows, dim, w, eps, y.f32(), inv->f32());
+          if (!keeping) inv->reset();
         },
         [=, this] {
-          const AlignedVector<float> dy = take_grad(y, n);
+          const ArithBlock dy = take_grad(y, n);
           if (!dy.empty())
-            if (float* dx = grad(x, true)) rms_norm_bwd(xs->data(), inv->data(), rows, dim, w, dy.data(), dx);
-          drop(xs);
-          drop(inv);
+            if (float* dx = grad(x, true)) arith_.rms_norm_bwd(xs->f32(), inv->f32(), rows, dim, w, dy.f32(), dx);
+          xs->reset();
+          inv->reset();
         }});
 }
 
@@ -75,9 +61,9 @@ void GradBackend::rope(const Buf& x, int rows, int heads, int head_dim, int pos0
   const size_t n = size_t(rows) * size_t(heads) * size_t(head_dim);
   const RopeTable* tab = &t;  // the model's, alive for the model's life
   exec({{region(x, n)}, {region(x, n)},
-        [=, this](bool) { rope_fwd(x.f32(), rows, heads, head_dim, pos0, *tab); },
+        [=, this](bool) { arith_.rope_fwd(x.f32(), rows, heads, head_dim, pos0, *tab); },
         [=, this] {
-          if (float* g = grad(x, false)) rope_bwd(g, rows, heads, head_dim, pos0, *tab);
+          if (float* g = grad(x, false)) arith_.rope_bwd(g, rows, heads, head_dim, pos0, *tab);
         }});
 }
 
@@ -86,15 +72,16 @@ void GradBackend::kv_write(const AttnSeq& s, const Buf& k, const Buf& v) {
   const size_t row = s.kv.row_floats(), n = size_t(s.n) * row;
   Op op{{region(k.at(int64_t(s.row0) * int64_t(row)), n), region(v.at(int64_t(s.row0) * int64_t(row)), n)},
         cache_rows(s.kv, false, s.pos0, s.n),
-        [this, s, k, v](bool) { HostBackend::kv_write(s, k, v); },
-        [this, s, k, v, row] {
-          for (int t = 0; t < s.n; ++t) {
-            const int64_t slot = kv_slot(s.kv, s.pos0 + t), at = int64_t(s.row0 + t) * int64_t(row);
-            for (const auto& [cache, src] : {std::pair{s.kv.k, k}, std::pair{s.kv.v, v}}) {
-              const AlignedVector<float> g = take_grad(cache.at(slot * int64_t(row)), row);
-              if (!g.empty())
-                if (float* d = grad(src.at(at), true)) add_into(d, g.data(), row);
-            }
+        [this, s, k, v](bool) { base_.kv_write(s, k, v); },
+        [this, s, k, v, row, n] {
+          const std::vector<int64_t> slots = cache_slots(s.kv, s.pos0, s.n);
+          const int64_t at = int64_t(s.row0) * int64_t(row);
+          for (const auto& [cache, src] : {std::pair{s.kv.k, k}, std::pair{s.kv.v, v}}) {
+            float* g = grad(cache, false);
+            if (!g) continue;
+            float* d = grad(src.at(at), true);
+            ArithBlock sink = d ? ArithBlock() : zeros(n);  // the rows' gradient is taken either way
+            arith_.take_rows_acc(g, slots, row, d ? d : sink.f32());
           }
         }};
   for (const Region& r : cache_rows(s.kv, true, s.pos0, s.n)) op.writes.push_back(r);
@@ -111,7 +98,7 @@ void GradBackend::attention(const Buf& q, int H, const std::vector<AttnSeq>& seq
   }
   if (!plain) {
     G4_CHECK(!recording_ && "GradBackend: a recorded attention starts each sequence at position 0");
-    return HostBackend::attention(q, H, seqs, scale, P, out);
+    return base_.attention(q, H, seqs, scale, P, out);
   }
   const int D = seqs.empty() ? 0 : seqs[0].kv.head_dim;
   const size_t qn = size_t(rows) * size_t(H) * size_t(D);
@@ -119,74 +106,72 @@ void GradBackend::attention(const Buf& q, int H, const std::vector<AttnSeq>& seq
   for (const AttnSeq& s : seqs)
     for (bool value : {false, true})
       for (const Region& r : cache_rows(s.kv, value, 0, s.n)) op.reads.push_back(r);
-  // Per sequence: its keys and values gathered [n, Hk, D], and (kept) its attention weights.
-  struct Kept {
-    AlignedVector<float> q, k, v, probs;
+  // Per sequence: its keys and values gathered [n, Hk, D], and (kept) its queries and attention
+  // weights.
+  struct SeqKept {
+    ArithBlock q, k, v, probs;
   };
-  auto kept = std::make_shared<std::vector<Kept>>(seqs.size());
-  auto gather = [](const AttnSeq& s, bool value, AlignedVector<float>& dst) {
-    const size_t row = s.kv.row_floats();
-    dst.resize(size_t(s.n) * row);
-    const float* base = (value ? s.kv.v : s.kv.k).f32();
-    for (int t = 0; t < s.n; ++t) std::memcpy(dst.data() + size_t(t) * row, base + kv_slot(s.kv, t) * row, row * 4);
-  };
-  op.fwd = [=, this](bool keep) {
+  auto kept_seqs = std::make_shared<std::vector<SeqKept>>(seqs.size());
+  op.fwd = [=, this](bool keeping) {
     for (size_t i = 0; i < seqs.size(); ++i) {
       const AttnSeq& s = seqs[i];
-      Kept& kp = (*kept)[i];
-      AlignedVector<float> probs;
-      gather(s, false, kp.k);
-      gather(s, true, kp.v);
-      probs.resize(size_t(H) * size_t(s.n) * size_t(s.n));
+      SeqKept& kp = (*kept_seqs)[i];
+      const size_t row = s.kv.row_floats(), nq = size_t(s.n) * size_t(H) * size_t(D);
+      const std::vector<int64_t> slots = cache_slots(s.kv, 0, s.n);
+      kp.k = ArithBlock(arith_, size_t(s.n) * row * 4, false);
+      kp.v = ArithBlock(arith_, size_t(s.n) * row * 4, false);
+      arith_.gather_rows(s.kv.k.f32(), slots, row, kp.k.f32());
+      arith_.gather_rows(s.kv.v.f32(), slots, row, kp.v.f32());
+      ArithBlock probs(arith_, size_t(H) * size_t(s.n) * size_t(s.n) * 4, false);
       const size_t q0 = size_t(s.row0) * size_t(H) * size_t(D);
-      attention_fwd(q.f32() + q0, kp.k.data(), kp.v.data(), s.n, H, s.kv.n_kv_heads, D, s.kv.window, scale,
-                    probs.data(), out.f32() + q0);
-      if (keep) {
-        kp.q.assign(q.f32() + q0, q.f32() + q0 + size_t(s.n) * H * D);
+      arith_.attention_fwd(q.f32() + q0, kp.k.f32(), kp.v.f32(), s.n, H, s.kv.n_kv_heads, D, s.kv.window, scale,
+                           probs.f32(), out.f32() + q0);
+      if (keeping) {
+        kp.q = ArithBlock(arith_, nq * 4, false);
+        arith_.copy(kp.q.data(), q.f32() + q0, nq * 4);
         kp.probs = std::move(probs);
       } else {
-        kp = Kept{};
+        kp = SeqKept{};
       }
     }
   };
   op.bwd = [=, this] {
-    const AlignedVector<float> dout = take_grad(out, qn);
+    const ArithBlock dout = take_grad(out, qn);
     for (size_t i = 0; i < seqs.size() && !dout.empty(); ++i) {
       const AttnSeq& s = seqs[i];
-      const Kept& kp = (*kept)[i];
-      const size_t row = s.kv.row_floats(), q0 = size_t(s.row0) * size_t(H) * size_t(D);
-      AlignedVector<float> dq(size_t(s.n) * H * D, 0.f), dk(size_t(s.n) * row, 0.f), dv(dk.size(), 0.f);
-      attention_bwd(kp.q.data(), kp.k.data(), kp.v.data(), kp.probs.data(), dout.data() + q0, s.n, H,
-                    s.kv.n_kv_heads, D, s.kv.window, scale, dq.data(), dk.data(), dv.data());
-      if (float* g = grad(q.at(int64_t(q0)), true)) add_into(g, dq.data(), dq.size());
-      for (int t = 0; t < s.n; ++t) {
-        const int64_t at = kv_slot(s.kv, t) * int64_t(row);
-        if (float* g = grad(s.kv.k.at(at), true)) add_into(g, dk.data() + size_t(t) * row, row);
-        if (float* g = grad(s.kv.v.at(at), true)) add_into(g, dv.data() + size_t(t) * row, row);
-      }
+      const SeqKept& kp = (*kept_seqs)[i];
+      const size_t row = s.kv.row_floats(), q0 = size_t(s.row0) * size_t(H) * size_t(D),
+                   nq = size_t(s.n) * size_t(H) * size_t(D);
+      const ArithBlock dq = zeros(nq), dk = zeros(size_t(s.n) * row), dv = zeros(size_t(s.n) * row);
+      arith_.attention_bwd(kp.q.f32(), kp.k.f32(), kp.v.f32(), kp.probs.f32(), dout.f32() + q0, s.n, H,
+                           s.kv.n_kv_heads, D, s.kv.window, scale, dq.f32(), dk.f32(), dv.f32());
+      if (float* g = grad(q.at(int64_t(q0)), true)) arith_.axpy_acc(1.f, dq.f32(), nq, g);
+      const std::vector<int64_t> slots = cache_slots(s.kv, 0, s.n);
+      if (float* g = grad(s.kv.k, true)) arith_.scatter_rows_acc(dk.f32(), slots, row, g);
+      if (float* g = grad(s.kv.v, true)) arith_.scatter_rows_acc(dv.f32(), slots, row, g);
     }
-    for (Kept& kp : *kept) kp = Kept{};
+    for (SeqKept& kp : *kept_seqs) kp = SeqKept{};
   };
   exec(std::move(op));
 }
 
 void GradBackend::gelu_mul(const Buf& gate, const Buf& up, size_t n, ActPrecision, const Buf& out) {
-  Floats gs = floats(), us = floats();
+  Kept gs = kept(), us = kept();
   exec({{region(gate, n), region(up, n)}, {region(out, n)},
-        [=, this](bool keep) {
-          if (keep) keep_copy(gs, gate.f32(), n), keep_copy(us, up.f32(), n);
-          gelu_mul_fwd(gate.f32(), up.f32(), n, out.f32());
+        [=, this](bool keeping) {
+          if (keeping) keep(gs, gate.f32(), n), keep(us, up.f32(), n);
+          arith_.gelu_mul_fwd(gate.f32(), up.f32(), n, out.f32());
         },
         [=, this] {
-          const AlignedVector<float> dy = take_grad(out, n);
+          const ArithBlock dy = take_grad(out, n);
           if (!dy.empty()) {
-            AlignedVector<float> dg(n, 0.f), du(n, 0.f);
-            gelu_mul_bwd(gs->data(), us->data(), dy.data(), n, dg.data(), du.data());
-            if (float* g = grad(gate, true)) add_into(g, dg.data(), n);
-            if (float* g = grad(up, true)) add_into(g, du.data(), n);
+            const ArithBlock dg = zeros(n), du = zeros(n);
+            arith_.gelu_mul_bwd(gs->f32(), us->f32(), dy.f32(), n, dg.f32(), du.f32());
+            if (float* g = grad(gate, true)) arith_.axpy_acc(1.f, dg.f32(), n, g);
+            if (float* g = grad(up, true)) arith_.axpy_acc(1.f, du.f32(), n, g);
           }
-          drop(gs);
-          drop(us);
+          gs->reset();
+          us->reset();
         }});
 }
 
@@ -196,121 +181,94 @@ void GradBackend::gelu_mul_ggml(const Buf& gate, const Buf& up, size_t n, const 
 
 void GradBackend::add(const Buf& a, const Buf& b, size_t n, ActPrecision, const Buf& y) {
   exec({{region(a, n), region(b, n)}, {region(y, n)},
-        [=, this](bool) {
-          for (size_t i = 0; i < n; ++i) y.f32()[i] = a.f32()[i] + b.f32()[i];
-        },
+        [=, this](bool) { arith_.add(a.f32(), b.f32(), n, y.f32()); },
         [=, this] {
-          const AlignedVector<float> dy = take_grad(y, n);
+          const ArithBlock dy = take_grad(y, n);
           if (dy.empty()) return;
-          if (float* g = grad(a, true)) add_into(g, dy.data(), n);
-          if (float* g = grad(b, true)) add_into(g, dy.data(), n);
+          if (float* g = grad(a, true)) arith_.axpy_acc(1.f, dy.f32(), n, g);
+          if (float* g = grad(b, true)) arith_.axpy_acc(1.f, dy.f32(), n, g);
         }});
 }
 
 void GradBackend::scale(const Buf& a, float s, size_t n, ActPrecision, const Buf& y) {
   exec({{region(a, n)}, {region(y, n)},
-        [=, this](bool) {
-          for (size_t i = 0; i < n; ++i) y.f32()[i] = a.f32()[i] * s;
-        },
+        [=, this](bool) { arith_.scale(a.f32(), s, n, y.f32()); },
         [=, this] {
-          const AlignedVector<float> dy = take_grad(y, n);
+          const ArithBlock dy = take_grad(y, n);
           if (dy.empty()) return;
-          if (float* g = grad(a, true))
-            for (size_t i = 0; i < n; ++i) g[i] += s * dy[i];
+          if (float* g = grad(a, true)) arith_.axpy_acc(s, dy.f32(), n, g);
         }});
 }
 
 void GradBackend::softcap(const Buf& x, size_t n, float cap, ActPrecision) {
-  Floats xs = floats();
+  Kept xs = kept();
   exec({{region(x, n)}, {region(x, n)},
-        [=, this](bool keep) {
-          if (keep) keep_copy(xs, x.f32(), n);
-          for (size_t i = 0; i < n; ++i) x.f32()[i] = std::tanh(x.f32()[i] / cap) * cap;
+        [=, this](bool keeping) {
+          if (keeping) keep(xs, x.f32(), n);
+          arith_.softcap_fwd(x.f32(), n, cap);
         },
         [=, this] {
-          if (float* g = grad(x, false))
-            for (size_t i = 0; i < n; ++i) {
-              const float t = std::tanh((*xs)[i] / cap);
-              g[i] *= 1.f - t * t;
-            }
-          drop(xs);
+          if (float* g = grad(x, false)) arith_.softcap_bwd(xs->f32(), n, cap, g);
+          xs->reset();
         }});
 }
 
 void GradBackend::gather_rows(const Buf& src, const Buf& idx, int n, int dim, const Buf& dst) {
-  int rows = 0;  // the source rows read (for the checkpoint's inputs)
-  for (int i = 0; i < n; ++i) rows = std::max(rows, idx.i32()[i] + 1);
-  auto is = std::make_shared<std::vector<int32_t>>();
+  auto rows_of = [this, idx, n] {  // the source rows read, from the index list
+    const std::vector<int32_t> ids = arith_.read_i32(idx.i32(), size_t(n));
+    return std::vector<int64_t>(ids.begin(), ids.end());
+  };
+  int64_t rows = 0;  // how many source rows are read (for the checkpoint's inputs)
+  if (recording_)
+    for (int64_t r : rows_of()) rows = std::max(rows, r + 1);
+  auto is = std::make_shared<std::vector<int64_t>>();
   const size_t m = size_t(n) * size_t(dim);
   exec({{region(idx, size_t(n)), region(src, size_t(rows) * size_t(dim))}, {region(dst, m)},
-        [=, this](bool keep) {
-          if (keep) is->assign(idx.i32(), idx.i32() + n);
-          HostBackend::gather_rows(src, idx, n, dim, dst);
+        [=, this](bool keeping) {
+          if (keeping) *is = rows_of();
+          base_.gather_rows(src, idx, n, dim, dst);
         },
         [=, this] {
-          const AlignedVector<float> dy = take_grad(dst, m);
-          float* g = dy.empty() ? nullptr : grad(src, true);
-          for (int i = 0; g && i < n; ++i)
-            add_into(g + size_t((*is)[size_t(i)]) * dim, dy.data() + size_t(i) * dim, size_t(dim));
-          std::vector<int32_t>().swap(*is);
+          const ArithBlock dy = take_grad(dst, m);
+          if (float* g = dy.empty() ? nullptr : grad(src, true)) arith_.scatter_rows_acc(dy.f32(), *is, size_t(dim), g);
+          std::vector<int64_t>().swap(*is);
         }});
 }
 
 void GradBackend::copy_cols(const Buf& src, int rows, int src_dim, int off, int n, const Buf& dst) {
   const size_t m = size_t(rows) * size_t(n);
   exec({{region(src, size_t(rows) * size_t(src_dim))}, {region(dst, m)},
-        [=, this](bool) { HostBackend::copy_cols(src, rows, src_dim, off, n, dst); },
+        [=, this](bool) { base_.copy_cols(src, rows, src_dim, off, n, dst); },
         [=, this] {
-          const AlignedVector<float> dy = take_grad(dst, m);
-          float* g = dy.empty() ? nullptr : grad(src, true);
-          for (int r = 0; g && r < rows; ++r)
-            add_into(g + size_t(r) * src_dim + off, dy.data() + size_t(r) * n, size_t(n));
+          const ArithBlock dy = take_grad(dst, m);
+          if (float* g = dy.empty() ? nullptr : grad(src, true)) arith_.cols_acc(dy.f32(), rows, n, src_dim, off, g);
         }});
 }
 
 void GradBackend::dropout(const Buf& x, size_t n, float p, uint64_t seed, const Buf& y) {
-  const float s = 1.f / (1.f - p);
   exec({{region(x, n)}, {region(y, n)},
-        [=, this](bool) {
-          for (size_t i = 0; i < n; ++i) y.f32()[i] = dropout_keeps(seed, i, p) ? x.f32()[i] * s : 0.f;
-        },
+        [=, this](bool) { arith_.dropout_fwd(x.f32(), n, p, seed, y.f32()); },
         [=, this] {
-          const AlignedVector<float> dy = take_grad(y, n);
-          float* g = dy.empty() ? nullptr : grad(x, true);
-          for (size_t i = 0; g && i < n; ++i)
-            if (dropout_keeps(seed, i, p)) g[i] += dy[i] * s;
+          const ArithBlock dy = take_grad(y, n);
+          if (float* g = dy.empty() ? nullptr : grad(x, true)) arith_.dropout_bwd(dy.f32(), n, p, seed, g);
         }});
 }
 
 void GradBackend::router_topk(const Buf& scores, int rows, int E, int k, const float* per_expert_scale, ActPrecision,
                               const Buf& idx, const Buf& weights) {
   const size_t ns = size_t(rows) * size_t(E), nk = size_t(rows) * size_t(k);
-  Floats ss = floats();
+  Kept ss = kept();
   auto is = std::make_shared<std::vector<int32_t>>();
   exec({{region(scores, ns)}, {region(idx, nk), region(weights, nk)},
-        [=, this](bool keep) {
-          HostBackend::router_topk(scores, rows, E, k, per_expert_scale, ActPrecision::F32, idx, weights);
-          if (keep) keep_copy(ss, scores.f32(), ns), is->assign(idx.i32(), idx.i32() + nk);
+        [=, this](bool keeping) {
+          base_.router_topk(scores, rows, E, k, per_expert_scale, ActPrecision::F32, idx, weights);
+          if (keeping) keep(ss, scores.f32(), ns), *is = arith_.read_i32(idx.i32(), nk);
         },
         [=, this] {
-          // w_j = p_j · scale[e_j], p = softmax of the selected scores: ds[e_j] += p_j (dp_j - Σ p_i dp_i).
-          const AlignedVector<float> dw = take_grad(weights, nk);
-          float* g = dw.empty() ? nullptr : grad(scores, true);
-          AlignedVector<float> pr(static_cast<size_t>(k)), dp(static_cast<size_t>(k));
-          for (int r = 0; g && r < rows; ++r) {
-            const float* s = ss->data() + size_t(r) * E;
-            const int32_t* e = is->data() + size_t(r) * k;
-            float mx = -INFINITY, sum = 0.f, dot = 0.f;
-            for (int j = 0; j < k; ++j) mx = std::max(mx, s[e[j]]);
-            for (int j = 0; j < k; ++j) sum += (pr[size_t(j)] = std::exp(s[e[j]] - mx));
-            for (int j = 0; j < k; ++j) {
-              pr[size_t(j)] /= sum;
-              dp[size_t(j)] = dw[size_t(r) * k + j] * per_expert_scale[e[j]];
-              dot += pr[size_t(j)] * dp[size_t(j)];
-            }
-            for (int j = 0; j < k; ++j) g[size_t(r) * E + e[j]] += pr[size_t(j)] * (dp[size_t(j)] - dot);
-          }
-          drop(ss);
+          const ArithBlock dw = take_grad(weights, nk);
+          if (float* g = dw.empty() ? nullptr : grad(scores, true))
+            arith_.router_bwd(ss->f32(), *is, dw.f32(), rows, E, k, per_expert_scale, g);
+          ss->reset();
           std::vector<int32_t>().swap(*is);
         }});
 }
@@ -320,80 +278,74 @@ void GradBackend::moe_experts(const Buf& x, int rows, int d, const Buf& idx, con
                               const Buf& out) {
   const size_t nx = size_t(rows) * size_t(d), nk = size_t(rows) * size_t(k);
   const ExpertStack G = gate, U = up, Dn = down;  // views of the model's weights, alive for its life
-  Floats xs = floats(), ws = floats();
+  Kept xs = kept(), ws = kept();
   auto is = std::make_shared<std::vector<int32_t>>();
-  // The (row, slot) pairs routed to each expert, in row order.
-  auto routed = [=](const int32_t* ix) {
-    std::vector<std::vector<int>> by(size_t(G.count));
-    for (size_t i = 0; i < nk; ++i) by[size_t(ix[i])].push_back(int(i));
+  // The slots (row · k + j) routed to each expert, in row order.
+  auto routed = [=](const std::vector<int32_t>& ix) {
+    std::vector<std::vector<int64_t>> by(size_t(G.count));
+    for (size_t i = 0; i < nk; ++i) by[size_t(ix[i])].push_back(int64_t(i));
     return by;
+  };
+  auto rows_of = [k](const std::vector<int64_t>& slots) {
+    std::vector<int64_t> r(slots.size());
+    for (size_t i = 0; i < slots.size(); ++i) r[i] = slots[i] / k;
+    return r;
   };
   // One expert's rows: X [m, d] gathered, gate / up products, h = gelu(g)·u, y = down(h).
   struct Pass {
-    AlignedVector<float> X, g, u, h, y;
+    ArithBlock X, g, u, h, y;
   };
-  auto expert_pass = [=](int e, const std::vector<int>& slots, const float* xp, Pass& p) {
-    const int m = int(slots.size());
-    const int64_t I = G.rows();
-    p.X.resize(size_t(m) * d);
-    for (int i = 0; i < m; ++i)
-      std::memcpy(p.X.data() + size_t(i) * d, xp + size_t(slots[size_t(i)] / k) * d, size_t(d) * 4);
-    p.g.resize(size_t(m) * I), p.u.resize(p.g.size()), p.h.resize(p.g.size()), p.y.resize(size_t(m) * d);
-    matmul_wt(p.X.data(), m, G.expert(e), p.g.data());
-    matmul_wt(p.X.data(), m, U.expert(e), p.u.data());
-    gelu_mul_fwd(p.g.data(), p.u.data(), p.h.size(), p.h.data());
-    matmul_wt(p.h.data(), m, Dn.expert(e), p.y.data());
+  auto expert_pass = [=, this](int e, const std::vector<int64_t>& xrows, const float* xp, Pass& p) {
+    const size_t m = xrows.size(), I = size_t(G.rows());
+    p.X = ArithBlock(arith_, m * size_t(d) * 4, false);
+    p.g = ArithBlock(arith_, m * I * 4, false), p.u = ArithBlock(arith_, m * I * 4, false);
+    p.h = ArithBlock(arith_, m * I * 4, false), p.y = ArithBlock(arith_, m * size_t(d) * 4, false);
+    arith_.gather_rows(xp, xrows, size_t(d), p.X.f32());
+    arith_.matmul_wt(p.X.f32(), int(m), G.expert(e), p.g.f32());
+    arith_.matmul_wt(p.X.f32(), int(m), U.expert(e), p.u.f32());
+    arith_.gelu_mul_fwd(p.g.f32(), p.u.f32(), m * I, p.h.f32());
+    arith_.matmul_wt(p.h.f32(), int(m), Dn.expert(e), p.y.f32());
   };
   exec({{region(x, nx), region(idx, nk), region(w, nk)}, {region(out, nx)},
-        [=, this](bool keep) {
-          if (keep) keep_copy(xs, x.f32(), nx), keep_copy(ws, w.f32(), nk), is->assign(idx.i32(), idx.i32() + nk);
-          std::fill_n(out.f32(), nx, 0.f);
-          const auto by = routed(idx.i32());
+        [=, this](bool keeping) {
+          const std::vector<int32_t> ids = arith_.read_i32(idx.i32(), nk);
+          if (keeping) keep(xs, x.f32(), nx), keep(ws, w.f32(), nk), *is = ids;
+          arith_.zero(out.f32(), nx);
+          const auto by = routed(ids);
           Pass p;
           for (size_t e = 0; e < by.size(); ++e) {
             if (by[e].empty() || !G.holds(int(e))) continue;
-            expert_pass(int(e), by[e], x.f32(), p);
-            for (size_t i = 0; i < by[e].size(); ++i) {
-              const int slot = by[e][i];
-              const float wt = w.f32()[slot];
-              float* o = out.f32() + size_t(slot / k) * d;
-              for (int c = 0; c < d; ++c) o[c] += wt * p.y[i * size_t(d) + size_t(c)];
-            }
+            const std::vector<int64_t> xrows = rows_of(by[e]);
+            expert_pass(int(e), xrows, x.f32(), p);
+            arith_.scatter_scaled_acc(p.y.f32(), xrows, w.f32(), by[e], size_t(d), out.f32());
           }
         },
         [=, this] {
-          const AlignedVector<float> dout = take_grad(out, nx);
+          const ArithBlock dout = take_grad(out, nx);
           if (!dout.empty()) {
             float* dx = grad(x, true);
             float* dw = grad(w, true);
-            const auto by = routed(is->data());
+            const auto by = routed(*is);
             Pass p;
             for (size_t e = 0; e < by.size(); ++e) {
               if (by[e].empty() || !G.holds(int(e))) continue;
-              expert_pass(int(e), by[e], xs->data(), p);
-              const int m = int(by[e].size());
-              AlignedVector<float> dy(size_t(m) * d), dh(p.h.size(), 0.f), dg(p.h.size(), 0.f), du(p.h.size(), 0.f),
-                  dX(size_t(m) * d, 0.f);
-              for (int i = 0; i < m; ++i) {
-                const int slot = by[e][size_t(i)];
-                const float* go = dout.data() + size_t(slot / k) * d;
-                float dot = 0.f;
-                for (int c = 0; c < d; ++c) {
-                  dot += go[c] * p.y[size_t(i) * d + c];
-                  dy[size_t(i) * d + c] = (*ws)[size_t(slot)] * go[c];
-                }
-                if (dw) dw[slot] += dot;
-              }
-              matmul_w_acc(dy.data(), m, Dn.expert(int(e)), dh.data());
-              gelu_mul_bwd(p.g.data(), p.u.data(), dh.data(), dh.size(), dg.data(), du.data());
-              matmul_w_acc(dg.data(), m, G.expert(int(e)), dX.data());
-              matmul_w_acc(du.data(), m, U.expert(int(e)), dX.data());
-              for (int i = 0; dx && i < m; ++i)
-                add_into(dx + size_t(by[e][size_t(i)] / k) * d, dX.data() + size_t(i) * d, size_t(d));
+              const std::vector<int64_t> xrows = rows_of(by[e]);
+              expert_pass(int(e), xrows, xs->f32(), p);
+              const size_t m = xrows.size(), I = size_t(G.rows());
+              // dy_i = w_slot · dout_row; dw_slot += dout_row · y_i.
+              const ArithBlock dy(arith_, m * size_t(d) * 4, false);
+              arith_.gather_scaled(dout.f32(), xrows, ws->f32(), by[e], size_t(d), dy.f32());
+              if (dw) arith_.row_dots_acc(dout.f32(), xrows, p.y.f32(), by[e], size_t(d), dw);
+              const ArithBlock dh = zeros(m * I), dg = zeros(m * I), du = zeros(m * I), dX = zeros(m * size_t(d));
+              arith_.matmul_w_acc(dy.f32(), int(m), Dn.expert(int(e)), dh.f32());
+              arith_.gelu_mul_bwd(p.g.f32(), p.u.f32(), dh.f32(), m * I, dg.f32(), du.f32());
+              arith_.matmul_w_acc(dg.f32(), int(m), G.expert(int(e)), dX.f32());
+              arith_.matmul_w_acc(du.f32(), int(m), U.expert(int(e)), dX.f32());
+              if (dx) arith_.scatter_rows_acc(dX.f32(), xrows, size_t(d), dx);
             }
           }
-          drop(xs);
-          drop(ws);
+          xs->reset();
+          ws->reset();
           std::vector<int32_t>().swap(*is);
         }});
 }

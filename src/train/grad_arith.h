@@ -1,0 +1,142 @@
+// Where a GradBackend's tape (train/grad_backend.h) keeps its memory and runs its arithmetic: the
+// gradient buffers, the checkpoints' saved inputs and the values a backward keeps, and the forward
+// and backward (vector-Jacobian product) of every op the tape differentiates. The tape decides
+// what is read, written, kept and added where; a GradArith only computes.
+//
+// HostGradArith (below) computes in plain f32 on host memory (train/dense_ops.h and scalar loops):
+// training follows the model's definition, not the inference kernels' roundings. A device
+// implementation runs the same contracts as kernels on its backend's memory, with the same
+// shapes; tests compare it with the host one op by op.
+//
+// Every pointer a GradArith function takes is in that arith's memory (base()'s buffers), except
+// the arguments named *_host and the index lists, which are host vectors. Row-major shapes; a
+// "row" is one token position. Functions named *_acc and every backward ADD into their outputs.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "quant/weight.h"
+
+namespace g4::train {
+
+class GradArith {
+ public:
+  virtual ~GradArith() = default;
+  // The backend that owns this arith's memory and runs the forward ops the tape does not change
+  // (allocation and copies, embed, kv_write, the row gathers, the router's top-k); it also places
+  // the model's weights.
+  virtual Backend& base() = 0;
+
+  // --- Memory ---
+  // `bytes` of memory, 64-byte aligned, zeroed when `zero` (free_bytes gives it back).
+  virtual void* alloc_bytes(size_t bytes, bool zero) = 0;
+  virtual void free_bytes(void* p) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void zero(float* p, size_t n) = 0;
+  // dst[0, n) += host[0, n).
+  virtual void add_from_host(const float* host, size_t n, float* dst) = 0;
+  virtual std::vector<int32_t> read_i32(const int32_t* p, size_t n) = 0;
+
+  // --- Elementwise, n values ---
+  virtual void add(const float* a, const float* b, size_t n, float* y) = 0;    // y = a + b
+  virtual void scale(const float* a, float s, size_t n, float* y) = 0;         // y = s·a
+  virtual void axpy_acc(float s, const float* x, size_t n, float* y) = 0;      // y += s·x
+  virtual void softcap_fwd(float* x, size_t n, float cap) = 0;                 // x = tanh(x/cap)·cap
+  // g *= 1 - tanh²(x/cap), x the softcap's input.
+  virtual void softcap_bwd(const float* x, size_t n, float cap, float* g) = 0;
+  // y = x / (1 - p) where dropout_keeps(seed, i, p), else 0; the backward adds dy's kept values.
+  virtual void dropout_fwd(const float* x, size_t n, float p, uint64_t seed, float* y) = 0;
+  virtual void dropout_bwd(const float* dy, size_t n, float p, uint64_t seed, float* dx) = 0;
+  // y = gelu_tanh(g)·u; dg += dy·u·gelu'(g), du += dy·gelu(g).
+  virtual void gelu_mul_fwd(const float* g, const float* u, size_t n, float* y) = 0;
+  virtual void gelu_mul_bwd(const float* g, const float* u, const float* dy, size_t n, float* dg, float* du) = 0;
+
+  // --- Rows ---
+  // RMSNorm of x [rows, dim] by w (null: 1); inv [rows] = each row's 1/rms (the backward's).
+  virtual void rms_norm_fwd(const float* x, int rows, int dim, const float* w, float eps, float* y, float* inv) = 0;
+  virtual void rms_norm_bwd(const float* x, const float* inv, int rows, int dim, const float* w, const float* dy,
+                            float* dx) = 0;
+  // Half-split RoPE in place on [rows, heads, head_dim] at positions pos0 + r; the backward
+  // rotates gradients back.
+  virtual void rope_fwd(float* x, int rows, int heads, int head_dim, int pos0, const RopeTable& t) = 0;
+  virtual void rope_bwd(float* dx, int rows, int heads, int head_dim, int pos0, const RopeTable& t) = 0;
+  // dst[i] = src[rows[i]] (rows of dim values).
+  virtual void gather_rows(const float* src, const std::vector<int64_t>& rows, size_t dim, float* dst) = 0;
+  // dst[rows[i]] += src[i], i in order.
+  virtual void scatter_rows_acc(const float* src, const std::vector<int64_t>& rows, size_t dim, float* dst) = 0;
+  // dst[i] += src[rows[i]], then src[rows[i]] = 0 (a gradient taken from scattered rows).
+  virtual void take_rows_acc(float* src, const std::vector<int64_t>& rows, size_t dim, float* dst) = 0;
+  // dst[r, off + j] += src[r, j] for r < rows, j < n (dst rows of dst_dim values).
+  virtual void cols_acc(const float* src, int rows, int n, int dst_dim, int off, float* dst) = 0;
+  // Weighted rows: dst[i] = w[widx[i]]·src[rows[i]] (gather_scaled); dst[rows[i]] += w[widx[i]]·src[i]
+  // (scatter_scaled_acc, i in order); out[widx[i]] += src_a[rows[i]] · b[i] (row_dots_acc).
+  virtual void gather_scaled(const float* src, const std::vector<int64_t>& rows, const float* w,
+                             const std::vector<int64_t>& widx, size_t dim, float* dst) = 0;
+  virtual void scatter_scaled_acc(const float* src, const std::vector<int64_t>& rows, const float* w,
+                                  const std::vector<int64_t>& widx, size_t dim, float* dst) = 0;
+  virtual void row_dots_acc(const float* a, const std::vector<int64_t>& rows, const float* b,
+                            const std::vector<int64_t>& widx, size_t dim, float* out) = 0;
+
+  // --- Products ---
+  // y[M, W.rows] = x[M, W.cols]·Wᵀ, W a placed weight of base() (any format), dequantized exactly.
+  virtual void matmul_wt(const float* x, int M, const WeightView& W, float* y) = 0;
+  // dx[M, W.cols] += dy[M, W.rows]·W.
+  virtual void matmul_w_acc(const float* dy, int M, const WeightView& W, float* dx) = 0;
+  // c[K, N] += aᵀ·b, a [M, K], b [M, N] (a weight's gradient, summed over rows).
+  virtual void gemm_tn_acc(const float* a, const float* b, float* c, int M, int K, int N) = 0;
+
+  // --- Attention of one sequence (dense_ops.h attention_fwd / attention_bwd) ---
+  // q [T, H, D], k / v [T, Hk, D] at positions 0..T-1, causal, windowed when window > 0. The
+  // forward writes out [T, H, D] and probs [H, T, T]; the backward adds into dq, dk, dv.
+  virtual void attention_fwd(const float* q, const float* k, const float* v, int T, int H, int Hk, int D, int window,
+                             float scale, float* probs, float* out) = 0;
+  virtual void attention_bwd(const float* q, const float* k, const float* v, const float* probs, const float* dout,
+                             int T, int H, int Hk, int D, int window, float scale, float* dq, float* dk, float* dv) = 0;
+
+  // --- Router: w_j = softmax over the k selected scores · per_expert_scale[e_j] ---
+  // ds[r, e_j] += p_j (dp_j - Σ_i p_i dp_i), dp_j = dw[r, j]·per_expert_scale[e_j]; scores [rows, E],
+  // idx_host / dw [rows, k].
+  virtual void router_bwd(const float* scores, const std::vector<int32_t>& idx_host, const float* dw, int rows, int E,
+                          int k, const float* per_expert_scale, float* ds) = 0;
+};
+
+// Bytes in an arith's memory, freed with this object; empty until made.
+class ArithBlock {
+ public:
+  ArithBlock() = default;
+  ArithBlock(GradArith& a, size_t bytes, bool zero) : a_(&a), p_(a.alloc_bytes(bytes, zero)), bytes_(bytes) {}
+  ArithBlock(ArithBlock&& o) noexcept { *this = std::move(o); }
+  ArithBlock& operator=(ArithBlock&& o) noexcept {
+    if (this != &o) {
+      reset();
+      a_ = o.a_, p_ = o.p_, bytes_ = o.bytes_;
+      o.p_ = nullptr, o.bytes_ = 0;
+    }
+    return *this;
+  }
+  ArithBlock(const ArithBlock&) = delete;
+  ArithBlock& operator=(const ArithBlock&) = delete;
+  ~ArithBlock() { reset(); }
+
+  void reset() {
+    if (p_) a_->free_bytes(p_);
+    p_ = nullptr, bytes_ = 0;
+  }
+  bool empty() const { return p_ == nullptr; }
+  void* data() const { return p_; }
+  float* f32() const { return static_cast<float*>(p_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  GradArith* a_ = nullptr;
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// The host arithmetic: f32 on host memory, over a reference backend (HostBackend's forward ops).
+std::unique_ptr<GradArith> make_host_grad_arith();
+
+}  // namespace g4::train
