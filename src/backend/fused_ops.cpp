@@ -2,6 +2,7 @@
 // before the fused forms existed, so host backends compute exactly what they did; the host
 // fallbacks of argmax and top_k; and the typed host copies over the backends' raw byte copies.
 #include "backend/backend.h"
+#include "backend/dropout_mask.h"
 #include "backend/draw_top_arrays.h"
 #include "core/token_mask.h"
 #include "sampling/top_draw.h"
@@ -52,13 +53,7 @@ void Backend::take_read(int slot, size_t bytes, void* dst) {
   if (bytes) std::memcpy(dst, read_slots_[slot].data(), bytes);
 }
 
-bool dropout_keeps(uint64_t seed, uint64_t i, float p) {
-  uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;  // splitmix64 of (seed, i)
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return double(z >> 11) * 0x1.0p-53 >= double(p);  // uniform in [0, 1) against p
-}
+bool dropout_keeps(uint64_t seed, uint64_t i, float p) { return dropout_mask_keeps(seed, i, p); }
 
 void Backend::dropout(const Buf& x, size_t n, float p, uint64_t seed, const Buf& y) {
   std::vector<float> h(n);

@@ -5,7 +5,7 @@
 //     [--dropout 0] [--mask-prompt] [--max-seq-length 2048] [--grad-accumulation-steps 1]
 //     [--steps-per-report 10] [--steps-per-eval 200] [--val-batches 25] [--save-every 100]
 //     [--resume-adapter-file F] [--resume | --overwrite] [--seed 0] [--test [--test-batches 500]] [--chat-template F]
-//     [--log-file F.jsonl] [--enable-thinking on|off] [--threads N] [--backend cpu|reference]
+//     [--log-file F.jsonl] [--enable-thinking on|off] [--threads N] [--backend cpu|reference|cuda]
 //
 // mlx-lm's flags and defaults. DIR holds train.jsonl (and valid.jsonl, test.jsonl) in mlx-lm's
 // formats (train/dataset.h; chat records rendered with enable_thinking as mlx-lm sets it unless
@@ -20,6 +20,9 @@
 // state, trains again from the weights with the optimizer afresh, as mlx-lm does. Ctrl-C
 // stops after the iteration under way, saving the adapter and its state (exit status 130); a
 // second Ctrl-C quits at once.
+// --backend cuda trains on the GPU (--cuda-device): the forward and backward in f32 kernels on the
+// device (backend/grad_arith.h), the head and the loss on the host; the memory check before the
+// run counts the model's weights and the batch against the device's free memory.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -128,8 +131,21 @@ int run_lora(const std::vector<std::string>& argv) {
   for (const char* flag : {"--devices", "--collectives"})
     if (a.has(flag)) return fail_(std::string(flag) + ": training runs on one rank (tensor parallelism is for inference)");
   const std::string backend = a.get("--backend");
-  if (backend != "cpu" && backend != "reference")
-    return fail_("--backend " + backend + ": training runs on the host (cpu or reference)");
+  if (backend != "cpu" && backend != "reference" && backend != "cuda")
+    return fail_("--backend " + backend + ": training runs on the host (cpu or reference) or on a GPU (cuda)");
+  const bool on_gpu = backend == "cuda";
+  // On a GPU: the model is read on the host (the head and the loss run there) and its weights are
+  // placed on the device by the training arithmetic (backend/grad_arith.h).
+  std::unique_ptr<GradArith> gpu;
+  BackendOptions gpu_options;
+  if (on_gpu) {
+    auto bo = backend_options_from_args(a);
+    if (!bo.is_ok()) return fail_(bo.message());
+    gpu_options = bo.value();
+    std::string why;
+    gpu = make_cuda_grad_arith(&why, gpu_options);
+    if (!gpu) return fail_("--backend cuda: " + why);
+  }
   if (!a.has("--data")) return fail_("--data DIR is required (a directory with train.jsonl and valid.jsonl)");
   const std::string data_dir = a.get("--data");
   if (!fs::is_directory(data_dir)) return fail_(data_dir + ": not a directory");
@@ -170,7 +186,7 @@ int run_lora(const std::vector<std::string>& argv) {
                                                                  : train::ExistingAdapter::Refuse;
 
   if (Status s = apply_process_flags(a); !s) return fail_(s.message());
-  auto bundle = load_bundle(a.get("--model"), backend, progress);
+  auto bundle = load_bundle(a.get("--model"), on_gpu ? "cpu" : backend, progress);
   if (!bundle.is_ok()) return fail_(bundle.message());
   ModelBundle& b = bundle.value();
   if (a.has("--chat-template")) {
@@ -217,12 +233,22 @@ int run_lora(const std::vector<std::string>& argv) {
         rows.push_back(std::min<int>(int(ex.tokens.size()), o.max_seq_length) - 1);
     std::sort(rows.rbegin(), rows.rend());
     rows.resize(std::min(rows.size(), size_t(o.batch_size)));
-    const uint64_t need = train::training_batch_bytes(cfg, params->first_layer(), rows);
-    const FreeMemory free = host_free_memory();
+    uint64_t need = train::training_batch_bytes(cfg, params->first_layer(), rows);
+    FreeMemory free = host_free_memory();
+    if (on_gpu) {  // the batch and the model's weights, in the device's memory
+      auto fm = cuda_free_memory(gpu_options.device);
+      if (!fm.is_ok()) return fail_("--backend cuda: " + fm.message());
+      free = fm.value();
+      auto wb = stored_weight_bytes(cfg, *b.model->source());
+      if (!wb.is_ok()) return fail_(wb.message());
+      need += wb.value();
+    }
     const std::string sizes = "a batch of " + std::to_string(rows.size()) + " records of up to " +
                               std::to_string(rows.empty() ? 0 : rows[0] + 1) + " tokens";
     if (free.bytes > 0 && need > free.bytes)
-      return fail_(sizes + " needs about " + human_bytes(need) + " to train (activations and attention weights); " +
+      return fail_(sizes + " needs about " + human_bytes(need) + " to train (" +
+                   (on_gpu ? "the model's weights, activations and attention weights" : "activations and attention weights") +
+                   "); " +
                    human_bytes(free.bytes) + " is free (" + free.source +
                    "): lower --batch-size or --max-seq-length");
     progress("training memory: about " + human_bytes(need) + " for " + sizes + ", " + human_bytes(free.bytes) +
@@ -290,7 +316,7 @@ int run_lora(const std::vector<std::string>& argv) {
     if (log.is_open()) log << j.dump() << "\n" << std::flush;
   };
 
-  train::LoraTrainModel tm(*b.model, params.value());
+  train::LoraTrainModel tm(*b.model, params.value(), std::move(gpu));
   train::NumpyLegacyRng rng(o.seed);
   progress("training: " + std::to_string(o.iters) + " iterations, batch " + std::to_string(o.batch_size) + ", " +
            opt->name() + " lr " + a.get("--learning-rate", "1e-05") + ", " + std::to_string(num_threads()) +

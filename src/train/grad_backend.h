@@ -17,7 +17,7 @@
 // backwards need, then runs those backwards. Memory: the layers' inputs plus one layer's
 // intermediates (attention weights [heads, T, T] per sequence included).
 //
-// The arithmetic and memory are a GradArith's (train/grad_arith.h): host f32 by default, or a
+// The arithmetic and memory are a GradArith's (backend/grad_arith.h): host f32 by default, or a
 // device's kernels on its memory; the tape is the same for both.
 //
 // What it takes: f32 activations (P is ignored: always f32), unquantized unpaged KV caches, each
@@ -33,9 +33,12 @@
 #include <string>
 #include <vector>
 
-#include "train/grad_arith.h"
+#include "backend/grad_arith.h"
 
 namespace g4::train {
+
+// The host arithmetic: f32 on host memory, over a reference backend (HostBackend's forward ops).
+std::unique_ptr<GradArith> make_host_grad_arith();
 
 class GradBackend final : public Backend {
  public:

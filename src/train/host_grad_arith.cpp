@@ -1,4 +1,4 @@
-// HostGradArith (train/grad_arith.h): the tape's arithmetic in plain f32 on host memory. The
+// HostGradArith (backend/grad_arith.h): the tape's arithmetic in plain f32 on host memory. The
 // products, norms, RoPE, GeGLU and attention are train/dense_ops.h's; the loops here are scalar
 // and compiled with the default floating-point rules (no reassociation), so their sums run in
 // index order.
@@ -9,7 +9,7 @@
 #include <new>
 
 #include "train/dense_ops.h"
-#include "train/grad_arith.h"
+#include "backend/grad_arith.h"
 
 namespace g4::train {
 namespace {

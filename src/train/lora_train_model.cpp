@@ -13,11 +13,13 @@ int target_count(const Example& ex, int max_len) {
   return std::max(0, L - first);
 }
 
-LoraTrainModel::LoraTrainModel(const Model& model, LoraParams& params) : cfg_(model.config()), p_(params) {
-  auto be = std::make_unique<GradBackend>();
+LoraTrainModel::LoraTrainModel(const Model& model, LoraParams& params, std::unique_ptr<GradArith> arith)
+    : cfg_(model.config()), p_(params), head_(model.weights().lm_head) {
+  auto be = arith ? std::make_unique<GradBackend>(std::move(arith)) : std::make_unique<GradBackend>();
   be_ = be.get();
   model_ = std::make_unique<Model>(model.config(), model.weights(), model.source(), std::move(be));
-  // The parameters as an adapter of the model's own kind (model/lora.h: a [rank, in], b [out, rank]).
+  // The parameters as an adapter of the model's own kind (model/lora.h: a [rank, in], b [out, rank]),
+  // its matrices and their gradients in the backend's memory.
   auto ad = std::make_unique<LoraAdapter>();
   const LoraConfig& lc = p_.config();
   ad->path = "(training)";
@@ -25,14 +27,18 @@ LoraTrainModel::LoraTrainModel(const Model& model, LoraParams& params) : cfg_(mo
   ad->scale = lc.scale;
   ad->num_layers = lc.num_layers;
   ad->layers.resize(cfg_.layers.size());
+  auto zeros = [this](int64_t n) {
+    const Buf b = be_->alloc_f32(size_t(n));
+    const std::vector<float> z(static_cast<size_t>(n), 0.f);
+    be_->from_host(z.data(), z.size(), b);
+    return b;
+  };
   for (const LoraModule& m : p_.modules()) {
-    auto view = [&](int64_t rows, int64_t cols) {
-      ad->host.emplace_back(size_t(rows * cols), 0.f);
-      return f32_view(ad->host.back().data(), rows, cols);
-    };
+    a_.push_back(zeros(int64_t(m.rank) * m.in));
+    b_.push_back(zeros(int64_t(m.out) * m.rank));
     LoraDelta d;
-    d.a = view(m.rank, m.in);
-    d.b = view(m.out, m.rank);
+    d.a = f32_view(a_.back().f32(), m.rank, m.in);
+    d.b = f32_view(b_.back().f32(), m.out, m.rank);
     d.scale = lc.scale;
     d.dropout = lc.dropout;
     d.id = uint32_t(ad->deltas.size());
@@ -41,10 +47,10 @@ LoraTrainModel::LoraTrainModel(const Model& model, LoraParams& params) : cfg_(mo
     ad->max_out = std::max(ad->max_out, m.out);
     ad->max_in = std::max(ad->max_in, m.in);
     ++ad->modules;
-    grad_a_.emplace_back(size_t(m.rank) * size_t(m.in), 0.f);
-    grad_b_.emplace_back(size_t(m.out) * size_t(m.rank), 0.f);
-    be_->add_param(d.a.data, grad_a_.back().data());
-    be_->add_param(d.b.data, grad_b_.back().data());
+    grad_a_.push_back(zeros(int64_t(m.rank) * m.in));
+    grad_b_.push_back(zeros(int64_t(m.out) * m.rank));
+    be_->add_param(d.a.data, grad_a_.back().f32());
+    be_->add_param(d.b.data, grad_b_.back().f32());
   }
   adapter_ = ad.get();
   model_->set_adapter(std::move(ad));
@@ -54,15 +60,24 @@ LoraTrainModel::~LoraTrainModel() = default;
 
 void LoraTrainModel::sync_adapter() {
   size_t i = 0;
+  std::vector<float> a, b;
   for (const LoraModule& m : p_.modules()) {
-    const LoraDelta& d = adapter_->deltas[i++];
-    auto* a = static_cast<float*>(const_cast<void*>(d.a.data));
-    auto* b = static_cast<float*>(const_cast<void*>(d.b.data));
+    a.resize(size_t(m.rank) * m.in);
+    b.resize(size_t(m.out) * m.rank);
     for (int j = 0; j < m.in; ++j)
       for (int r = 0; r < m.rank; ++r) a[size_t(r) * m.in + j] = m.a[size_t(j) * m.rank + r];
     for (int r = 0; r < m.rank; ++r)
       for (int o = 0; o < m.out; ++o) b[size_t(o) * m.rank + r] = m.b[size_t(r) * m.out + o];
+    be_->from_host(a.data(), a.size(), a_[i]);
+    be_->from_host(b.data(), b.size(), b_[i]);
+    ++i;
   }
+}
+
+std::vector<float> LoraTrainModel::normed_rows_host(int T) {
+  std::vector<float> x(size_t(T) * size_t(cfg_.hidden));
+  be_->to_host(model_->normed_rows(), x.size(), x.data());
+  return x;
 }
 
 std::vector<std::unique_ptr<KvCache>> LoraTrainModel::forward(const std::vector<std::vector<int32_t>>& seqs) {
@@ -98,24 +113,31 @@ SeqLoss LoraTrainModel::run(const std::vector<const Example*>& batch, int max_le
   model_->set_lora_dropout(train && p_.config().dropout > 0.f ? dropout_seed * 2 + 1 : 0);
   if (train) be_->arm();
   const auto caches = forward(seqs);
-  const Buf& xf = model_->normed_rows();
+  const std::vector<float> xf = normed_rows_host(T);
   std::vector<float> dxf(train ? size_t(T) * d : 0, 0.f);
-  res.sum = lm_head_loss(xf.f32(), T, model_->weights().lm_head, cfg_.final_softcap, targets.data(), grad_weight,
+  res.sum = lm_head_loss(xf.data(), T, head_, cfg_.final_softcap, targets.data(), grad_weight,
                          train ? dxf.data() : nullptr);
   if (!train) return res;
-  be_->seed_grad(xf, dxf.data(), dxf.size());
+  be_->seed_grad(model_->normed_rows(), dxf.data(), dxf.size());
   be_->backward();
-  // The delta's gradients [rank, in] / [out, rank] into the parameters' [in, rank] / [rank, out].
+  // The delta's gradients [rank, in] / [out, rank] into the parameters' [in, rank] / [rank, out],
+  // then cleared.
   size_t i = 0;
+  std::vector<float> ga, gb;
   for (LoraModule& m : p_.modules()) {
-    std::vector<float>& ga = grad_a_[i];
-    std::vector<float>& gb = grad_b_[i++];
+    ga.resize(size_t(m.rank) * m.in);
+    gb.resize(size_t(m.out) * m.rank);
+    be_->to_host(grad_a_[i], ga.size(), ga.data());
+    be_->to_host(grad_b_[i], gb.size(), gb.data());
     for (int j = 0; j < m.in; ++j)
       for (int r = 0; r < m.rank; ++r) m.ga[size_t(j) * m.rank + r] += ga[size_t(r) * m.in + j];
     for (int r = 0; r < m.rank; ++r)
       for (int o = 0; o < m.out; ++o) m.gb[size_t(r) * m.out + o] += gb[size_t(o) * m.rank + r];
     std::fill(ga.begin(), ga.end(), 0.f);
     std::fill(gb.begin(), gb.end(), 0.f);
+    be_->from_host(ga.data(), ga.size(), grad_a_[i]);
+    be_->from_host(gb.data(), gb.size(), grad_b_[i]);
+    ++i;
   }
   return res;
 }
@@ -126,7 +148,7 @@ std::vector<float> LoraTrainModel::logits(const std::vector<int32_t>& tokens) {
   model_->set_lora_dropout(0);
   const auto caches = forward({tokens});
   std::vector<float> z(size_t(T) * cfg_.vocab);
-  matmul_wt(model_->normed_rows().f32(), T, model_->weights().lm_head, z.data());
+  matmul_wt(normed_rows_host(T).data(), T, head_, z.data());
   if (cfg_.final_softcap > 0)
     for (float& v : z) v = std::tanh(v / cfg_.final_softcap) * cfg_.final_softcap;
   return z;

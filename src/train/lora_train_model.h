@@ -39,8 +39,11 @@ int target_count(const Example& ex, int max_len);
 
 class LoraTrainModel {
  public:
-  // `model` must run on a host backend (its weights readable here); both must outlive this.
-  LoraTrainModel(const Model& model, LoraParams& params);
+  // `model` must run on a host backend (its weights readable here); both must outlive this. The
+  // training forward and backward run on `arith` (backend/grad_arith.h: the device's memory and
+  // kernels, the model's weights placed there), or on the host arithmetic when null; the head and
+  // the loss run on the host (dense_ops.h lm_head_loss) over `model`'s weights either way.
+  LoraTrainModel(const Model& model, LoraParams& params, std::unique_ptr<GradArith> arith = nullptr);
   ~LoraTrainModel();
 
   // The summed loss of a batch of sequences (each truncated to max_len tokens; packed into one
@@ -61,13 +64,18 @@ class LoraTrainModel {
   // forward's backward reads them), every row's final-normed hidden state in model_->normed_rows().
   std::vector<std::unique_ptr<KvCache>> forward(const std::vector<std::vector<int32_t>>& seqs);
 
+  // The final-normed rows of the last forward, [T, hidden], in host memory.
+  std::vector<float> normed_rows_host(int T);
+
   const ModelConfig& cfg_;
   LoraParams& p_;
+  const WeightView head_;         // the tied embeddings in `model`'s (host) memory
   GradBackend* be_ = nullptr;     // owned by model_
   std::unique_ptr<Model> model_;  // the inference model's weights, on be_
   LoraAdapter* adapter_ = nullptr;  // model_'s, holding the parameters as LoraDeltas
-  // Per module (p_.modules() order): the gradients of its LoraDelta's a [rank, in] and b [out, rank].
-  std::vector<std::vector<float>> grad_a_, grad_b_;
+  // Per module (p_.modules() order), in be_'s memory: its LoraDelta's a [rank, in] and b [out,
+  // rank], and their gradients.
+  std::vector<Buf> a_, b_, grad_a_, grad_b_;
 };
 
 }  // namespace g4::train

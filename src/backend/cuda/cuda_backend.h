@@ -115,6 +115,8 @@ class CudaBackend final : public Backend {
   bool records_steps() const override { return rec_->graphs(); }
   int invariant_row_limit() const override { return opt_.row_exact && q8_.q ? kRowExactMaxRows : 0; }
   cuda::StepRecorder::Counts step_counts() const { return rec_->counts(); }
+  // The GPU and stream every op runs on (work queued on it by others runs in op order).
+  const cuda::Device& device() const { return dev_; }
   bool prefill_on_blas() const { return blas_ != nullptr; }
 
   WeightView place_weight(const WeightView& w) override;

@@ -1,12 +1,13 @@
-// Where a GradBackend's tape (train/grad_backend.h) keeps its memory and runs its arithmetic: the
+// Where a training tape (train/grad_backend.h's GradBackend) keeps its memory and runs its arithmetic: the
 // gradient buffers, the checkpoints' saved inputs and the values a backward keeps, and the forward
 // and backward (vector-Jacobian product) of every op the tape differentiates. The tape decides
 // what is read, written, kept and added where; a GradArith only computes.
 //
-// HostGradArith (below) computes in plain f32 on host memory (train/dense_ops.h and scalar loops):
-// training follows the model's definition, not the inference kernels' roundings. A device
-// implementation runs the same contracts as kernels on its backend's memory, with the same
-// shapes; tests compare it with the host one op by op.
+// The host arithmetic (train/host_grad_arith.cpp, make_host_grad_arith in train/grad_backend.h)
+// computes in plain f32 on host memory (train/dense_ops.h and scalar loops): training follows the
+// model's definition, not the inference kernels' roundings. The CUDA one (backend/cuda/
+// cuda_grad_arith.cu) runs the same contracts as f32 kernels on a CUDA backend's memory and
+// stream; tests compare the two op by op (tests/train/cuda_grad_arith_test.cpp).
 //
 // Every pointer a GradArith function takes is in that arith's memory (base()'s buffers), except
 // the arguments named *_host and the index lists, which are host vectors. Row-major shapes; a
@@ -15,12 +16,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
 #include "quant/weight.h"
 
-namespace g4::train {
+namespace g4 {
 
 class GradArith {
  public:
@@ -136,7 +138,8 @@ class ArithBlock {
   size_t bytes_ = 0;
 };
 
-// The host arithmetic: f32 on host memory, over a reference backend (HostBackend's forward ops).
-std::unique_ptr<GradArith> make_host_grad_arith();
+// The CUDA arithmetic over a CUDA backend of `opt` (its activations f32, whatever opt says), or
+// null with the reason in *why (no CUDA build, no usable GPU).
+std::unique_ptr<GradArith> make_cuda_grad_arith(std::string* why, const BackendOptions& opt);
 
-}  // namespace g4::train
+}  // namespace g4

@@ -1,0 +1,208 @@
+// The CUDA training arithmetic (backend/grad_arith.h): a CUDA backend with f32 activations owns
+// the memory and runs the forward ops the tape takes as they are; the tape's own arithmetic runs
+// as cuda_grad_kernels.h's kernels on that backend's stream, so every op runs in the tape's order
+// without host waits. The tape's blocks (gradients, checkpoint copies, kept values) and the index
+// lists it passes are stream-ordered allocations (cudaMallocAsync): a block freed while a queued
+// kernel still reads it is released after that kernel.
+#include <cstring>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_grad_kernels.h"
+#include "backend/grad_arith.h"
+
+namespace g4 {
+namespace {
+
+using cuda_impl::CudaBackend;
+
+class CudaGradArith final : public GradArith {
+ public:
+  explicit CudaGradArith(const BackendOptions& opt) : base_(std::make_unique<CudaBackend>(f32_options(opt))) {
+    dev().make_current();
+    cudaMemPool_t pool;
+    G4_CUDA(cudaDeviceGetDefaultMemPool(&pool, dev().id()));
+    uint64_t keep = UINT64_MAX;  // freed blocks stay in the pool for the next ones
+    G4_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  }
+  ~CudaGradArith() override {
+    dev().sync();
+    for (auto& [t, e] : rope_) cudaFree(e.dev);
+  }
+
+  Backend& base() override { return *base_; }
+
+  void* alloc_bytes(size_t bytes, bool zero) override {
+    dev().make_current();
+    void* p = nullptr;
+    G4_CUDA(cudaMallocAsync(&p, bytes == 0 ? 64 : bytes, stream()));
+    if (zero && bytes) G4_CUDA(cudaMemsetAsync(p, 0, bytes, stream()));
+    return p;
+  }
+  void free_bytes(void* p) override {
+    dev().make_current();
+    G4_CUDA(cudaFreeAsync(p, stream()));
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes) G4_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
+  }
+  void zero(float* p, size_t n) override {
+    if (n) G4_CUDA(cudaMemsetAsync(p, 0, n * 4, stream()));
+  }
+  void add_from_host(const float* host, size_t n, float* dst) override {
+    const DeviceCopy<float> d(*this, host, n);
+    cuda::grad::axpy_acc(stream(), 1.f, d.p, n, dst);
+  }
+  std::vector<int32_t> read_i32(const int32_t* p, size_t n) override {
+    std::vector<int32_t> out(n);
+    if (n) G4_CUDA(cudaMemcpyAsync(out.data(), p, n * 4, cudaMemcpyDeviceToHost, stream()));
+    dev().sync();
+    return out;
+  }
+
+  void add(const float* a, const float* b, size_t n, float* y) override { cuda::grad::add(stream(), a, b, n, y); }
+  void scale(const float* a, float s, size_t n, float* y) override { cuda::grad::scale(stream(), a, s, n, y); }
+  void axpy_acc(float s, const float* x, size_t n, float* y) override { cuda::grad::axpy_acc(stream(), s, x, n, y); }
+  void softcap_fwd(float* x, size_t n, float cap) override { cuda::grad::softcap_fwd(stream(), x, n, cap); }
+  void softcap_bwd(const float* x, size_t n, float cap, float* g) override {
+    cuda::grad::softcap_bwd(stream(), x, n, cap, g);
+  }
+  void dropout_fwd(const float* x, size_t n, float p, uint64_t seed, float* y) override {
+    cuda::grad::dropout_fwd(stream(), x, n, p, seed, y);
+  }
+  void dropout_bwd(const float* dy, size_t n, float p, uint64_t seed, float* dx) override {
+    cuda::grad::dropout_bwd(stream(), dy, n, p, seed, dx);
+  }
+  void gelu_mul_fwd(const float* g, const float* u, size_t n, float* y) override {
+    cuda::grad::gelu_mul_fwd(stream(), g, u, n, y);
+  }
+  void gelu_mul_bwd(const float* g, const float* u, const float* dy, size_t n, float* dg, float* du) override {
+    cuda::grad::gelu_mul_bwd(stream(), g, u, dy, n, dg, du);
+  }
+
+  void rms_norm_fwd(const float* x, int rows, int dim, const float* w, float eps, float* y, float* inv) override {
+    cuda::grad::rms_norm_fwd(stream(), x, rows, dim, w, eps, y, inv);
+  }
+  void rms_norm_bwd(const float* x, const float* inv, int rows, int dim, const float* w, const float* dy,
+                    float* dx) override {
+    cuda::grad::rms_norm_bwd(stream(), x, inv, rows, dim, w, dy, dx);
+  }
+  void rope_fwd(float* x, int rows, int heads, int head_dim, int pos0, const RopeTable& t) override {
+    cuda::grad::rope(stream(), x, rows, heads, head_dim, pos0, inv_freq(t, head_dim), t.position_scale, 1.f);
+  }
+  void rope_bwd(float* dx, int rows, int heads, int head_dim, int pos0, const RopeTable& t) override {
+    cuda::grad::rope(stream(), dx, rows, heads, head_dim, pos0, inv_freq(t, head_dim), t.position_scale, -1.f);
+  }
+  void gather_rows(const float* src, const std::vector<int64_t>& rows, size_t dim, float* dst) override {
+    const DeviceCopy<int64_t> r(*this, rows);
+    cuda::grad::gather_rows(stream(), src, r.p, rows.size(), dim, dst);
+  }
+  void scatter_rows_acc(const float* src, const std::vector<int64_t>& rows, size_t dim, float* dst) override {
+    const DeviceCopy<int64_t> r(*this, rows);
+    cuda::grad::scatter_rows_acc(stream(), src, r.p, rows.size(), dim, dst);
+  }
+  void take_rows_acc(float* src, const std::vector<int64_t>& rows, size_t dim, float* dst) override {
+    const DeviceCopy<int64_t> r(*this, rows);
+    cuda::grad::take_rows_acc(stream(), src, r.p, rows.size(), dim, dst);
+  }
+  void cols_acc(const float* src, int rows, int n, int dst_dim, int off, float* dst) override {
+    cuda::grad::cols_acc(stream(), src, rows, n, dst_dim, off, dst);
+  }
+  void gather_scaled(const float* src, const std::vector<int64_t>& rows, const float* w,
+                     const std::vector<int64_t>& widx, size_t dim, float* dst) override {
+    const DeviceCopy<int64_t> r(*this, rows), wi(*this, widx);
+    cuda::grad::gather_scaled(stream(), src, r.p, w, wi.p, rows.size(), dim, dst);
+  }
+  void scatter_scaled_acc(const float* src, const std::vector<int64_t>& rows, const float* w,
+                          const std::vector<int64_t>& widx, size_t dim, float* dst) override {
+    const DeviceCopy<int64_t> r(*this, rows), wi(*this, widx);
+    cuda::grad::scatter_scaled_acc(stream(), src, r.p, w, wi.p, rows.size(), dim, dst);
+  }
+  void row_dots_acc(const float* a, const std::vector<int64_t>& rows, const float* b,
+                    const std::vector<int64_t>& widx, size_t dim, float* out) override {
+    const DeviceCopy<int64_t> r(*this, rows), wi(*this, widx);
+    cuda::grad::row_dots_acc(stream(), a, r.p, b, wi.p, rows.size(), dim, out);
+  }
+
+  void matmul_wt(const float* x, int M, const WeightView& W, float* y) override {
+    cuda::grad::matmul_wt(stream(), x, M, cuda_args::dev(W), y);
+  }
+  void matmul_w_acc(const float* dy, int M, const WeightView& W, float* dx) override {
+    cuda::grad::matmul_w_acc(stream(), dy, M, cuda_args::dev(W), dx);
+  }
+  void gemm_tn_acc(const float* a, const float* b, float* c, int M, int K, int N) override {
+    cuda::grad::gemm_tn_acc(stream(), a, b, c, M, K, N);
+  }
+
+  void attention_fwd(const float* q, const float* k, const float* v, int T, int H, int Hk, int D, int window,
+                     float scale, float* probs, float* out) override {
+    cuda::grad::attention_fwd(stream(), q, k, v, T, H, Hk, D, window, scale, probs, out);
+  }
+  void attention_bwd(const float* q, const float* k, const float* v, const float* probs, const float* dout, int T,
+                     int H, int Hk, int D, int window, float scale, float* dq, float* dk, float* dv) override {
+    const ArithBlock scratch(*this, size_t(H) * size_t(T) * size_t(T) * 4, false);
+    cuda::grad::attention_bwd(stream(), q, k, v, probs, dout, T, H, Hk, D, window, scale, dq, dk, dv, scratch.f32());
+  }
+
+  void router_bwd(const float* scores, const std::vector<int32_t>& idx_host, const float* dw, int rows, int E, int k,
+                  const float* per_expert_scale, float* ds) override {
+    G4_CHECK(k <= 32 && "CUDA router backward: at most 32 experts per token");
+    const DeviceCopy<int32_t> idx(*this, idx_host);
+    cuda::grad::router_bwd(stream(), scores, idx.p, dw, rows, E, k, per_expert_scale, ds);
+  }
+
+ private:
+  // A host array copied to a stream-ordered device allocation, freed (in stream order) with it.
+  template <class T>
+  struct DeviceCopy {
+    DeviceCopy(CudaGradArith& a, const T* host, size_t n) : a(a) {
+      p = static_cast<T*>(a.alloc_bytes(n * sizeof(T), false));
+      if (n) G4_CUDA(cudaMemcpyAsync(p, host, n * sizeof(T), cudaMemcpyHostToDevice, a.stream()));
+    }
+    DeviceCopy(CudaGradArith& a, const std::vector<T>& v) : DeviceCopy(a, v.data(), v.size()) {}
+    ~DeviceCopy() { a.free_bytes(p); }
+    DeviceCopy(const DeviceCopy&) = delete;
+    DeviceCopy& operator=(const DeviceCopy&) = delete;
+    CudaGradArith& a;
+    T* p = nullptr;
+  };
+  struct RopeCopy {
+    std::vector<float> host;
+    float* dev = nullptr;
+  };
+
+  static BackendOptions f32_options(BackendOptions o) {
+    o.activations = DType::F32;
+    return o;
+  }
+  const cuda::Device& dev() const { return base_->device(); }
+  cudaStream_t stream() const { return dev().stream(); }
+  // The table's inverse frequencies (head_dim / 2) on the device, uploaded once per table (again
+  // when a table at the same address holds other values).
+  const float* inv_freq(const RopeTable& t, int head_dim) {
+    G4_CHECK(t.inv_freq.size() >= size_t(head_dim / 2) && "RoPE table shorter than half the head");
+    RopeCopy& c = rope_[&t];
+    if (c.dev && c.host == t.inv_freq) return c.dev;
+    dev().sync();  // an earlier upload may still be read
+    if (c.dev) cudaFree(c.dev);
+    G4_CUDA(cudaMalloc(&c.dev, t.inv_freq.size() * 4));
+    G4_CUDA(cudaMemcpy(c.dev, t.inv_freq.data(), t.inv_freq.size() * 4, cudaMemcpyHostToDevice));
+    c.host = t.inv_freq;
+    return c.dev;
+  }
+
+  std::unique_ptr<CudaBackend> base_;
+  std::unordered_map<const RopeTable*, RopeCopy> rope_;
+};
+
+}  // namespace
+
+std::unique_ptr<GradArith> make_cuda_grad_arith(std::string* why, const BackendOptions& opt) {
+  if (!cuda::device_usable(opt.device, why)) return nullptr;
+  return std::make_unique<CudaGradArith>(opt);
+}
+
+}  // namespace g4

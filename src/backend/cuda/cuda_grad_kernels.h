@@ -1,0 +1,68 @@
+// The f32 kernels of the CUDA training arithmetic (backend/grad_arith.h's contracts; the
+// arithmetic object is cuda_grad_arith.cu). Correctness first: every kernel sums in a fixed order
+// (no atomics where two additions could meet), products are tiled f32 GEMMs that dequantize
+// weight elements as they load them (cuda_dequant.cuh, any placed format), attention keeps its
+// [H, T, T] weights. Each is launched on the given stream; pointers are device memory, index
+// lists device arrays of n entries.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cuda/cuda_dequant.cuh"
+
+namespace g4::cuda::grad {
+
+// Elementwise over n values.
+void add(cudaStream_t s, const float* a, const float* b, size_t n, float* y);
+void scale(cudaStream_t s, const float* a, float k, size_t n, float* y);
+void axpy_acc(cudaStream_t s, float k, const float* x, size_t n, float* y);
+void softcap_fwd(cudaStream_t s, float* x, size_t n, float cap);
+void softcap_bwd(cudaStream_t s, const float* x, size_t n, float cap, float* g);
+void dropout_fwd(cudaStream_t s, const float* x, size_t n, float p, uint64_t seed, float* y);
+void dropout_bwd(cudaStream_t s, const float* dy, size_t n, float p, uint64_t seed, float* dx);
+void gelu_mul_fwd(cudaStream_t s, const float* g, const float* u, size_t n, float* y);
+void gelu_mul_bwd(cudaStream_t s, const float* g, const float* u, const float* dy, size_t n, float* dg, float* du);
+
+// Rows.
+void rms_norm_fwd(cudaStream_t s, const float* x, int rows, int dim, const float* w, float eps, float* y, float* inv);
+void rms_norm_bwd(cudaStream_t s, const float* x, const float* inv, int rows, int dim, const float* w, const float* dy,
+                  float* dx);
+// RoPE of [rows, heads, D] at positions pos0 + r by half-split pairs j < D/2 of inv_freq (device,
+// D/2 values; 0: the pair does not turn); sign -1 turns back (the backward).
+void rope(cudaStream_t s, float* x, int rows, int heads, int D, int pos0, const float* inv_freq, float position_scale,
+          float sign);
+void gather_rows(cudaStream_t s, const float* src, const int64_t* rows, size_t n, size_t dim, float* dst);
+// dst[rows[i]] += src[i]: each column adds its rows in index order (rows may repeat).
+void scatter_rows_acc(cudaStream_t s, const float* src, const int64_t* rows, size_t n, size_t dim, float* dst);
+// dst[i] += src[rows[i]], src[rows[i]] = 0; rows distinct.
+void take_rows_acc(cudaStream_t s, float* src, const int64_t* rows, size_t n, size_t dim, float* dst);
+void cols_acc(cudaStream_t s, const float* src, int rows, int n, int dst_dim, int off, float* dst);
+void gather_scaled(cudaStream_t s, const float* src, const int64_t* rows, const float* w, const int64_t* widx,
+                   size_t n, size_t dim, float* dst);
+// dst[rows[i]] += w[widx[i]]·src[i], each column in index order.
+void scatter_scaled_acc(cudaStream_t s, const float* src, const int64_t* rows, const float* w, const int64_t* widx,
+                        size_t n, size_t dim, float* dst);
+// out[widx[i]] += src_a[rows[i]] · b[i]; widx distinct.
+void row_dots_acc(cudaStream_t s, const float* a, const int64_t* rows, const float* b, const int64_t* widx, size_t n,
+                  size_t dim, float* out);
+
+// Products. y[M, W.rows] = x·Wᵀ; dx[M, W.cols] += dy·W; c[K, N] += aᵀ·b (a [M, K], b [M, N]).
+void matmul_wt(cudaStream_t s, const float* x, int M, const DevWeight& W, float* y);
+void matmul_w_acc(cudaStream_t s, const float* dy, int M, const DevWeight& W, float* dx);
+void gemm_tn_acc(cudaStream_t s, const float* a, const float* b, float* c, int M, int K, int N);
+
+// Causal (windowed) GQA attention of one sequence: q [T, H, D], k / v [T, Hk, D]; probs [H, T, T].
+// The backward takes a scratch of H·T·T floats (the score gradients).
+void attention_fwd(cudaStream_t s, const float* q, const float* k, const float* v, int T, int H, int Hk, int D,
+                   int window, float scale, float* probs, float* out);
+void attention_bwd(cudaStream_t s, const float* q, const float* k, const float* v, const float* probs,
+                   const float* dout, int T, int H, int Hk, int D, int window, float scale, float* dq, float* dk,
+                   float* dv, float* scratch);
+
+// The router's backward (grad_arith.h router_bwd); idx [rows, k] device, k <= 32.
+void router_bwd(cudaStream_t s, const float* scores, const int32_t* idx, const float* dw, int rows, int E, int k,
+                const float* per_expert_scale, float* ds);
+
+}  // namespace g4::cuda::grad

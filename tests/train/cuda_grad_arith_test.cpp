@@ -1,0 +1,231 @@
+// The CUDA training arithmetic (backend/cuda/cuda_grad_arith.cu) against the host one
+// (train/host_grad_arith.cpp, plain f32 over dense_ops.h), op by op on random inputs of odd sizes:
+// every output within 2e-5 · max(1, max |host|) (f32 sums in another order; 5e-5 for attention
+// and the products). Skips, saying why, without a CUDA build or GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/grad_arith.h"
+#include "quant/affine_quantize.h"
+#include "train/grad_backend.h"
+
+namespace g4 {
+namespace {
+
+using Floats = std::vector<float>;
+
+class CudaGradArith : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    dev_ = make_cuda_grad_arith(&why, BackendOptions{});
+    if (!dev_) GTEST_SKIP() << "no CUDA training arithmetic here: " << why;
+    host_ = train::make_host_grad_arith();
+  }
+
+  Floats rand(size_t n, float scale = 1.f) {
+    std::normal_distribution<float> nd;
+    Floats v(n);
+    for (float& x : v) x = scale * nd(rng_);
+    return v;
+  }
+  // A device copy of v (freed with the test).
+  float* up(const Floats& v) { return static_cast<float*>(up_bytes(v.data(), v.size() * 4)); }
+  void* up_bytes(const void* p, size_t bytes) {
+    blocks_.emplace_back(*dev_, bytes, false);
+    dev_->base().write_bytes(p, bytes, Buf(blocks_.back().data(), DType::U8, int64_t(bytes), 0));
+    return blocks_.back().data();
+  }
+  Floats down(const float* d, size_t n) {
+    Floats v(n);
+    dev_->base().read_bytes(Buf(const_cast<float*>(d), DType::F32, int64_t(n), 0), n * 4, v.data());
+    return v;
+  }
+  // Device result d[0, n) against the host's h.
+  void expect_near(const float* d, const Floats& h, double rel, const char* what) {
+    const Floats got = down(d, h.size());
+    double mx = 1.0, worst = 0.0;
+    for (float x : h) mx = std::max(mx, double(std::fabs(x)));
+    for (size_t i = 0; i < h.size(); ++i) worst = std::max(worst, std::fabs(double(got[i]) - h[i]));
+    EXPECT_LE(worst, rel * mx) << what << ": max |cuda - host| " << worst << " at scale " << mx;
+  }
+
+  std::unique_ptr<GradArith> dev_, host_;
+  std::vector<ArithBlock> blocks_;
+  std::mt19937 rng_{12345};
+};
+
+constexpr double kTol = 2e-5, kSumTol = 5e-5;
+
+TEST_F(CudaGradArith, ElementwiseOps) {
+  const size_t n = 1037;
+  const Floats a = rand(n, 3.f), b = rand(n), dy = rand(n);
+  float *da = up(a), *db = up(b), *ddy = up(dy);
+  Floats y(n), g = dy;
+  float* dyo = up(Floats(n));
+  host_->add(a.data(), b.data(), n, y.data()), dev_->add(da, db, n, dyo);
+  expect_near(dyo, y, kTol, "add");
+  host_->scale(a.data(), -0.7f, n, y.data()), dev_->scale(da, -0.7f, n, dyo);
+  expect_near(dyo, y, kTol, "scale");
+  Floats acc = b;
+  float* dacc = up(b);
+  host_->axpy_acc(1.3f, a.data(), n, acc.data()), dev_->axpy_acc(1.3f, da, n, dacc);
+  expect_near(dacc, acc, kTol, "axpy_acc");
+  Floats x = a;
+  float* dx = up(a);
+  host_->softcap_fwd(x.data(), n, 2.5f), dev_->softcap_fwd(dx, n, 2.5f);
+  expect_near(dx, x, kTol, "softcap_fwd");
+  float* dg = up(dy);
+  host_->softcap_bwd(a.data(), n, 2.5f, g.data()), dev_->softcap_bwd(da, n, 2.5f, dg);
+  expect_near(dg, g, kTol, "softcap_bwd");
+  host_->dropout_fwd(a.data(), n, 0.3f, 99, y.data()), dev_->dropout_fwd(da, n, 0.3f, 99, dyo);
+  expect_near(dyo, y, kTol, "dropout_fwd");
+  Floats gx = b;
+  float* dgx = up(b);
+  host_->dropout_bwd(dy.data(), n, 0.3f, 99, gx.data()), dev_->dropout_bwd(ddy, n, 0.3f, 99, dgx);
+  expect_near(dgx, gx, kTol, "dropout_bwd");
+  host_->gelu_mul_fwd(a.data(), b.data(), n, y.data()), dev_->gelu_mul_fwd(da, db, n, dyo);
+  expect_near(dyo, y, kTol, "gelu_mul_fwd");
+  Floats hg(n, 0.f), hu = a;
+  float *dgg = up(hg), *duu = up(a);
+  host_->gelu_mul_bwd(a.data(), b.data(), dy.data(), n, hg.data(), hu.data());
+  dev_->gelu_mul_bwd(da, db, ddy, n, dgg, duu);
+  expect_near(dgg, hg, kTol, "gelu_mul_bwd dg");
+  expect_near(duu, hu, kTol, "gelu_mul_bwd du");
+}
+
+TEST_F(CudaGradArith, NormAndRope) {
+  const int rows = 7, dim = 333, heads = 3, D = 40;
+  const Floats x = rand(size_t(rows) * dim, 2.f), w = rand(dim), dy = rand(x.size());
+  for (const bool weighted : {true, false}) {
+    const float* hw = weighted ? w.data() : nullptr;
+    const float* dw = weighted ? up(w) : nullptr;
+    Floats y(x.size()), inv(rows), dx = rand(x.size());
+    float *ddx_ = up(dx), *dy_ = up(Floats(x.size())), *dinv = up(Floats(rows));
+    host_->rms_norm_fwd(x.data(), rows, dim, hw, 1e-6f, y.data(), inv.data());
+    dev_->rms_norm_fwd(up(x), rows, dim, dw, 1e-6f, dy_, dinv);
+    expect_near(dy_, y, kTol, "rms_norm_fwd");
+    expect_near(dinv, inv, kTol, "rms_norm_fwd inv");
+    host_->rms_norm_bwd(x.data(), inv.data(), rows, dim, hw, dy.data(), dx.data());
+    dev_->rms_norm_bwd(up(x), up(inv), rows, dim, dw, up(dy), ddx_);
+    expect_near(ddx_, dx, kSumTol, "rms_norm_bwd");
+  }
+  RopeTable t;
+  for (int j = 0; j < D / 2; ++j) t.inv_freq.push_back(j % 5 == 4 ? 0.f : std::pow(10000.f, -2.f * j / D));
+  t.position_scale = 0.5f;
+  Floats q = rand(size_t(rows) * heads * D);
+  float* dq = up(q);
+  host_->rope_fwd(q.data(), rows, heads, D, 1000, t), dev_->rope_fwd(dq, rows, heads, D, 1000, t);
+  expect_near(dq, q, kTol, "rope_fwd");
+  host_->rope_bwd(q.data(), rows, heads, D, 1000, t), dev_->rope_bwd(dq, rows, heads, D, 1000, t);
+  expect_near(dq, q, kTol, "rope_bwd");
+}
+
+TEST_F(CudaGradArith, RowGathersAndScatters) {
+  const size_t src_rows = 11, dim = 37;
+  const std::vector<int64_t> rows = {3, 0, 10, 3, 7, 3};  // repeats: scatters add in order
+  const std::vector<int64_t> distinct = {5, 1, 9, 0};
+  const Floats src = rand(src_rows * dim), small = rand(rows.size() * dim), w = rand(8);
+  const std::vector<int64_t> widx = {7, 2, 5, 0, 1, 3};
+  float *dsrc = up(src), *dsmall = up(small), *dw = up(w);
+  Floats out(rows.size() * dim);
+  float* dout = up(out);
+  host_->gather_rows(src.data(), rows, dim, out.data()), dev_->gather_rows(dsrc, rows, dim, dout);
+  expect_near(dout, out, 0, "gather_rows");
+  Floats acc = src;
+  float* dacc = up(src);
+  host_->scatter_rows_acc(small.data(), rows, dim, acc.data()), dev_->scatter_rows_acc(dsmall, rows, dim, dacc);
+  expect_near(dacc, acc, kTol, "scatter_rows_acc");
+  Floats from = src, into = rand(distinct.size() * dim);
+  float *dfrom = up(src), *dinto = up(into);
+  host_->take_rows_acc(from.data(), distinct, dim, into.data()), dev_->take_rows_acc(dfrom, distinct, dim, dinto);
+  expect_near(dinto, into, kTol, "take_rows_acc");
+  expect_near(dfrom, from, 0, "take_rows_acc zeroes its rows");
+  Floats wide = rand(5 * 50);
+  float* dwide = up(wide);
+  const Floats cols = rand(5 * 13);
+  host_->cols_acc(cols.data(), 5, 13, 50, 21, wide.data()), dev_->cols_acc(up(cols), 5, 13, 50, 21, dwide);
+  expect_near(dwide, wide, kTol, "cols_acc");
+  host_->gather_scaled(src.data(), rows, w.data(), widx, dim, out.data());
+  dev_->gather_scaled(dsrc, rows, dw, widx, dim, dout);
+  expect_near(dout, out, kTol, "gather_scaled");
+  Floats acc2 = src;
+  float* dacc2 = up(src);
+  host_->scatter_scaled_acc(small.data(), rows, w.data(), widx, dim, acc2.data());
+  dev_->scatter_scaled_acc(dsmall, rows, dw, widx, dim, dacc2);
+  expect_near(dacc2, acc2, kTol, "scatter_scaled_acc");
+  Floats dots = rand(8);
+  float* ddots = up(dots);
+  host_->row_dots_acc(src.data(), rows, small.data(), widx, dim, dots.data());
+  dev_->row_dots_acc(dsrc, rows, dsmall, widx, dim, ddots);
+  expect_near(ddots, dots, kSumTol, "row_dots_acc");
+}
+
+TEST_F(CudaGradArith, ProductsOverF32AndQuantizedWeights) {
+  const int M = 67, rows = 97, cols = 160;
+  const Floats wv = rand(size_t(rows) * cols, 0.2f);
+  // The same values as an f32 matrix and as MLX 4-bit codes (group 32, f32 scales and biases).
+  std::vector<uint8_t> codes(size_t(rows) * cols / 2);
+  Floats sc(size_t(rows) * cols / 32), bi(sc.size());
+  affine_quantize(wv.data(), wv.size(), 4, 32, false, codes.data(), sc.data(), bi.data());
+  const std::vector<WeightView> hosts = {f32_view(wv.data(), rows, cols),
+                                         mlx_affine_view(codes.data(), rows, cols, 4, 32, sc.data(), bi.data(), DType::F32)};
+  const Floats x = rand(size_t(M) * cols), dy = rand(size_t(M) * rows);
+  for (const WeightView& hw : hosts) {
+    const WeightView dw = dev_->base().place_weight(hw);
+    Floats y(size_t(M) * rows), dx = rand(x.size());
+    float *dyv = up(y), *ddx = up(dx);
+    host_->matmul_wt(x.data(), M, hw, y.data()), dev_->matmul_wt(up(x), M, dw, dyv);
+    expect_near(dyv, y, kSumTol, "matmul_wt");
+    host_->matmul_w_acc(dy.data(), M, hw, dx.data()), dev_->matmul_w_acc(up(dy), M, dw, ddx);
+    expect_near(ddx, dx, kSumTol, "matmul_w_acc");
+  }
+  Floats c = rand(size_t(cols) * rows);
+  float* dc = up(c);
+  host_->gemm_tn_acc(x.data(), dy.data(), c.data(), M, cols, rows);
+  dev_->gemm_tn_acc(up(x), up(dy), dc, M, cols, rows);
+  expect_near(dc, c, kSumTol, "gemm_tn_acc");
+}
+
+TEST_F(CudaGradArith, AttentionCausalWindowedGqa) {
+  const int T = 29, H = 4, Hk = 2, D = 40;
+  const Floats q = rand(size_t(T) * H * D), k = rand(size_t(T) * Hk * D), v = rand(k.size()), dout = rand(q.size());
+  float *dq_in = up(q), *dk_in = up(k), *dv_in = up(v), *ddout = up(dout);
+  for (const int window : {0, 8}) {
+    Floats probs(size_t(H) * T * T), out(q.size());
+    float *dprobs = up(probs), *dout_ = up(out);
+    host_->attention_fwd(q.data(), k.data(), v.data(), T, H, Hk, D, window, 0.3f, probs.data(), out.data());
+    dev_->attention_fwd(dq_in, dk_in, dv_in, T, H, Hk, D, window, 0.3f, dprobs, dout_);
+    expect_near(dprobs, probs, kSumTol, "attention_fwd probs");
+    expect_near(dout_, out, kSumTol, "attention_fwd out");
+    Floats gq = rand(q.size()), gk = rand(k.size()), gv = rand(v.size());
+    float *dgq = up(gq), *dgk = up(gk), *dgv = up(gv);
+    host_->attention_bwd(q.data(), k.data(), v.data(), probs.data(), dout.data(), T, H, Hk, D, window, 0.3f,
+                         gq.data(), gk.data(), gv.data());
+    dev_->attention_bwd(dq_in, dk_in, dv_in, dprobs, ddout, T, H, Hk, D, window, 0.3f, dgq, dgk, dgv);
+    expect_near(dgq, gq, kSumTol, "attention_bwd dq");
+    expect_near(dgk, gk, kSumTol, "attention_bwd dk");
+    expect_near(dgv, gv, kSumTol, "attention_bwd dv");
+  }
+}
+
+TEST_F(CudaGradArith, RouterBackward) {
+  const int rows = 9, E = 12, k = 3;
+  const Floats scores = rand(size_t(rows) * E), dw = rand(size_t(rows) * k), scale = rand(E);
+  std::vector<int32_t> idx;
+  for (int r = 0; r < rows; ++r)
+    for (int j = 0; j < k; ++j) idx.push_back((r * 5 + j * 4) % E);
+  Floats ds = rand(scores.size());
+  float* dds = up(ds);
+  host_->router_bwd(scores.data(), idx, dw.data(), rows, E, k, scale.data(), ds.data());
+  dev_->router_bwd(up(scores), idx, up(dw), rows, E, k, up(scale), dds);
+  expect_near(dds, ds, kTol, "router_bwd");
+}
+
+}  // namespace
+}  // namespace g4
