@@ -98,6 +98,14 @@ class GradArith {
   virtual void attention_bwd(const float* q, const float* k, const float* v, const float* probs, const float* dout,
                              int T, int H, int Hk, int D, int window, float scale, float* dq, float* dk, float* dv) = 0;
 
+  // --- The LM head and the next-token loss (train/dense_ops.h lm_head_loss) ---
+  // z = x·Eᵀ over rows x [M, E.cols] (final-normed), softcapped when cap > 0. Returns Σ over the
+  // rows whose targets_host[i] >= 0 of logsumexp(z_i) - z_i[target] and, when dx is not null,
+  // adds weight · d(that sum)/dx into dx [M, E.cols]. E a placed weight of base(); the [M, vocab]
+  // logits are never held at once.
+  virtual double lm_head_loss(const float* x, int M, const WeightView& E, float cap,
+                              const std::vector<int32_t>& targets_host, float weight, float* dx) = 0;
+
   // --- Router: w_j = softmax over the k selected scores · per_expert_scale[e_j] ---
   // ds[r, e_j] += p_j (dp_j - Σ_i p_i dp_i), dp_j = dw[r, j]·per_expert_scale[e_j]; scores [rows, E],
   // idx_host / dw [rows, k].

@@ -78,6 +78,13 @@ void GradBackend::seed_grad(const Buf& b, const float* g, size_t n) {
   arith_.add_from_host(g, n, d);
 }
 
+double GradBackend::head_loss(const Buf& x, int M, const WeightView& E, float cap,
+                              const std::vector<int32_t>& targets, float weight, bool train) {
+  float* dx = train ? grad(x, true) : nullptr;
+  G4_CHECK((!train || dx) && "GradBackend::head_loss: not an f32 buffer of this backend");
+  return arith_.lm_head_loss(x.f32(), M, E, cap, targets, weight, dx);
+}
+
 std::vector<int64_t> GradBackend::cache_slots(const KvBuffer& kv, int pos0, int n) {
   std::vector<int64_t> out(static_cast<size_t>(n));
   for (int t = 0; t < n; ++t) out[size_t(t)] = kv_slot(kv, pos0 + t);

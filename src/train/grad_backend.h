@@ -66,6 +66,11 @@ class GradBackend final : public Backend {
   // Adds g[0, n) (host memory) into the gradient of the f32 buffer b (d loss / d b, the backward's
   // seed).
   void seed_grad(const Buf& b, const float* g, size_t n);
+  // The LM head's next-token loss over the f32 rows x [M, E.cols] (grad_arith.h lm_head_loss),
+  // E placed here; with `train`, weight · its gradient is added into x's gradient (the backward's
+  // seed).
+  double head_loss(const Buf& x, int M, const WeightView& E, float cap, const std::vector<int32_t>& targets,
+                   float weight, bool train);
   // Back through the recorded forward (see above): parameter gradients accumulate; the tape and
   // every activation gradient are dropped afterwards.
   void backward();

@@ -140,6 +140,11 @@ class HostGradArith final : public GradArith {
     train::attention_bwd(q, k, v, probs, dout, T, H, Hk, D, window, scale, dq, dk, dv);
   }
 
+  double lm_head_loss(const float* x, int M, const WeightView& E, float cap, const std::vector<int32_t>& targets,
+                      float weight, float* dx) override {
+    return train::lm_head_loss(x, M, E, cap, targets.data(), weight, dx);
+  }
+
   void router_bwd(const float* scores, const std::vector<int32_t>& idx, const float* dw, int rows, int E, int k,
                   const float* per_expert_scale, float* ds) override {
     std::vector<float> pr(static_cast<size_t>(k)), dp(static_cast<size_t>(k));

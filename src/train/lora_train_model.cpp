@@ -108,17 +108,14 @@ SeqLoss LoraTrainModel::run(const std::vector<const Example*>& batch, int max_le
   }
   if (res.count == 0) return res;
   const bool train = grad_weight != 0.f;
-  const int T = int(targets.size()), d = cfg_.hidden;
+  const int T = int(targets.size());
   sync_adapter();
   model_->set_lora_dropout(train && p_.config().dropout > 0.f ? dropout_seed * 2 + 1 : 0);
   if (train) be_->arm();
   const auto caches = forward(seqs);
-  const std::vector<float> xf = normed_rows_host(T);
-  std::vector<float> dxf(train ? size_t(T) * d : 0, 0.f);
-  res.sum = lm_head_loss(xf.data(), T, head_, cfg_.final_softcap, targets.data(), grad_weight,
-                         train ? dxf.data() : nullptr);
+  res.sum = be_->head_loss(model_->normed_rows(), T, model_->weights().lm_head, cfg_.final_softcap, targets,
+                          grad_weight, train);
   if (!train) return res;
-  be_->seed_grad(model_->normed_rows(), dxf.data(), dxf.size());
   be_->backward();
   // The delta's gradients [rank, in] / [out, rank] into the parameters' [in, rank] / [rank, out],
   // then cleared.

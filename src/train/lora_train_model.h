@@ -1,13 +1,13 @@
 // The Gemma text model as a differentiable function for LoRA training: the next-token
 // cross-entropy loss over token sequences, and its gradient with respect to every adapter matrix
-// (LoraParams), in f32 on the host.
+// (LoraParams), in f32 on the host or on a GPU (a GradArith).
 //
 // There is one forward: the model's own (Model::forward_hidden, model/model.cpp), run over the
 // same weights on a GradBackend (train/grad_backend.h), which records its ops and differentiates
 // them, with gradient checkpointing per layer. The adapters are applied as the inference model
 // applies a loaded adapter (model/lora.h: mlx-lm's LoRALinear, with its dropout when training);
-// the LM head and the loss run in row chunks (dense_ops.h lm_head_loss), so [T, vocab] logits are
-// never held. Tests check its logits against Model::forward with the saved adapter, and its
+// the LM head and the loss run in vocabulary chunks (GradArith::lm_head_loss), so [T, vocab]
+// logits are never held. Tests check its logits against Model::forward with the saved adapter, and its
 // gradients against finite differences and mlx-lm's autodiff.
 #pragma once
 #include <cstdint>
@@ -42,7 +42,7 @@ class LoraTrainModel {
   // `model` must run on a host backend (its weights readable here); both must outlive this. The
   // training forward and backward run on `arith` (backend/grad_arith.h: the device's memory and
   // kernels, the model's weights placed there), or on the host arithmetic when null; the head and
-  // the loss run on the host (dense_ops.h lm_head_loss) over `model`'s weights either way.
+  // the loss too (GradBackend::head_loss).
   LoraTrainModel(const Model& model, LoraParams& params, std::unique_ptr<GradArith> arith = nullptr);
   ~LoraTrainModel();
 
@@ -69,7 +69,7 @@ class LoraTrainModel {
 
   const ModelConfig& cfg_;
   LoraParams& p_;
-  const WeightView head_;         // the tied embeddings in `model`'s (host) memory
+  const WeightView head_;         // the tied embeddings in `model`'s (host) memory (logits())
   GradBackend* be_ = nullptr;     // owned by model_
   std::unique_ptr<Model> model_;  // the inference model's weights, on be_
   LoraAdapter* adapter_ = nullptr;  // model_'s, holding the parameters as LoraDeltas

@@ -214,6 +214,27 @@ TEST_F(CudaGradArith, AttentionCausalWindowedGqa) {
   }
 }
 
+TEST_F(CudaGradArith, HeadLossOverVocabularyChunks) {
+  // 777 vocabulary rows: chunks of 768 and 9; two rows without a target.
+  const int V = 777, K = 96, M = 9;
+  const Floats ev = rand(size_t(V) * K, 0.3f), x = rand(size_t(M) * K);
+  std::vector<uint8_t> codes(size_t(V) * K / 2);
+  Floats sc(size_t(V) * K / 32), bi(sc.size());
+  affine_quantize(ev.data(), ev.size(), 4, 32, false, codes.data(), sc.data(), bi.data());
+  const WeightView hE = mlx_affine_view(codes.data(), V, K, 4, 32, sc.data(), bi.data(), DType::F32);
+  const WeightView dE = dev_->base().place_weight(hE);
+  std::vector<int32_t> targets;
+  for (int r = 0; r < M; ++r) targets.push_back(r == 2 || r == 6 ? -1 : (r * 97 + 5) % V);
+  for (const float cap : {0.f, 3.f}) {
+    Floats dx = rand(x.size());
+    float* ddx = up(dx);
+    const double lh = host_->lm_head_loss(x.data(), M, hE, cap, targets, 0.5f, dx.data());
+    const double ld = dev_->lm_head_loss(up(x), M, dE, cap, targets, 0.5f, ddx);
+    EXPECT_NEAR(ld, lh, 1e-5 * std::fabs(lh)) << "cap " << cap;
+    expect_near(ddx, dx, kSumTol, "lm_head_loss dx");
+  }
+}
+
 TEST_F(CudaGradArith, RouterBackward) {
   const int rows = 9, E = 12, k = 3;
   const Floats scores = rand(size_t(rows) * E), dw = rand(size_t(rows) * k), scale = rand(E);

@@ -4,6 +4,8 @@
 // without host waits. The tape's blocks (gradients, checkpoint copies, kept values) and the index
 // lists it passes are stream-ordered allocations (cudaMallocAsync): a block freed while a queued
 // kernel still reads it is released after that kernel.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -147,6 +149,53 @@ class CudaGradArith final : public GradArith {
     cuda::grad::attention_bwd(stream(), q, k, v, probs, dout, T, H, Hk, D, window, scale, dq, dk, dv, scratch.f32());
   }
 
+  double lm_head_loss(const float* x, int M, const WeightView& E, float cap, const std::vector<int32_t>& targets,
+                      float weight, float* dx) override {
+    std::vector<int64_t> rows;  // the rows with targets, gathered
+    std::vector<int32_t> tgt;
+    for (int r = 0; r < M; ++r)
+      if (targets[size_t(r)] >= 0) rows.push_back(r), tgt.push_back(targets[size_t(r)]);
+    const int Mt = int(rows.size());
+    if (Mt == 0) return 0.0;
+    const int64_t V = E.rows, K = E.cols;
+    const cuda::DevWeight W = cuda_args::dev(E);
+    const DeviceCopy<int64_t> rdev(*this, rows);
+    const DeviceCopy<int32_t> tdev(*this, tgt);
+    const ArithBlock X(*this, size_t(Mt) * size_t(K) * 4, false);
+    cuda::grad::gather_rows(stream(), x, rdev.p, rows.size(), size_t(K), X.f32());
+    // Vocabulary chunks whose logits [Mt, n] take at most kHeadChunkFloats.
+    const int64_t chunk = std::max<int64_t>(64, std::min<int64_t>(V, kHeadChunkFloats / Mt) / 64 * 64);
+    const ArithBlock z(*this, size_t(Mt) * size_t(std::min(chunk, V)) * 4, false);
+    const std::vector<float> neg(size_t(Mt), -INFINITY);
+    const DeviceCopy<float> mx(*this, neg);
+    const ArithBlock sm(*this, size_t(Mt) * 8, true), zt(*this, size_t(Mt) * 4, true), lse(*this, size_t(Mt) * 8, false),
+        term(*this, size_t(Mt) * 8, false);
+    auto* smp = static_cast<double*>(sm.data());
+    auto* lsep = static_cast<double*>(lse.data());
+    for (int64_t r0 = 0; r0 < V; r0 += chunk) {
+      const int n = int(std::min(chunk, V - r0));
+      cuda::grad::head_logits(stream(), X.f32(), Mt, W, r0, n, z.f32());
+      cuda::grad::head_lse(stream(), z.f32(), Mt, n, r0, cap, tdev.p, mx.p, smp, zt.f32());
+    }
+    cuda::grad::head_finish(stream(), Mt, mx.p, smp, zt.f32(), lsep, static_cast<double*>(term.data()));
+    std::vector<double> terms(static_cast<size_t>(Mt));
+    G4_CUDA(cudaMemcpyAsync(terms.data(), term.data(), terms.size() * 8, cudaMemcpyDeviceToHost, stream()));
+    dev().sync();
+    double total = 0.0;
+    for (double t : terms) total += t;
+    if (dx) {
+      const ArithBlock dX(*this, size_t(Mt) * size_t(K) * 4, true);
+      for (int64_t r0 = 0; r0 < V; r0 += chunk) {
+        const int n = int(std::min(chunk, V - r0));
+        cuda::grad::head_logits(stream(), X.f32(), Mt, W, r0, n, z.f32());
+        cuda::grad::head_grad(stream(), z.f32(), Mt, n, r0, cap, tdev.p, lsep, weight);
+        cuda::grad::head_back(stream(), z.f32(), Mt, n, W, r0, dX.f32());
+      }
+      cuda::grad::scatter_rows_acc(stream(), dX.f32(), rdev.p, rows.size(), size_t(K), dx);
+    }
+    return total;
+  }
+
   void router_bwd(const float* scores, const std::vector<int32_t>& idx_host, const float* dw, int rows, int E, int k,
                   const float* per_expert_scale, float* ds) override {
     G4_CHECK(k <= 32 && "CUDA router backward: at most 32 experts per token");
@@ -169,6 +218,7 @@ class CudaGradArith final : public GradArith {
     CudaGradArith& a;
     T* p = nullptr;
   };
+  static constexpr int64_t kHeadChunkFloats = int64_t(1) << 25;  // 128 MiB of logits per chunk
   struct RopeCopy {
     std::vector<float> host;
     float* dev = nullptr;

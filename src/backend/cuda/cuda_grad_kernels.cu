@@ -162,13 +162,15 @@ struct ColsOf {  // p[c·ld + r]: the transpose of a row-major [.., ld] matrix
   int64_t ld;
   __device__ float operator()(int64_t r, int64_t c) const { return p[c * ld + r]; }
 };
-struct WeightOf {  // W[r, c]
+struct WeightOf {  // W[r0 + r, c]
   DevWeight w;
-  __device__ float operator()(int64_t r, int64_t c) const { return dequant(w, r, c); }
+  int64_t r0;
+  __device__ float operator()(int64_t r, int64_t c) const { return dequant(w, r0 + r, c); }
 };
-struct WeightTOf {  // W[c, r]
+struct WeightTOf {  // W[r0 + c, r]
   DevWeight w;
-  __device__ float operator()(int64_t r, int64_t c) const { return dequant(w, c, r); }
+  int64_t r0;
+  __device__ float operator()(int64_t r, int64_t c) const { return dequant(w, r0 + c, r); }
 };
 
 constexpr int kTI = 64, kTJ = 64, kTP = 16;
@@ -308,6 +310,51 @@ __global__ void k_attn_bwd_kv(const float* q, const float* probs, const float* d
   }
 }
 
+// One block per row m of a chunk's logits z [M, n].
+__global__ void k_head_lse(float* z, int n, int64_t r0, float cap, const int32_t* tgt, float* mx, double* sm,
+                           float* zt) {
+  const int m = blockIdx.x;
+  float* zr = z + size_t(m) * n;
+  float cmax = -INFINITY;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    float v = zr[j];
+    if (cap > 0.f) v = tanhf(v / cap) * cap;
+    zr[j] = v;
+    cmax = fmaxf(cmax, v);
+  }
+  const float old = mx[m], top = fmaxf(old, block_max(cmax));
+  double acc = 0.0;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) acc += exp(double(zr[j]) - double(top));
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) {
+    sm[m] = (old == -INFINITY ? 0.0 : sm[m] * exp(double(old) - double(top))) + acc;
+    mx[m] = top;
+    const int64_t t = int64_t(tgt[m]) - r0;
+    if (t >= 0 && t < n) zt[m] = zr[t];
+  }
+}
+__global__ void k_head_finish(int M, const float* mx, const double* sm, const float* zt, double* lse, double* term) {
+  G4_FOR_EACH(m, size_t(M)) {
+    lse[m] = double(mx[m]) + log(sm[m]);
+    term[m] = lse[m] - double(zt[m]);
+  }
+}
+__global__ void k_head_grad(float* z, int n, int64_t r0, float cap, const int32_t* tgt, const double* lse,
+                            float weight) {
+  const int m = blockIdx.x;
+  float* zr = z + size_t(m) * n;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    float v = zr[j];
+    if (cap > 0.f) v = tanhf(v / cap) * cap;
+    float g = float(exp(double(v) - lse[m])) - (r0 + j == tgt[m] ? 1.f : 0.f);
+    if (cap > 0.f) {
+      const float c = v / cap;
+      g *= 1.f - c * c;
+    }
+    zr[j] = g * weight;
+  }
+}
+
 __global__ void k_router_bwd(const float* scores, const int32_t* idx, const float* dw, int rows, int E, int k,
                              const float* per_expert_scale, float* ds) {
   G4_FOR_EACH(r, size_t(rows)) {
@@ -400,13 +447,35 @@ void row_dots_acc(cudaStream_t s, const float* a, const int64_t* rows, const flo
 }
 
 void matmul_wt(cudaStream_t s, const float* x, int M, const DevWeight& W, float* y) {
-  gemm(s, M, W.rows, W.cols, RowsOf{x, W.cols}, WeightTOf{W}, y, false);
+  gemm(s, M, W.rows, W.cols, RowsOf{x, W.cols}, WeightTOf{W, 0}, y, false);
 }
 void matmul_w_acc(cudaStream_t s, const float* dy, int M, const DevWeight& W, float* dx) {
-  gemm(s, M, W.cols, W.rows, RowsOf{dy, W.rows}, WeightOf{W}, dx, true);
+  gemm(s, M, W.cols, W.rows, RowsOf{dy, W.rows}, WeightOf{W, 0}, dx, true);
 }
 void gemm_tn_acc(cudaStream_t s, const float* a, const float* b, float* c, int M, int K, int N) {
   gemm(s, K, N, M, ColsOf{a, K}, RowsOf{b, N}, c, true);
+}
+
+void head_logits(cudaStream_t s, const float* X, int M, const DevWeight& E, int64_t r0, int n, float* z) {
+  gemm(s, M, n, E.cols, RowsOf{X, E.cols}, WeightTOf{E, r0}, z, false);
+}
+void head_lse(cudaStream_t s, float* z, int M, int n, int64_t r0, float cap, const int32_t* tgt, float* mx, double* sm,
+              float* zt) {
+  if (M == 0) return;
+  k_head_lse<<<M, kThreads, 0, s>>>(z, n, r0, cap, tgt, mx, sm, zt);
+  G4_CUDA_LAUNCHED();
+}
+void head_finish(cudaStream_t s, int M, const float* mx, const double* sm, const float* zt, double* lse, double* term) {
+  G4_LAUNCH_N(k_head_finish, size_t(M), M, mx, sm, zt, lse, term);
+}
+void head_grad(cudaStream_t s, float* z, int M, int n, int64_t r0, float cap, const int32_t* tgt, const double* lse,
+               float weight) {
+  if (M == 0) return;
+  k_head_grad<<<M, kThreads, 0, s>>>(z, n, r0, cap, tgt, lse, weight);
+  G4_CUDA_LAUNCHED();
+}
+void head_back(cudaStream_t s, const float* z, int M, int n, const DevWeight& E, int64_t r0, float* dX) {
+  gemm(s, M, E.cols, n, RowsOf{z, n}, WeightOf{E, r0}, dX, true);
 }
 
 void attention_fwd(cudaStream_t s, const float* q, const float* k, const float* v, int T, int H, int Hk, int D,

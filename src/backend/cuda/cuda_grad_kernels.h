@@ -61,6 +61,24 @@ void attention_bwd(cudaStream_t s, const float* q, const float* k, const float* 
                    const float* dout, int T, int H, int Hk, int D, int window, float scale, float* dq, float* dk,
                    float* dv, float* scratch);
 
+// The LM head's loss over rows X [M, K] (gathered: those with targets), one vocabulary chunk of
+// rows r0 .. r0 + n - 1 of E at a time (the arithmetic's lm_head_loss strings them together):
+// head_logits: z [M, n] = X·E[r0 : r0 + n]ᵀ;
+// head_lse: z softcapped in place (cap > 0), merged into each row's running max mx [M] and
+// Σ exp(z - mx) sm [M] (start: -inf and 0), zt [M] = z[target] where the target (tgt, device) is
+// in the chunk;
+// head_finish: lse [M] = mx + log(sm), term [M] = lse - zt;
+// head_grad: z (recomputed, not softcapped yet) becomes weight · dloss/dlogit: (softmax - onehot)
+// times the softcap's derivative;
+// head_back: dX [M, K] += z·E[r0 : r0 + n].
+void head_logits(cudaStream_t s, const float* X, int M, const DevWeight& E, int64_t r0, int n, float* z);
+void head_lse(cudaStream_t s, float* z, int M, int n, int64_t r0, float cap, const int32_t* tgt, float* mx, double* sm,
+              float* zt);
+void head_finish(cudaStream_t s, int M, const float* mx, const double* sm, const float* zt, double* lse, double* term);
+void head_grad(cudaStream_t s, float* z, int M, int n, int64_t r0, float cap, const int32_t* tgt, const double* lse,
+               float weight);
+void head_back(cudaStream_t s, const float* z, int M, int n, const DevWeight& E, int64_t r0, float* dX);
+
 // The router's backward (grad_arith.h router_bwd); idx [rows, k] device, k <= 32.
 void router_bwd(cudaStream_t s, const float* scores, const int32_t* idx, const float* dw, int rows, int E, int k,
                 const float* per_expert_scale, float* ds);
