@@ -1,7 +1,8 @@
 // The CUDA training arithmetic (backend/cuda/cuda_grad_arith.cu) against the host one
 // (train/host_grad_arith.cpp, plain f32 over dense_ops.h), op by op on random inputs of odd sizes:
 // every output within 2e-5 · max(1, max |host|) (f32 sums in another order; 5e-5 for attention
-// and the products). Skips, saying why, without a CUDA build or GPU.
+// and the products), once with the products on the reference kernels and once on cuBLAS. Skips,
+// saying why, without a CUDA build or GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,11 +20,14 @@ namespace {
 
 using Floats = std::vector<float>;
 
-class CudaGradArith : public ::testing::Test {
+// Parameter: whether the products run on cuBLAS (BackendOptions::blas) or the reference kernels.
+class CudaGradArith : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     std::string why;
-    dev_ = make_cuda_grad_arith(&why, BackendOptions{});
+    BackendOptions opt;
+    opt.blas = GetParam();
+    dev_ = make_cuda_grad_arith(&why, opt);
     if (!dev_) GTEST_SKIP() << "no CUDA training arithmetic here: " << why;
     host_ = train::make_host_grad_arith();
   }
@@ -62,7 +66,7 @@ class CudaGradArith : public ::testing::Test {
 
 constexpr double kTol = 2e-5, kSumTol = 5e-5;
 
-TEST_F(CudaGradArith, ElementwiseOps) {
+TEST_P(CudaGradArith, ElementwiseOps) {
   const size_t n = 1037;
   const Floats a = rand(n, 3.f), b = rand(n), dy = rand(n);
   float *da = up(a), *db = up(b), *ddy = up(dy);
@@ -99,7 +103,7 @@ TEST_F(CudaGradArith, ElementwiseOps) {
   expect_near(duu, hu, kTol, "gelu_mul_bwd du");
 }
 
-TEST_F(CudaGradArith, NormAndRope) {
+TEST_P(CudaGradArith, NormAndRope) {
   const int rows = 7, dim = 333, heads = 3, D = 40;
   const Floats x = rand(size_t(rows) * dim, 2.f), w = rand(dim), dy = rand(x.size());
   for (const bool weighted : {true, false}) {
@@ -126,7 +130,7 @@ TEST_F(CudaGradArith, NormAndRope) {
   expect_near(dq, q, kTol, "rope_bwd");
 }
 
-TEST_F(CudaGradArith, RowGathersAndScatters) {
+TEST_P(CudaGradArith, RowGathersAndScatters) {
   const size_t src_rows = 11, dim = 37;
   const std::vector<int64_t> rows = {3, 0, 10, 3, 7, 3};  // repeats: scatters add in order
   const std::vector<int64_t> distinct = {5, 1, 9, 0};
@@ -166,7 +170,7 @@ TEST_F(CudaGradArith, RowGathersAndScatters) {
   expect_near(ddots, dots, kSumTol, "row_dots_acc");
 }
 
-TEST_F(CudaGradArith, ProductsOverF32AndQuantizedWeights) {
+TEST_P(CudaGradArith, ProductsOverF32AndQuantizedWeights) {
   const int M = 67, rows = 97, cols = 160;
   const Floats wv = rand(size_t(rows) * cols, 0.2f);
   // The same values as an f32 matrix and as MLX 4-bit codes (group 32, f32 scales and biases).
@@ -192,7 +196,26 @@ TEST_F(CudaGradArith, ProductsOverF32AndQuantizedWeights) {
   expect_near(dc, c, kSumTol, "gemm_tn_acc");
 }
 
-TEST_F(CudaGradArith, AttentionCausalWindowedGqa) {
+// A weight of more than one chunk of dequantized rows (the cuBLAS path's 2^25 floats): 3300 rows
+// of 10240.
+TEST_P(CudaGradArith, ProductsOverSeveralWeightChunks) {
+  const int M = 3, rows = 3300, cols = 10240;
+  const Floats wv = rand(size_t(rows) * cols, 0.01f);
+  std::vector<uint8_t> codes(size_t(rows) * cols / 2);
+  Floats sc(size_t(rows) * cols / 64), bi(sc.size());
+  affine_quantize(wv.data(), wv.size(), 4, 64, false, codes.data(), sc.data(), bi.data());
+  const WeightView hw = mlx_affine_view(codes.data(), rows, cols, 4, 64, sc.data(), bi.data(), DType::F32);
+  const WeightView dw = dev_->base().place_weight(hw);
+  const Floats x = rand(size_t(M) * cols), dy = rand(size_t(M) * rows);
+  Floats y(size_t(M) * rows), dx = rand(x.size());
+  float *dyv = up(y), *ddx = up(dx);
+  host_->matmul_wt(x.data(), M, hw, y.data()), dev_->matmul_wt(up(x), M, dw, dyv);
+  expect_near(dyv, y, kSumTol, "matmul_wt");
+  host_->matmul_w_acc(dy.data(), M, hw, dx.data()), dev_->matmul_w_acc(up(dy), M, dw, ddx);
+  expect_near(ddx, dx, kSumTol, "matmul_w_acc");
+}
+
+TEST_P(CudaGradArith, AttentionCausalWindowedGqa) {
   const int T = 29, H = 4, Hk = 2, D = 40;
   const Floats q = rand(size_t(T) * H * D), k = rand(size_t(T) * Hk * D), v = rand(k.size()), dout = rand(q.size());
   float *dq_in = up(q), *dk_in = up(k), *dv_in = up(v), *ddout = up(dout);
@@ -214,7 +237,7 @@ TEST_F(CudaGradArith, AttentionCausalWindowedGqa) {
   }
 }
 
-TEST_F(CudaGradArith, HeadLossOverVocabularyChunks) {
+TEST_P(CudaGradArith, HeadLossOverVocabularyChunks) {
   // 777 vocabulary rows: chunks of 768 and 9; two rows without a target.
   const int V = 777, K = 96, M = 9;
   const Floats ev = rand(size_t(V) * K, 0.3f), x = rand(size_t(M) * K);
@@ -235,7 +258,7 @@ TEST_F(CudaGradArith, HeadLossOverVocabularyChunks) {
   }
 }
 
-TEST_F(CudaGradArith, RouterBackward) {
+TEST_P(CudaGradArith, RouterBackward) {
   const int rows = 9, E = 12, k = 3;
   const Floats scores = rand(size_t(rows) * E), dw = rand(size_t(rows) * k), scale = rand(E);
   std::vector<int32_t> idx;
@@ -247,6 +270,9 @@ TEST_F(CudaGradArith, RouterBackward) {
   dev_->router_bwd(up(scores), idx, up(dw), rows, E, k, up(scale), dds);
   expect_near(dds, ds, kTol, "router_bwd");
 }
+
+INSTANTIATE_TEST_SUITE_P(Products, CudaGradArith, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? std::string("cublas") : std::string("kernels"); });
 
 }  // namespace
 }  // namespace g4

@@ -7,9 +7,6 @@
 // copy costs 4 bytes a weight of extra traffic, small next to the GEMM at prefill row counts.
 #include "backend/cuda/cuda_blas.h"
 
-#include <cublas_v2.h>
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +15,7 @@
 #include "backend/cuda/cuda_act.cuh"
 #include "backend/cuda/cuda_alloc.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_cublas.h"
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_dequant8.cuh"
 #include "backend/cuda/cuda_launch.cuh"
@@ -73,19 +71,9 @@ void dequant_rows(cudaStream_t s, const DevWeight& w, int64_t r0, int nrows, bf1
 
 }  // namespace
 
-// cuBLAS's entry points, resolved from the shared library at run time.
+// cuBLAS (loaded at run time, cuda_cublas.h) and the scratch of the launches.
 struct Blas::Impl {
-  void* lib = nullptr;
-  decltype(&::cublasCreate_v2) create = nullptr;
-  decltype(&::cublasDestroy_v2) destroy = nullptr;
-  decltype(&::cublasSetStream_v2) set_stream = nullptr;
-  decltype(&::cublasSetWorkspace_v2) set_workspace = nullptr;
-  // The 32-bit-size cublasGemmEx (C++ also sees a 64-bit overload).
-  using GemmFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
-                                    const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
-                                    cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
-  GemmFn gemm = nullptr;
-  cublasHandle_t handle = nullptr;
+  std::unique_ptr<Cublas> lib;
   bf16* weights = nullptr;  // kWeightBytes
   bf16* input = nullptr;    // kBlasRowBlock × kBlasMaxCols normed input rows
   float* act = nullptr;     // kActBytes
@@ -100,21 +88,10 @@ struct Blas::Impl {
     return it == copies.end() ? nullptr : it->second;
   }
 
-  ~Impl() {
-    if (handle) destroy(handle);
-    if (lib) dlclose(lib);
-  }
-  void check(cublasStatus_t st, const char* what) const {
-    if (st == CUBLAS_STATUS_SUCCESS) return;
-    std::fprintf(stderr, "cuBLAS error %d in %s\n", int(st), what);
-    std::abort();
-  }
   // C[n, m] (column-major, ldc) = A[k, n]ᵀ · B[k, m]: y rows of length n from m input rows of k.
   void gemm_rows(int n, int m, int k, const bf16* A, int lda, const bf16* B, void* C, cudaDataType ct, int ldc) const {
-    const float one = 1.f, zero = 0.f;
-    check(gemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, k, &zero, C, ct,
-               ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-          "cublasGemmEx");
+    lib->gemm(CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, 1.f, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, k, 0.f, C, ct, ldc,
+              CUBLAS_COMPUTE_32F);
   }
 };
 
@@ -123,29 +100,7 @@ Blas::~Blas() = default;
 
 std::unique_ptr<Blas> Blas::create(DeviceAllocator& mem, std::string* why) {
   auto impl = std::make_unique<Impl>();
-  for (const char* name : {"libcublas.so.13", "/usr/local/cuda/lib64/libcublas.so.13", "libcublas.so.12",
-                           "/usr/local/cuda/lib64/libcublas.so.12", "libcublas.so"}) {
-    if ((impl->lib = dlopen(name, RTLD_NOW | RTLD_LOCAL))) break;
-  }
-  if (!impl->lib) {
-    if (why) *why = "cuBLAS not found (libcublas.so.13 or .12)";
-    return nullptr;
-  }
-  auto sym = [&](auto& fn, const char* name) {
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(impl->lib, name));
-    return fn != nullptr;
-  };
-  if (!sym(impl->create, "cublasCreate_v2") || !sym(impl->destroy, "cublasDestroy_v2") ||
-      !sym(impl->set_stream, "cublasSetStream_v2") || !sym(impl->set_workspace, "cublasSetWorkspace_v2") ||
-      !sym(impl->gemm, "cublasGemmEx")) {
-    if (why) *why = "cuBLAS lacks an entry point this build uses";
-    return nullptr;
-  }
-  if (impl->create(&impl->handle) != CUBLAS_STATUS_SUCCESS) {
-    impl->handle = nullptr;
-    if (why) *why = "cublasCreate failed";
-    return nullptr;
-  }
+  if (!(impl->lib = Cublas::open(why))) return nullptr;
   impl->weights = static_cast<bf16*>(mem.alloc(kWeightBytes));
   impl->input = static_cast<bf16*>(mem.alloc(size_t(kBlasRowBlock) * size_t(kBlasMaxCols) * 2));
   impl->act = static_cast<float*>(mem.alloc(kActBytes));
@@ -186,8 +141,7 @@ bool Blas::reads_bf16(const MatArgs& a, int act) const {
 
 void Blas::run(cudaStream_t s, const MatArgs& a, int M, int act) const {
   const Impl& b = *impl_;
-  b.check(b.set_stream(b.handle, s), "cublasSetStream");
-  b.check(b.set_workspace(b.handle, b.workspace, kWorkspaceBytes), "cublasSetWorkspace");
+  b.lib->bind(s, b.workspace, kWorkspaceBytes);
   const int64_t K = a.w[0].cols;
   const size_t ysize = a.yt == DType::F32 ? 4 : 2;
   const cudaDataType yct = a.yt == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;

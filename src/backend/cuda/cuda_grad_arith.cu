@@ -3,9 +3,13 @@
 // as cuda_grad_kernels.h's kernels on that backend's stream, so every op runs in the tape's order
 // without host waits. The tape's blocks (gradients, checkpoint copies, kept values) and the index
 // lists it passes are stream-ordered allocations (cudaMallocAsync): a block freed while a queued
-// kernel still reads it is released after that kernel.
+// kernel still reads it is released after that kernel. The products (the matmuls, the adapters'
+// weight gradients, the head) run on cuBLAS in f32 (CUBLAS_COMPUTE_32F, no TF32) over weight rows
+// dequantized to f32 a chunk at a time, where cuBLAS loads and BackendOptions::blas is on; else on
+// the reference kernels (cuda_grad_kernels.h), which tests compare them with.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -13,6 +17,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_cublas.h"
 #include "backend/cuda/cuda_grad_kernels.h"
 #include "backend/grad_arith.h"
 
@@ -25,12 +30,19 @@ class CudaGradArith final : public GradArith {
  public:
   explicit CudaGradArith(const BackendOptions& opt) : base_(std::make_unique<CudaBackend>(f32_options(opt))) {
     dev().make_current();
+    if (opt.blas) {
+      std::string why;
+      blas_ = cuda::Cublas::open(&why);
+      if (!blas_) std::fprintf(stderr, "cuda training: %s; products on the reference kernels\n", why.c_str());
+    }
     cudaMemPool_t pool;
     G4_CUDA(cudaDeviceGetDefaultMemPool(&pool, dev().id()));
     uint64_t keep = UINT64_MAX;  // freed blocks stay in the pool for the next ones
     G4_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
   }
   ~CudaGradArith() override {
+    workspace_.reset();
+    dequant_.reset();
     dev().sync();
     for (auto& [t, e] : rope_) cudaFree(e.dev);
   }
@@ -130,13 +142,19 @@ class CudaGradArith final : public GradArith {
   }
 
   void matmul_wt(const float* x, int M, const WeightView& W, float* y) override {
+    if (blas_) return products_wt(x, M, cuda_args::dev(W), 0, W.rows, y, W.rows);
     cuda::grad::matmul_wt(stream(), x, M, cuda_args::dev(W), y);
   }
   void matmul_w_acc(const float* dy, int M, const WeightView& W, float* dx) override {
+    if (blas_) return products_w(dy, W.rows, M, cuda_args::dev(W), 0, W.rows, dx);
     cuda::grad::matmul_w_acc(stream(), dy, M, cuda_args::dev(W), dx);
   }
   void gemm_tn_acc(const float* a, const float* b, float* c, int M, int K, int N) override {
-    cuda::grad::gemm_tn_acc(stream(), a, b, c, M, K, N);
+    if (!blas_) return cuda::grad::gemm_tn_acc(stream(), a, b, c, M, K, N);
+    if (M == 0 || K == 0 || N == 0) return;
+    bind_blas();  // c [K, N] row-major is cᵀ [N, K] column-major: cᵀ += bᵀ · a
+    blas_->gemm(CUBLAS_OP_N, CUBLAS_OP_T, N, K, M, 1.f, b, CUDA_R_32F, N, a, CUDA_R_32F, K, 1.f, c, CUDA_R_32F, N,
+                CUBLAS_COMPUTE_32F);
   }
 
   void attention_fwd(const float* q, const float* k, const float* v, int T, int H, int Hk, int D, int window,
@@ -174,7 +192,7 @@ class CudaGradArith final : public GradArith {
     auto* lsep = static_cast<double*>(lse.data());
     for (int64_t r0 = 0; r0 < V; r0 += chunk) {
       const int n = int(std::min(chunk, V - r0));
-      cuda::grad::head_logits(stream(), X.f32(), Mt, W, r0, n, z.f32());
+      head_logits(X.f32(), Mt, W, r0, n, z.f32());
       cuda::grad::head_lse(stream(), z.f32(), Mt, n, r0, cap, tdev.p, mx.p, smp, zt.f32());
     }
     cuda::grad::head_finish(stream(), Mt, mx.p, smp, zt.f32(), lsep, static_cast<double*>(term.data()));
@@ -187,9 +205,10 @@ class CudaGradArith final : public GradArith {
       const ArithBlock dX(*this, size_t(Mt) * size_t(K) * 4, true);
       for (int64_t r0 = 0; r0 < V; r0 += chunk) {
         const int n = int(std::min(chunk, V - r0));
-        cuda::grad::head_logits(stream(), X.f32(), Mt, W, r0, n, z.f32());
+        head_logits(X.f32(), Mt, W, r0, n, z.f32());
         cuda::grad::head_grad(stream(), z.f32(), Mt, n, r0, cap, tdev.p, lsep, weight);
-        cuda::grad::head_back(stream(), z.f32(), Mt, n, W, r0, dX.f32());
+        if (blas_) products_w(z.f32(), n, Mt, W, r0, n, dX.f32());
+        else cuda::grad::head_back(stream(), z.f32(), Mt, n, W, r0, dX.f32());
       }
       cuda::grad::scatter_rows_acc(stream(), dX.f32(), rdev.p, rows.size(), size_t(K), dx);
     }
@@ -219,10 +238,55 @@ class CudaGradArith final : public GradArith {
     T* p = nullptr;
   };
   static constexpr int64_t kHeadChunkFloats = int64_t(1) << 25;  // 128 MiB of logits per chunk
+  static constexpr int64_t kDequantFloats = int64_t(1) << 25;    // 128 MiB of f32 weight rows
+  static constexpr size_t kBlasWorkspaceBytes = size_t(32) << 20;
   struct RopeCopy {
     std::vector<float> host;
     float* dev = nullptr;
   };
+
+  // z [M, n] = X [M, E.cols] · E[r0 : r0 + n]ᵀ.
+  void head_logits(const float* X, int M, const cuda::DevWeight& E, int64_t r0, int n, float* z) {
+    if (blas_) return products_wt(X, M, E, r0, n, z, n);
+    cuda::grad::head_logits(stream(), X, M, E, r0, n, z);
+  }
+  void bind_blas() {
+    if (workspace_.empty()) workspace_ = ArithBlock(*this, kBlasWorkspaceBytes, false);
+    blas_->bind(stream(), workspace_.data(), kBlasWorkspaceBytes);
+  }
+  // Rows r0 + n0 .. r0 + n0 + n - 1 of W as f32 rows of W.cols: in place when W is plain f32, else
+  // dequantized into the scratch (at most rows_per_chunk(W) rows).
+  const float* f32_rows(const cuda::DevWeight& W, int64_t row, int64_t n) {
+    if (W.fmt == WFormat::F32 && W.row_bytes == W.cols * 4) return reinterpret_cast<const float*>(W.data + row * W.row_bytes);
+    if (dequant_.empty()) dequant_ = ArithBlock(*this, size_t(kDequantFloats) * 4, false);
+    cuda::grad::dequant_rows_f32(stream(), W, row, n, dequant_.f32());
+    return dequant_.f32();
+  }
+  static int64_t rows_per_chunk(const cuda::DevWeight& W) { return std::max<int64_t>(1, kDequantFloats / W.cols); }
+  // y[m, j] = Σ_k x[m, k] · W[r0 + j, k] for m < M, j < N (y rows of ldy): column-major, yᵀ = W·xᵀ.
+  void products_wt(const float* x, int M, const cuda::DevWeight& W, int64_t r0, int64_t N, float* y, int64_t ldy) {
+    if (M == 0 || N == 0) return;
+    bind_blas();
+    const int K = int(W.cols);
+    for (int64_t n0 = 0; n0 < N; n0 += rows_per_chunk(W)) {
+      const int nc = int(std::min(rows_per_chunk(W), N - n0));
+      const float* A = f32_rows(W, r0 + n0, nc);
+      blas_->gemm(CUBLAS_OP_T, CUBLAS_OP_N, nc, M, K, 1.f, A, CUDA_R_32F, K, x, CUDA_R_32F, K, 0.f, y + n0,
+                  CUDA_R_32F, int(ldy), CUBLAS_COMPUTE_32F);
+    }
+  }
+  // dx[m, k] += Σ_j dy[m, j] · W[r0 + j, k] for m < M, j < N (dy rows of ldd): dxᵀ += Wᵀ·dyᵀ.
+  void products_w(const float* dy, int64_t ldd, int M, const cuda::DevWeight& W, int64_t r0, int64_t N, float* dx) {
+    if (M == 0 || N == 0) return;
+    bind_blas();
+    const int K = int(W.cols);
+    for (int64_t n0 = 0; n0 < N; n0 += rows_per_chunk(W)) {
+      const int nc = int(std::min(rows_per_chunk(W), N - n0));
+      const float* A = f32_rows(W, r0 + n0, nc);
+      blas_->gemm(CUBLAS_OP_N, CUBLAS_OP_N, K, M, nc, 1.f, A, CUDA_R_32F, K, dy + n0, CUDA_R_32F, int(ldd), 1.f, dx,
+                  CUDA_R_32F, K, CUBLAS_COMPUTE_32F);
+    }
+  }
 
   static BackendOptions f32_options(BackendOptions o) {
     o.activations = DType::F32;
@@ -245,6 +309,8 @@ class CudaGradArith final : public GradArith {
   }
 
   std::unique_ptr<CudaBackend> base_;
+  std::unique_ptr<cuda::Cublas> blas_;  // null: the reference kernels
+  ArithBlock workspace_, dequant_;       // cuBLAS's workspace; f32 weight rows for its products
   std::unordered_map<const RopeTable*, RopeCopy> rope_;
 };
 

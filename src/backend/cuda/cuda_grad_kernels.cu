@@ -310,6 +310,11 @@ __global__ void k_attn_bwd_kv(const float* q, const float* probs, const float* d
   }
 }
 
+__global__ void k_dequant_f32(DevWeight w, int64_t r0, size_t n, float* out) {
+  const size_t K = size_t(w.cols);
+  G4_FOR_EACH(i, n * K) out[i] = dequant(w, r0 + int64_t(i / K), int64_t(i % K));
+}
+
 // One block per row m of a chunk's logits z [M, n].
 __global__ void k_head_lse(float* z, int n, int64_t r0, float cap, const int32_t* tgt, float* mx, double* sm,
                            float* zt) {
@@ -444,6 +449,10 @@ void row_dots_acc(cudaStream_t s, const float* a, const int64_t* rows, const flo
   if (n == 0) return;
   k_row_dots<<<unsigned(n), kThreads, 0, s>>>(a, rows, b, widx, dim, out);
   G4_CUDA_LAUNCHED();
+}
+
+void dequant_rows_f32(cudaStream_t s, const DevWeight& W, int64_t r0, int64_t n, float* out) {
+  G4_LAUNCH_N(k_dequant_f32, size_t(n) * size_t(W.cols), W, r0, size_t(n), out);
 }
 
 void matmul_wt(cudaStream_t s, const float* x, int M, const DevWeight& W, float* y) {

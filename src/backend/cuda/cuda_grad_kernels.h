@@ -48,7 +48,10 @@ void scatter_scaled_acc(cudaStream_t s, const float* src, const int64_t* rows, c
 void row_dots_acc(cudaStream_t s, const float* a, const int64_t* rows, const float* b, const int64_t* widx, size_t n,
                   size_t dim, float* out);
 
-// Products. y[M, W.rows] = x·Wᵀ; dx[M, W.cols] += dy·W; c[K, N] += aᵀ·b (a [M, K], b [M, N]).
+// out [n, W.cols] = rows r0 .. r0 + n - 1 of W in f32 (the operand of cuBLAS's products).
+void dequant_rows_f32(cudaStream_t s, const DevWeight& W, int64_t r0, int64_t n, float* out);
+
+// Products (the reference kernels; the arithmetic runs them on cuBLAS where it can). y[M, W.rows] = x·Wᵀ; dx[M, W.cols] += dy·W; c[K, N] += aᵀ·b (a [M, K], b [M, N]).
 void matmul_wt(cudaStream_t s, const float* x, int M, const DevWeight& W, float* y);
 void matmul_w_acc(cudaStream_t s, const float* dy, int M, const DevWeight& W, float* dx);
 void gemm_tn_acc(cudaStream_t s, const float* a, const float* b, float* c, int M, int K, int N);
