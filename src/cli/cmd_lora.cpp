@@ -20,9 +20,10 @@
 // state, trains again from the weights with the optimizer afresh, as mlx-lm does. Ctrl-C
 // stops after the iteration under way, saving the adapter and its state (exit status 130); a
 // second Ctrl-C quits at once.
-// --backend cuda trains on the GPU (--cuda-device): the forward and backward in f32 kernels on the
-// device (backend/grad_arith.h), the head and the loss on the host; the memory check before the
-// run counts the model's weights and the batch against the device's free memory.
+// --backend cuda trains on the GPU (--cuda-device): the forward, the backward, the head and the loss
+// in f32 kernels on the device (backend/grad_arith.h), the products on cuBLAS, with bf16 operands
+// under --dtype bf16; the memory check before the run counts the model's weights and the batch
+// against the device's free memory.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -134,6 +135,8 @@ int run_lora(const std::vector<std::string>& argv) {
   if (backend != "cpu" && backend != "reference" && backend != "cuda")
     return fail_("--backend " + backend + ": training runs on the host (cpu or reference) or on a GPU (cuda)");
   const bool on_gpu = backend == "cuda";
+  if (!on_gpu && a.get("--dtype", "f32") != "f32")
+    return fail_("--dtype " + a.get("--dtype") + ": the host backends train in f32 (bf16 is for --backend cuda)");
   // On a GPU: the model is read on the host (the head and the loss run there) and its weights are
   // placed on the device by the training arithmetic (backend/grad_arith.h).
   std::unique_ptr<GradArith> gpu;
@@ -142,6 +145,7 @@ int run_lora(const std::vector<std::string>& argv) {
     auto bo = backend_options_from_args(a);
     if (!bo.is_ok()) return fail_(bo.message());
     gpu_options = bo.value();
+    gpu_options.activations = a.get("--dtype", "f32") == "bf16" ? DType::BF16 : DType::F32;
     std::string why;
     gpu = make_cuda_grad_arith(&why, gpu_options);
     if (!gpu) return fail_("--backend cuda: " + why);

@@ -27,6 +27,9 @@ void add_lora_options(VerbCli& cli) {
   cli.value("--dropout", "LoRA dropout", "0")->type_name("P");
   cli.value("--max-seq-length", "longest record in tokens (longer ones are cut)", "2048")->type_name("N");
   cli.value("--grad-accumulation-steps", "batches per optimizer step", "1")->type_name("N");
+  cli.value("--dtype", "with --backend cuda: the products' operands, f32 (default) or bf16 (rounded to bf16 "
+            "on the tensor cores, f32 sums; activations, adapters and optimizer stay f32); host backends: f32")
+      ->type_name("f32|bf16")->check(one_of({"f32", "bf16"}));
   cli.value("--seed", "seed of the batch order and the adapter's start", "0")->type_name("S");
   cli.flag("--train", "mlx_lm.lora's switch (this verb always trains)");
   cli.flag("--grad-checkpoint", "mlx_lm.lora's switch (always done here)");

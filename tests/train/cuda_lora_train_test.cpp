@@ -1,9 +1,11 @@
 // LoRA training on the GPU (LoraTrainModel over make_cuda_grad_arith) against the same model on the
 // host arithmetic, on the generated fixtures (tools/make_fixtures.py): every format (bf16, MLX
 // 4-bit g64, 8-bit g32, mixed) of the dense K=V, E-style (per-layer inputs, KV sharing) and MoE
-// kinds, every module adapted, a masked prompt, with and without dropout. Both are f32 and differ
+// kinds, every module adapted, a masked prompt, with and without dropout. In f32 the two differ
 // only in summation order: the losses agree within 1e-5 relative and every adapter gradient within
-// 1e-3 of its tensor's largest entry. Skips, saying why, without a CUDA build, a GPU or the fixtures
+// 1e-3 of its tensor's largest entry. With the products on bf16 operands (--dtype bf16): the
+// losses within 1e-2 relative (issue 22's bound against mlx-lm) and the gradients within 0.1 of
+// each tensor's largest. Skips, saying why, without a CUDA build, a GPU or the fixtures
 // (G4_FIXTURE_DIR overrides tests/fixtures/generated).
 #include <gtest/gtest.h>
 
@@ -63,21 +65,29 @@ TEST_P(CudaLoraTrain, MatchesTheHostArithmetic) {
     lc.scale = 2.f;
     lc.dropout = dropout;
     const TrainRun host = train_once(*m, lc, nullptr);
-    const TrainRun gpu = train_once(*m, lc, make_cuda_grad_arith(&why, BackendOptions{}));
-    EXPECT_NEAR(gpu.loss, host.loss, 1e-5 * std::fabs(host.loss)) << GetParam() << " dropout " << dropout;
-    ASSERT_EQ(gpu.grads.size(), host.grads.size());
-    double worst = 0;
-    for (size_t t = 0; t < host.grads.size(); ++t) {
-      double mx = 1e-12, diff = 0;
-      for (size_t i = 0; i < host.grads[t].size(); ++i) {
-        mx = std::max(mx, double(std::fabs(host.grads[t][i])));
-        diff = std::max(diff, double(std::fabs(gpu.grads[t][i] - host.grads[t][i])));
+    for (const DType products : {DType::F32, DType::BF16}) {
+      BackendOptions opt;
+      opt.activations = products;
+      const bool bf16 = products == DType::BF16;
+      const TrainRun gpu = train_once(*m, lc, make_cuda_grad_arith(&why, opt));
+      const char* mode = bf16 ? "bf16 products" : "f32";
+      EXPECT_NEAR(gpu.loss, host.loss, (bf16 ? 1e-2 : 1e-5) * std::fabs(host.loss))
+          << GetParam() << " " << mode << " dropout " << dropout;
+      ASSERT_EQ(gpu.grads.size(), host.grads.size());
+      double worst = 0;
+      for (size_t t = 0; t < host.grads.size(); ++t) {
+        double mx = 1e-12, diff = 0;
+        for (size_t i = 0; i < host.grads[t].size(); ++i) {
+          mx = std::max(mx, double(std::fabs(host.grads[t][i])));
+          diff = std::max(diff, double(std::fabs(gpu.grads[t][i] - host.grads[t][i])));
+        }
+        worst = std::max(worst, diff / mx);
       }
-      worst = std::max(worst, diff / mx);
+      EXPECT_LE(worst, bf16 ? 1e-1 : 1e-3) << GetParam() << " " << mode << " dropout " << dropout
+                                           << ": worst gradient difference (relative)";
+      std::printf("%s %s dropout %.2f: loss %.7g (host %.7g), worst gradient difference %.2e of the tensor's largest\n",
+                  GetParam(), mode, double(dropout), gpu.loss, host.loss, worst);
     }
-    EXPECT_LE(worst, 1e-3) << GetParam() << " dropout " << dropout << ": worst gradient difference (relative)";
-    std::printf("%s dropout %.2f: loss %.7g (host %.7g), worst gradient difference %.2e of the tensor's largest\n",
-                GetParam(), double(dropout), gpu.loss, host.loss, worst);
   }
 }
 

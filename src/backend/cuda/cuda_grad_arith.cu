@@ -3,10 +3,13 @@
 // as cuda_grad_kernels.h's kernels on that backend's stream, so every op runs in the tape's order
 // without host waits. The tape's blocks (gradients, checkpoint copies, kept values) and the index
 // lists it passes are stream-ordered allocations (cudaMallocAsync): a block freed while a queued
-// kernel still reads it is released after that kernel. The products (the matmuls, the adapters'
-// weight gradients, the head) run on cuBLAS in f32 (CUBLAS_COMPUTE_32F, no TF32) over weight rows
-// dequantized to f32 a chunk at a time, where cuBLAS loads and BackendOptions::blas is on; else on
-// the reference kernels (cuda_grad_kernels.h), which tests compare them with.
+// kernel still reads it is released after that kernel. The products (the matmuls and the head)
+// run on cuBLAS, where it loads and BackendOptions::blas is on, over weight rows dequantized a
+// chunk at a time: in f32 (CUBLAS_COMPUTE_32F, no TF32), or, with BackendOptions::activations
+// BF16, on bf16 operands (the activation rows and the weights rounded to bf16, as autocast runs
+// them) with f32 accumulation and f32 results; the adapters' weight gradients stay f32. Without
+// cuBLAS the reference kernels run (cuda_grad_kernels.h, f32 whatever the dtype), which tests
+// compare both with. Every buffer is f32 either way.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -30,6 +33,7 @@ class CudaGradArith final : public GradArith {
  public:
   explicit CudaGradArith(const BackendOptions& opt) : base_(std::make_unique<CudaBackend>(f32_options(opt))) {
     dev().make_current();
+    bf16_ = opt.activations == DType::BF16;
     if (opt.blas) {
       std::string why;
       blas_ = cuda::Cublas::open(&why);
@@ -256,6 +260,20 @@ class CudaGradArith final : public GradArith {
   }
   // Rows r0 + n0 .. r0 + n0 + n - 1 of W as f32 rows of W.cols: in place when W is plain f32, else
   // dequantized into the scratch (at most rows_per_chunk(W) rows).
+  const __nv_bfloat16* bf16_rows(const cuda::DevWeight& W, int64_t row, int64_t n) {
+    if (W.fmt == WFormat::BF16 && W.row_bytes == W.cols * 2)
+      return reinterpret_cast<const __nv_bfloat16*>(W.data + row * W.row_bytes);
+    if (dequant_.empty()) dequant_ = ArithBlock(*this, size_t(kDequantFloats) * 4, false);
+    auto* out = static_cast<__nv_bfloat16*>(dequant_.data());
+    cuda::grad::dequant_rows_bf16(stream(), W, row, n, out);
+    return out;
+  }
+  // x [n] rounded to bf16, in a block of its own.
+  ArithBlock bf16_copy(const float* x, size_t n) {
+    ArithBlock b(*this, n * 2, false);
+    cuda::grad::to_bf16(stream(), x, n, static_cast<__nv_bfloat16*>(b.data()));
+    return b;
+  }
   const float* f32_rows(const cuda::DevWeight& W, int64_t row, int64_t n) {
     if (W.fmt == WFormat::F32 && W.row_bytes == W.cols * 4) return reinterpret_cast<const float*>(W.data + row * W.row_bytes);
     if (dequant_.empty()) dequant_ = ArithBlock(*this, size_t(kDequantFloats) * 4, false);
@@ -268,11 +286,14 @@ class CudaGradArith final : public GradArith {
     if (M == 0 || N == 0) return;
     bind_blas();
     const int K = int(W.cols);
+    const ArithBlock xb = bf16_ ? bf16_copy(x, size_t(M) * size_t(K)) : ArithBlock();
+    const cudaDataType t = bf16_ ? CUDA_R_16BF : CUDA_R_32F;
+    const void* B = bf16_ ? xb.data() : static_cast<const void*>(x);
     for (int64_t n0 = 0; n0 < N; n0 += rows_per_chunk(W)) {
       const int nc = int(std::min(rows_per_chunk(W), N - n0));
-      const float* A = f32_rows(W, r0 + n0, nc);
-      blas_->gemm(CUBLAS_OP_T, CUBLAS_OP_N, nc, M, K, 1.f, A, CUDA_R_32F, K, x, CUDA_R_32F, K, 0.f, y + n0,
-                  CUDA_R_32F, int(ldy), CUBLAS_COMPUTE_32F);
+      const void* A = bf16_ ? static_cast<const void*>(bf16_rows(W, r0 + n0, nc)) : f32_rows(W, r0 + n0, nc);
+      blas_->gemm(CUBLAS_OP_T, CUBLAS_OP_N, nc, M, K, 1.f, A, t, K, B, t, K, 0.f, y + n0, CUDA_R_32F, int(ldy),
+                  CUBLAS_COMPUTE_32F);
     }
   }
   // dx[m, k] += Σ_j dy[m, j] · W[r0 + j, k] for m < M, j < N (dy rows of ldd): dxᵀ += Wᵀ·dyᵀ.
@@ -280,14 +301,19 @@ class CudaGradArith final : public GradArith {
     if (M == 0 || N == 0) return;
     bind_blas();
     const int K = int(W.cols);
+    const ArithBlock db = bf16_ ? bf16_copy(dy, size_t(M) * size_t(ldd)) : ArithBlock();
+    const cudaDataType t = bf16_ ? CUDA_R_16BF : CUDA_R_32F;
     for (int64_t n0 = 0; n0 < N; n0 += rows_per_chunk(W)) {
       const int nc = int(std::min(rows_per_chunk(W), N - n0));
-      const float* A = f32_rows(W, r0 + n0, nc);
-      blas_->gemm(CUBLAS_OP_N, CUBLAS_OP_N, K, M, nc, 1.f, A, CUDA_R_32F, K, dy + n0, CUDA_R_32F, int(ldd), 1.f, dx,
-                  CUDA_R_32F, K, CUBLAS_COMPUTE_32F);
+      const void* A = bf16_ ? static_cast<const void*>(bf16_rows(W, r0 + n0, nc)) : f32_rows(W, r0 + n0, nc);
+      const void* B = bf16_ ? static_cast<const void*>(static_cast<const __nv_bfloat16*>(db.data()) + n0)
+                            : static_cast<const void*>(dy + n0);
+      blas_->gemm(CUBLAS_OP_N, CUBLAS_OP_N, K, M, nc, 1.f, A, t, K, B, t, int(ldd), 1.f, dx, CUDA_R_32F, K,
+                  CUBLAS_COMPUTE_32F);
     }
   }
 
+  // The base backend's: f32 buffers (BackendOptions::activations only picks the products' operands).
   static BackendOptions f32_options(BackendOptions o) {
     o.activations = DType::F32;
     return o;
@@ -310,6 +336,7 @@ class CudaGradArith final : public GradArith {
 
   std::unique_ptr<CudaBackend> base_;
   std::unique_ptr<cuda::Cublas> blas_;  // null: the reference kernels
+  bool bf16_ = false;                    // the products on bf16 operands
   ArithBlock workspace_, dequant_;       // cuBLAS's workspace; f32 weight rows for its products
   std::unordered_map<const RopeTable*, RopeCopy> rope_;
 };

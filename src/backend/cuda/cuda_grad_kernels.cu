@@ -315,6 +315,12 @@ __global__ void k_dequant_f32(DevWeight w, int64_t r0, size_t n, float* out) {
   G4_FOR_EACH(i, n * K) out[i] = dequant(w, r0 + int64_t(i / K), int64_t(i % K));
 }
 
+__global__ void k_dequant_bf16(DevWeight w, int64_t r0, size_t n, __nv_bfloat16* out) {
+  const size_t K = size_t(w.cols);
+  G4_FOR_EACH(i, n * K) out[i] = __float2bfloat16_rn(dequant(w, r0 + int64_t(i / K), int64_t(i % K)));
+}
+__global__ void k_to_bf16(const float* x, size_t n, __nv_bfloat16* y) { G4_FOR_EACH(i, n) y[i] = __float2bfloat16_rn(x[i]); }
+
 // One block per row m of a chunk's logits z [M, n].
 __global__ void k_head_lse(float* z, int n, int64_t r0, float cap, const int32_t* tgt, float* mx, double* sm,
                            float* zt) {
@@ -454,6 +460,11 @@ void row_dots_acc(cudaStream_t s, const float* a, const int64_t* rows, const flo
 void dequant_rows_f32(cudaStream_t s, const DevWeight& W, int64_t r0, int64_t n, float* out) {
   G4_LAUNCH_N(k_dequant_f32, size_t(n) * size_t(W.cols), W, r0, size_t(n), out);
 }
+
+void dequant_rows_bf16(cudaStream_t s, const DevWeight& W, int64_t r0, int64_t n, __nv_bfloat16* out) {
+  G4_LAUNCH_N(k_dequant_bf16, size_t(n) * size_t(W.cols), W, r0, size_t(n), out);
+}
+void to_bf16(cudaStream_t s, const float* x, size_t n, __nv_bfloat16* y) { G4_LAUNCH_N(k_to_bf16, n, x, n, y); }
 
 void matmul_wt(cudaStream_t s, const float* x, int M, const DevWeight& W, float* y) {
   gemm(s, M, W.rows, W.cols, RowsOf{x, W.cols}, WeightTOf{W, 0}, y, false);

@@ -48,8 +48,11 @@ void scatter_scaled_acc(cudaStream_t s, const float* src, const int64_t* rows, c
 void row_dots_acc(cudaStream_t s, const float* a, const int64_t* rows, const float* b, const int64_t* widx, size_t n,
                   size_t dim, float* out);
 
-// out [n, W.cols] = rows r0 .. r0 + n - 1 of W in f32 (the operand of cuBLAS's products).
+// out [n, W.cols] = rows r0 .. r0 + n - 1 of W in f32 / rounded to bf16 (cuBLAS's operands).
 void dequant_rows_f32(cudaStream_t s, const DevWeight& W, int64_t r0, int64_t n, float* out);
+void dequant_rows_bf16(cudaStream_t s, const DevWeight& W, int64_t r0, int64_t n, __nv_bfloat16* out);
+// y = x rounded to bf16 (round to nearest even), n values.
+void to_bf16(cudaStream_t s, const float* x, size_t n, __nv_bfloat16* y);
 
 // Products (the reference kernels; the arithmetic runs them on cuBLAS where it can). y[M, W.rows] = x·Wᵀ; dx[M, W.cols] += dy·W; c[K, N] += aᵀ·b (a [M, K], b [M, N]).
 void matmul_wt(cudaStream_t s, const float* x, int M, const DevWeight& W, float* y);
