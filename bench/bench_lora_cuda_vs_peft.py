@@ -23,15 +23,18 @@ Both: the median over iterations 2..N (the first carries compilation and allocat
 table and the ratio ours / PEFT; --json writes the figures.
 
     python3 bench/bench_lora_cuda_vs_peft.py --bin build-cuda/bin/gemma4 [--variant e4b] [--seq 2048]
-        [--batch 4] [--rank 8] [--iters 6] [--skip-peft] [--skip-ours]
+        [--batch 4] [--rank 8] [--iters 6] [--dtype f32|bf16] [--skip-peft] [--skip-ours]
 
-PEFT is not in the GPU image: carry its wheel (pip download peft --no-deps) and put it on
-PYTHONPATH as bench/cuda_env.sh does for .whl.
+bench/cuda_train_session.sh runs it (and the checks) in one call.
+
+PEFT is not in the GPU image, nor a transformers with Gemma 4 perhaps: carry their wheels (pip
+download peft transformers --no-deps) in .whl-train, which bench/cuda_train_session.sh installs.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import string
@@ -111,7 +114,7 @@ def bench_ours(a, work: Path) -> dict:
            "--adapter-path", str(work / "adapter"), "--overwrite", "--num-layers", "-1", "--rank", str(a.rank),
            "--batch-size", str(a.batch), "--max-seq-length", str(a.seq), "--iters", str(a.iters),
            "--steps-per-report", "1", "--steps-per-eval", "1000000", "--val-batches", "1",
-           "--save-every", "1000000", "--learning-rate", "1e-5", "--log-file", str(log)]
+           "--save-every", "1000000", "--learning-rate", "1e-5", "--dtype", a.dtype, "--log-file", str(log)]
     print("ours: " + " ".join(cmd), flush=True)
     with PeakMemory() as mem:
         t = time.time()
@@ -178,18 +181,21 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--iters", type=int, default=6)
+    ap.add_argument("--dtype", choices=["f32", "bf16"], default=os.environ.get("G4_LORA_DTYPE", "f32"),
+                    help="ours: the products' operands (gemma4 lora --dtype)")
     ap.add_argument("--skip-ours", action="store_true")
     ap.add_argument("--skip-peft", action="store_true")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     a.gguf = a.gguf or Path(f"/tmp/t-{a.variant}.gguf")
-    res = {"variant": a.variant, "seq": a.seq, "batch": a.batch, "rank": a.rank, "iters": a.iters}
+    res = {"variant": a.variant, "seq": a.seq, "batch": a.batch, "rank": a.rank, "iters": a.iters, "dtype": a.dtype}
     with tempfile.TemporaryDirectory() as tmp:
         if not a.skip_ours:
             res["ours"] = bench_ours(a, Path(tmp))
     if not a.skip_peft:
         res["peft"] = bench_peft(a)
-    print(f"\n{a.variant}, {a.batch} x {a.seq} tokens, rank {a.rank}, median of iterations 2..{a.iters}:")
+    print(f"\n{a.variant}, {a.batch} x {a.seq} tokens, rank {a.rank}, ours --dtype {a.dtype}, "
+          f"median of iterations 2..{a.iters}:")
     for k in ("ours", "peft"):
         if k in res:
             print(f"  {k:5s} {res[k]['tok_s']:10.1f} train tok/s   peak device memory {res[k]['peak_mib'] / 1024:.1f} GiB")

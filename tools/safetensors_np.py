@@ -40,3 +40,19 @@ def save_file(tensors: dict, path: str, metadata: dict | None = None) -> None:
         f.write(header([(n, DTYPES[a.dtype], a.shape, a.nbytes) for n, a in arrays], metadata))
         for _, a in arrays:
             f.write(a.tobytes())
+
+
+def load_file(path: str) -> dict:
+    """Every tensor of a safetensors file whose dtype numpy has (F32, F16, I64, I32, U32, U8, I8)."""
+    names = {v: k for k, v in DTYPES.items()}
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    h = json.loads(data[8:8 + n])
+    out = {}
+    for name, t in h.items():
+        if name == "__metadata__" or t["dtype"] not in names:
+            continue
+        s, e = t["data_offsets"]
+        out[name] = np.frombuffer(data[8 + n + s:8 + n + e], dtype=names[t["dtype"]]).reshape(t["shape"])
+    return out
