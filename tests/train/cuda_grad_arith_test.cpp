@@ -21,9 +21,25 @@ namespace {
 
 using Floats = std::vector<float>;
 
+// Values as an MLX 4-bit matrix [rows, cols] (f32 scales and biases), held with its view.
+struct Mlx4 {
+  std::vector<uint8_t> codes;
+  Floats scales, biases;
+  WeightView view;
+  Mlx4(const Floats& v, int rows, int cols, int group)
+      : codes(size_t(rows) * cols / 2), scales(size_t(rows) * cols / group), biases(scales.size()) {
+    affine_quantize(v.data(), v.size(), 4, group, false, codes.data(), scales.data(), biases.data());
+    view = mlx_affine_view(codes.data(), rows, cols, 4, group, scales.data(), biases.data(), DType::F32);
+  }
+};
+
 // Parameter: where the products run: the reference kernels, cuBLAS in f32, or cuBLAS on bf16
 // operands (BackendOptions::blas, ::activations).
 enum class Products { Kernels, Cublas, CublasBf16 };
+
+constexpr double kTol = 2e-5, kSumTol = 5e-5;
+// The products' bound: f32 sums, or (bf16 operands) both operands rounded to 8 bits of mantissa.
+double product_tol() { return ::testing::TestWithParam<Products>::GetParam() == Products::CublasBf16 ? 2e-2 : kSumTol; }
 
 class CudaGradArith : public ::testing::TestWithParam<Products> {
  protected:
@@ -55,6 +71,17 @@ class CudaGradArith : public ::testing::TestWithParam<Products> {
     dev_->base().read_bytes(Buf(const_cast<float*>(d), DType::F32, int64_t(n), 0), n * 4, v.data());
     return v;
   }
+  // matmul_wt and matmul_w_acc of M random rows through host weight hw (and its device placement).
+  void check_products(int M, const WeightView& hw) {
+    const WeightView dw = dev_->base().place_weight(hw);
+    const Floats x = rand(size_t(M) * hw.cols), dy = rand(size_t(M) * hw.rows);
+    Floats y(size_t(M) * hw.rows), dx = rand(x.size());
+    float *dyv = up(y), *ddx = up(dx);
+    host_->matmul_wt(x.data(), M, hw, y.data()), dev_->matmul_wt(up(x), M, dw, dyv);
+    expect_near(dyv, y, product_tol(), "matmul_wt");
+    host_->matmul_w_acc(dy.data(), M, hw, dx.data()), dev_->matmul_w_acc(up(dy), M, dw, ddx);
+    expect_near(ddx, dx, product_tol(), "matmul_w_acc");
+  }
   // Device result d[0, n) against the host's h.
   void expect_near(const float* d, const Floats& h, double rel, const char* what) {
     const Floats got = down(d, h.size());
@@ -69,9 +96,6 @@ class CudaGradArith : public ::testing::TestWithParam<Products> {
   std::mt19937 rng_{12345};
 };
 
-constexpr double kTol = 2e-5, kSumTol = 5e-5;
-// The products' bound: f32 sums, or (bf16 operands) both operands rounded to 8 bits of mantissa.
-double product_tol() { return ::testing::TestWithParam<Products>::GetParam() == Products::CublasBf16 ? 2e-2 : kSumTol; }
 
 TEST_P(CudaGradArith, ElementwiseOps) {
   const size_t n = 1037;
@@ -180,22 +204,9 @@ TEST_P(CudaGradArith, RowGathersAndScatters) {
 TEST_P(CudaGradArith, ProductsOverF32AndQuantizedWeights) {
   const int M = 67, rows = 97, cols = 160;
   const Floats wv = rand(size_t(rows) * cols, 0.2f);
-  // The same values as an f32 matrix and as MLX 4-bit codes (group 32, f32 scales and biases).
-  std::vector<uint8_t> codes(size_t(rows) * cols / 2);
-  Floats sc(size_t(rows) * cols / 32), bi(sc.size());
-  affine_quantize(wv.data(), wv.size(), 4, 32, false, codes.data(), sc.data(), bi.data());
-  const std::vector<WeightView> hosts = {f32_view(wv.data(), rows, cols),
-                                         mlx_affine_view(codes.data(), rows, cols, 4, 32, sc.data(), bi.data(), DType::F32)};
+  check_products(M, f32_view(wv.data(), rows, cols));
+  check_products(M, Mlx4(wv, rows, cols, 32).view);
   const Floats x = rand(size_t(M) * cols), dy = rand(size_t(M) * rows);
-  for (const WeightView& hw : hosts) {
-    const WeightView dw = dev_->base().place_weight(hw);
-    Floats y(size_t(M) * rows), dx = rand(x.size());
-    float *dyv = up(y), *ddx = up(dx);
-    host_->matmul_wt(x.data(), M, hw, y.data()), dev_->matmul_wt(up(x), M, dw, dyv);
-    expect_near(dyv, y, product_tol(), "matmul_wt");
-    host_->matmul_w_acc(dy.data(), M, hw, dx.data()), dev_->matmul_w_acc(up(dy), M, dw, ddx);
-    expect_near(ddx, dx, product_tol(), "matmul_w_acc");
-  }
   Floats c = rand(size_t(cols) * rows);
   float* dc = up(c);
   host_->gemm_tn_acc(x.data(), dy.data(), c.data(), M, cols, rows);
@@ -206,20 +217,8 @@ TEST_P(CudaGradArith, ProductsOverF32AndQuantizedWeights) {
 // A weight of more than one chunk of dequantized rows (the cuBLAS path's 2^25 floats): 3300 rows
 // of 10240.
 TEST_P(CudaGradArith, ProductsOverSeveralWeightChunks) {
-  const int M = 3, rows = 3300, cols = 10240;
-  const Floats wv = rand(size_t(rows) * cols, 0.01f);
-  std::vector<uint8_t> codes(size_t(rows) * cols / 2);
-  Floats sc(size_t(rows) * cols / 64), bi(sc.size());
-  affine_quantize(wv.data(), wv.size(), 4, 64, false, codes.data(), sc.data(), bi.data());
-  const WeightView hw = mlx_affine_view(codes.data(), rows, cols, 4, 64, sc.data(), bi.data(), DType::F32);
-  const WeightView dw = dev_->base().place_weight(hw);
-  const Floats x = rand(size_t(M) * cols), dy = rand(size_t(M) * rows);
-  Floats y(size_t(M) * rows), dx = rand(x.size());
-  float *dyv = up(y), *ddx = up(dx);
-  host_->matmul_wt(x.data(), M, hw, y.data()), dev_->matmul_wt(up(x), M, dw, dyv);
-  expect_near(dyv, y, product_tol(), "matmul_wt");
-  host_->matmul_w_acc(dy.data(), M, hw, dx.data()), dev_->matmul_w_acc(up(dy), M, dw, ddx);
-  expect_near(ddx, dx, product_tol(), "matmul_w_acc");
+  const int rows = 3300, cols = 10240;
+  check_products(3, Mlx4(rand(size_t(rows) * cols, 0.01f), rows, cols, 64).view);
 }
 
 TEST_P(CudaGradArith, AttentionCausalWindowedGqa) {
@@ -247,12 +246,9 @@ TEST_P(CudaGradArith, AttentionCausalWindowedGqa) {
 TEST_P(CudaGradArith, HeadLossOverVocabularyChunks) {
   // 777 vocabulary rows: chunks of 768 and 9; two rows without a target.
   const int V = 777, K = 96, M = 9;
-  const Floats ev = rand(size_t(V) * K, 0.3f), x = rand(size_t(M) * K);
-  std::vector<uint8_t> codes(size_t(V) * K / 2);
-  Floats sc(size_t(V) * K / 32), bi(sc.size());
-  affine_quantize(ev.data(), ev.size(), 4, 32, false, codes.data(), sc.data(), bi.data());
-  const WeightView hE = mlx_affine_view(codes.data(), V, K, 4, 32, sc.data(), bi.data(), DType::F32);
-  const WeightView dE = dev_->base().place_weight(hE);
+  const Floats x = rand(size_t(M) * K);
+  const Mlx4 E(rand(size_t(V) * K, 0.3f), V, K, 32);
+  const WeightView &hE = E.view, dE = dev_->base().place_weight(hE);
   std::vector<int32_t> targets;
   for (int r = 0; r < M; ++r) targets.push_back(r == 2 || r == 6 ? -1 : (r * 97 + 5) % V);
   for (const float cap : {0.f, 3.f}) {

@@ -15,17 +15,12 @@
 
 #include "../model/model_test_util.h"
 #include "train/lora_train_model.h"
+#include "train_test_util.h"
 
 namespace g4::train {
 namespace {
 
-std::vector<int32_t> tokens(int vocab, int n, uint32_t seed) {
-  std::mt19937 r(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = int32_t(3 + r() % uint32_t(vocab - 3));
-  t[0] = 2;
-  return t;
-}
+using train_test::tokens;
 
 struct TrainRun {
   double loss = 0;
@@ -37,10 +32,7 @@ TrainRun train_once(const Model& m, LoraConfig lc, std::unique_ptr<GradArith> ar
   auto pr = LoraParams::create(cfg, lc, lora_layer_prefix(cfg), 11);
   EXPECT_TRUE(pr) << pr.message();
   LoraParams& p = pr.value();
-  std::mt19937 r(12);  // lora_b random too: at mlx-lm's zero start every lora_a gradient is zero
-  std::uniform_real_distribution<float> u(-0.05f, 0.05f);
-  for (LoraModule& mod : p.modules())
-    for (float& x : mod.b) x = u(r);
+  train_test::randomize_b(p, 12);
   LoraTrainModel tm(m, p, std::move(arith));
   const Example a{tokens(cfg.vocab, 23, 5), 4}, b{tokens(cfg.vocab, 14, 6), 0};
   p.zero_grads();

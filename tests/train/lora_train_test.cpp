@@ -12,6 +12,7 @@
 
 #include "model/lora.h"
 #include "train/dataset.h"
+#include "train_test_util.h"
 #include "train/lora_train_model.h"
 #include "train/optimizer.h"
 
@@ -29,21 +30,8 @@ std::unique_ptr<Model> load_or_skip(const char* name) {
   return m ? std::move(m.value()) : nullptr;
 }
 
-std::vector<int32_t> tokens(int vocab, int n, uint32_t seed) {
-  std::mt19937 r(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = int32_t(3 + r() % uint32_t(vocab - 3));
-  t[0] = 2;
-  return t;
-}
-
-// Random lora_b too (mlx-lm starts it at zero, which would leave every lora_a gradient zero).
-void randomize_b(LoraParams& p, uint32_t seed) {
-  std::mt19937 r(seed);
-  std::uniform_real_distribution<float> u(-0.05f, 0.05f);
-  for (LoraModule& m : p.modules())
-    for (float& x : m.b) x = u(r);
-}
+using train_test::randomize_b;
+using train_test::tokens;
 
 double loss(LoraTrainModel& tm, const std::vector<const Example*>& b, uint64_t seed, bool train_masks) {
   // grad_weight 1e-30: the training path (dropout masks drawn) with negligible gradients.
