@@ -161,14 +161,53 @@ class CudaGradArith final : public GradArith {
                 CUBLAS_COMPUTE_32F);
   }
 
+  // On cuBLAS: per head h (kv head g = h / (H / Hk)), f32 products over every [T, T] score (the
+  // masked ones too) with the row steps between them; column-major views of the row-major [T, H, D]
+  // and [T, Hk, D] rows (leading dimensions H·D, Hk·D) and of each head's [T, T] block.
   void attention_fwd(const float* q, const float* k, const float* v, int T, int H, int Hk, int D, int window,
                      float scale, float* probs, float* out) override {
-    cuda::grad::attention_fwd(stream(), q, k, v, T, H, Hk, D, window, scale, probs, out);
+    if (!blas_ || T == 0) return cuda::grad::attention_fwd(stream(), q, k, v, T, H, Hk, D, window, scale, probs, out);
+    bind_blas();
+    const int ldq = H * D, ldk = Hk * D;
+    for (int h = 0; h < H; ++h) {  // scores: S_hᵀ = K_g · Q_hᵀ
+      const int g = h / (H / Hk);
+      blas_->gemm(CUBLAS_OP_T, CUBLAS_OP_N, T, T, D, 1.f, k + g * D, CUDA_R_32F, ldk, q + h * D, CUDA_R_32F, ldq,
+                  0.f, probs + size_t(h) * T * T, CUDA_R_32F, T, CUBLAS_COMPUTE_32F);
+    }
+    cuda::grad::attn_softmax(stream(), probs, T, H, window, scale);
+    for (int h = 0; h < H; ++h) {  // out_hᵀ = V_gᵀ · P_hᵀ
+      const int g = h / (H / Hk);
+      blas_->gemm(CUBLAS_OP_N, CUBLAS_OP_N, D, T, T, 1.f, v + g * D, CUDA_R_32F, ldk, probs + size_t(h) * T * T,
+                  CUDA_R_32F, T, 0.f, out + h * D, CUDA_R_32F, ldq, CUBLAS_COMPUTE_32F);
+    }
   }
   void attention_bwd(const float* q, const float* k, const float* v, const float* probs, const float* dout, int T,
                      int H, int Hk, int D, int window, float scale, float* dq, float* dk, float* dv) override {
     const ArithBlock scratch(*this, size_t(H) * size_t(T) * size_t(T) * 4, false);
-    cuda::grad::attention_bwd(stream(), q, k, v, probs, dout, T, H, Hk, D, window, scale, dq, dk, dv, scratch.f32());
+    if (!blas_ || T == 0)
+      return cuda::grad::attention_bwd(stream(), q, k, v, probs, dout, T, H, Hk, D, window, scale, dq, dk, dv,
+                                       scratch.f32());
+    bind_blas();
+    const int ldq = H * D, ldk = Hk * D;
+    float* dS = scratch.f32();
+    for (int h = 0; h < H; ++h) {  // dP_hᵀ = V_g · dO_hᵀ
+      const int g = h / (H / Hk);
+      blas_->gemm(CUBLAS_OP_T, CUBLAS_OP_N, T, T, D, 1.f, v + g * D, CUDA_R_32F, ldk, dout + h * D, CUDA_R_32F, ldq,
+                  0.f, dS + size_t(h) * T * T, CUDA_R_32F, T, CUBLAS_COMPUTE_32F);
+    }
+    cuda::grad::attn_score_grad(stream(), probs, dS, T, H, window, scale);
+    for (int h = 0; h < H; ++h) {
+      const int g = h / (H / Hk);
+      const float* dSh = dS + size_t(h) * T * T;
+      const float* Ph = probs + size_t(h) * T * T;
+      // dq_hᵀ += K_gᵀ · dS_hᵀ;  dk_gᵀ += Q_hᵀ · dS_h;  dv_gᵀ += dO_hᵀ · P_h (the group's heads in order)
+      blas_->gemm(CUBLAS_OP_N, CUBLAS_OP_N, D, T, T, 1.f, k + g * D, CUDA_R_32F, ldk, dSh, CUDA_R_32F, T, 1.f,
+                  dq + h * D, CUDA_R_32F, ldq, CUBLAS_COMPUTE_32F);
+      blas_->gemm(CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, 1.f, q + h * D, CUDA_R_32F, ldq, dSh, CUDA_R_32F, T, 1.f,
+                  dk + g * D, CUDA_R_32F, ldk, CUBLAS_COMPUTE_32F);
+      blas_->gemm(CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, 1.f, dout + h * D, CUDA_R_32F, ldq, Ph, CUDA_R_32F, T, 1.f,
+                  dv + g * D, CUDA_R_32F, ldk, CUBLAS_COMPUTE_32F);
+    }
   }
 
   double lm_head_loss(const float* x, int M, const WeightView& E, float cap, const std::vector<int32_t>& targets,

@@ -366,6 +366,32 @@ __global__ void k_head_grad(float* z, int n, int64_t r0, float cap, const int32_
   }
 }
 
+// One block per (row i, head h) of [H, T, T].
+__global__ void k_attn_softmax(float* P, int T, int window, float scale) {
+  const int i = blockIdx.x, h = blockIdx.y, lo = first_key(i, window);
+  float* pr = P + (size_t(h) * T + i) * T;
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < T; j += blockDim.x) {
+    if (j < lo || j > i) continue;
+    pr[j] *= scale;
+    mx = fmaxf(mx, pr[j]);
+  }
+  mx = block_max(mx);
+  float sum = 0.f;
+  for (int j = threadIdx.x; j < T; j += blockDim.x) sum += (pr[j] = j < lo || j > i ? 0.f : expf(pr[j] - mx));
+  const float inv = 1.f / block_sum(sum);
+  for (int j = threadIdx.x; j < T; j += blockDim.x) pr[j] *= inv;
+}
+__global__ void k_attn_score_grad(const float* P, float* dP, int T, int window, float scale) {
+  const int i = blockIdx.x, h = blockIdx.y, lo = first_key(i, window);
+  const float* pr = P + (size_t(h) * T + i) * T;
+  float* d = dP + (size_t(h) * T + i) * T;
+  float dot = 0.f;
+  for (int j = lo + int(threadIdx.x); j <= i; j += blockDim.x) dot += pr[j] * d[j];
+  dot = block_sum(dot);
+  for (int j = threadIdx.x; j < T; j += blockDim.x) d[j] = j < lo || j > i ? 0.f : pr[j] * (d[j] - dot) * scale;
+}
+
 __global__ void k_router_bwd(const float* scores, const int32_t* idx, const float* dw, int rows, int E, int k,
                              const float* per_expert_scale, float* ds) {
   G4_FOR_EACH(r, size_t(rows)) {
@@ -513,6 +539,17 @@ void attention_bwd(cudaStream_t s, const float* q, const float* k, const float* 
   G4_CUDA_LAUNCHED();
   k_attn_bwd_kv<<<dim3(unsigned(T), unsigned(Hk)), kThreads, 0, s>>>(q, probs, dout, scratch, T, H, Hk, D, window, dk,
                                                                      dv);
+  G4_CUDA_LAUNCHED();
+}
+
+void attn_softmax(cudaStream_t s, float* scores, int T, int H, int window, float scale) {
+  if (T == 0 || H == 0) return;
+  k_attn_softmax<<<dim3(unsigned(T), unsigned(H)), kThreads, 0, s>>>(scores, T, window, scale);
+  G4_CUDA_LAUNCHED();
+}
+void attn_score_grad(cudaStream_t s, const float* probs, float* dP, int T, int H, int window, float scale) {
+  if (T == 0 || H == 0) return;
+  k_attn_score_grad<<<dim3(unsigned(T), unsigned(H)), kThreads, 0, s>>>(probs, dP, T, window, scale);
   G4_CUDA_LAUNCHED();
 }
 

@@ -67,6 +67,13 @@ void attention_bwd(cudaStream_t s, const float* q, const float* k, const float* 
                    const float* dout, int T, int H, int Hk, int D, int window, float scale, float* dq, float* dk,
                    float* dv, float* scratch);
 
+// The attention's row steps for its products on cuBLAS (the arithmetic's products compute every
+// score of [H, T, T], the masked ones too): attn_softmax turns the scores s [H, T, T] (q·k, not yet
+// scaled) into probs in place, causal and windowed like attention_fwd (masked entries 0);
+// attn_score_grad turns dP [H, T, T] (dout·v) into dS = P (dP - Σ_j P dP)·scale in place (masked 0).
+void attn_softmax(cudaStream_t s, float* scores, int T, int H, int window, float scale);
+void attn_score_grad(cudaStream_t s, const float* probs, float* dP, int T, int H, int window, float scale);
+
 // The LM head's loss over rows X [M, K] (gathered: those with targets), one vocabulary chunk of
 // rows r0 .. r0 + n - 1 of E at a time (the arithmetic's lm_head_loss strings them together):
 // head_logits: z [M, n] = X·E[r0 : r0 + n]ᵀ;
