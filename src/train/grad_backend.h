@@ -47,7 +47,8 @@ class GradBackend final : public Backend {
   explicit GradBackend(std::unique_ptr<GradArith> arith);
   ~GradBackend() override;
 
-  std::string name() const override { return "grad"; }
+  // The base backend's name, for messages ("copying weights to cuda training").
+  std::string name() const override { return base_.name() + " training"; }
   bool supports_precision(ActPrecision P) const override { return P == ActPrecision::F32; }
   bool on_device() const override { return base_.on_device(); }
   void sync() override { base_.sync(); }
