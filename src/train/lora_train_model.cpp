@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/weights.h"
 #include "train/dense_ops.h"
 
 namespace g4::train {
@@ -15,9 +16,17 @@ int target_count(const Example& ex, int max_len) {
 
 LoraTrainModel::LoraTrainModel(const Model& model, LoraParams& params, std::unique_ptr<GradArith> arith)
     : cfg_(model.config()), p_(params), head_(model.weights().lm_head) {
-  auto be = arith ? std::make_unique<GradBackend>(std::move(arith)) : std::make_unique<GradBackend>();
+  const bool device = arith != nullptr;
+  auto be = device ? std::make_unique<GradBackend>(std::move(arith)) : std::make_unique<GradBackend>();
   be_ = be.get();
-  model_ = std::make_unique<Model>(model.config(), model.weights(), model.source(), std::move(be));
+  // The host arithmetic reads `model`'s weights where they are; a device's places them anew.
+  ModelWeights w = model.weights();
+  if (device) {
+    auto placed = load_weights(model.config(), *model.source(), *be_);
+    G4_CHECK(placed && "LoraTrainModel: the model's weights could not be placed on the training backend");
+    w = std::move(placed).value();
+  }
+  model_ = std::make_unique<Model>(model.config(), std::move(w), model.source(), std::move(be));
   // The parameters as an adapter of the model's own kind (model/lora.h: a [rank, in], b [out, rank]),
   // its matrices and their gradients in the backend's memory.
   auto ad = std::make_unique<LoraAdapter>();
