@@ -90,10 +90,10 @@ class PeakMemory:
         self.mib = self.peak - self.base
 
 
-def make_data(out: Path, records: int, chars: int, seed: int) -> None:
+def make_data(out: Path, records: int, valid: int, chars: int, seed: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
-    for name, n in (("train", records), ("valid", 1)):
+    for name, n in (("train", records), ("valid", valid)):
         with open(out / f"{name}.jsonl", "w") as f:
             for _ in range(n):
                 f.write(json.dumps({"text": "".join(rng.choice(string.ascii_lowercase) for _ in range(chars))}) + "\n")
@@ -108,7 +108,7 @@ def bench_ours(a, work: Path) -> dict:
             subprocess.run([sys.executable, str(REPO / "tools/make_synthetic_gemma4_gguf.py"), str(model),
                             "--variant", a.variant], check=True, stdout=subprocess.DEVNULL)
     data = work / "data"
-    make_data(data, a.batch * max(4, a.iters), 2 * a.seq, 7)
+    make_data(data, a.batch * max(4, a.iters), a.batch, 2 * a.seq, 7)
     log = work / "ours.jsonl"
     cmd = [str(a.bin), "lora", "--backend", "cuda", "--model", str(model), "--data", str(data),
            "--adapter-path", str(work / "adapter"), "--overwrite", "--num-layers", "-1", "--rank", str(a.rank),
