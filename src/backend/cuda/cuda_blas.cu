@@ -8,8 +8,6 @@
 #include "backend/cuda/cuda_blas.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <unordered_map>
 
 #include "backend/cuda/cuda_act.cuh"

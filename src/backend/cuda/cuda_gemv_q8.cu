@@ -483,12 +483,17 @@ void post_norm_add(cudaStream_t s, const void* y, void* resid, DType t, int n, c
                 n, static_cast<const float*>(nullptr), 0.f, Q8Act{});
 }
 
-bool q8_gemv_takes(const MatArgs& a, int act) {
-  if (!a.q8.q) return false;
+// Whether the weights of launch a (and gate_up_gelu's second, act != kPlain) are of one format and
+// width the int8 GEMV reads; with same_bits, of one bit width too.
+static bool q8_weights_fit(const MatArgs& a, int act, bool same_bits) {
   for (int i = 0; i < a.n; ++i)
-    if (!q8_gemv_supports(a.w[i]) || a.w[i].fmt != a.w[0].fmt || a.w[i].cols != a.w[0].cols) return false;
+    if (!q8_gemv_supports(a.w[i]) || a.w[i].fmt != a.w[0].fmt || a.w[i].cols != a.w[0].cols ||
+        (same_bits && a.w[i].bits != a.w[0].bits))
+      return false;
   return act == kPlain || (q8_gemv_supports(a.w2) && a.w2.fmt == a.w[0].fmt && a.w2.bits == a.w[0].bits);
 }
+
+bool q8_gemv_takes(const MatArgs& a, int act) { return a.q8.q && q8_weights_fit(a, act, false); }
 
 bool q8_prepare_fusable(const MatArgs& a, bool gelu) {
   return q8_gemv_takes(a, gelu ? kGelu : kPlain) && a.w[0].cols <= kPostMax;
@@ -534,11 +539,7 @@ void q8_gemv_prepared(cudaStream_t s, const MatArgs& a, int M, int act, int lane
 }
 
 int q8_gemv_lanes(const MatArgs& a, int act) {
-  for (int i = 0; i < a.n; ++i)
-    if (!q8_gemv_supports(a.w[i]) || a.w[i].fmt != a.w[0].fmt || a.w[i].cols != a.w[0].cols ||
-        a.w[i].bits != a.w[0].bits)
-      return 0;
-  if (act != kPlain && !(q8_gemv_supports(a.w2) && a.w2.fmt == a.w[0].fmt && a.w2.bits == a.w[0].bits)) return 0;
+  if (!q8_weights_fit(a, act, true)) return 0;
   int lpr = 0;
   with_format(a.w[0].fmt, [&](auto f) {
     constexpr WFormat F = decltype(f)::value;
