@@ -61,6 +61,8 @@ class GradBackend final : public Backend {
   // [W.rows, W.cols] (the arith's memory) during backward(). grad must outlive the registration
   // (clear_params).
   void add_param(const void* weight_data, float* grad);
+  // b[0, n) = 0 (f32; the arith's memory).
+  void zero(const Buf& b, size_t n) { arith_.zero(b.f32(), n); }
   void clear_params() { params_.clear(); }
   // The next forward is recorded (from its first parameter read on), dropping any earlier tape.
   void arm();

@@ -36,18 +36,23 @@ LoraTrainModel::LoraTrainModel(const Model& model, LoraParams& params, std::uniq
   ad->scale = lc.scale;
   ad->num_layers = lc.num_layers;
   ad->layers.resize(cfg_.layers.size());
-  auto zeros = [this](int64_t n) {
-    const Buf b = be_->alloc_f32(size_t(n));
-    const std::vector<float> z(static_cast<size_t>(n), 0.f);
-    be_->from_host(z.data(), z.size(), b);
-    return b;
-  };
+  // Every module's a [rank, in] then b [out, rank], back to back, in one buffer; their gradients
+  // at the same offsets in another (one copy each way per step).
+  size_t total = 0;
   for (const LoraModule& m : p_.modules()) {
-    a_.push_back(zeros(int64_t(m.rank) * m.in));
-    b_.push_back(zeros(int64_t(m.out) * m.rank));
+    offsets_.push_back(total);
+    total += size_t(m.rank) * size_t(m.in) + size_t(m.out) * size_t(m.rank);
+  }
+  mats_ = be_->alloc_f32(std::max<size_t>(total, 1));
+  grads_ = be_->alloc_f32(std::max<size_t>(total, 1));
+  be_->zero(mats_, total);
+  be_->zero(grads_, total);
+  size_t i = 0;
+  for (const LoraModule& m : p_.modules()) {
+    const size_t a_at = offsets_[i++], b_at = a_at + size_t(m.rank) * size_t(m.in);
     LoraDelta d;
-    d.a = f32_view(a_.back().f32(), m.rank, m.in);
-    d.b = f32_view(b_.back().f32(), m.out, m.rank);
+    d.a = f32_view(mats_.f32() + a_at, m.rank, m.in);
+    d.b = f32_view(mats_.f32() + b_at, m.out, m.rank);
     d.scale = lc.scale;
     d.dropout = lc.dropout;
     d.id = uint32_t(ad->deltas.size());
@@ -56,11 +61,10 @@ LoraTrainModel::LoraTrainModel(const Model& model, LoraParams& params, std::uniq
     ad->max_out = std::max(ad->max_out, m.out);
     ad->max_in = std::max(ad->max_in, m.in);
     ++ad->modules;
-    grad_a_.push_back(zeros(int64_t(m.rank) * m.in));
-    grad_b_.push_back(zeros(int64_t(m.out) * m.rank));
-    be_->add_param(d.a.data, grad_a_.back().f32());
-    be_->add_param(d.b.data, grad_b_.back().f32());
+    be_->add_param(d.a.data, grads_.f32() + a_at);
+    be_->add_param(d.b.data, grads_.f32() + b_at);
   }
+  total_ = total;
   adapter_ = ad.get();
   model_->set_adapter(std::move(ad));
 }
@@ -68,19 +72,17 @@ LoraTrainModel::LoraTrainModel(const Model& model, LoraParams& params, std::uniq
 LoraTrainModel::~LoraTrainModel() = default;
 
 void LoraTrainModel::sync_adapter() {
+  std::vector<float> host(total_);
   size_t i = 0;
-  std::vector<float> a, b;
   for (const LoraModule& m : p_.modules()) {
-    a.resize(size_t(m.rank) * m.in);
-    b.resize(size_t(m.out) * m.rank);
+    float* a = host.data() + offsets_[i++];
+    float* b = a + size_t(m.rank) * size_t(m.in);
     for (int j = 0; j < m.in; ++j)
       for (int r = 0; r < m.rank; ++r) a[size_t(r) * m.in + j] = m.a[size_t(j) * m.rank + r];
     for (int r = 0; r < m.rank; ++r)
       for (int o = 0; o < m.out; ++o) b[size_t(o) * m.rank + r] = m.b[size_t(r) * m.out + o];
-    be_->from_host(a.data(), a.size(), a_[i]);
-    be_->from_host(b.data(), b.size(), b_[i]);
-    ++i;
   }
+  be_->from_host(host.data(), host.size(), mats_);
 }
 
 std::vector<float> LoraTrainModel::normed_rows_host(int T) {
@@ -128,22 +130,17 @@ SeqLoss LoraTrainModel::run(const std::vector<const Example*>& batch, int max_le
   be_->backward();
   // The delta's gradients [rank, in] / [out, rank] into the parameters' [in, rank] / [rank, out],
   // then cleared.
+  std::vector<float> host(total_);
+  be_->to_host(grads_, host.size(), host.data());
+  be_->zero(grads_, total_);
   size_t i = 0;
-  std::vector<float> ga, gb;
   for (LoraModule& m : p_.modules()) {
-    ga.resize(size_t(m.rank) * m.in);
-    gb.resize(size_t(m.out) * m.rank);
-    be_->to_host(grad_a_[i], ga.size(), ga.data());
-    be_->to_host(grad_b_[i], gb.size(), gb.data());
+    const float* ga = host.data() + offsets_[i++];
+    const float* gb = ga + size_t(m.rank) * size_t(m.in);
     for (int j = 0; j < m.in; ++j)
       for (int r = 0; r < m.rank; ++r) m.ga[size_t(j) * m.rank + r] += ga[size_t(r) * m.in + j];
     for (int r = 0; r < m.rank; ++r)
       for (int o = 0; o < m.out; ++o) m.gb[size_t(r) * m.out + o] += gb[size_t(o) * m.rank + r];
-    std::fill(ga.begin(), ga.end(), 0.f);
-    std::fill(gb.begin(), gb.end(), 0.f);
-    be_->from_host(ga.data(), ga.size(), grad_a_[i]);
-    be_->from_host(gb.data(), gb.size(), grad_b_[i]);
-    ++i;
   }
   return res;
 }

@@ -73,9 +73,11 @@ class LoraTrainModel {
   GradBackend* be_ = nullptr;     // owned by model_
   std::unique_ptr<Model> model_;  // the inference model's weights, on be_
   LoraAdapter* adapter_ = nullptr;  // model_'s, holding the parameters as LoraDeltas
-  // Per module (p_.modules() order), in be_'s memory: its LoraDelta's a [rank, in] and b [out,
-  // rank], and their gradients.
-  std::vector<Buf> a_, b_, grad_a_, grad_b_;
+  // In be_'s memory: every module's LoraDelta a [rank, in] then b [out, rank] (p_.modules()
+  // order, module i's a at offsets_[i]; total_ floats) and their gradients at the same offsets.
+  Buf mats_, grads_;
+  std::vector<size_t> offsets_;
+  size_t total_ = 0;
 };
 
 }  // namespace g4::train
