@@ -114,7 +114,8 @@ def bench_ours(a, work: Path) -> dict:
            "--adapter-path", str(work / "adapter"), "--overwrite", "--num-layers", "-1", "--rank", str(a.rank),
            "--batch-size", str(a.batch), "--max-seq-length", str(a.seq), "--iters", str(a.iters),
            "--steps-per-report", "1", "--steps-per-eval", "1000000", "--val-batches", "1",
-           "--save-every", "1000000", "--learning-rate", "1e-5", "--dtype", a.dtype, "--log-file", str(log)]
+           "--save-every", "1000000", "--learning-rate", "1e-5", "--dtype", a.dtype, "--log-file", str(log),
+           *a.ours_args.split()]
     print("ours: " + " ".join(cmd), flush=True)
     with PeakMemory() as mem:
         t = time.time()
@@ -183,6 +184,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=6)
     ap.add_argument("--dtype", choices=["f32", "bf16"], default=os.environ.get("G4_LORA_DTYPE", "f32"),
                     help="ours: the products' operands (gemma4 lora --dtype)")
+    ap.add_argument("--ours-args", default="", help="more flags for gemma4 lora, e.g. '--cuda-bf16-cache 12'")
     ap.add_argument("--skip-ours", action="store_true")
     ap.add_argument("--skip-peft", action="store_true")
     ap.add_argument("--json", type=Path, default=None)

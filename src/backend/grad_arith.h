@@ -148,8 +148,8 @@ class ArithBlock {
 
 // The CUDA arithmetic over a CUDA backend of `opt`, or null with the reason in *why (no CUDA
 // build, no usable GPU). Its buffers are f32 whatever opt.activations says; BF16 there runs the
-// products (matmuls, head) on bf16 operands with f32 accumulation, as autocast does, where
-// opt.blas lets them run on cuBLAS.
+// products (the matmuls but the narrowest, the head, the attention) on bf16 operands with f32
+// accumulation, as autocast does, where opt.blas lets them run on cuBLAS.
 std::unique_ptr<GradArith> make_cuda_grad_arith(std::string* why, const BackendOptions& opt);
 
 }  // namespace g4

@@ -246,6 +246,8 @@ int run_lora(const std::vector<std::string>& argv) {
       auto wb = stored_weight_bytes(cfg, *b.model->source());
       if (!wb.is_ok()) return fail_(wb.message());
       need += wb.value();
+      if (gpu_options.activations == DType::BF16)  // the weights' bf16 copies, the budget in full
+        need += uint64_t(gpu_options.bf16_weight_cache_gib) << 30;
     }
     const std::string sizes = "a batch of " + std::to_string(rows.size()) + " records of up to " +
                               std::to_string(rows.empty() ? 0 : rows[0] + 1) + " tokens";

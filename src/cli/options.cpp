@@ -141,7 +141,7 @@ void add_load_options(VerbCli& cli) {
             "to bf16), else the f32-accurate tensor-core kernels", "on")
       ->type_name("on|off")->check(one_of({"on", "off"}));
   cli.value("--cuda-bf16-cache", "GiB of bf16 copies of weights kept for the cuBLAS launches (prefill, 33+ "
-            "streams) instead of dequantizing them at every launch, while 2 GiB of device memory stays "
+            "streams, lora --dtype bf16) instead of dequantizing them at every launch, while 2 GiB of device memory stays "
             "free; 0: none", "0")
       ->type_name("GIB")->check(CLI::Range(0, 1024));
   cli.value("--cuda-blas-cached-rows", "the fewest rows a launch whose weights have bf16 copies runs on "

@@ -20,6 +20,11 @@ struct Cublas::Fns {
                                     const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
                                     cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
   GemmFn gemm = nullptr;
+  using GemmBatchedFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                                           const void*, const void*, cudaDataType, int, long long, const void*,
+                                           cudaDataType, int, long long, const void*, void*, cudaDataType, int,
+                                           long long, int, cublasComputeType_t, cublasGemmAlgo_t);
+  GemmBatchedFn gemm_batched = nullptr;
   cublasHandle_t handle = nullptr;
 
   ~Fns() {
@@ -52,7 +57,7 @@ std::unique_ptr<Cublas> Cublas::open(std::string* why) {
   };
   if (!sym(f->create, "cublasCreate_v2") || !sym(f->destroy, "cublasDestroy_v2") ||
       !sym(f->set_stream, "cublasSetStream_v2") || !sym(f->set_workspace, "cublasSetWorkspace_v2") ||
-      !sym(f->gemm, "cublasGemmEx")) {
+      !sym(f->gemm, "cublasGemmEx") || !sym(f->gemm_batched, "cublasGemmStridedBatchedEx")) {
     if (why) *why = "cuBLAS lacks an entry point this build uses";
     return nullptr;
   }
@@ -78,6 +83,15 @@ void Cublas::gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int 
   check(f_->gemm(f_->handle, ta, tb, m, n, k, &alpha, A, at, lda, B, bt, ldb, &beta, C, ct, ldc, compute,
                  CUBLAS_GEMM_DEFAULT),
         "cublasGemmEx");
+}
+
+void Cublas::gemm_batched(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, const void* A,
+                          cudaDataType at, int lda, long long sa, const void* B, cudaDataType bt, int ldb,
+                          long long sb, float beta, void* C, cudaDataType ct, int ldc, long long sc, int batch,
+                          cublasComputeType_t compute) const {
+  check(f_->gemm_batched(f_->handle, ta, tb, m, n, k, &alpha, A, at, lda, sa, B, bt, ldb, sb, &beta, C, ct, ldc, sc,
+                         batch, compute, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmStridedBatchedEx");
 }
 
 }  // namespace g4::cuda

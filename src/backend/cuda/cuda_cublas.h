@@ -26,6 +26,12 @@ class Cublas {
   void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, const void* A,
             cudaDataType at, int lda, const void* B, cudaDataType bt, int ldb, float beta, void* C, cudaDataType ct,
             int ldc, cublasComputeType_t compute) const;
+  // cublasGemmStridedBatchedEx: `batch` such products, the i-th on A + i·sa, B + i·sb, C + i·sc
+  // (strides in elements; 0 reuses one operand).
+  void gemm_batched(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, const void* A,
+                    cudaDataType at, int lda, long long sa, const void* B, cudaDataType bt, int ldb, long long sb,
+                    float beta, void* C, cudaDataType ct, int ldc, long long sc, int batch,
+                    cublasComputeType_t compute) const;
 
   struct Fns;
 

@@ -3,13 +3,14 @@
 // as cuda_grad_kernels.h's kernels on that backend's stream, so every op runs in the tape's order
 // without host waits. The tape's blocks (gradients, checkpoint copies, kept values) and the index
 // lists it passes are stream-ordered allocations (cudaMallocAsync): a block freed while a queued
-// kernel still reads it is released after that kernel. The products (the matmuls and the head)
-// run on cuBLAS, where it loads and BackendOptions::blas is on, over weight rows dequantized a
-// chunk at a time: in f32 (CUBLAS_COMPUTE_32F, no TF32), or, with BackendOptions::activations
-// BF16, on bf16 operands (the activation rows and the weights rounded to bf16, as autocast runs
-// them) with f32 accumulation and f32 results; the adapters' weight gradients stay f32. Without
-// cuBLAS the reference kernels run (cuda_grad_kernels.h, f32 whatever the dtype), which tests
-// compare both with. Every buffer is f32 either way.
+// kernel still reads it is released after that kernel. The products (the matmuls, the head, the
+// attention's) run on cuBLAS, where it loads and BackendOptions::blas is on;
+// weights are dequantized a chunk of rows at a time. In f32 (CUBLAS_COMPUTE_32F, no TF32), or,
+// with BackendOptions::activations BF16, on bf16 operands with f32 accumulation and f32 results,
+// as autocast runs them: the matmuls over weights of more than kF32MaxRows rows, the head, and the
+// attention (q, k, v, the probs and their gradients rounded). Narrow weights (routers, the LoRA
+// down-projections) stay f32. Without cuBLAS the reference kernels run (cuda_grad_kernels.h, f32
+// whatever the dtype), which tests compare both with. Every buffer is f32 either way.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -34,6 +35,7 @@ class CudaGradArith final : public GradArith {
   explicit CudaGradArith(const BackendOptions& opt) : base_(std::make_unique<CudaBackend>(f32_options(opt))) {
     dev().make_current();
     bf16_ = opt.activations == DType::BF16;
+    cache_left_ = bf16_ ? size_t(std::max(0, opt.bf16_weight_cache_gib)) << 30 : 0;
     if (opt.blas) {
       std::string why;
       blas_ = cuda::Cublas::open(&why);
@@ -47,6 +49,7 @@ class CudaGradArith final : public GradArith {
   ~CudaGradArith() override {
     workspace_.reset();
     dequant_.reset();
+    bf16_cache_.clear();
     dev().sync();
     for (auto& [t, e] : rope_) cudaFree(e.dev);
   }
@@ -119,8 +122,7 @@ class CudaGradArith final : public GradArith {
     cuda::grad::gather_rows(stream(), src, r.p, rows.size(), dim, dst);
   }
   void scatter_rows_acc(const float* src, const std::vector<int64_t>& rows, size_t dim, float* dst) override {
-    const DeviceCopy<int64_t> r(*this, rows);
-    cuda::grad::scatter_rows_acc(stream(), src, r.p, rows.size(), dim, dst);
+    scatter_grouped(src, rows, nullptr, nullptr, dim, dst);
   }
   void take_rows_acc(float* src, const std::vector<int64_t>& rows, size_t dim, float* dst) override {
     const DeviceCopy<int64_t> r(*this, rows);
@@ -136,8 +138,8 @@ class CudaGradArith final : public GradArith {
   }
   void scatter_scaled_acc(const float* src, const std::vector<int64_t>& rows, const float* w,
                           const std::vector<int64_t>& widx, size_t dim, float* dst) override {
-    const DeviceCopy<int64_t> r(*this, rows), wi(*this, widx);
-    cuda::grad::scatter_scaled_acc(stream(), src, r.p, w, wi.p, rows.size(), dim, dst);
+    const DeviceCopy<int64_t> wi(*this, widx);
+    scatter_grouped(src, rows, w, wi.p, dim, dst);
   }
   void row_dots_acc(const float* a, const std::vector<int64_t>& rows, const float* b,
                     const std::vector<int64_t>& widx, size_t dim, float* out) override {
@@ -168,6 +170,7 @@ class CudaGradArith final : public GradArith {
                      float scale, float* probs, float* out) override {
     if (!blas_ || T == 0) return cuda::grad::attention_fwd(stream(), q, k, v, T, H, Hk, D, window, scale, probs, out);
     bind_blas();
+    if (bf16_) return attention_fwd_bf16(q, k, v, T, H, Hk, D, window, scale, probs, out);
     const int ldq = H * D, ldk = Hk * D;
     for (int h = 0; h < H; ++h) {  // scores: S_hᵀ = K_g · Q_hᵀ
       const int g = h / (H / Hk);
@@ -188,6 +191,7 @@ class CudaGradArith final : public GradArith {
       return cuda::grad::attention_bwd(stream(), q, k, v, probs, dout, T, H, Hk, D, window, scale, dq, dk, dv,
                                        scratch.f32());
     bind_blas();
+    if (bf16_) return attention_bwd_bf16(q, k, v, probs, dout, T, H, Hk, D, window, scale, dq, dk, dv, scratch.f32());
     const int ldq = H * D, ldk = Hk * D;
     float* dS = scratch.f32();
     for (int h = 0; h < H; ++h) {  // dP_hᵀ = V_g · dO_hᵀ
@@ -253,7 +257,7 @@ class CudaGradArith final : public GradArith {
         if (blas_) products_w(z.f32(), n, Mt, W, r0, n, dX.f32());
         else cuda::grad::head_back(stream(), z.f32(), Mt, n, W, r0, dX.f32());
       }
-      cuda::grad::scatter_rows_acc(stream(), dX.f32(), rdev.p, rows.size(), size_t(K), dx);
+      scatter_grouped(dX.f32(), rows, nullptr, nullptr, size_t(K), dx);
     }
     return total;
   }
@@ -280,6 +284,28 @@ class CudaGradArith final : public GradArith {
     CudaGradArith& a;
     T* p = nullptr;
   };
+  // dst[rows[i]] += (w ? w[widx[i]] : 1)·src[i], rows in index order (cuda_grad_kernels.h's plan:
+  // the destination rows, each group's start, the sources by row then index).
+  void scatter_grouped(const float* src, const std::vector<int64_t>& rows, const float* w, const int64_t* widx,
+                       size_t dim, float* dst) {
+    const size_t n = rows.size();
+    if (n == 0 || dim == 0) return;
+    std::vector<int64_t> order(n);
+    for (size_t i = 0; i < n; ++i) order[i] = int64_t(i);
+    if (!std::is_sorted(rows.begin(), rows.end()))
+      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return rows[size_t(a)] < rows[size_t(b)]; });
+    std::vector<int64_t> dst_rows, starts;
+    for (size_t j = 0; j < n; ++j)
+      if (j == 0 || rows[size_t(order[j])] != rows[size_t(order[j - 1])])
+        dst_rows.push_back(rows[size_t(order[j])]), starts.push_back(int64_t(j));
+    starts.push_back(int64_t(n));
+    std::vector<int64_t> plan = std::move(dst_rows);
+    const size_t groups = plan.size();
+    plan.insert(plan.end(), starts.begin(), starts.end());
+    plan.insert(plan.end(), order.begin(), order.end());
+    const DeviceCopy<int64_t> p(*this, plan);
+    cuda::grad::scatter_grouped_acc(stream(), src, w, widx, p.p, groups, dim, dst);
+  }
   static constexpr int64_t kHeadChunkFloats = int64_t(1) << 25;  // 128 MiB of logits per chunk
   static constexpr int64_t kDequantFloats = int64_t(1) << 25;    // 128 MiB of f32 weight rows
   static constexpr size_t kBlasWorkspaceBytes = size_t(32) << 20;
@@ -302,10 +328,27 @@ class CudaGradArith final : public GradArith {
   const __nv_bfloat16* bf16_rows(const cuda::DevWeight& W, int64_t row, int64_t n) {
     if (W.fmt == WFormat::BF16 && W.row_bytes == W.cols * 2)
       return reinterpret_cast<const __nv_bfloat16*>(W.data + row * W.row_bytes);
+    if (const __nv_bfloat16* whole = cached_bf16(W)) return whole + row * W.cols;
     if (dequant_.empty()) dequant_ = ArithBlock(*this, size_t(kDequantFloats) * 4, false);
     auto* out = static_cast<__nv_bfloat16*>(dequant_.data());
     cuda::grad::dequant_rows_bf16(stream(), W, row, n, out);
     return out;
+  }
+  // W's bf16 copy, made at its first use while BackendOptions::bf16_weight_cache_gib has room and
+  // 2 GiB of device memory stay free, and kept (the weights do not change while training); null:
+  // no room.
+  const __nv_bfloat16* cached_bf16(const cuda::DevWeight& W) {
+    const auto it = bf16_cache_.find(W.data);
+    if (it != bf16_cache_.end()) return static_cast<const __nv_bfloat16*>(it->second.data());
+    const size_t bytes = size_t(W.rows) * size_t(W.cols) * 2;
+    size_t free = 0, total = 0;
+    if (bytes > cache_left_ || cudaMemGetInfo(&free, &total) != cudaSuccess || free < bytes + (size_t(2) << 30))
+      return nullptr;  // as the inference cache (cuda_blas.h): 2 GiB stay free
+    cache_left_ -= bytes;
+    ArithBlock& b = bf16_cache_[W.data];
+    b = ArithBlock(*this, bytes, false);
+    cuda::grad::dequant_rows_bf16(stream(), W, 0, W.rows, static_cast<__nv_bfloat16*>(b.data()));
+    return static_cast<const __nv_bfloat16*>(b.data());
   }
   // x [n] rounded to bf16, in a block of its own.
   ArithBlock bf16_copy(const float* x, size_t n) {
@@ -319,18 +362,25 @@ class CudaGradArith final : public GradArith {
     cuda::grad::dequant_rows_f32(stream(), W, row, n, dequant_.f32());
     return dequant_.f32();
   }
+  // Whether a product over W runs on bf16 operands: with BackendOptions::activations BF16, every
+  // weight of more than kF32MaxRows rows. Narrower ones (an MoE router's [experts, hidden], a
+  // per-layer-input gate) stay f32: they cost little, and a router's top-k is where a bf16
+  // rounding would flip a discrete choice.
+  static constexpr int64_t kF32MaxRows = 256;
+  bool on_bf16(const cuda::DevWeight& W) const { return bf16_ && W.rows > kF32MaxRows; }
   static int64_t rows_per_chunk(const cuda::DevWeight& W) { return std::max<int64_t>(1, kDequantFloats / W.cols); }
   // y[m, j] = Σ_k x[m, k] · W[r0 + j, k] for m < M, j < N (y rows of ldy): column-major, yᵀ = W·xᵀ.
   void products_wt(const float* x, int M, const cuda::DevWeight& W, int64_t r0, int64_t N, float* y, int64_t ldy) {
     if (M == 0 || N == 0) return;
     bind_blas();
     const int K = int(W.cols);
-    const ArithBlock xb = bf16_ ? bf16_copy(x, size_t(M) * size_t(K)) : ArithBlock();
-    const cudaDataType t = bf16_ ? CUDA_R_16BF : CUDA_R_32F;
-    const void* B = bf16_ ? xb.data() : static_cast<const void*>(x);
+    const bool half = on_bf16(W);
+    const ArithBlock xb = half ? bf16_copy(x, size_t(M) * size_t(K)) : ArithBlock();
+    const cudaDataType t = half ? CUDA_R_16BF : CUDA_R_32F;
+    const void* B = half ? xb.data() : static_cast<const void*>(x);
     for (int64_t n0 = 0; n0 < N; n0 += rows_per_chunk(W)) {
       const int nc = int(std::min(rows_per_chunk(W), N - n0));
-      const void* A = bf16_ ? static_cast<const void*>(bf16_rows(W, r0 + n0, nc)) : f32_rows(W, r0 + n0, nc);
+      const void* A = half ? static_cast<const void*>(bf16_rows(W, r0 + n0, nc)) : f32_rows(W, r0 + n0, nc);
       blas_->gemm(CUBLAS_OP_T, CUBLAS_OP_N, nc, M, K, 1.f, A, t, K, B, t, K, 0.f, y + n0, CUDA_R_32F, int(ldy),
                   CUBLAS_COMPUTE_32F);
     }
@@ -340,15 +390,73 @@ class CudaGradArith final : public GradArith {
     if (M == 0 || N == 0) return;
     bind_blas();
     const int K = int(W.cols);
-    const ArithBlock db = bf16_ ? bf16_copy(dy, size_t(M) * size_t(ldd)) : ArithBlock();
-    const cudaDataType t = bf16_ ? CUDA_R_16BF : CUDA_R_32F;
+    const bool half = on_bf16(W);
+    const ArithBlock db = half ? bf16_copy(dy, size_t(M) * size_t(ldd)) : ArithBlock();
+    const cudaDataType t = half ? CUDA_R_16BF : CUDA_R_32F;
     for (int64_t n0 = 0; n0 < N; n0 += rows_per_chunk(W)) {
       const int nc = int(std::min(rows_per_chunk(W), N - n0));
-      const void* A = bf16_ ? static_cast<const void*>(bf16_rows(W, r0 + n0, nc)) : f32_rows(W, r0 + n0, nc);
-      const void* B = bf16_ ? static_cast<const void*>(static_cast<const __nv_bfloat16*>(db.data()) + n0)
+      const void* A = half ? static_cast<const void*>(bf16_rows(W, r0 + n0, nc)) : f32_rows(W, r0 + n0, nc);
+      const void* B = half ? static_cast<const void*>(static_cast<const __nv_bfloat16*>(db.data()) + n0)
                             : static_cast<const void*>(dy + n0);
       blas_->gemm(CUBLAS_OP_N, CUBLAS_OP_N, K, M, nc, 1.f, A, t, K, B, t, int(ldd), 1.f, dx, CUDA_R_32F, K,
                   CUBLAS_COMPUTE_32F);
+    }
+  }
+
+  // Attention on bf16 operands (BackendOptions::activations BF16): q, k, v, dout and the [H, T, T]
+  // probs and score gradients rounded to bf16, f32 sums and f32 results; the probs kept for the
+  // backward stay f32. Operands head-major ([heads, T, D], to_bf16_heads), so each kv group's
+  // heads are one strided batch and the K/V gradients one product over the group's heads: in
+  // column-major terms a head's rows are a [D, T] block of leading dimension D, a head's [T, T]
+  // probs its transpose [T(keys), T(queries)] of leading dimension T.
+  ArithBlock bf16_heads(const float* x, int T, int heads, int D) {
+    ArithBlock b(*this, size_t(T) * size_t(heads) * size_t(D) * 2, false);
+    cuda::grad::to_bf16_heads(stream(), x, T, heads, D, static_cast<__nv_bfloat16*>(b.data()));
+    return b;
+  }
+  static const __nv_bfloat16* bf(const ArithBlock& b) { return static_cast<const __nv_bfloat16*>(b.data()); }
+  void attention_fwd_bf16(const float* q, const float* k, const float* v, int T, int H, int Hk, int D, int window,
+                          float scale, float* probs, float* out) {
+    const int G = H / Hk;
+    const long long TD = (long long)T * D, TT = (long long)T * T;
+    const ArithBlock qb = bf16_heads(q, T, H, D), kb = bf16_heads(k, T, Hk, D), vb = bf16_heads(v, T, Hk, D);
+    const ArithBlock pb(*this, size_t(H) * size_t(TT) * 2, false);
+    auto* P16 = static_cast<__nv_bfloat16*>(pb.data());
+    for (int g = 0; g < Hk; ++g)  // S_hᵀ = K_g · Q_hᵀ, h = g·G .. g·G + G - 1
+      blas_->gemm_batched(CUBLAS_OP_T, CUBLAS_OP_N, T, T, D, 1.f, bf(kb) + g * TD, CUDA_R_16BF, D, 0,
+                          bf(qb) + g * G * TD, CUDA_R_16BF, D, TD, 0.f, probs + g * G * TT, CUDA_R_32F, T, TT, G,
+                          CUBLAS_COMPUTE_32F);
+    cuda::grad::attn_softmax(stream(), probs, T, H, window, scale, P16);
+    for (int g = 0; g < Hk; ++g)  // out_hᵀ = V_gᵀ · P_hᵀ, into out [T, H, D]
+      blas_->gemm_batched(CUBLAS_OP_N, CUBLAS_OP_N, D, T, T, 1.f, bf(vb) + g * TD, CUDA_R_16BF, D, 0,
+                          P16 + g * G * TT, CUDA_R_16BF, T, TT, 0.f, out + g * G * D, CUDA_R_32F, H * D, D, G,
+                          CUBLAS_COMPUTE_32F);
+  }
+  void attention_bwd_bf16(const float* q, const float* k, const float* v, const float* probs, const float* dout, int T,
+                          int H, int Hk, int D, int window, float scale, float* dq, float* dk, float* dv, float* dS) {
+    const int G = H / Hk;
+    const long long TD = (long long)T * D, TT = (long long)T * T;
+    const ArithBlock qb = bf16_heads(q, T, H, D), kb = bf16_heads(k, T, Hk, D), vb = bf16_heads(v, T, Hk, D),
+                     db = bf16_heads(dout, T, H, D);
+    const ArithBlock ds16(*this, size_t(H) * size_t(TT) * 2, false), p16(*this, size_t(H) * size_t(TT) * 2, false);
+    auto* dSb = static_cast<__nv_bfloat16*>(ds16.data());
+    auto* Pb = static_cast<__nv_bfloat16*>(p16.data());
+    for (int g = 0; g < Hk; ++g)  // dP_hᵀ = V_g · dO_hᵀ
+      blas_->gemm_batched(CUBLAS_OP_T, CUBLAS_OP_N, T, T, D, 1.f, bf(vb) + g * TD, CUDA_R_16BF, D, 0,
+                          bf(db) + g * G * TD, CUDA_R_16BF, D, TD, 0.f, dS + g * G * TT, CUDA_R_32F, T, TT, G,
+                          CUBLAS_COMPUTE_32F);
+    cuda::grad::attn_score_grad(stream(), probs, dS, T, H, window, scale, dSb, Pb);
+    for (int g = 0; g < Hk; ++g) {
+      // dq_hᵀ += K_gᵀ · dS_hᵀ (into dq [T, H, D])
+      blas_->gemm_batched(CUBLAS_OP_N, CUBLAS_OP_N, D, T, T, 1.f, bf(kb) + g * TD, CUDA_R_16BF, D, 0,
+                          dSb + g * G * TT, CUDA_R_16BF, T, TT, 1.f, dq + g * G * D, CUDA_R_32F, H * D, D, G,
+                          CUBLAS_COMPUTE_32F);
+      // dk_gᵀ += Σ_h Q_hᵀ · dS_h and dv_gᵀ += Σ_h dO_hᵀ · P_h: the group's heads one after another
+      // along the product's inner dimension (G·T).
+      blas_->gemm(CUBLAS_OP_N, CUBLAS_OP_T, D, T, G * T, 1.f, bf(qb) + g * G * TD, CUDA_R_16BF, D, dSb + g * G * TT,
+                  CUDA_R_16BF, T, 1.f, dk + g * D, CUDA_R_32F, Hk * D, CUBLAS_COMPUTE_32F);
+      blas_->gemm(CUBLAS_OP_N, CUBLAS_OP_T, D, T, G * T, 1.f, bf(db) + g * G * TD, CUDA_R_16BF, D, Pb + g * G * TT,
+                  CUDA_R_16BF, T, 1.f, dv + g * D, CUDA_R_32F, Hk * D, CUBLAS_COMPUTE_32F);
     }
   }
 
@@ -377,6 +485,8 @@ class CudaGradArith final : public GradArith {
   std::unique_ptr<cuda::Cublas> blas_;  // null: the reference kernels
   bool bf16_ = false;                    // the products on bf16 operands
   ArithBlock workspace_, dequant_;       // cuBLAS's workspace; f32 weight rows for its products
+  std::unordered_map<const uint8_t*, ArithBlock> bf16_cache_;  // whole weights' bf16 copies, by data
+  size_t cache_left_ = 0;                                       // bytes the cache may still take
   std::unordered_map<const RopeTable*, RopeCopy> rope_;
 };
 

@@ -116,14 +116,21 @@ __global__ void k_rope(float* x, int rows, int heads, int D, int pos0, const flo
 __global__ void k_gather(const float* src, const int64_t* rows, size_t n, size_t dim, float* dst) {
   G4_FOR_EACH(t, n * dim) dst[t] = src[size_t(rows[t / dim]) * dim + t % dim];
 }
-// One thread per column; rows in index order.
-__global__ void k_scatter(const float* src, const int64_t* rows, const float* w, const int64_t* widx, size_t n,
-                          size_t dim, float* dst) {
-  G4_FOR_EACH(c, dim) {
-    for (size_t i = 0; i < n; ++i) {
-      const float s = w ? w[widx[i]] : 1.f;
-      dst[size_t(rows[i]) * dim + c] += w ? s * src[i * dim + c] : src[i * dim + c];
+// One thread per (group, column): the group's rows in index order (scatter_grouped_acc's plan).
+__global__ void k_scatter_grouped(const float* src, const float* w, const int64_t* widx, const int64_t* plan,
+                                  size_t groups, size_t dim, float* dst) {
+  const int64_t* dst_rows = plan;
+  const int64_t* starts = plan + groups;
+  const int64_t* order = starts + groups + 1;
+  G4_FOR_EACH(t, groups * dim) {
+    const size_t u = t / dim, c = t % dim;
+    float* d = dst + size_t(dst_rows[u]) * dim + c;
+    float acc = *d;
+    for (int64_t j = starts[u]; j < starts[u + 1]; ++j) {
+      const size_t i = size_t(order[j]);
+      acc += w ? w[widx[i]] * src[i * dim + c] : src[i * dim + c];
     }
+    *d = acc;
   }
 }
 __global__ void k_take(float* src, const int64_t* rows, size_t n, size_t dim, float* dst) {
@@ -320,6 +327,13 @@ __global__ void k_dequant_bf16(DevWeight w, int64_t r0, size_t n, __nv_bfloat16*
   G4_FOR_EACH(i, n * K) out[i] = __float2bfloat16_rn(dequant(w, r0 + int64_t(i / K), int64_t(i % K)));
 }
 __global__ void k_to_bf16(const float* x, size_t n, __nv_bfloat16* y) { G4_FOR_EACH(i, n) y[i] = __float2bfloat16_rn(x[i]); }
+// y [H, T, D] = x [T, H, D] rounded to bf16.
+__global__ void k_to_bf16_heads(const float* x, int T, int H, int D, __nv_bfloat16* y) {
+  G4_FOR_EACH(o, size_t(T) * H * D) {
+    const size_t d = o % D, t = (o / D) % T, h = o / (size_t(D) * T);
+    y[o] = __float2bfloat16_rn(x[(t * H + h) * D + d]);
+  }
+}
 
 // One block per row m of a chunk's logits z [M, n].
 __global__ void k_head_lse(float* z, int n, int64_t r0, float cap, const int32_t* tgt, float* mx, double* sm,
@@ -367,7 +381,7 @@ __global__ void k_head_grad(float* z, int n, int64_t r0, float cap, const int32_
 }
 
 // One block per (row i, head h) of [H, T, T].
-__global__ void k_attn_softmax(float* P, int T, int window, float scale) {
+__global__ void k_attn_softmax(float* P, int T, int window, float scale, __nv_bfloat16* copy) {
   const int i = blockIdx.x, h = blockIdx.y, lo = first_key(i, window);
   float* pr = P + (size_t(h) * T + i) * T;
   float mx = -INFINITY;
@@ -380,16 +394,26 @@ __global__ void k_attn_softmax(float* P, int T, int window, float scale) {
   float sum = 0.f;
   for (int j = threadIdx.x; j < T; j += blockDim.x) sum += (pr[j] = j < lo || j > i ? 0.f : expf(pr[j] - mx));
   const float inv = 1.f / block_sum(sum);
-  for (int j = threadIdx.x; j < T; j += blockDim.x) pr[j] *= inv;
+  __nv_bfloat16* cr = copy ? copy + (size_t(h) * T + i) * T : nullptr;
+  for (int j = threadIdx.x; j < T; j += blockDim.x) {
+    pr[j] *= inv;
+    if (cr) cr[j] = __float2bfloat16_rn(pr[j]);
+  }
 }
-__global__ void k_attn_score_grad(const float* P, float* dP, int T, int window, float scale) {
+__global__ void k_attn_score_grad(const float* P, float* dP, int T, int window, float scale, __nv_bfloat16* ds_copy,
+                                  __nv_bfloat16* p_copy) {
   const int i = blockIdx.x, h = blockIdx.y, lo = first_key(i, window);
-  const float* pr = P + (size_t(h) * T + i) * T;
-  float* d = dP + (size_t(h) * T + i) * T;
+  const size_t at = (size_t(h) * T + i) * T;
+  const float* pr = P + at;
+  float* d = dP + at;
   float dot = 0.f;
   for (int j = lo + int(threadIdx.x); j <= i; j += blockDim.x) dot += pr[j] * d[j];
   dot = block_sum(dot);
-  for (int j = threadIdx.x; j < T; j += blockDim.x) d[j] = j < lo || j > i ? 0.f : pr[j] * (d[j] - dot) * scale;
+  for (int j = threadIdx.x; j < T; j += blockDim.x) {
+    d[j] = j < lo || j > i ? 0.f : pr[j] * (d[j] - dot) * scale;
+    if (ds_copy) ds_copy[at + j] = __float2bfloat16_rn(d[j]);
+    if (p_copy) p_copy[at + j] = __float2bfloat16_rn(pr[j]);
+  }
 }
 
 __global__ void k_router_bwd(const float* scores, const int32_t* idx, const float* dw, int rows, int E, int k,
@@ -457,9 +481,9 @@ void rope(cudaStream_t s, float* x, int rows, int heads, int D, int pos0, const 
 void gather_rows(cudaStream_t s, const float* src, const int64_t* rows, size_t n, size_t dim, float* dst) {
   G4_LAUNCH_N(k_gather, n * dim, src, rows, n, dim, dst);
 }
-void scatter_rows_acc(cudaStream_t s, const float* src, const int64_t* rows, size_t n, size_t dim, float* dst) {
-  if (n == 0) return;
-  G4_LAUNCH_N(k_scatter, dim, src, rows, nullptr, nullptr, n, dim, dst);
+void scatter_grouped_acc(cudaStream_t s, const float* src, const float* w, const int64_t* widx, const int64_t* plan,
+                         size_t groups, size_t dim, float* dst) {
+  G4_LAUNCH_N(k_scatter_grouped, groups * dim, src, w, widx, plan, groups, dim, dst);
 }
 void take_rows_acc(cudaStream_t s, float* src, const int64_t* rows, size_t n, size_t dim, float* dst) {
   G4_LAUNCH_N(k_take, n * dim, src, rows, n, dim, dst);
@@ -470,11 +494,6 @@ void cols_acc(cudaStream_t s, const float* src, int rows, int n, int dst_dim, in
 void gather_scaled(cudaStream_t s, const float* src, const int64_t* rows, const float* w, const int64_t* widx,
                    size_t n, size_t dim, float* dst) {
   G4_LAUNCH_N(k_gather_scaled, n * dim, src, rows, w, widx, n, dim, dst);
-}
-void scatter_scaled_acc(cudaStream_t s, const float* src, const int64_t* rows, const float* w, const int64_t* widx,
-                        size_t n, size_t dim, float* dst) {
-  if (n == 0) return;
-  G4_LAUNCH_N(k_scatter, dim, src, rows, w, widx, n, dim, dst);
 }
 void row_dots_acc(cudaStream_t s, const float* a, const int64_t* rows, const float* b, const int64_t* widx, size_t n,
                   size_t dim, float* out) {
@@ -491,6 +510,9 @@ void dequant_rows_bf16(cudaStream_t s, const DevWeight& W, int64_t r0, int64_t n
   G4_LAUNCH_N(k_dequant_bf16, size_t(n) * size_t(W.cols), W, r0, size_t(n), out);
 }
 void to_bf16(cudaStream_t s, const float* x, size_t n, __nv_bfloat16* y) { G4_LAUNCH_N(k_to_bf16, n, x, n, y); }
+void to_bf16_heads(cudaStream_t s, const float* x, int T, int H, int D, __nv_bfloat16* y) {
+  G4_LAUNCH_N(k_to_bf16_heads, size_t(T) * H * D, x, T, H, D, y);
+}
 
 void matmul_wt(cudaStream_t s, const float* x, int M, const DevWeight& W, float* y) {
   gemm(s, M, W.rows, W.cols, RowsOf{x, W.cols}, WeightTOf{W, 0}, y, false);
@@ -542,14 +564,15 @@ void attention_bwd(cudaStream_t s, const float* q, const float* k, const float* 
   G4_CUDA_LAUNCHED();
 }
 
-void attn_softmax(cudaStream_t s, float* scores, int T, int H, int window, float scale) {
+void attn_softmax(cudaStream_t s, float* scores, int T, int H, int window, float scale, __nv_bfloat16* copy) {
   if (T == 0 || H == 0) return;
-  k_attn_softmax<<<dim3(unsigned(T), unsigned(H)), kThreads, 0, s>>>(scores, T, window, scale);
+  k_attn_softmax<<<dim3(unsigned(T), unsigned(H)), kThreads, 0, s>>>(scores, T, window, scale, copy);
   G4_CUDA_LAUNCHED();
 }
-void attn_score_grad(cudaStream_t s, const float* probs, float* dP, int T, int H, int window, float scale) {
+void attn_score_grad(cudaStream_t s, const float* probs, float* dP, int T, int H, int window, float scale,
+                     __nv_bfloat16* ds_copy, __nv_bfloat16* p_copy) {
   if (T == 0 || H == 0) return;
-  k_attn_score_grad<<<dim3(unsigned(T), unsigned(H)), kThreads, 0, s>>>(probs, dP, T, window, scale);
+  k_attn_score_grad<<<dim3(unsigned(T), unsigned(H)), kThreads, 0, s>>>(probs, dP, T, window, scale, ds_copy, p_copy);
   G4_CUDA_LAUNCHED();
 }
 

@@ -34,16 +34,17 @@ void rms_norm_bwd(cudaStream_t s, const float* x, const float* inv, int rows, in
 void rope(cudaStream_t s, float* x, int rows, int heads, int D, int pos0, const float* inv_freq, float position_scale,
           float sign);
 void gather_rows(cudaStream_t s, const float* src, const int64_t* rows, size_t n, size_t dim, float* dst);
-// dst[rows[i]] += src[i]: each column adds its rows in index order (rows may repeat).
-void scatter_rows_acc(cudaStream_t s, const float* src, const int64_t* rows, size_t n, size_t dim, float* dst);
+// dst[rows[i]] += (w ? w[widx[i]] : 1)·src[i] for i < n, rows in index order, by a plan of
+// 2·groups + 1 + n entries (grouped_scatter_plan): dst_rows [groups] (distinct), starts [groups + 1]
+// and order [n], group u's sources order[starts[u] .. starts[u + 1] - 1] ascending. Groups run in
+// parallel; each adds its rows in index order, as a serial pass over i would.
+void scatter_grouped_acc(cudaStream_t s, const float* src, const float* w, const int64_t* widx, const int64_t* plan,
+                         size_t groups, size_t dim, float* dst);
 // dst[i] += src[rows[i]], src[rows[i]] = 0; rows distinct.
 void take_rows_acc(cudaStream_t s, float* src, const int64_t* rows, size_t n, size_t dim, float* dst);
 void cols_acc(cudaStream_t s, const float* src, int rows, int n, int dst_dim, int off, float* dst);
 void gather_scaled(cudaStream_t s, const float* src, const int64_t* rows, const float* w, const int64_t* widx,
                    size_t n, size_t dim, float* dst);
-// dst[rows[i]] += w[widx[i]]·src[i], each column in index order.
-void scatter_scaled_acc(cudaStream_t s, const float* src, const int64_t* rows, const float* w, const int64_t* widx,
-                        size_t n, size_t dim, float* dst);
 // out[widx[i]] += src_a[rows[i]] · b[i]; widx distinct.
 void row_dots_acc(cudaStream_t s, const float* a, const int64_t* rows, const float* b, const int64_t* widx, size_t n,
                   size_t dim, float* out);
@@ -53,6 +54,8 @@ void dequant_rows_f32(cudaStream_t s, const DevWeight& W, int64_t r0, int64_t n,
 void dequant_rows_bf16(cudaStream_t s, const DevWeight& W, int64_t r0, int64_t n, __nv_bfloat16* out);
 // y = x rounded to bf16 (round to nearest even), n values.
 void to_bf16(cudaStream_t s, const float* x, size_t n, __nv_bfloat16* y);
+// y [H, T, D] = x [T, H, D] rounded to bf16 (each head's rows contiguous: the attention's operands).
+void to_bf16_heads(cudaStream_t s, const float* x, int T, int H, int D, __nv_bfloat16* y);
 
 // Products (the reference kernels; the arithmetic runs them on cuBLAS where it can). y[M, W.rows] = x·Wᵀ; dx[M, W.cols] += dy·W; c[K, N] += aᵀ·b (a [M, K], b [M, N]).
 void matmul_wt(cudaStream_t s, const float* x, int M, const DevWeight& W, float* y);
@@ -71,8 +74,11 @@ void attention_bwd(cudaStream_t s, const float* q, const float* k, const float* 
 // score of [H, T, T], the masked ones too): attn_softmax turns the scores s [H, T, T] (q·k, not yet
 // scaled) into probs in place, causal and windowed like attention_fwd (masked entries 0);
 // attn_score_grad turns dP [H, T, T] (dout·v) into dS = P (dP - Σ_j P dP)·scale in place (masked 0).
-void attn_softmax(cudaStream_t s, float* scores, int T, int H, int window, float scale);
-void attn_score_grad(cudaStream_t s, const float* probs, float* dP, int T, int H, int window, float scale);
+// A non-null copy / ds_copy / p_copy [H, T, T] also gets the probs / dS / probs rounded to bf16.
+void attn_softmax(cudaStream_t s, float* scores, int T, int H, int window, float scale,
+                  __nv_bfloat16* copy = nullptr);
+void attn_score_grad(cudaStream_t s, const float* probs, float* dP, int T, int H, int window, float scale,
+                     __nv_bfloat16* ds_copy = nullptr, __nv_bfloat16* p_copy = nullptr);
 
 // The LM head's loss over rows X [M, K] (gathered: those with targets), one vocabulary chunk of
 // rows r0 .. r0 + n - 1 of E at a time (the arithmetic's lm_head_loss strings them together):
