@@ -360,10 +360,15 @@ class Backend {
   virtual void moe_experts(const Buf& x, int rows, int d, const Buf& idx, const Buf& w, int k, const ExpertStack& gate,
                            const ExpertStack& up, const ExpertStack& down, ActPrecision P, const Buf& out) = 0;
 
-  // y[M, out] += every run's adapter delta of x [M, in] on its rows (lora null: nothing), as
-  // mlx-lm's LoRALinear adds it: the two products in f32, the scaled sum rounded per P. Made of
-  // matmul, scale, add (and dropout when training), so every backend runs it as it is.
+  // y[M, out] += every run's adapter delta of x [M, in] on its rows (lora null: nothing), each
+  // through lora_delta (after dropout when training).
   void add_lora(const LoraApply* lora, const Buf& x, const Buf& y, ActPrecision P);
+  // y[M, d.b.rows] += d.scale · (x · d.aᵀ) · d.bᵀ, x [M, d.a.cols], as mlx-lm's LoRALinear adds it:
+  // the two products in f32 (into the scratch t [M, rank] and z [M, out]), the scaled sum rounded
+  // per P. The default is matmul, matmul, scale, add, which every backend can run; a training
+  // backend records it as one op (train/grad_backend.h).
+  virtual void lora_delta(const Buf& x, int M, const LoraDelta& d, const Buf& t, const Buf& z, const Buf& y,
+                          ActPrecision P);
   // y[M, W.rows] = x · Wᵀ, then add_lora: a module's matmul with its adapters.
   void linear(const Buf& x, int M, const WeightView& W, const LoraApply* lora, ActPrecision P, const Buf& y) {
     matmul(x, M, W, P, y);

@@ -74,13 +74,17 @@ void Backend::add_lora(const LoraApply* lora, const Buf& x, const Buf& y, ActPre
       dropout(xr, size_t(r.rows) * size_t(in), d->dropout, lora->dropout_seed * 0x100000001B3ull + d->id, lora->xd);
       xr = lora->xd;
     }
-    const size_t n = size_t(r.rows) * size_t(out);
-    matmul(xr, r.rows, d->a, ActPrecision::F32, lora->t);  // f32 products, as MLX promotes them
-    matmul(lora->t, r.rows, d->b, ActPrecision::F32, lora->z);
-    scale(lora->z, d->scale, n, P, lora->z);  // (scale * z).astype(x.dtype)
-    const Buf yr = y.at(int64_t(r.row0) * out);
-    add(yr, lora->z, n, P, yr);
+    lora_delta(xr, r.rows, *d, lora->t, lora->z, y.at(int64_t(r.row0) * out), P);
   }
+}
+
+void Backend::lora_delta(const Buf& x, int M, const LoraDelta& d, const Buf& t, const Buf& z, const Buf& y,
+                         ActPrecision P) {
+  const size_t n = size_t(M) * size_t(d.b.rows);
+  matmul(x, M, d.a, ActPrecision::F32, t);  // f32 products, as MLX promotes them
+  matmul(t, M, d.b, ActPrecision::F32, z);
+  scale(z, d.scale, n, P, z);  // (scale * z).astype(x.dtype)
+  add(y, z, n, P, y);
 }
 
 void Backend::norm_add(const Buf& x, const Buf& o, int rows, int dim, const float* w, float eps, ActPrecision P) {

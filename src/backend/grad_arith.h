@@ -90,6 +90,17 @@ class GradArith {
   // c[K, N] += aᵀ·b, a [M, K], b [M, N] (a weight's gradient, summed over rows).
   virtual void gemm_tn_acc(const float* a, const float* b, float* c, int M, int K, int N) = 0;
 
+  // --- A LoRA delta (Backend::lora_delta): A [r, in], B [out, r] f32 matrices of base() ---
+  // t [M, r] = x·Aᵀ; y [M, out] += s · t·Bᵀ (y read and written: the delta adds in place).
+  // The default runs matmul_wt twice, then scale and add over a [M, out] temporary, as the
+  // backend's composition does.
+  virtual void lora_fwd(const float* x, int M, const WeightView& A, const WeightView& B, float s, float* t, float* y);
+  // From dy [M, out], y's gradient (read only: the delta's input y has the same gradient), with x
+  // and t of the forward: gB += s · dyᵀ·t; dt = s · dy·B; gA += dtᵀ·x; dx += dt·A (dx null: not
+  // wanted). The default forms dz = s·dy first, then the products as the matmuls' backwards do.
+  virtual void lora_bwd(const float* x, const float* t, const float* dy, int M, const WeightView& A,
+                        const WeightView& B, float s, float* gA, float* gB, float* dx);
+
   // --- Attention of one sequence (dense_ops.h attention_fwd / attention_bwd) ---
   // q [T, H, D], k / v [T, Hk, D] at positions 0..T-1, causal, windowed when window > 0. The
   // forward writes out [T, H, D] and probs [H, T, T]; the backward adds into dq, dk, dv.

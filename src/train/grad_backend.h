@@ -88,6 +88,11 @@ class GradBackend final : public Backend {
 
   void embed(const WeightView& E, const Buf& ids, int n, float scale, ActPrecision P, const Buf& out) override;
   void matmul(const Buf& x, int M, const WeightView& W, ActPrecision P, const Buf& y) override;
+  // One recorded op when both matrices are registered parameters (the composition's otherwise):
+  // the delta adds into y in place, so y's gradient passes through, and the backward forms the
+  // parameters' and x's gradients from it (GradArith::lora_bwd) without the [M, out] temporaries.
+  void lora_delta(const Buf& x, int M, const LoraDelta& d, const Buf& t, const Buf& z, const Buf& y,
+                  ActPrecision P) override;
   void rms_norm(const Buf& x, int rows, int dim, const float* w, float eps, ActPrecision P, const Buf& y) override;
   void rope(const Buf& x, int rows, int heads, int head_dim, int pos0, const RopeTable& t, ActPrecision P) override;
   void kv_write(const AttnSeq& s, const Buf& k, const Buf& v) override;

@@ -38,6 +38,30 @@ void GradBackend::matmul(const Buf& x, int M, const WeightView& W, ActPrecision,
         }});
 }
 
+void GradBackend::lora_delta(const Buf& x, int M, const LoraDelta& d, const Buf& t, const Buf& z, const Buf& y,
+                             ActPrecision P) {
+  const auto pa = params_.find(d.a.data), pb = params_.find(d.b.data);
+  if (pa == params_.end() || pb == params_.end()) return Backend::lora_delta(x, M, d, t, z, y, P);
+  float *gA = pa->second, *gB = pb->second;
+  if (armed_ && !recording_) start_recording();
+  const size_t nx = size_t(M) * size_t(d.a.cols), ny = size_t(M) * size_t(d.b.rows), nt = size_t(M) * size_t(d.a.rows);
+  const WeightView A = d.a, B = d.b;
+  const float s = d.scale;
+  Kept xs = kept(), ts = kept();  // kept: the input and x·Aᵀ
+  exec({{region(x, nx), region(y, ny)}, {region(y, ny)},
+        [=, this](bool keeping) {
+          ArithBlock tb(arith_, nt * 4, false);
+          arith_.lora_fwd(x.f32(), M, A, B, s, tb.f32(), y.f32());
+          if (keeping) keep(xs, x.f32(), nx), *ts = std::move(tb);
+        },
+        [=, this] {
+          // y's gradient passes to the y it added into unchanged (read, not taken).
+          if (const float* dy = grad(y, false)) arith_.lora_bwd(xs->f32(), ts->f32(), dy, M, A, B, s, gA, gB, grad(x, true));
+          xs->reset();
+          ts->reset();
+        }});
+}
+
 void GradBackend::rms_norm(const Buf& x, int rows, int dim, const float* w, float eps, ActPrecision, const Buf& y) {
   const size_t n = size_t(rows) * size_t(dim);
   Kept xs = kept(), inv = kept();  // kept: the input and its rows' 1 / rms
@@ -165,10 +189,10 @@ void GradBackend::gelu_mul(const Buf& gate, const Buf& up, size_t n, ActPrecisio
         [=, this] {
           const ArithBlock dy = take_grad(out, n);
           if (!dy.empty()) {
-            const ArithBlock dg = zeros(n), du = zeros(n);
-            arith_.gelu_mul_bwd(gs->f32(), us->f32(), dy.f32(), n, dg.f32(), du.f32());
-            if (float* g = grad(gate, true)) arith_.axpy_acc(1.f, dg.f32(), n, g);
-            if (float* g = grad(up, true)) arith_.axpy_acc(1.f, du.f32(), n, g);
+            // Into the inputs' gradients directly where both have one (a sink otherwise).
+            float *dg = grad(gate, true), *du = grad(up, true);
+            const ArithBlock sink = dg && du ? ArithBlock() : zeros(n);
+            arith_.gelu_mul_bwd(gs->f32(), us->f32(), dy.f32(), n, dg ? dg : sink.f32(), du ? du : sink.f32());
           }
           gs->reset();
           us->reset();

@@ -4,13 +4,13 @@
 // without host waits. The tape's blocks (gradients, checkpoint copies, kept values) and the index
 // lists it passes are stream-ordered allocations (cudaMallocAsync): a block freed while a queued
 // kernel still reads it is released after that kernel. The products (the matmuls, the head, the
-// attention's) run on cuBLAS, where it loads and BackendOptions::blas is on;
+// attention's and the LoRA deltas') run on cuBLAS, where it loads and BackendOptions::blas is on;
 // weights are dequantized a chunk of rows at a time. In f32 (CUBLAS_COMPUTE_32F, no TF32), or,
 // with BackendOptions::activations BF16, on bf16 operands with f32 accumulation and f32 results,
 // as autocast runs them: the matmuls over weights of more than kF32MaxRows rows, the head, and the
-// attention (q, k, v, the probs and their gradients rounded). Narrow weights (routers, the LoRA
-// down-projections) stay f32. Without cuBLAS the reference kernels run (cuda_grad_kernels.h, f32
-// whatever the dtype), which tests compare both with. Every buffer is f32 either way.
+// attention (q, k, v, the probs and their gradients rounded). The LoRA deltas and narrow weights
+// (routers) stay f32. Without cuBLAS the reference kernels run (cuda_grad_kernels.h, f32 whatever
+// the dtype), which tests compare both with. Every buffer is f32 either way.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -161,6 +161,39 @@ class CudaGradArith final : public GradArith {
     bind_blas();  // c [K, N] row-major is cᵀ [N, K] column-major: cᵀ += bᵀ · a
     blas_->gemm(CUBLAS_OP_N, CUBLAS_OP_T, N, K, M, 1.f, b, CUDA_R_32F, N, a, CUDA_R_32F, K, 1.f, c, CUDA_R_32F, N,
                 CUBLAS_COMPUTE_32F);
+  }
+
+  // On cuBLAS, f32 whatever the dtype (the rank-r products are small; autocast's bf16 would round
+  // the adapters' own updates): the scale folds into the products' alpha and the delta adds into
+  // y as the second product's beta, so no [M, out] temporary is formed. Column-major: x [in, M],
+  // A [in, r], B [r, out], t [r, M], y and dy [out, M], each of leading dimension its rows.
+  void lora_fwd(const float* x, int M, const WeightView& A, const WeightView& B, float s, float* t,
+                float* y) override {
+    if (!blas_ || M == 0) return GradArith::lora_fwd(x, M, A, B, s, t, y);
+    bind_blas();
+    const int r = int(A.rows), in = int(A.cols), out = int(B.rows);
+    blas_->gemm(CUBLAS_OP_T, CUBLAS_OP_N, r, M, in, 1.f, f32_of(A), CUDA_R_32F, in, x, CUDA_R_32F, in, 0.f, t,
+                CUDA_R_32F, r, CUBLAS_COMPUTE_32F);
+    blas_->gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, M, r, s, f32_of(B), CUDA_R_32F, r, t, CUDA_R_32F, r, 1.f, y,
+                CUDA_R_32F, out, CUBLAS_COMPUTE_32F);
+  }
+  void lora_bwd(const float* x, const float* t, const float* dy, int M, const WeightView& A, const WeightView& B,
+                float s, float* gA, float* gB, float* dx) override {
+    if (!blas_ || M == 0) return GradArith::lora_bwd(x, t, dy, M, A, B, s, gA, gB, dx);
+    bind_blas();
+    const int r = int(A.rows), in = int(A.cols), out = int(B.rows);
+    const ArithBlock dt(*this, size_t(M) * size_t(r) * 4, false);
+    // gB [r, out] += s · t · dyᵀ;  dt [r, M] = s · B · dy
+    blas_->gemm(CUBLAS_OP_N, CUBLAS_OP_T, r, out, M, s, t, CUDA_R_32F, r, dy, CUDA_R_32F, out, 1.f, gB, CUDA_R_32F,
+                r, CUBLAS_COMPUTE_32F);
+    blas_->gemm(CUBLAS_OP_N, CUBLAS_OP_N, r, M, out, s, f32_of(B), CUDA_R_32F, r, dy, CUDA_R_32F, out, 0.f,
+                dt.f32(), CUDA_R_32F, r, CUBLAS_COMPUTE_32F);
+    // gA [in, r] += x · dtᵀ;  dx [in, M] += A · dt
+    blas_->gemm(CUBLAS_OP_N, CUBLAS_OP_T, in, r, M, 1.f, x, CUDA_R_32F, in, dt.f32(), CUDA_R_32F, r, 1.f, gA,
+                CUDA_R_32F, in, CUBLAS_COMPUTE_32F);
+    if (dx)
+      blas_->gemm(CUBLAS_OP_N, CUBLAS_OP_N, in, M, r, 1.f, f32_of(A), CUDA_R_32F, in, dt.f32(), CUDA_R_32F, r, 1.f,
+                  dx, CUDA_R_32F, in, CUBLAS_COMPUTE_32F);
   }
 
   // On cuBLAS: per head h (kv head g = h / (H / Hk)), f32 products over every [T, T] score (the
@@ -458,6 +491,12 @@ class CudaGradArith final : public GradArith {
       blas_->gemm(CUBLAS_OP_N, CUBLAS_OP_T, D, T, G * T, 1.f, bf(db) + g * G * TD, CUDA_R_16BF, D, Pb + g * G * TT,
                   CUDA_R_16BF, T, 1.f, dv + g * D, CUDA_R_32F, Hk * D, CUBLAS_COMPUTE_32F);
     }
+  }
+
+  // An adapter matrix's f32 values (a plain f32 weight of this arith's memory).
+  static const float* f32_of(const WeightView& W) {
+    G4_CHECK(W.fmt == WFormat::F32 && "CUDA LoRA delta: the adapter matrices are f32");
+    return static_cast<const float*>(W.data);
   }
 
   // The base backend's: f32 buffers (BackendOptions::activations only picks the products' operands).
