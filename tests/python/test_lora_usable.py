@@ -13,6 +13,7 @@ before training starts (and before the adapter directory is touched), with both 
 from __future__ import annotations
 
 import re
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -51,6 +52,24 @@ def test_resume_from_a_checkpoint_is_bit_exact(gemma4_bin, train_fixtures, tmp_p
     part = lora(gemma4_bin, d, tmp_path / "part", "--resume-adapter-file", ckpt)
     assert part.returncode == 0, part.stderr[-2000:]
     assert "continuing the run from iteration 3" in part.stderr
+    assert (tmp_path / "part" / "adapters.safetensors").read_bytes() == \
+        (tmp_path / "full" / "adapters.safetensors").read_bytes()
+    assert reports(part.stdout, 3) == reports(full.stdout, 3) and reports(full.stdout, 3)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_resume_on_the_gpu_is_bit_exact(gemma4_bin, train_fixtures, tmp_path, dtype):  # noqa: F811
+    """The same on `--backend cuda`: the device's kernels and cuBLAS sum in a fixed order, so a
+    resumed run's adapter is the uninterrupted one's byte for byte there too."""
+    if shutil.which("nvidia-smi") is None:
+        pytest.skip("no GPU here (nvidia-smi missing): the CUDA resume runs on a GPU machine")
+    d = train_fixtures / CASE
+    gpu = ("--backend", "cuda", "--dtype", dtype)
+    full = lora(gemma4_bin, d, tmp_path / "full", *gpu)
+    assert full.returncode == 0, full.stderr[-2000:]
+    part = lora(gemma4_bin, d, tmp_path / "part", *gpu, "--resume-adapter-file",
+                tmp_path / "full" / "0000003_adapters.safetensors")
+    assert part.returncode == 0, part.stderr[-2000:]
     assert (tmp_path / "part" / "adapters.safetensors").read_bytes() == \
         (tmp_path / "full" / "adapters.safetensors").read_bytes()
     assert reports(part.stdout, 3) == reports(full.stdout, 3) and reports(full.stdout, 3)
