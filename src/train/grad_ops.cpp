@@ -56,7 +56,8 @@ void GradBackend::lora_delta(const Buf& x, int M, const LoraDelta& d, const Buf&
         },
         [=, this] {
           // y's gradient passes to the y it added into unchanged (read, not taken).
-          if (const float* dy = grad(y, false)) arith_.lora_bwd(xs->f32(), ts->f32(), dy, M, A, B, s, gA, gB, grad(x, true));
+          if (const float* dy = grad(y, false))
+            arith_.lora_bwd(xs->f32(), ts->f32(), dy, M, A, B, s, gA, gB, grad(x, true));
           xs->reset();
           ts->reset();
         }});

@@ -242,6 +242,30 @@ TEST_P(CudaGradArith, ProductsOverSeveralWeightChunks) {
   check_products(3, Mlx4(rand(size_t(rows) * cols, 0.01f), rows, cols, 64).view);
 }
 
+// A LoRA delta's forward and backward (f32 products whatever the dtype: the adapters stay f32).
+TEST_P(CudaGradArith, LoraDeltaForwardAndBackward) {
+  const int M = 37, in = 50, r = 3, out = 70;
+  const float s = 0.7f;
+  const Floats x = rand(size_t(M) * in), A = rand(size_t(r) * in), B = rand(size_t(out) * r);
+  const Floats dy = rand(size_t(M) * out);
+  const WeightView hA = f32_view(A.data(), r, in), hB = f32_view(B.data(), out, r);
+  const WeightView dA = f32_view(up(A), r, in), dB = f32_view(up(B), out, r);
+  const float* dx_in = up(x);
+  Floats t(size_t(M) * r), y = rand(size_t(M) * out);
+  float *dt = up(t), *dyv = up(y);
+  host_->lora_fwd(x.data(), M, hA, hB, s, t.data(), y.data());
+  dev_->lora_fwd(dx_in, M, dA, dB, s, dt, dyv);
+  expect_near(dt, t, kSumTol, "lora_fwd t");
+  expect_near(dyv, y, kSumTol, "lora_fwd y");
+  Floats gA = rand(A.size()), gB = rand(B.size()), gx = rand(x.size());
+  float *dgA = up(gA), *dgB = up(gB), *dgx = up(gx);
+  host_->lora_bwd(x.data(), t.data(), dy.data(), M, hA, hB, s, gA.data(), gB.data(), gx.data());
+  dev_->lora_bwd(dx_in, dt, up(dy), M, dA, dB, s, dgA, dgB, dgx);
+  expect_near(dgA, gA, kSumTol, "lora_bwd gA");
+  expect_near(dgB, gB, kSumTol, "lora_bwd gB");
+  expect_near(dgx, gx, kSumTol, "lora_bwd dx");
+}
+
 TEST_P(CudaGradArith, AttentionCausalWindowedGqa) {
   const int T = 29, H = 4, Hk = 2, D = 40;
   const Floats q = rand(size_t(T) * H * D), k = rand(size_t(T) * Hk * D), v = rand(k.size()), dout = rand(q.size());

@@ -326,7 +326,8 @@ class CudaGradArith final : public GradArith {
     std::vector<int64_t> order(n);
     for (size_t i = 0; i < n; ++i) order[i] = int64_t(i);
     if (!std::is_sorted(rows.begin(), rows.end()))
-      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return rows[size_t(a)] < rows[size_t(b)]; });
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int64_t a, int64_t b) { return rows[size_t(a)] < rows[size_t(b)]; });
     std::vector<int64_t> dst_rows, starts;
     for (size_t j = 0; j < n; ++j)
       if (j == 0 || rows[size_t(order[j])] != rows[size_t(order[j - 1])])
@@ -372,16 +373,18 @@ class CudaGradArith final : public GradArith {
   // no room.
   const __nv_bfloat16* cached_bf16(const cuda::DevWeight& W) {
     const auto it = bf16_cache_.find(W.data);
-    if (it != bf16_cache_.end()) return static_cast<const __nv_bfloat16*>(it->second.data());
+    if (it != bf16_cache_.end())  // a view of another extent at this address goes uncached
+      return it->second.rows == W.rows && it->second.cols == W.cols ? it->second.bf16() : nullptr;
     const size_t bytes = size_t(W.rows) * size_t(W.cols) * 2;
     size_t free = 0, total = 0;
     if (bytes > cache_left_ || cudaMemGetInfo(&free, &total) != cudaSuccess || free < bytes + (size_t(2) << 30))
       return nullptr;  // as the inference cache (cuda_blas.h): 2 GiB stay free
     cache_left_ -= bytes;
-    ArithBlock& b = bf16_cache_[W.data];
-    b = ArithBlock(*this, bytes, false);
-    cuda::grad::dequant_rows_bf16(stream(), W, 0, W.rows, static_cast<__nv_bfloat16*>(b.data()));
-    return static_cast<const __nv_bfloat16*>(b.data());
+    CachedWeight& c = bf16_cache_[W.data];
+    c.block = ArithBlock(*this, bytes, false);
+    c.rows = W.rows, c.cols = W.cols;
+    cuda::grad::dequant_rows_bf16(stream(), W, 0, W.rows, static_cast<__nv_bfloat16*>(c.block.data()));
+    return c.bf16();
   }
   // x [n] rounded to bf16, in a block of its own.
   ArithBlock bf16_copy(const float* x, size_t n) {
@@ -524,7 +527,12 @@ class CudaGradArith final : public GradArith {
   std::unique_ptr<cuda::Cublas> blas_;  // null: the reference kernels
   bool bf16_ = false;                    // the products on bf16 operands
   ArithBlock workspace_, dequant_;       // cuBLAS's workspace; f32 weight rows for its products
-  std::unordered_map<const uint8_t*, ArithBlock> bf16_cache_;  // whole weights' bf16 copies, by data
+  struct CachedWeight {
+    ArithBlock block;
+    int64_t rows = 0, cols = 0;
+    const __nv_bfloat16* bf16() const { return static_cast<const __nv_bfloat16*>(block.data()); }
+  };
+  std::unordered_map<const uint8_t*, CachedWeight> bf16_cache_;  // whole weights' bf16 copies, by data
   size_t cache_left_ = 0;                                       // bytes the cache may still take
   std::unordered_map<const RopeTable*, RopeCopy> rope_;
 };
