@@ -15,7 +15,7 @@
 # check: tools/cuda_train_check.py on the cases (cuda f32 and bf16 against mlx-lm's losses, bf16
 #        against f32, f32 against the host);
 # peft:  bench/bench_lora_cuda_vs_peft.py at E4B geometry, 4 x 2048 tokens, rank 8 (G4_PEFT_ARGS
-#        adds flags), ours in f32 and with --dtype bf16 products.
+#        adds flags), ours in f32 and with --dtype bf16 (and --cuda-bf16-cache 16).
 set -u
 source bench/cuda_env.sh
 BIN=${G4_BIN:-build-cuda/bin}
@@ -36,8 +36,11 @@ for step in $STEPS; do
         # ours alone per dtype (the PEFT run once, with the bf16 run)
         skip=--skip-peft
         [ $dtype = bf16 ] && skip=
+        # bf16 with the weights' bf16 copies kept (PEFT holds bf16 weights too)
+        cache=
+        [ $dtype = bf16 ] && cache="--cuda-bf16-cache 16"
         PYTHONPATH=/tmp/site-train:${PYTHONPATH:-} G4_LORA_DTYPE=$dtype python3 bench/bench_lora_cuda_vs_peft.py \
-          --bin "$BIN/gemma4" --json "$OUT/peft-$dtype.json" $skip ${G4_PEFT_ARGS:-}
+          --bin "$BIN/gemma4" --json "$OUT/peft-$dtype.json" --ours-args "$cache" $skip ${G4_PEFT_ARGS:-}
       done ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
