@@ -22,9 +22,9 @@
 //
 // What it takes: f32 activations (P is ignored: always f32), unquantized unpaged KV caches, each
 // sequence's forward from position 0 while recording (a training sequence is one chunk), no
-// image blocks. Registered parameters (add_param) are f32 matrices read by matmul (the LoRA
-// matrices): their gradients accumulate into the caller's buffers. Recording starts at the first
-// op that reads one (nothing before it can carry a gradient to them).
+// image blocks. Registered parameters (add_param) are f32 matrices read by matmul or lora_delta
+// (the LoRA matrices): their gradients accumulate into the caller's buffers. Recording starts at
+// the first op that reads one (nothing before it can carry a gradient to them).
 #pragma once
 #include <cstdint>
 #include <functional>
